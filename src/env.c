@@ -1,0 +1,34 @@
+/* env.c — configuration from the environment (WEFT_*), read in one place,
+ * plus the clock and backoff helpers every bounded wait uses. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+const char *wf_env_str(const char *name) {
+  const char *v = getenv(name);
+  return (v && *v) ? v : NULL;
+}
+
+long wf_env_long(const char *name, long dflt) {
+  const char *v = wf_env_str(name);
+  if (!v) return dflt;
+  char *end;
+  long x = strtol(v, &end, 10);
+  return (*end == '\0') ? x : dflt;
+}
+
+int64_t wf_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t wf_now_ms(void) { return wf_now_ns() / 1000000LL; }
+
+void wf_backoff(int *us, int max_us) {
+  if (*us <= 0) *us = 20;
+  struct timespec ts = {.tv_sec = *us / 1000000, .tv_nsec = (long)(*us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+  *us = (*us * 2 > max_us) ? max_us : *us * 2;
+}
