@@ -1,0 +1,307 @@
+-- weft.topology — rank layouts of every model-parallel group kind (pure).
+--
+-- plan{} reproduces SGLang's initialize_model_parallel
+-- (seeds/sglang_parallel_state.py.txt) group for group, with two changes:
+--  * where SGLang floors a size by integer division (attention TP =
+--    idiv(tp, attn_cp * attn_dp), MoE TP = idiv(tp, ep * moe_dp)) and would build
+--    wrong or empty groups, plan raises an error naming the sizes;
+--  * every argument is checked to be a positive integer, unknown keys are refused.
+--
+-- Kinds, in the fixed order used by to_json/format (topology.KINDS):
+--   tp, pp, attn_tp, attn_cp, moe_ep, moe_tp, moe_dp, dcp (dcp only when dcp > 1)
+-- Aliases follow the seed's `_X = _Y` assignments (the same group object):
+--   attn_cp -> tp       when attn_cp == tp
+--   attn_tp -> tp       when attn_tp == tp
+--   moe_dp  -> attn_cp  when attn_cp > moe_dp   (CP partners share tokens)
+--           -> tp       elif moe_dp == tp
+--   moe_ep  -> tp       when ep == tp           (the seed's non-NPU rule)
+--   moe_tp  -> tp       when moe_tp == tp
+-- An alias always names a kind that is a group of its own: when moe_dp
+-- aliases attn_cp and attn_cp itself is the TP group, aliases.moe_dp = "tp".
+-- groups[kind] of an aliased kind holds the ranks of the group it aliases.
+-- pp and dcp are never aliases (the seed always creates them).
+local M = {}
+
+local fmt, concat, floor = string.format, table.concat, math.floor
+
+local function idiv(a, b) return floor(a / b) end
+
+M.KINDS = { "tp", "pp", "attn_tp", "attn_cp", "moe_ep", "moe_tp", "moe_dp", "dcp" }
+
+local ARGS = { world_size = true, tp = true, pp = true, ep = true, attn_dp = true,
+               attn_cp = true, moe_dp = true, dcp = true }
+
+local function fail(msg, level)
+  error("weft: topology.plan: " .. msg, (level or 1) + 2)
+end
+
+local function range(st, en, step)
+  local r = {}
+  for i = st, en - 1, step or 1 do r[#r + 1] = i end
+  return r
+end
+
+local function posint(args, key, dflt)
+  local v = args[key]
+  if v == nil then return dflt end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v == math.huge then
+    fail(fmt("%s must be a positive integer (got %s)", key, tostring(v)), 2)
+  end
+  return v
+end
+
+local function copy_groups(g)
+  local out = {}
+  for i, r in ipairs(g) do
+    local c = {}
+    for j, x in ipairs(r) do c[j] = x end
+    out[i] = c
+  end
+  return out
+end
+
+function M.plan(args)
+  args = args or {}
+  if type(args) ~= "table" then fail("arguments must be a table") end
+  for k in pairs(args) do
+    if not ARGS[k] then
+      fail(fmt("unknown argument '%s' (known: world_size, tp, pp, ep, attn_dp, attn_cp, moe_dp, dcp)",
+               tostring(k)))
+    end
+  end
+  local tp = posint(args, "tp", 1)
+  local pp = posint(args, "pp", 1)
+  local world = posint(args, "world_size", tp * pp)
+  local ep = posint(args, "ep", 1)
+  local attn_dp = posint(args, "attn_dp", 1)
+  local attn_cp = posint(args, "attn_cp", 1)
+  local moe_dp = posint(args, "moe_dp", 1)
+  local dcp = posint(args, "dcp", 1)
+
+  if world ~= tp * pp then
+    fail(fmt("world_size (%d) is not equal to tp (%d) x pp (%d)", world, tp, pp))
+  end
+  if tp % dcp ~= 0 then
+    fail(fmt("tp (%d) must be divisible by dcp (%d)", tp, dcp))
+  end
+  if tp % (attn_cp * attn_dp) ~= 0 then
+    fail(fmt("tp (%d) is not divisible by attn_cp (%d) x attn_dp (%d) = %d: the attention TP size "
+             .. "would be floored to %d (SGLang floors it silently)",
+             tp, attn_cp, attn_dp, attn_cp * attn_dp, idiv(tp, attn_cp * attn_dp)))
+  end
+  if tp % (ep * moe_dp) ~= 0 then
+    fail(fmt("tp (%d) is not divisible by ep (%d) x moe_dp (%d) = %d: the MoE TP size "
+             .. "would be floored to %d (SGLang floors it silently)",
+             tp, ep, moe_dp, ep * moe_dp, idiv(tp, ep * moe_dp)))
+  end
+
+  local attn_tp = idiv(tp, attn_cp * attn_dp)
+  local moe_tp = idiv(tp, ep * moe_dp)
+  local ntp = idiv(world, tp)
+  local groups, aliases = {}, {}
+
+  -- tensor parallel: consecutive blocks of tp ranks
+  local g = {}
+  for i = 0, ntp - 1 do g[#g + 1] = range(i * tp, (i + 1) * tp) end
+  groups.tp = g
+
+  -- decode context parallel: consecutive slices of each TP group
+  if dcp > 1 then
+    g = {}
+    for _, r in ipairs(groups.tp) do
+      for st = 1, #r, dcp do
+        local s = {}
+        for j = st, st + dcp - 1 do s[#s + 1] = r[j] end
+        g[#g + 1] = s
+      end
+    end
+    groups.dcp = g
+  end
+
+  -- attention context parallel: stride attn_tp inside each (TP group, DP slice)
+  if attn_cp == tp then
+    aliases.attn_cp = "tp"
+  else
+    g = {}
+    for t = 0, ntp - 1 do
+      for d = 0, attn_dp - 1 do
+        for a = 0, attn_tp - 1 do
+          local st = t * tp + d * attn_tp * attn_cp + a
+          local en = t * tp + (d + 1) * attn_tp * attn_cp + a
+          g[#g + 1] = range(st, en, attn_tp)
+        end
+      end
+    end
+    groups.attn_cp = g
+  end
+
+  -- attention tensor parallel: consecutive blocks of attn_tp
+  if attn_tp == tp then
+    aliases.attn_tp = "tp"
+  else
+    g = {}
+    for t = 0, ntp - 1 do
+      for c = 0, attn_cp * attn_dp - 1 do
+        g[#g + 1] = range(t * tp + c * attn_tp, t * tp + (c + 1) * attn_tp)
+      end
+    end
+    groups.attn_tp = g
+  end
+
+  -- MoE data parallel
+  if attn_cp > moe_dp then
+    aliases.moe_dp = aliases.attn_cp or "attn_cp"
+  elseif moe_dp == tp then
+    aliases.moe_dp = "tp"
+  else
+    g = {}
+    for t = 0, ntp - 1 do
+      for c = 0, moe_tp * ep - 1 do
+        g[#g + 1] = range(t * tp + c, (t + 1) * tp + c, moe_tp * ep)
+      end
+    end
+    groups.moe_dp = g
+  end
+
+  -- MoE expert parallel: stride moe_tp inside each (TP group, MoE DP slice)
+  if ep == tp then
+    aliases.moe_ep = "tp"
+  else
+    g = {}
+    for t = 0, ntp - 1 do
+      for d = 0, moe_dp - 1 do
+        for m = 0, moe_tp - 1 do
+          local st = t * tp + d * ep * moe_tp + m
+          g[#g + 1] = range(st, st + ep * moe_tp, moe_tp)
+        end
+      end
+    end
+    groups.moe_ep = g
+  end
+
+  -- MoE tensor parallel: consecutive blocks of moe_tp
+  if moe_tp == tp then
+    aliases.moe_tp = "tp"
+  else
+    g = {}
+    for t = 0, ntp - 1 do
+      for c = 0, ep * moe_dp - 1 do
+        g[#g + 1] = range(t * tp + c * moe_tp, t * tp + (c + 1) * moe_tp)
+      end
+    end
+    groups.moe_tp = g
+  end
+
+  -- pipeline parallel: stride world/pp
+  local npp = idiv(world, pp)
+  g = {}
+  for i = 0, npp - 1 do g[#g + 1] = range(i, world, npp) end
+  groups.pp = g
+
+  -- aliased kinds carry the ranks of the group they alias (own copies)
+  for kind, target in pairs(aliases) do groups[kind] = copy_groups(groups[target]) end
+
+  local group_sizes = {}
+  for kind, list in pairs(groups) do group_sizes[kind] = #list[1] end
+
+  return {
+    world_size = world,
+    groups = groups,
+    aliases = aliases,
+    -- the configured / derived sizes (keys as SGLang names them: tp_size, ...)
+    sizes = {
+      world_size = world, tp_size = tp, pp_size = pp, attn_tp_size = attn_tp,
+      attn_cp_size = attn_cp, attn_dp_size = attn_dp, moe_ep_size = ep,
+      moe_tp_size = moe_tp, moe_dp_size = moe_dp, dcp_size = dcp,
+    },
+    -- the world size each group kind actually has (moe_dp aliasing attn_cp
+    -- has attn_cp's size, as SGLang's get_moe_data_parallel_world_size reports)
+    group_sizes = group_sizes,
+  }
+end
+
+local function check_plan(plan, op)
+  if type(plan) ~= "table" or type(plan.groups) ~= "table" or type(plan.world_size) ~= "number" then
+    error("weft: topology." .. op .. ": argument is not a plan from topology.plan{}", 3)
+  end
+end
+
+-- Kinds present in the plan, in KINDS order.
+local function kinds_of(plan)
+  local out = {}
+  for _, k in ipairs(M.KINDS) do
+    if plan.groups[k] then out[#out + 1] = k end
+  end
+  return out
+end
+M.kinds_of = kinds_of
+
+local function list_json(r)
+  local p = {}
+  for i, x in ipairs(r) do p[i] = fmt("%d", x) end
+  return "[" .. concat(p, ",") .. "]"
+end
+
+-- {"world_size":N,"groups":{"tp":[[0,1],[2,3]],...},"aliases":{"attn_tp":"tp"}}
+-- kinds (in groups and aliases) in KINDS order; no whitespace.
+function M.to_json(plan)
+  check_plan(plan, "to_json")
+  local gparts, aparts = {}, {}
+  for _, k in ipairs(kinds_of(plan)) do
+    local gs = {}
+    for i, r in ipairs(plan.groups[k]) do gs[i] = list_json(r) end
+    gparts[#gparts + 1] = fmt('"%s":[%s]', k, concat(gs, ","))
+    local a = plan.aliases and plan.aliases[k]
+    if a then aparts[#aparts + 1] = fmt('"%s":"%s"', k, a) end
+  end
+  return fmt('{"world_size":%d,"groups":{%s},"aliases":{%s}}', plan.world_size,
+             concat(gparts, ","), concat(aparts, ","))
+end
+
+-- A readable table: one line per kind with its group size, count and groups.
+function M.format(plan)
+  check_plan(plan, "format")
+  local s = plan.sizes or {}
+  local lines = {}
+  if s.tp_size then
+    lines[1] = fmt("world_size %d: tp=%d pp=%d attn_tp=%d attn_cp=%d attn_dp=%d moe_ep=%d moe_tp=%d moe_dp=%d dcp=%d",
+                   plan.world_size, s.tp_size, s.pp_size, s.attn_tp_size, s.attn_cp_size,
+                   s.attn_dp_size, s.moe_ep_size, s.moe_tp_size, s.moe_dp_size, s.dcp_size)
+  else
+    lines[1] = fmt("world_size %d", plan.world_size)
+  end
+  lines[#lines + 1] = fmt("%-8s %5s %7s  %s", "kind", "size", "groups", "ranks")
+  for _, k in ipairs(kinds_of(plan)) do
+    local list = plan.groups[k]
+    local gs = {}
+    for i, r in ipairs(list) do gs[i] = "[" .. concat(r, ",") .. "]" end
+    local line = fmt("%-8s %5d %7d  %s", k, #list[1], #list, concat(gs, " "))
+    local a = plan.aliases and plan.aliases[k]
+    if a then line = line .. fmt("  (same as %s)", a) end
+    lines[#lines + 1] = line
+  end
+  return concat(lines, "\n") .. "\n"
+end
+
+-- For each kind, the group (a fresh list of global ranks) that contains rank.
+function M.groups_of(plan, rank)
+  check_plan(plan, "groups_of")
+  if type(rank) ~= "number" or rank ~= math.floor(rank) or rank < 0 or rank >= plan.world_size then
+    error(fmt("weft: topology.groups_of: rank %s out of range [0, %d)", tostring(rank), plan.world_size), 2)
+  end
+  local out = {}
+  for kind, list in pairs(plan.groups) do
+    for _, r in ipairs(list) do
+      for _, x in ipairs(r) do
+        if x == rank then
+          local c = {}
+          for j, y in ipairs(r) do c[j] = y end
+          out[kind] = c
+        end
+      end
+    end
+  end
+  return out
+end
+
+return M

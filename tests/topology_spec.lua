@@ -1,0 +1,285 @@
+-- weft.topology: rank layouts of every group kind, as SGLang's
+-- initialize_model_parallel builds them (seeds/sglang_parallel_state.py.txt).
+-- Each expected layout below is worked out by hand from the seed's loops.
+describe("weft.topology", function()
+  local topology = require "weft.topology"
+
+  local function singletons(n)
+    local g = {}
+    for i = 0, n - 1 do g[#g + 1] = { i } end
+    return g
+  end
+
+  local function err_of(f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok, "expected an error")
+    return err
+  end
+
+  it("seed docstring example 1: 8 GPUs, tp=2, pp=4", function()
+    -- TP: blocks of 2 -> [0,1] [2,3] [4,5] [6,7] (docstring: 4 TP groups).
+    -- PP: world/pp = 2 groups, range(i, 8, 2) -> [0,2,4,6] [1,3,5,7].
+    local p = topology.plan { world_size = 8, tp = 2, pp = 4 }
+    assert.are.same({ { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 } }, p.groups.tp)
+    assert.are.same({ { 0, 2, 4, 6 }, { 1, 3, 5, 7 } }, p.groups.pp)
+    -- attn_tp = 2/1/1 = 2 == tp -> the TP group; moe_tp = 2/1/1 = 2 == tp -> TP.
+    assert.are.same({ attn_tp = "tp", moe_tp = "tp" }, p.aliases)
+    assert.are.same(p.groups.tp, p.groups.attn_tp)
+    assert.are.same(p.groups.tp, p.groups.moe_tp)
+    -- attn_cp (1 != 2): range(st, st + 2*1, 2) per attn_tp index -> singletons.
+    assert.are.same(singletons(8), p.groups.attn_cp)
+    -- moe_ep (1 != 2): range(st, st + 1*2, 2) -> singletons.
+    assert.are.same(singletons(8), p.groups.moe_ep)
+    -- moe_dp: 1 > 1 false, 1 == 2 false; range(t*2+c, (t+1)*2+c, 2) -> singletons.
+    assert.are.same(singletons(8), p.groups.moe_dp)
+    assert.is_nil(p.groups.dcp)
+  end)
+
+  it("seed docstring example 2: attn_cp=2 attn_tp=4, moe_dp=2 moe_ep=4 (tp=8)", function()
+    -- The docstring's "2 tensor model-parallel groups [g0..g3] [g4..g7]" are
+    -- the attention TP groups: the code only builds CP groups inside a TP
+    -- group, so the CP groups [g0,g4].. need one TP group of 8 (tp=8, pp=1).
+    local p = topology.plan { world_size = 8, tp = 8, attn_cp = 2, ep = 4, moe_dp = 2 }
+    assert.are.same({ { 0, 1, 2, 3, 4, 5, 6, 7 } }, p.groups.tp)
+    -- attn_tp = 8/2/1 = 4: blocks of 4 for c in 0..1 -> [0..3] [4..7]
+    assert.are.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 } }, p.groups.attn_tp)
+    -- attn_cp: a in 0..3, range(a, 8 + a, 4) -> [0,4] [1,5] [2,6] [3,7]
+    assert.are.same({ { 0, 4 }, { 1, 5 }, { 2, 6 }, { 3, 7 } }, p.groups.attn_cp)
+    -- moe_tp = 8/4/2 = 1. moe_ep: d in 0..1, st = d*4, range(st, st+4, 1)
+    assert.are.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 } }, p.groups.moe_ep)
+    -- moe_dp: attn_cp 2 > moe_dp 2 false; 2 == 8 false; c in 0..3:
+    -- range(c, 8 + c, 4) -> [0,4] [1,5] [2,6] [3,7]
+    assert.are.same({ { 0, 4 }, { 1, 5 }, { 2, 6 }, { 3, 7 } }, p.groups.moe_dp)
+    assert.are.same(singletons(8), p.groups.moe_tp)
+    assert.are.same(singletons(8), p.groups.pp)
+    assert.are.same({}, p.aliases)
+    assert.are.same({ world_size = 8, tp_size = 8, pp_size = 1, attn_tp_size = 4, attn_cp_size = 2,
+                      attn_dp_size = 1, moe_ep_size = 4, moe_tp_size = 1, moe_dp_size = 2, dcp_size = 1 },
+                    p.sizes)
+  end)
+
+  it("world of one: every kind is the TP group", function()
+    -- attn_cp 1 == tp 1; attn_tp 1 == tp; moe_dp: 1 > 1 false, 1 == tp;
+    -- ep 1 == tp; moe_tp 1 == tp. PP is always its own group.
+    local p = topology.plan { world_size = 1, tp = 1 }
+    assert.are.same({ attn_cp = "tp", attn_tp = "tp", moe_dp = "tp", moe_ep = "tp", moe_tp = "tp" },
+                    p.aliases)
+    for _, k in ipairs({ "tp", "pp", "attn_tp", "attn_cp", "moe_ep", "moe_tp", "moe_dp" }) do
+      assert.are.same({ { 0 } }, p.groups[k], k)
+    end
+  end)
+
+  it("defaults: plan{tp=4} is world 4 with pp, ep, dp, cp, dcp = 1", function()
+    local p = topology.plan { tp = 4 }
+    assert.are.equal(4, p.world_size)
+    assert.are.same({ { 0, 1, 2, 3 } }, p.groups.tp)
+    assert.are.same(singletons(4), p.groups.pp)
+    assert.are.same({ attn_tp = "tp", moe_tp = "tp" }, p.aliases)
+    assert.are.same(singletons(4), p.groups.moe_ep)
+  end)
+
+  it("MoE: full expert parallelism reuses TP (ep == tp)", function()
+    -- tp=8 ep=8: moe_tp = 1 -> singletons; moe_ep is the TP group;
+    -- moe_dp: range(c, 8 + c, 8) for c in 0..7 -> singletons.
+    local p = topology.plan { world_size = 8, tp = 8, ep = 8 }
+    assert.are.equal("tp", p.aliases.moe_ep)
+    assert.are.same(p.groups.tp, p.groups.moe_ep)
+    assert.are.same(singletons(8), p.groups.moe_tp)
+    assert.are.same(singletons(8), p.groups.moe_dp)
+    assert.are.equal(8, p.group_sizes.moe_ep)
+  end)
+
+  it("MoE: ep=4 inside tp=8 strides by moe_tp", function()
+    -- moe_tp = 8/4/1 = 2. moe_ep: m in 0..1, range(m, m + 8, 2)
+    --   -> [0,2,4,6] [1,3,5,7]; moe_tp: blocks of 2; moe_dp: moe_tp*ep = 8
+    --   -> range(c, 8 + c, 8) -> singletons.
+    local p = topology.plan { world_size = 8, tp = 8, ep = 4 }
+    assert.are.same({ { 0, 2, 4, 6 }, { 1, 3, 5, 7 } }, p.groups.moe_ep)
+    assert.are.same({ { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 } }, p.groups.moe_tp)
+    assert.are.same(singletons(8), p.groups.moe_dp)
+    assert.are.same({ attn_tp = "tp" }, p.aliases)
+  end)
+
+  it("MoE with pipeline stages: tp=4 pp=2 ep=2 moe_dp=2", function()
+    -- two TP groups [0..3] [4..7]; moe_tp = 4/2/2 = 1.
+    -- moe_ep: t, d: st = 4t + 2d, range(st, st + 2) -> [0,1] [2,3] [4,5] [6,7]
+    -- moe_dp: c in 0..1: range(4t + c, 4(t+1) + c, 2) -> [0,2] [1,3] [4,6] [5,7]
+    -- pp: world/pp = 4 groups: range(i, 8, 4) -> [0,4] [1,5] [2,6] [3,7]
+    local p = topology.plan { world_size = 8, tp = 4, pp = 2, ep = 2, moe_dp = 2 }
+    assert.are.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 } }, p.groups.tp)
+    assert.are.same({ { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 } }, p.groups.moe_ep)
+    assert.are.same({ { 0, 2 }, { 1, 3 }, { 4, 6 }, { 5, 7 } }, p.groups.moe_dp)
+    assert.are.same(singletons(8), p.groups.moe_tp)
+    assert.are.same({ { 0, 4 }, { 1, 5 }, { 2, 6 }, { 3, 7 } }, p.groups.pp)
+  end)
+
+  it("MoE data parallel over the whole TP group aliases TP (moe_dp == tp)", function()
+    local p = topology.plan { world_size = 4, tp = 4, moe_dp = 4 }
+    assert.are.equal("tp", p.aliases.moe_dp)
+    assert.are.same({ { 0, 1, 2, 3 } }, p.groups.moe_dp)
+    -- moe_tp = 1, ep = 1: moe_ep singletons, moe_tp singletons
+    assert.are.same(singletons(4), p.groups.moe_ep)
+  end)
+
+  it("attention CP with attention DP: tp=8 attn_cp=2 attn_dp=2", function()
+    -- attn_tp = 8/2/2 = 2. attn_cp: d in 0..1, a in 0..1:
+    --   st = 4d + a, en = 4(d+1) + a, step 2 -> [0,2] [1,3] [4,6] [5,7]
+    -- attn_tp: c in 0..3 -> [0,1] [2,3] [4,5] [6,7]
+    -- moe_dp: attn_cp 2 > moe_dp 1 -> the attention CP group.
+    local p = topology.plan { world_size = 8, tp = 8, attn_cp = 2, attn_dp = 2 }
+    assert.are.same({ { 0, 2 }, { 1, 3 }, { 4, 6 }, { 5, 7 } }, p.groups.attn_cp)
+    assert.are.same({ { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 } }, p.groups.attn_tp)
+    assert.are.equal("attn_cp", p.aliases.moe_dp)
+    assert.are.same(p.groups.attn_cp, p.groups.moe_dp)
+    assert.are.equal(2, p.group_sizes.moe_dp) -- the aliased group's size
+    assert.are.equal(1, p.sizes.moe_dp_size)  -- the configured size
+  end)
+
+  it("attention DP alone: tp=4 attn_dp=4 gives singleton attention TP", function()
+    -- attn_tp = 1: blocks of 1; attn_cp: d in 0..3, a = 0: range(d, d+1, 1)
+    local p = topology.plan { world_size = 4, tp = 4, attn_dp = 4 }
+    assert.are.same(singletons(4), p.groups.attn_tp)
+    assert.are.same(singletons(4), p.groups.attn_cp)
+    assert.is_nil(p.aliases.attn_tp)
+  end)
+
+  it("attention CP over the whole TP group: the alias chain resolves to tp", function()
+    -- attn_cp 4 == tp -> TP; attn_tp = 1 -> singletons; moe_dp: 4 > 1 ->
+    -- _MOE_DP = _ATTN_CP, which is _TP: aliases.moe_dp = "tp".
+    local p = topology.plan { world_size = 8, tp = 4, pp = 2, attn_cp = 4 }
+    assert.are.equal("tp", p.aliases.attn_cp)
+    assert.are.equal("tp", p.aliases.moe_dp)
+    assert.are.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 } }, p.groups.moe_dp)
+    assert.are.same(singletons(8), p.groups.attn_tp)
+  end)
+
+  it("DCP slices each TP group; only present when dcp > 1, never an alias", function()
+    -- tp=8 pp=2 dcp=2: TP [0..7] [8..15]; slices of 2 inside each.
+    local p = topology.plan { world_size = 16, tp = 8, pp = 2, dcp = 2 }
+    assert.are.same({ { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 }, { 8, 9 }, { 10, 11 }, { 12, 13 }, { 14, 15 } },
+                    p.groups.dcp)
+    local q = topology.plan { world_size = 8, tp = 8, dcp = 4 }
+    assert.are.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 } }, q.groups.dcp)
+    local r = topology.plan { world_size = 4, tp = 4, dcp = 4 }
+    assert.are.same(r.groups.tp, r.groups.dcp)
+    assert.is_nil(r.aliases.dcp) -- the seed always creates its own DCP group
+    assert.is_nil(topology.plan({ world_size = 4, tp = 4, dcp = 1 }).groups.dcp)
+  end)
+
+  it("raises where SGLang would floor or refuse, naming the sizes", function()
+    local e = err_of(topology.plan, { world_size = 8, tp = 3, pp = 2 })
+    assert.matches("weft: topology.plan: world_size (8) is not equal to tp (3) x pp (2)", e, 1, true)
+    e = err_of(topology.plan, { world_size = 6, tp = 6, attn_cp = 4 })
+    assert.matches("tp (6) is not divisible by attn_cp (4) x attn_dp (1) = 4", e, 1, true)
+    e = err_of(topology.plan, { world_size = 8, tp = 8, attn_cp = 2, attn_dp = 3 })
+    assert.matches("tp (8) is not divisible by attn_cp (2) x attn_dp (3) = 6", e, 1, true)
+    e = err_of(topology.plan, { world_size = 8, tp = 8, ep = 3 })
+    assert.matches("tp (8) is not divisible by ep (3) x moe_dp (1) = 3", e, 1, true)
+    e = err_of(topology.plan, { world_size = 8, tp = 8, ep = 4, moe_dp = 4 })
+    assert.matches("tp (8) is not divisible by ep (4) x moe_dp (4) = 16", e, 1, true)
+    e = err_of(topology.plan, { world_size = 8, tp = 8, dcp = 3 })
+    assert.matches("tp (8) must be divisible by dcp (3)", e, 1, true)
+    e = err_of(topology.plan, { world_size = 4, tp = 0 })
+    assert.matches("tp must be a positive integer (got 0)", e, 1, true)
+    e = err_of(topology.plan, { tp = 2.5 })
+    assert.matches("tp must be a positive integer (got 2.5)", e, 1, true)
+    e = err_of(topology.plan, { tp = 2, moe_ep = 2 })
+    assert.matches("unknown argument 'moe_ep'", e, 1, true)
+  end)
+
+  it("every kind partitions the world into equal groups (sweep)", function()
+    local checked = 0
+    for _, tp in ipairs({ 1, 2, 4, 6, 8 }) do
+      for _, pp in ipairs({ 1, 2, 3 }) do
+        for _, ep in ipairs({ 1, 2, 4 }) do
+          for _, adp in ipairs({ 1, 2 }) do
+            for _, acp in ipairs({ 1, 2, 4 }) do
+              for _, mdp in ipairs({ 1, 2 }) do
+                for _, dcp in ipairs({ 1, 2 }) do
+                  local ok, p = pcall(topology.plan, { world_size = tp * pp, tp = tp, pp = pp, ep = ep,
+                                                       attn_dp = adp, attn_cp = acp, moe_dp = mdp, dcp = dcp })
+                  local divisible = tp % (acp * adp) == 0 and tp % (ep * mdp) == 0 and tp % dcp == 0
+                  assert.are.equal(divisible, ok, tostring(p))
+                  if ok then
+                    checked = checked + 1
+                    for kind, list in pairs(p.groups) do
+                      local seen, size = {}, #list[1]
+                      for _, r in ipairs(list) do
+                        assert.are.equal(size, #r, kind)
+                        for _, x in ipairs(r) do
+                          assert.is_nil(seen[x], kind .. " repeats rank " .. x)
+                          seen[x] = true
+                        end
+                      end
+                      for x = 0, p.world_size - 1 do assert.is_true(seen[x], kind .. " misses " .. x) end
+                      assert.are.equal(size, p.group_sizes[kind])
+                    end
+                    for kind, target in pairs(p.aliases) do
+                      assert.is_nil(p.aliases[target], kind .. " aliases an alias")
+                      assert.are.same(p.groups[target], p.groups[kind])
+                    end
+                    assert.are.equal(tp, p.group_sizes.tp)
+                    assert.are.equal(pp, p.group_sizes.pp)
+                  end
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+    assert.is_true(checked > 100)
+  end)
+
+  it("to_json gives the exact compact form, kinds in fixed order", function()
+    local p = topology.plan { world_size = 4, tp = 2, pp = 2 }
+    assert.are.equal(
+      '{"world_size":4,"groups":{"tp":[[0,1],[2,3]],"pp":[[0,2],[1,3]],"attn_tp":[[0,1],[2,3]],'
+      .. '"attn_cp":[[0],[1],[2],[3]],"moe_ep":[[0],[1],[2],[3]],"moe_tp":[[0,1],[2,3]],'
+      .. '"moe_dp":[[0],[1],[2],[3]]},"aliases":{"attn_tp":"tp","moe_tp":"tp"}}',
+      topology.to_json(p))
+    local q = topology.plan { world_size = 4, tp = 4, attn_cp = 2, ep = 2, dcp = 2 }
+    local j = topology.to_json(q)
+    assert.matches('"moe_dp":[[0,2],[1,3]],"dcp":[[0,1],[2,3]]},"aliases":{"moe_dp":"attn_cp"}}', j, 1, true)
+    assert.are.equal('{"world_size":2,"groups":{"tp":[[0],[1]],"pp":[[0,1]],"attn_tp":[[0],[1]],'
+      .. '"attn_cp":[[0],[1]],"moe_ep":[[0],[1]],"moe_tp":[[0],[1]],"moe_dp":[[0],[1]]},'
+      .. '"aliases":{"attn_tp":"tp","attn_cp":"tp","moe_ep":"tp","moe_tp":"tp","moe_dp":"tp"}}',
+      topology.to_json(topology.plan { world_size = 2, tp = 1, pp = 2 }))
+  end)
+
+  it("to_json parses back to the plan's groups and aliases", function()
+    local json = require "dkjson"
+    local p = topology.plan { world_size = 16, tp = 8, pp = 2, attn_cp = 2, ep = 4, moe_dp = 2, dcp = 2 }
+    local d = json.decode(topology.to_json(p))
+    assert.are.equal(16, d.world_size)
+    assert.are.same(p.groups, d.groups)
+    assert.are.same(p.aliases, d.aliases)
+  end)
+
+  it("format prints one line per kind and marks aliases", function()
+    local p = topology.plan { world_size = 8, tp = 2, pp = 4 }
+    local text = topology.format(p)
+    assert.matches("world_size 8: tp=2 pp=4", text, 1, true)
+    assert.matches("\ntp +2 +4  %[0,1%] %[2,3%] %[4,5%] %[6,7%]\n", text)
+    assert.matches("\npp +4 +2  %[0,2,4,6%] %[1,3,5,7%]\n", text)
+    assert.matches("\nattn_tp +2 +4  %[0,1%] %[2,3%] %[4,5%] %[6,7%]  %(same as tp%)\n", text)
+    local lines = 0
+    for _ in text:gmatch("\n") do lines = lines + 1 end
+    assert.are.equal(2 + 7, lines) -- header, column titles, 7 kinds (no dcp)
+  end)
+
+  it("groups_of gives the group of each kind containing a rank", function()
+    local p = topology.plan { world_size = 8, tp = 2, pp = 4 }
+    local g = topology.groups_of(p, 5)
+    assert.are.same({ 4, 5 }, g.tp)
+    assert.are.same({ 1, 3, 5, 7 }, g.pp)
+    assert.are.same({ 4, 5 }, g.attn_tp)
+    assert.are.same({ 5 }, g.moe_dp)
+    g.tp[1] = 99 -- a copy: the plan is untouched
+    assert.are.same({ 4, 5 }, p.groups.tp[3])
+    local e = err_of(topology.groups_of, p, 8)
+    assert.matches("weft: topology.groups_of: rank 8 out of range [0, 8)", e, 1, true)
+    e = err_of(topology.to_json, { nope = 1 })
+    assert.matches("weft: topology.to_json: argument is not a plan", e, 1, true)
+  end)
+end)
