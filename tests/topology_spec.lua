@@ -282,4 +282,101 @@ describe("weft.topology", function()
     e = err_of(topology.to_json, { nope = 1 })
     assert.matches("weft: topology.to_json: argument is not a plan", e, 1, true)
   end)
+  describe("validate (initialize_model_parallel's checks)", function()
+    -- exact messages: weft.dist.initialize_model_parallel and weft-topo
+    -- --dry-run both go through validate, so these are a real run's words
+    local cases = {
+      { { tp = 3 }, 8, "weft: initialize_model_parallel: world_size (8) is not equal to tp (3) x pp (1)" },
+      { {}, 8, "weft: initialize_model_parallel: world_size (8) is not equal to tp (1) x pp (1)" },
+      { { tp = 0 }, 8, "weft: initialize_model_parallel: tp must be a positive integer, got 0" },
+      { { pp = 1.5, tp = 8 }, 8, "weft: initialize_model_parallel: pp must be a positive integer, got 1.5" },
+      { { ep = "2", tp = 8 }, 8, "weft: initialize_model_parallel: ep must be a positive integer, got 2" },
+      { { tp = math.huge }, 8, "weft: initialize_model_parallel: tp must be a positive integer, got inf" },
+      { { tensor_model_parallel_size = -1 }, 8,
+        "weft: initialize_model_parallel: tensor_model_parallel_size must be a positive integer, got -1" },
+      { { tpp = 2 }, 8, 'weft: initialize_model_parallel: unknown option "tpp" (tp, pp, ep, moe_dp, attn_cp, '
+        .. "attn_dp, dcp, duplicate_tp_group)" },
+      { { world_size = 8, tp = 8 }, 8, 'weft: initialize_model_parallel: unknown option "world_size"' },
+      { { tp = 6, attn_cp = 4 }, 6, "weft: initialize_model_parallel: tp (6) is not divisible by attn_cp (4) "
+        .. "x attn_dp (1) = 4: the attention TP size would be floored to 1 (SGLang floors it silently)" },
+      { { tp = 8, ep = 4, moe_dp = 4 }, 8, "weft: initialize_model_parallel: tp (8) is not divisible by ep (4) "
+        .. "x moe_dp (4) = 16: the MoE TP size would be floored to 0 (SGLang floors it silently)" },
+      { { tp = 8, dcp = 3 }, 8, "weft: initialize_model_parallel: tp (8) must be divisible by dcp (3)" },
+      -- several wrong: the first in sorted key order is named
+      { { zz = 1, tp = 0, aa = 1 }, 8, 'weft: initialize_model_parallel: unknown option "aa"' },
+    }
+    for n, c in ipairs(cases) do
+      it("refuses case " .. n .. ": " .. c[3]:sub(36, 90), function()
+        local e = err_of(topology.validate, c[1], c[2])
+        assert.matches(c[3], e, 1, true)
+        assert.are.equal(1, select(2, e:gsub("weft: ", "")), e) -- one prefix, no nesting
+      end)
+    end
+
+    it("refuses a non-table", function()
+      assert.are.equal("weft: initialize_model_parallel: options must be a table, got string",
+                       err_of(topology.validate, "tp=2", 2))
+    end)
+
+    it("accepts long SGLang names and duplicate_tp_group; gives topology.plan's plan", function()
+      local p, dup = topology.validate({ tensor_model_parallel_size = 4, pipeline_model_parallel_size = 2,
+                                         expert_model_parallel_size = 2, moe_data_model_parallel_size = 2,
+                                         duplicate_tp_group = true }, 8)
+      assert.is_true(dup)
+      assert.are.same(topology.plan { world_size = 8, tp = 4, pp = 2, ep = 2, moe_dp = 2 }, p)
+      local q, d2 = topology.validate(nil, 1)
+      assert.is_false(d2)
+      assert.are.equal(1, q.world_size)
+    end)
+
+    it("blames the caller, or the caller's caller with level 2", function()
+      local line = debug.getinfo(1, "l").currentline
+      local ok, e = pcall(function() topology.validate({ tp = 0 }, 2) end)
+      assert.is_false(ok)
+      assert.matches("topology_spec.lua:" .. (line + 1) .. ": weft: ", e, 1, true)
+      local function wrapper() topology.validate({ tp = 3 }, 2, 2) end
+      ok, e = pcall(function() wrapper() end)
+      assert.matches("topology_spec.lua:" .. (line + 5) .. ": weft: initialize_model_parallel: world_size", e, 1, true)
+    end)
+  end)
+
+  it("index_of gives each rank's group index and position in O(world)", function()
+    local p = topology.plan { world_size = 8, tp = 4, pp = 2, attn_dp = 2 }
+    local idx, pos = topology.index_of(p)
+    assert.are.same({ 0, 0, 0, 0, 1, 1, 1, 1 }, idx.tp)
+    assert.are.same({ 0, 1, 2, 3, 0, 1, 2, 3 }, pos.tp)
+    assert.are.same({ 0, 1, 2, 3, 0, 1, 2, 3 }, idx.pp)
+    assert.are.same({ 0, 0, 0, 0, 1, 1, 1, 1 }, pos.pp)
+    assert.are.same({ 0, 0, 1, 1, 2, 2, 3, 3 }, idx.attn_tp)
+    local q = topology.plan { world_size = 512, tp = 16, pp = 32, ep = 8, moe_dp = 2, attn_cp = 2, dcp = 2 }
+    local qi, qp = topology.index_of(q)
+    for _, r in ipairs({ 0, 1, 17, 255, 300, 511 }) do
+      local g = topology.groups_of(q, r)
+      for kind, list in pairs(q.groups) do
+        assert.are.same(g[kind], list[qi[kind][r + 1] + 1], kind)
+        assert.are.equal(r, g[kind][qp[kind][r + 1] + 1], kind)
+      end
+    end
+  end)
+
+  it("ranks_str writes runs, strides and short lists", function()
+    assert.are.equal("0-3", topology.ranks_str { 0, 1, 2, 3 })
+    assert.are.equal("1,9,..,57", topology.ranks_str { 1, 9, 17, 25, 33, 41, 49, 57 })
+    assert.are.equal("0,4", topology.ranks_str { 0, 4 })
+    assert.are.equal("4,5", topology.ranks_str { 4, 5 })
+    assert.are.equal("0,2,4", topology.ranks_str { 0, 2, 4 })
+    assert.are.equal("0,3,5", topology.ranks_str { 0, 3, 5 })
+    assert.are.equal("7", topology.ranks_str { 7 })
+    local odd = {}
+    for i = 1, 20 do odd[i] = i * i end
+    assert.are.equal("1,4,9,16,25,36,49,64,81,100,.. (20 ranks)", topology.ranks_str(odd))
+  end)
+
+  it("node_span counts the most nodes one group reaches", function()
+    local p = topology.plan { world_size = 64, tp = 16, pp = 4 }
+    assert.are.equal(2, topology.node_span(p.groups.tp, 8))
+    assert.are.equal(1, topology.node_span(p.groups.tp, 16))
+    assert.are.equal(4, topology.node_span(p.groups.pp, 8))
+    assert.are.equal(16, topology.node_span(p.groups.tp, 1))
+  end)
 end)

@@ -220,6 +220,61 @@ function M.plan(args)
   }
 end
 
+---------------------------------------------------------------- validate
+-- The checks of weft.initialize_model_parallel (lua/weft/dist.lua), so a
+-- dry run (scripts/weft-topo --dry-run) and a real run refuse the same
+-- arguments with the same words.
+--
+-- validate(opts, world_size [, level]) -> plan, duplicate_tp_group
+--   opts: {tp=, pp=, ep=, moe_dp=, attn_cp=, attn_dp=, dcp=, duplicate_tp_group=}
+--         or SGLang's long names (tensor_model_parallel_size, ...).
+--   world_size: the world the groups are cut from (WORLD_SIZE in a real run).
+--   level: as error()'s: 1 (default) blames validate's caller, 2 its caller.
+-- Every error reads "weft: initialize_model_parallel: <what>"; when several
+-- options are wrong, the first in sorted key order is named.
+M.LONG_NAMES = {
+  tensor_model_parallel_size = "tp", pipeline_model_parallel_size = "pp",
+  expert_model_parallel_size = "ep", attention_data_parallel_size = "attn_dp",
+  attention_context_model_parallel_size = "attn_cp", moe_data_model_parallel_size = "moe_dp",
+  decode_context_parallel_size = "dcp",
+}
+local SIZES = { tp = true, pp = true, ep = true, attn_dp = true, attn_cp = true, moe_dp = true, dcp = true }
+local VOP = "initialize_model_parallel"
+
+function M.validate(opts, world_size, level)
+  level = (level or 1) + 1
+  local function vfail(msg, ...)
+    error("weft: " .. VOP .. ": " .. fmt(msg, ...), level + 1)
+  end
+  opts = opts or {}
+  if type(opts) ~= "table" then vfail("options must be a table, got %s", type(opts)) end
+  local keys = {}
+  for k in pairs(opts) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local args, dup = { world_size = world_size }, false
+  for _, k in ipairs(keys) do
+    local v = opts[k]
+    local key = M.LONG_NAMES[k] or k
+    if key == "duplicate_tp_group" then
+      dup = v and true or false
+    elseif SIZES[key] then
+      if type(v) ~= "number" or v ~= floor(v) or v < 1 or v == math.huge then
+        vfail("%s must be a positive integer, got %s", tostring(k), tostring(v))
+      end
+      args[key] = v
+    else
+      vfail("unknown option %q (tp, pp, ep, moe_dp, attn_cp, attn_dp, dcp, duplicate_tp_group)", tostring(k))
+    end
+  end
+  local ok, plan = pcall(M.plan, args)
+  if not ok then
+    -- plan's own words, named after the operation the user called
+    local msg = tostring(plan):gsub("^.-weft: topology%.plan: ", "")
+    error("weft: " .. VOP .. ": " .. msg, level)
+  end
+  return plan, dup
+end
+
 local function check_plan(plan, op)
   if type(plan) ~= "table" or type(plan.groups) ~= "table" or type(plan.world_size) ~= "number" then
     error("weft: topology." .. op .. ": argument is not a plan from topology.plan{}", 3)
@@ -302,6 +357,58 @@ function M.groups_of(plan, rank)
     end
   end
   return out
+end
+
+-- For each kind present, where every rank sits: idx[kind][rank + 1] is the
+-- 0-based index of its group in plan.groups[kind] (weft.dist names that
+-- group "<kind>.<index>"), pos[kind][rank + 1] its 0-based rank in the group.
+-- O(world) per kind, unlike world calls of groups_of.
+function M.index_of(plan)
+  check_plan(plan, "index_of")
+  local idx, pos = {}, {}
+  for kind, list in pairs(plan.groups) do
+    local ik, pk = {}, {}
+    for g, r in ipairs(list) do
+      for j, x in ipairs(r) do
+        ik[x + 1], pk[x + 1] = g - 1, j - 1
+      end
+    end
+    idx[kind], pos[kind] = ik, pk
+  end
+  return idx, pos
+end
+
+-- The most nodes any one group of list touches, ranks placed node by node
+-- (gpus_per_node ranks a node): 1 means every group stays inside a node.
+function M.node_span(list, gpus_per_node)
+  local most = 0
+  for _, r in ipairs(list) do
+    local seen, n = {}, 0
+    for _, x in ipairs(r) do
+      local node = floor(x / gpus_per_node)
+      if not seen[node] then seen[node] = true; n = n + 1 end
+    end
+    if n > most then most = n end
+  end
+  return most
+end
+
+-- A short text for a list of ranks: "4-7", "1,9,..,57" (a stride), "0,3,5".
+function M.ranks_str(r)
+  local n = #r
+  if n == 0 then return "" end
+  if n == 1 then return tostring(r[1]) end
+  local step = r[2] - r[1]
+  local even = step > 0
+  for i = 3, n do
+    if r[i] - r[i - 1] ~= step then even = false; break end
+  end
+  if even and step == 1 and n >= 3 then return fmt("%d-%d", r[1], r[n]) end
+  if even and n >= 4 then return fmt("%d,%d,..,%d", r[1], r[2], r[n]) end
+  if n > 12 then
+    return concat({ unpack(r, 1, 10) }, ",") .. fmt(",.. (%d ranks)", n)
+  end
+  return concat(r, ",")
 end
 
 return M
