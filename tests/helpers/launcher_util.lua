@@ -1,0 +1,107 @@
+-- Test utilities for tests/launcher_spec.lua: run scripts/weft-run for real
+-- (foreground or background), read what it wrote, find stray rank processes.
+local ffi = require "ffi"
+
+local U = {}
+
+if not pcall(ffi.typeof, "weft_lt_timespec") then
+  ffi.cdef [[ typedef struct { long tv_sec; long tv_nsec; } weft_lt_timespec; ]]
+end
+ffi.cdef [[
+int clock_gettime(int clk, void *ts);
+int poll(void *fds, unsigned long nfds, int timeout);
+int getpid(void);
+]]
+local C = ffi.C
+
+local src = debug.getinfo(1, "S").source:sub(2)
+U.ROOT = (src:match("^(.*)/tests/helpers/[^/]*$")) or "."
+U.TOKEN = "tok" .. C.getpid()          -- marks the rank processes of this test run
+
+function U.now()
+  local ts = ffi.new("weft_lt_timespec")
+  C.clock_gettime(1, ffi.cast("void *", ts))
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+function U.sleep(s) C.poll(nil, 0, math.floor(s * 1000)) end
+
+function U.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a"); f:close()
+  return s
+end
+
+local function tmpdir()
+  local p = io.popen("mktemp -d /tmp/weft-launcher-test.XXXXXX")
+  local d = p:read("*l"); p:close()
+  return d
+end
+
+local function cleanup(dir) os.execute("rm -rf " .. U.q(dir)) end
+
+-- Runs `scripts/weft-run <args>` (args: a shell-quoted string) to completion.
+-- Returns { out =, err =, rc =, elapsed = seconds }.
+function U.run(args)
+  local dir = tmpdir()
+  local t0 = U.now()
+  os.execute(("cd %s && scripts/weft-run %s >%s/out 2>%s/err </dev/null; echo $? >%s/rc")
+             :format(U.q(U.ROOT), args, dir, dir, dir))
+  local r = { out = slurp(dir .. "/out"), err = slurp(dir .. "/err"),
+              rc = tonumber(slurp(dir .. "/rc")), elapsed = U.now() - t0 }
+  cleanup(dir)
+  return r
+end
+
+-- Starts weft-run in the background; returns a handle with :out() :err()
+-- :pid() :rc() (nil while running) :wait(timeout) and :cleanup().
+function U.start(args)
+  local h = { dir = tmpdir(), t0 = U.now() }
+  os.execute(("cd %s && ( scripts/weft-run %s >%s/out 2>%s/err </dev/null & echo $! >%s/pid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc ) >/dev/null 2>&1 &")
+             :format(U.q(U.ROOT), args, h.dir, h.dir, h.dir, h.dir, h.dir, h.dir))
+  function h:out() return slurp(self.dir .. "/out") or "" end
+  function h:err() return slurp(self.dir .. "/err") or "" end
+  function h:pid() return tonumber(slurp(self.dir .. "/pid") or "") end
+  function h:rc() return tonumber(slurp(self.dir .. "/rc") or "") end
+  function h:wait(timeout) return U.wait_until(function() return self:rc() end, timeout) end
+  function h:cleanup() cleanup(self.dir) end
+  return h
+end
+
+-- Polls fn every 50 ms (sleeping) until it returns a true value or timeout s pass.
+function U.wait_until(fn, timeout)
+  local deadline = U.now() + timeout
+  while true do
+    local v = fn()
+    if v then return v end
+    if U.now() > deadline then return nil end
+    U.sleep(0.05)
+  end
+end
+
+function U.count(s, pat)
+  local n = 0
+  for _ in s:gmatch(pat) do n = n + 1 end
+  return n
+end
+
+-- Rank processes of this test run still alive (the bracket keeps pgrep's own
+-- shell, whose command line holds the pattern, from matching).
+function U.strays()
+  local p = io.popen("pgrep -af 'helpers/launcher_[a-z]+[.]lua.*" .. U.TOKEN .. "'")
+  local s = p:read("*a"); p:close()
+  return s
+end
+
+-- SIGKILL the processes listed by U.strays() (their pids only)
+function U.kill_strays(list)
+  for line in list:gmatch("[^\n]+") do
+    local pid = line:match("^(%d+) ")
+    if pid then os.execute("kill -9 " .. pid .. " 2>/dev/null") end
+  end
+end
+
+return U
