@@ -58,7 +58,12 @@ const char *weft_last_error(void);        /* thread-local, never NULL */
 const char *weft_build_info(void);        /* "cuda=yes arch=sm_90 ..." */
 size_t weft_dtype_size(int dtype);        /* 0 for an unknown dtype */
 
-/* ---- store: TCP key-value rendezvous (src/store.c) ---- */
+/* ---- store: TCP key-value rendezvous (src/store.c) ----
+ * Calls on one handle are serialized by its mutex: a blocking get holds the
+ * handle, so a thread that sets what another thread waits for needs its own
+ * handle; returned buffers stay valid until the next call from any thread.
+ * Env: WEFT_STORE_SECRET, WEFT_STORE_MAX_VALUE (bytes, default 256 MiB),
+ * WEFT_STORE_READ_TIMEOUT_MS (server drops a stalled frame, default 10000). */
 typedef struct weft_store weft_store;
 typedef struct weft_store_opts {
   const char *host;       /* where the server is (connect address) */
@@ -136,6 +141,300 @@ int weft_host_compare(const void *a, const void *b, size_t count, int dtype,
 int weft_host_rmsnorm(const void *x, const void *residual, const void *weight,
                       void *out, void *residual_out, int64_t tokens,
                       int64_t hidden, int dtype, float eps, int flags);
+
+/* ---- CUDA runtime: devices, pool, copies, streams, events, graphs
+ *      (src/cuda.c, src/cuda_pool.c, src/graph.c, kernels/devops.cu) ----
+ * Resolved lazily on first use. With no driver/device (or a build without
+ * CUDA) every call fails with WEFT_ENODEV "no CUDA device", except
+ * weft_cuda_device_count, which reports 0 and succeeds.
+ * Streams are raw cudaStream_t values as void* (an embedding program may
+ * pass its own); NULL means the calling thread's current weft stream, which
+ * starts as the legacy default stream. Events likewise (cudaEvent_t).
+ * The default device is WEFT_DEVICE, else LOCAL_RANK (mod device count), else 0;
+ * each thread starts on it. Waits (synchronize, copy) are bounded by
+ * WEFT_CUDA_TIMEOUT_MS (default 300000) and refused while capturing. */
+int weft_cuda_device_count(int *n);
+int weft_cuda_set_device(int dev);
+int weft_cuda_get_device(int *dev);
+int weft_cuda_device_name(int dev, char *buf, size_t len);
+int weft_cuda_synchronize(void);          /* the current device, bounded */
+/* Device that owns p (-1: host memory, pageable or pinned). */
+int weft_cuda_pointer_device(const void *p, int *dev);
+
+/* Caching pool: per-device size-class free lists; steady state never calls
+ * cudaMalloc. dev < 0: current device. A freed block is reused in stream
+ * order, so free only what no other stream still reads. */
+typedef struct weft_cuda_pool_stats {
+  int64_t in_use_bytes, in_use_blocks, cached_bytes, cached_blocks, peak_bytes;
+  int64_t device_allocs, device_frees, hits, misses;
+} weft_cuda_pool_stats;
+int weft_cuda_malloc(void **p, size_t bytes, int dev);
+int weft_cuda_free(void *p);              /* NULL: no-op */
+int weft_cuda_pool_stats_get(int dev, weft_cuda_pool_stats *out);
+int weft_cuda_pool_trim(int dev);         /* cudaFree the cached blocks */
+
+/* Synchronous copy (cudaMemcpyDefault, ordered after the current stream). */
+int weft_cuda_memcpy(void *dst, const void *src, size_t bytes);
+int weft_cuda_memcpy_async(void *dst, const void *src, size_t bytes, void *stream);
+int weft_cuda_memset(void *p, int value, size_t bytes, void *stream);
+/* Same distributions as weft_host_fill_random (not the same values):
+ * dist 0 uniform [-1, 1), 1 standard normal; deterministic in seed. */
+int weft_cuda_fill_random(void *p, size_t count, int dtype, uint64_t seed,
+                          int dist, void *stream);
+
+/* Streams. nonblocking=1: no implicit sync with the legacy stream (what a
+ * capture stream needs). */
+int weft_cuda_stream_create(int nonblocking, void **out);
+int weft_cuda_stream_destroy(void *stream);
+int weft_cuda_stream_synchronize(void *stream);
+int weft_cuda_stream_wait_stream(void *stream, void *other); /* stream waits for other's work so far */
+int weft_cuda_stream_set_current(void *stream);               /* per thread */
+int weft_cuda_stream_get_current(void **stream);
+
+/* Events. timing=0 gives a lighter event that elapsed() refuses. */
+int weft_cuda_event_create(int timing, void **out);
+int weft_cuda_event_destroy(void *event);
+int weft_cuda_event_record(void *event, void *stream);
+int weft_cuda_event_synchronize(void *event);
+int weft_cuda_event_elapsed(void *start, void *end, float *ms);
+int weft_cuda_stream_wait_event(void *stream, void *event);
+
+/* Graphs: capture on a (non-legacy) stream in thread-local mode, end gives
+ * an instantiated graph. Capture is refused on the legacy stream; while the
+ * calling thread captures, synchronizing calls and store collectives fail
+ * with WEFT_ESTATE instead of invalidating the capture. */
+typedef struct weft_cuda_graph weft_cuda_graph;
+int weft_cuda_graph_begin(void *stream);
+int weft_cuda_graph_end(void *stream, weft_cuda_graph **out);
+int weft_cuda_graph_launch(weft_cuda_graph *g, void *stream);
+int weft_cuda_graph_destroy(weft_cuda_graph *g);
+int weft_cuda_stream_capturing(void *stream, int *capturing);
+
+/* ---- residual add + RMSNorm on device (kernels/norm.cu) ----
+ * Same contract as weft_host_rmsnorm (f32 math): v = x + residual,
+ * residual_out = v rounded to dtype, out = residual_out * rsqrt(mean(v^2) +
+ * eps) * w (flags 1 = Gemma, 1 + w). residual and residual_out may be NULL;
+ * out may alias x and residual_out may alias residual. dtype: f32, f16,
+ * bf16. Async on stream. */
+int weft_cuda_rmsnorm(const void *x, const void *residual, const void *weight,
+                      void *out, void *residual_out, int64_t tokens,
+                      int64_t hidden, int dtype, float eps, int flags,
+                      void *stream);
+
+/* ---- NCCL: device collectives per group (src/nccl.c) ----
+ * libnccl.so.2 is loaded on first use (WEFT_NCCL_LIB overrides the path).
+ * Create is collective over the cpu group: index 0 makes the unique id and
+ * broadcasts it through the group; the communicator is created non-blocking
+ * on the current device and every wait is bounded by the group's timeout; on
+ * timeout or error it is aborted and the error names the group and the op.
+ * Counts are elements; buffers must be on the communicator's device (checked
+ * before anything is enqueued). stream NULL: the thread's current stream.
+ * NCCL_NVLS_ENABLE is forced to 0 unless WEFT_ALLOW_MULTICAST=1. */
+typedef struct weft_nccl weft_nccl;
+int weft_nccl_version(int *version);      /* WEFT_ENODEV when NCCL cannot load */
+/* Name, index, size and timeout come from g (the timeout can be changed
+ * later with weft_nccl_set_timeout). blocking: 0 = non-blocking communicator
+ * (init bounded by the timeout; NCCL then hands every call to a helper
+ * thread, which costs eager calls tens of µs), 1 = blocking (init waits
+ * for every peer unbounded; calls enqueue inline), -1 = WEFT_NCCL_BLOCKING
+ * (default 0). Waits after init are bounded either way. */
+int weft_nccl_create(weft_cpugroup *g, int blocking, weft_nccl **out);
+int weft_nccl_set_timeout(weft_nccl *c, int timeout_ms);
+int weft_nccl_destroy(weft_nccl *c);      /* frees; aborts if a wait failed */
+int weft_nccl_abort(weft_nccl *c);        /* later calls fail with WEFT_ESTATE */
+int weft_nccl_info(weft_nccl *c, int *rank, int *size, int *device);
+/* Waits (bounded by the group timeout) for stream, polling the communicator. */
+int weft_nccl_synchronize(weft_nccl *c, void *stream);
+int weft_nccl_all_reduce(weft_nccl *c, const void *in, void *out, size_t count,
+                         int dtype, int op, void *stream);
+/* out holds size * count, rank-major */
+int weft_nccl_all_gather(weft_nccl *c, const void *in, void *out, size_t count,
+                         int dtype, void *stream);
+/* counts[size]: rank i contributes counts[i]; out holds them concatenated */
+int weft_nccl_all_gatherv(weft_nccl *c, const void *in, void *out,
+                          const size_t *counts, int dtype, void *stream);
+/* in holds size * count_out; out gets this rank's reduced slice */
+int weft_nccl_reduce_scatter(weft_nccl *c, const void *in, void *out,
+                             size_t count_out, int dtype, int op, void *stream);
+/* in holds sum(counts); rank i gets counts[i] reduced elements */
+int weft_nccl_reduce_scatterv(weft_nccl *c, const void *in, void *out,
+                              const size_t *counts, int dtype, int op, void *stream);
+int weft_nccl_broadcast(weft_nccl *c, const void *in, void *out, size_t count,
+                        int dtype, int root, void *stream);
+/* out (root only, NULL elsewhere) holds size * count, rank-major */
+int weft_nccl_gather(weft_nccl *c, const void *in, void *out, size_t count,
+                     int dtype, int root, void *stream);
+int weft_nccl_send(weft_nccl *c, const void *buf, size_t count, int dtype,
+                   int peer, void *stream);
+int weft_nccl_recv(weft_nccl *c, void *buf, size_t count, int dtype,
+                   int peer, void *stream);
+/* send_counts/recv_counts NULL: equal splits of count (total elements, which
+ * size must divide); else per-peer counts, packed contiguously in peer order. */
+int weft_nccl_all_to_all(weft_nccl *c, const void *in, void *out, size_t count,
+                         const size_t *send_counts, const size_t *recv_counts,
+                         int dtype, void *stream);
+/* Batch the calls between them (this thread); end waits for the enqueue. */
+int weft_nccl_group_start(void);
+int weft_nccl_group_end(void);
+
+/* ---- allreduce: VMM workspaces + custom one/two-shot all-reduce
+ *      (src/vmm.c, src/allreduce.c, kernels/allreduce.cu) ----
+ * VMM workspace: every rank of the group allocates `bytes` (rounded up to the
+ * granularity; the same size on all ranks) with cuMemCreate, exports a POSIX
+ * fd (flags WEFT_VMM_FABRIC: a FABRIC handle), exchanges it over Unix-domain
+ * sockets (SCM_RIGHTS, uid/pid checked), imports and maps all of them.
+ * Collective; a preflight vote makes all ranks succeed or all fail (then fall
+ * back to NCCL). ptr(peer) is this process's address of peer's allocation.
+ * Destroy is local and releases everything (stats: live workspaces/bytes). */
+typedef struct weft_vmm weft_vmm;
+enum { WEFT_VMM_FABRIC = 1 };
+int weft_vmm_create(weft_cpugroup *g, size_t bytes, int flags, weft_vmm **out);
+int weft_vmm_destroy(weft_vmm *w);
+int weft_vmm_ptr(weft_vmm *w, int peer, void **ptr);
+int weft_vmm_size(weft_vmm *w, size_t *bytes);
+int weft_vmm_stats(int64_t *live, int64_t *live_bytes, int64_t *created);
+
+/* Custom all-reduce (sum) for ranks of one node with peer access: world 2,
+ * 4, 6, 8; dtypes f32, f16, bf16 (f32 accumulation); any count; in and out
+ * 16-byte aligned (in == out allowed); results bitwise identical on every
+ * rank. create is collective (owns a VMM workspace for calls of up to
+ * max_bytes). run is asynchronous on stream (NULL: the thread's current
+ * stream) and CUDA-graph safe (inputs are read inside the kernel, epochs live
+ * in device memory: replays with new input data are correct); every rank
+ * must make the same calls in the same order. Kernels never hang: a peer
+ * that does not arrive within the timeout (default: the group's) or an abort
+ * makes the kernel return, and check_error then reports WEFT_ETIMEOUT /
+ * WEFT_EABORT naming the group and the late peer; the handle is then
+ * unusable (destroy, recreate, or use NCCL). One operation in flight per
+ * handle: a call from a second stream while the first is busy is refused.
+ * algo: WEFT_AR_AUTO, ONESHOT (Lamport push one-shot; flag one-shot above
+ * its buffer), TWOSHOT (reduce-scatter + all-gather), ONESHOT_FLAG.
+ * Environment (read at create): WEFT_AR_LAMPORT_MAX (bytes of the Lamport
+ * buffers, default min(max_bytes, 16 MiB)), WEFT_AR_ONESHOT_MAX (auto's
+ * one-shot limit), WEFT_AR_BLOCKS_PER_SM, WEFT_AR_TIMEOUT_MS, WEFT_AR_PDL
+ * (default 1: kernels use programmatic dependent launch). */
+typedef struct weft_ar weft_ar;
+enum { WEFT_AR_AUTO = 0, WEFT_AR_ONESHOT = 1, WEFT_AR_TWOSHOT = 2, WEFT_AR_ONESHOT_FLAG = 3,
+       WEFT_AR_NO_PDL = 256 /* or'ed into algo: launch without programmatic dependent launch */ };
+int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out);
+int weft_ar_destroy(weft_ar *ar);
+int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype, int algo,
+                void *stream);
+/* 0, or the first kernel failure (reads a host-mapped word; no sync). */
+int weft_ar_check_error(weft_ar *ar);
+int weft_ar_abort(weft_ar *ar);            /* in-flight kernels return; handle unusable */
+int weft_ar_set_timeout(weft_ar *ar, int timeout_ms);  /* for calls launched later */
+/* The kernel a call would use (WEFT_AR_ONESHOT / _TWOSHOT / _ONESHOT_FLAG),
+ * after the same validation as run; why: a short static reason. */
+int weft_ar_resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, const char **why);
+int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *lamport_bytes,
+                 size_t *oneshot_max);
+
+/* ---- fusion: all-reduce + residual add + RMSNorm (+ FP8 quant) in one kernel
+ *      (src/fusion.c, kernels/fused_norm.cu) ----
+ * A workspace per group (one VMM allocation per rank, mapped by every peer),
+ * created collectively for calls of up to max_tokens x hidden of dtype (or a
+ * narrower dtype). Patterns: AR (out = sum over ranks), AR_RMSNORM
+ * (residual_out = sum + residual, rounded; norm_out = rmsnorm(residual_out) *
+ * w), AR_RMSNORM_FP8 (the same, plus quant_out = e4m3 satfinite of norm /
+ * *scale; norm_out optional). w = weight, or 1 + weight with FUSION_GEMMA.
+ * Algorithms: ONESHOT (Lamport push, streaming; latency) and TWOSHOT (token
+ * ranges, reduce-scatter + all-gather with the norm fused; bandwidth); AUTO
+ * picks one-shot up to WEFT_FUSION_ONESHOT_MAX bytes (default by world
+ * size). Both give bit-identical results on every rank and with each other.
+ * In-place is allowed (out == input, residual_out == residual, norm_out ==
+ * input); other overlaps are refused. run validates everything before it
+ * launches (a refused call changes nothing), is asynchronous on stream (NULL:
+ * the thread's current stream) and CUDA-graph safe (epochs in device memory);
+ * every rank must make the same calls in the same order. A peer that does
+ * not arrive within the timeout, or an abort, makes the kernel return;
+ * check_error then reports WEFT_ETIMEOUT / WEFT_EABORT naming the group and
+ * the late peer, and the workspace is unusable (destroy, recreate).
+ * FUSION_PDL launches with programmatic dependent launch (the kernel starts
+ * with griddepcontrol.wait); FUSION_TRIGGER_AT_END then lets dependents
+ * launch only after the kernel's last store, else right after its pushes.
+ * Environment: WEFT_FUSION_TIMEOUT_MS, WEFT_FUSION_ONESHOT_MAX. */
+typedef struct weft_fusion weft_fusion;
+enum { WEFT_FUSION_AR = 0, WEFT_FUSION_AR_RMSNORM = 1, WEFT_FUSION_AR_RMSNORM_FP8 = 2 };
+enum { WEFT_FUSION_AUTO = 0, WEFT_FUSION_ONESHOT = 1, WEFT_FUSION_TWOSHOT = 2 };
+enum {
+  WEFT_FUSION_GEMMA = 1, WEFT_FUSION_FP32_ACC = 2, WEFT_FUSION_PDL = 4,
+  WEFT_FUSION_TRIGGER_AT_END = 8
+};
+typedef struct weft_fusion_opts {
+  int64_t max_tokens;          /* most tokens of one call */
+  int64_t hidden;              /* largest hidden size: multiple of 8, <= 16384 */
+  int dtype;                   /* widest dtype of the calls: f32, f16, bf16 */
+  int timeout_ms;              /* kernel wait bound; <= 0: env, else the group's */
+  int64_t oneshot_max_tokens;  /* one-shot (Lamport) capacity; 0: max_tokens; < 0: none */
+} weft_fusion_opts;
+typedef struct weft_fusion_params {
+  int pattern;                 /* WEFT_FUSION_AR, _AR_RMSNORM, _AR_RMSNORM_FP8 */
+  int algo;                    /* WEFT_FUSION_AUTO, _ONESHOT, _TWOSHOT */
+  int flags;                   /* WEFT_FUSION_GEMMA | _FP32_ACC | _PDL | _TRIGGER_AT_END */
+  int dtype;                   /* of input, residual, weight and the outputs */
+  int64_t tokens, hidden;      /* tokens 0: nothing to do */
+  const void *input;           /* [tokens][hidden] this rank's partial sums */
+  const void *residual;        /* [tokens][hidden] (RMSNORM patterns) */
+  const void *weight;          /* [hidden] (RMSNORM patterns) */
+  void *out;                   /* AR: [tokens][hidden] */
+  void *residual_out;          /* RMSNORM patterns */
+  void *norm_out;              /* AR_RMSNORM; optional with FP8 */
+  void *quant_out;             /* FP8: [tokens][hidden] e4m3 */
+  const float *scale;          /* FP8: device pointer to the dequantisation scale */
+  float eps;
+  void *stream;
+} weft_fusion_params;
+typedef struct weft_fusion_info {
+  int rank, world, dtype;
+  int64_t max_tokens, hidden, oneshot_max_tokens;
+  int64_t oneshot_max_bytes;   /* AUTO's one-shot limit */
+  size_t workspace_bytes;      /* per rank */
+} weft_fusion_info;
+int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out);
+int weft_fusion_destroy(weft_fusion *f);
+int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p);
+/* Same validation as run; *algo: the kernel run would use; *why: static text. */
+int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, const char **why);
+/* *ok = 1 when calls of this size fit (algo AUTO: either kernel); no error recorded. */
+int weft_fusion_sufficient(weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo,
+                           int *ok);
+int weft_fusion_get_info(weft_fusion *f, weft_fusion_info *info);
+int weft_fusion_check_error(weft_fusion *f); /* 0 or the first kernel failure; no sync */
+int weft_fusion_abort(weft_fusion *f);       /* waiting kernels return; workspace unusable */
+/* Local, no collective: bytes a workspace would take per rank, and whether
+ * this device has that much free (the manager votes on it before create). */
+int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes);
+int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok);
+
+/* ---- mq: message-queue broadcaster, one writer to the node's other ranks
+ *      (src/mq.c) ----
+ * A shared-memory ring of `chunks` slots of `chunk_bytes` (0: defaults
+ * WEFT_MQ_CHUNK_BYTES = 1 MiB, WEFT_MQ_CHUNKS = 8). create is collective over
+ * g (every rank passes the same writer index and sizes; all ranks on one
+ * node); the segment is unlinked once every rank mapped it. Messages larger
+ * than a slot are split across consecutive slots and reassembled. The writer
+ * waits for a free slot (every reader done with it), readers for the next
+ * slot; waits spin briefly (WEFT_MQ_SPIN_US), then sleep on a futex, bounded
+ * by the group's timeout (set_timeout changes it); errors name the group and
+ * the ranks that did not read / the writer that did not write. A peer that
+ * died or destroyed its queue while awaited aborts the queue on every rank
+ * (WEFT_EABORT afterwards, naming who gave up and why).
+ * dequeue: timeout_ms < 0 the queue's timeout, 0 poll (WEFT_EAGAIN); *out
+ * stays valid until the next call on the handle (a one-slot message is lent
+ * in place: release hands its slot back early). try_dequeue never waits: it
+ * takes what fragments are there and keeps a split message's progress.
+ * One call in flight per handle; destroy is local. */
+typedef struct weft_mq weft_mq;
+int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks, weft_mq **out);
+int weft_mq_destroy(weft_mq *mq);
+int weft_mq_enqueue(weft_mq *mq, const void *buf, size_t len);        /* writer */
+int weft_mq_dequeue(weft_mq *mq, int timeout_ms, const void **out, size_t *len);
+int weft_mq_try_dequeue(weft_mq *mq, const void **out, size_t *len);  /* WEFT_EAGAIN: none yet */
+int weft_mq_release(weft_mq *mq);         /* reader: hand back the lent slot now */
+int weft_mq_set_timeout(weft_mq *mq, int timeout_ms);
+int weft_mq_info(weft_mq *mq, int *writer, int *index, int *world, size_t *chunk_bytes,
+                 int *chunks);
 
 /* ===== FFI END ===== */
 

@@ -1,0 +1,139 @@
+-- weft.bench — helpers for benchmarks: CUDA-event timing of graph replays and
+-- eager calls, medians, the results file of DESIGN.md §7 (JSON + markdown).
+local ffi = require "ffi"
+
+local M = {}
+
+local floor, fmt, concat = math.floor, string.format, table.concat
+
+function M.median(xs)
+  local t = {}
+  for i = 1, #xs do t[i] = xs[i] end
+  table.sort(t)
+  local n = #t
+  if n == 0 then return 0 / 0 end
+  if n % 2 == 1 then return t[(n + 1) / 2] end
+  return 0.5 * (t[n / 2] + t[n / 2 + 1])
+end
+
+-- Per-call device times (µs) of `n` back-to-back runs of fn on `stream`:
+-- an event between consecutive runs, all queued before one wait, so each
+-- delta is the GPU time of one run including any gap the host left.
+function M.time_runs(cuda, stream, n, fn)
+  local ev = {}
+  for i = 1, n + 1 do ev[i] = cuda.event() end
+  ev[1]:record(stream)
+  for i = 1, n do
+    fn()
+    ev[i + 1]:record(stream)
+  end
+  ev[n + 1]:synchronize()
+  local us = {}
+  for i = 1, n do us[i] = ev[i]:elapsed(ev[i + 1]) * 1000 end
+  for i = 1, n + 1 do ev[i]:destroy() end
+  return us
+end
+
+-- Wall-clock nanoseconds (CLOCK_MONOTONIC).
+if not pcall(ffi.typeof, "weft_bench_timespec") then
+  ffi.cdef [[
+    typedef struct { long tv_sec; long tv_nsec; } weft_bench_timespec;
+    int clock_gettime(int clk, weft_bench_timespec *ts);
+  ]]
+end
+local ts = ffi.new("weft_bench_timespec")
+function M.now_ns()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) * 1e9 + tonumber(ts.tv_nsec)
+end
+
+function M.human_bytes(b)
+  if b >= 1024 ^ 3 and b % 1024 ^ 3 == 0 then return fmt("%d GiB", b / 1024 ^ 3) end
+  if b >= 1024 ^ 2 and b % 1024 ^ 2 == 0 then return fmt("%d MiB", b / 1024 ^ 2) end
+  if b >= 1024 and b % 1024 == 0 then return fmt("%d KiB", b / 1024) end
+  return fmt("%d B", b)
+end
+
+-- ---------------------------------------------------------------- JSON
+
+local function esc(s)
+  return (s:gsub('[%c"\\]', function(c)
+    if c == '"' then return '\\"' elseif c == "\\" then return "\\\\"
+    elseif c == "\n" then return "\\n" else return fmt("\\u%04x", c:byte()) end
+  end))
+end
+
+local function encode(v, indent, depth)
+  local t = type(v)
+  if t == "nil" then return "null" end
+  if t == "boolean" then return tostring(v) end
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return "null" end
+    if v == floor(v) and math.abs(v) < 2 ^ 53 then return fmt("%d", v) end
+    return fmt("%.6g", v)
+  end
+  if t == "string" then return '"' .. esc(v) .. '"' end
+  if t ~= "table" then error("weft: bench.json: cannot encode a " .. t, 0) end
+  local pad = indent and ("\n" .. string.rep(indent, depth + 1)) or ""
+  local close = indent and ("\n" .. string.rep(indent, depth)) or ""
+  if #v > 0 or next(v) == nil then
+    local parts = {}
+    for i = 1, #v do parts[i] = pad .. encode(v[i], nil, depth + 1) end   -- one record a line
+    return "[" .. concat(parts, ",") .. (#v > 0 and close or "") .. "]"
+  end
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  local parts = {}
+  for i, k in ipairs(keys) do
+    parts[i] = pad .. '"' .. esc(k) .. '": ' .. encode(v[k], depth == 0 and indent or nil, depth + 1)
+  end
+  return "{" .. concat(parts, ",") .. close .. "}"
+end
+
+function M.json(v, indent) return encode(v, indent, 0) end
+
+-- ---------------------------------------------------------------- results file
+
+-- "NVIDIA H200" + 2 devices -> "nvidia-h200-x2" (WEFT_MACHINE overrides)
+function M.machine_name(device_name, ndev)
+  local env = os.getenv("WEFT_MACHINE")
+  if env and env ~= "" then return env end
+  local s = (device_name or "unknown"):lower():gsub("[^%w]+", "-"):gsub("^-+", ""):gsub("-+$", "")
+  if ndev and ndev > 1 then s = s .. "-x" .. ndev end
+  return s
+end
+
+function M.commit()
+  local env = os.getenv("WEFT_COMMIT")
+  if env and env ~= "" then return env end
+  local p = io.popen("git rev-parse --short HEAD 2>/dev/null")
+  local c = p and p:read("*l")
+  if p then p:close() end
+  return (c and c ~= "") and c or "unknown"
+end
+
+-- Writes <dir>/<name>-<machine>-<date>.json and .md; returns both paths.
+function M.write(dir, name, doc, markdown)
+  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+  local base = fmt("%s/%s-%s-%s", dir, name, doc.machine, doc.date)
+  local f = assert(io.open(base .. ".json", "w"))
+  f:write(M.json(doc, "  "), "\n")
+  f:close()
+  f = assert(io.open(base .. ".md", "w"))
+  f:write(markdown)
+  f:close()
+  return base .. ".json", base .. ".md"
+end
+
+-- Markdown table from a header array and rows of strings.
+function M.table(header, rows)
+  local out = { "| " .. concat(header, " | ") .. " |" }
+  local sep = {}
+  for i = 1, #header do sep[i] = "---" end
+  out[#out + 1] = "|" .. concat(sep, "|") .. "|"
+  for _, r in ipairs(rows) do out[#out + 1] = "| " .. concat(r, " | ") .. " |" end
+  return concat(out, "\n") .. "\n"
+end
+
+return M

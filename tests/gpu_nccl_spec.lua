@@ -1,0 +1,51 @@
+-- NCCL collectives with 2 real ranks: runs tests/helpers/gpu_nccl_worker.lua under
+-- scripts/weft-run once and checks that both ranks passed every check.
+-- Needs 2 CUDA devices; pending otherwise.
+local cuda = require "weft.cuda"
+
+local CHECKS = {
+  "all_reduce", "all_reduce_inplace_ops", "all_gather", "all_gatherv", "reduce_scatter",
+  "reduce_scatterv", "broadcast", "gather", "send_recv", "all_to_all_equal",
+  "all_to_all_splits", "graph_replay", "store_collective_refused_in_capture", "bad_input",
+  "destroyed_communicator", "timeout_aborts",
+}
+local WORLD = 2
+
+local output, exit_ok
+local function run_once()
+  if output then return end
+  local p = io.popen("scripts/weft-run -n " .. WORLD .. " --timeout 600 tests/helpers/gpu_nccl_worker.lua 2>&1; echo \"rc=$?\"")
+  output = p:read("*a")
+  p:close()
+  exit_ok = output:match("\nrc=0%s*$") ~= nil or output:match("^rc=0%s*$") ~= nil
+end
+
+local function need_gpus()
+  if cuda.device_count() < WORLD then
+    pending(cuda.available() and ("needs " .. WORLD .. " CUDA devices") or "no CUDA device")
+    return false
+  end
+  return true
+end
+
+describe("weft.nccl with 2 ranks #gpu", function()
+  for _, name in ipairs(CHECKS) do
+    it(name, function()
+      if not need_gpus() then return end
+      run_once()
+      for r = 0, WORLD - 1 do
+        local tag = "[rank" .. r .. "] "
+        local fail = output:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
+        assert.is_nil(fail, tag .. name .. ": " .. tostring(fail))
+        assert.is_truthy(output:find(tag .. "PASS " .. name .. "\n", 1, true),
+                         tag .. "never reported " .. name .. "; output:\n" .. output)
+      end
+    end)
+  end
+
+  it("both ranks exit cleanly", function()
+    if not need_gpus() then return end
+    run_once()
+    assert.is_true(exit_ok, output)
+  end)
+end)
