@@ -1,0 +1,518 @@
+/* allreduce.cu — weft's own all-reduce (sum) over VMM workspaces shared by
+ * the ranks of one node: bf16, f16, f32 (f32 accumulation), world sizes 2, 4,
+ * 6, 8, any element count, 16-byte aligned pointers.  Three kernels, all
+ * PUSH data with remote stores and poll only local memory (kernels/common.cuh
+ * documents the epoch/flag protocol):
+ *
+ *  - ar_lamport (one-shot, latency): every rank stores its sanitised input
+ *    into every peer's Lamport buffer; each rank polls its own buffer until
+ *    no word is the sentinel, sums all ranks in rank order, writes out.  One
+ *    NVLink trip, no fences.  Clears the previous call's buffer meanwhile.
+ *  - ar_oneshot_flag (one-shot, bandwidth): rounds of 16 KiB per block;
+ *    round r is pushed, then a release flag; round r-1 is reduced after the
+ *    peers' flags for it arrived, so pushes and local reduction overlap.
+ *  - ar_twoshot: per chunk, part j belongs to rank j: push parts to their
+ *    owners (reduce-scatter), owner sums in rank order, writes its output and
+ *    pushes the result to every peer (all-gather), peers copy it out.  A
+ *    three-stage software pipeline over rounds.
+ *
+ * Every rank adds the same values in the same order (rank 0 first), so
+ * results are bitwise identical on all ranks.  Inputs are read inside the
+ * kernel and the epoch is in device memory: graph replays with new data in
+ * the input buffer work.  In-place (in == out) is allowed: every element is
+ * read before it is written, by the same thread. */
+#include "common.cuh"
+
+extern "C" {
+#include "ar_internal.h"
+#include "weft.h"
+}
+
+static_assert(WF_AR_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots must match common.cuh");
+
+namespace {
+
+using namespace wf;
+
+struct KArgs {
+  const char *in;
+  char *out;
+  uint64_t nvec;    /* 16-byte vectors, the last may be partial */
+  int tail;         /* elements in the last vector when partial, else 0 */
+  int rank;
+  char *ws[WF_AR_MAX_WORLD];
+  uint64_t off_lamport, lamport_slot, off_data, data_par;
+  SpinEnv env;
+};
+
+/* Index of src's slot in dst's workspace (dst has no slot for itself). */
+__device__ __forceinline__ int pslot(int src, int dst) { return src < dst ? src : src - 1; }
+
+__device__ __forceinline__ uint32_t *epochs_of(const KArgs &a) {
+  return reinterpret_cast<uint32_t *>(a.ws[a.rank] + WF_AR_OFF_EPOCHS);
+}
+__device__ __forceinline__ uint64_t *lbytes_of(const KArgs &a) {
+  return reinterpret_cast<uint64_t *>(a.ws[a.rank] + WF_AR_OFF_LBYTES);
+}
+/* Flag written by `sender` into `owner`'s workspace. */
+__device__ __forceinline__ uint64_t *flag_ptr(const KArgs &a, int owner, uint32_t par, int phase,
+                                              int block, int sender) {
+  return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) +
+         (((size_t)(par * 2 + phase) * WF_AR_MAX_BLOCKS + block) * WF_AR_MAX_WORLD + sender);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 load_in(const KArgs &a, uint64_t v) {
+  if (a.tail && v == a.nvec - 1)
+    return ld_vec_partial<T>(reinterpret_cast<const T *>(a.in + v * 16), a.tail);
+  return ld_vec(a.in + v * 16);
+}
+template <typename T>
+__device__ __forceinline__ void store_out(const KArgs &a, uint64_t v, uint4 x) {
+  if (a.tail && v == a.nvec - 1)
+    st_vec_partial<T>(reinterpret_cast<T *>(a.out + v * 16), x, a.tail);
+  else
+    st_vec(a.out + v * 16, x);
+}
+
+/* Every kernel keeps the Lamport buffers clean: clear the buffer call E-1
+ * used (its size is in lbytes) and record what this call uses (used_bytes,
+ * 0 for the flag kernels).  See common.cuh for why this is race-free. */
+template <int W>
+__device__ __forceinline__ void lamport_maintain(const KArgs &a, uint32_t E, uint64_t used_bytes) {
+  uint64_t *lb = lbytes_of(a);
+  const uint32_t prev = (E + 2) % 3;
+  /* all three loaded at once: no load that waits for E's */
+  const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2];
+  const uint64_t pv = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
+  if (pv) {
+    const uint4 empty = lamport_empty_vec();
+    char *base = a.ws[a.rank] + a.off_lamport + (uint64_t)prev * (W - 1) * a.lamport_slot;
+#pragma unroll
+    for (int k = 0; k < W - 1; k++)
+      for (uint64_t v = tid; v < pv; v += nthr) st_vec(base + k * a.lamport_slot + v * 16, empty);
+  }
+  if (tid == 0) lb[E % 3] = used_bytes;
+}
+
+/* ------------------------------------------------------------ Lamport one-shot */
+
+/* Every thread walks its vectors in steps of U * nthr and software-pipelines
+ * them: step j is pushed, then step j-1 is polled and reduced, and step j's
+ * share of the previous buffer is cleared.  Small calls are one step (push,
+ * then poll); large ones keep NVLink busy with pushes while earlier steps
+ * are reduced from local memory. */
+template <typename T, int W>
+__global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 2 ? 3 : W <= 4 ? 4 : 2) ar_lamport(KArgs a) {
+  constexpr int U = W <= 2 ? 4 : (W <= 4 ? 2 : 1);
+  pdl_wait(); /* before any memory access: the previous kernel is complete */
+  pdl_launch_dependents();
+  const uint32_t E = epoch_load(epochs_of(a));
+  uint64_t *lb = lbytes_of(a);
+  const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2]; /* all at once: no load waits on E */
+  const int me = a.rank;
+  const uint32_t buf = E % 3, prev = (E + 2) % 3;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
+  const uint64_t nvec = a.nvec, step = U * nthr;
+  const uint64_t steps = (nvec + step - 1) / step;
+  const uint64_t clear_vec = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
+  const char *lam_me = a.ws[me] + a.off_lamport;
+  char *clear_base = a.ws[me] + a.off_lamport + (uint64_t)prev * (W - 1) * a.lamport_slot;
+  if (tid == 0) lb[buf] = nvec * 16; /* read by call E + 1 (its "previous") */
+
+  bool ok = true;
+  for (uint64_t j = 0; j <= steps; j++) {
+    if (j < steps) { /* push step j: my sanitised input into every peer's slot for me */
+      const uint64_t v0 = j * step + tid;
+      uint4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (v0 + u * nthr < nvec) x[u] = lamport_sanitize<T>(load_in<T>(a, v0 + u * nthr));
+#pragma unroll
+      for (int k = 1; k < W; k++) {
+        const int q = (me + k) % W; /* staggered: peers' links start evenly loaded */
+        char *dst = a.ws[q] + a.off_lamport +
+                    ((uint64_t)buf * (W - 1) + pslot(me, q)) * a.lamport_slot;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          if (v0 + u * nthr < nvec) st_vec(dst + (v0 + u * nthr) * 16, x[u]);
+      }
+    }
+    { /* clear step j's share of the previous call's buffer (the rest after the loop) */
+      const uint64_t c0 = j * step + tid;
+      const uint4 empty = lamport_empty_vec();
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint64_t v = c0 + u * nthr;
+        if (j < steps && v < clear_vec)
+#pragma unroll
+          for (int k = 0; k < W - 1; k++) st_vec(clear_base + k * a.lamport_slot + v * 16, empty);
+      }
+    }
+    if (j >= 1 && ok) { /* poll and reduce step j-1 */
+      const uint64_t v0 = (j - 1) * step + tid;
+      uint4 r[W][U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint64_t v = v0 + u * nthr;
+        if (v >= nvec) continue;
+#pragma unroll
+        for (int p = 0; p < W; p++)
+          r[p][u] = p == me ? lamport_sanitize<T>(load_in<T>(a, v))
+                            : ld_vec_volatile(lam_me + ((uint64_t)buf * (W - 1) + pslot(p, me)) *
+                                                           a.lamport_slot + v * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint64_t v = v0 + u * nthr;
+        if (v >= nvec || !ok) continue;
+#pragma unroll
+        for (int p = 0; p < W; p++) {
+          if (p == me || !ok || !lamport_pending(r[p][u])) continue;
+          const char *addr = lam_me + ((uint64_t)buf * (W - 1) + pslot(p, me)) * a.lamport_slot + v * 16;
+          uint4 got;
+          const uint32_t st = bounded_spin(
+              [&] {
+                got = ld_vec_volatile(addr);
+                return !lamport_pending(got);
+              },
+              a.env, p, WF_AR_SITE_LAMPORT, E);
+          if (st != SPIN_OK) ok = false;
+          r[p][u] = got;
+        }
+        if (!ok) continue;
+        float acc[Pack<T>::N];
+        acc_set<T>(acc, r[0][u]);
+#pragma unroll
+        for (int p = 1; p < W; p++) acc_add<T>(acc, r[p][u]);
+        store_out<T>(a, v, Pack<T>::from_f32(acc));
+      }
+    }
+  }
+  /* the previous call may have been larger than this one */
+  const uint4 empty = lamport_empty_vec();
+  for (uint64_t v = steps * step + tid; v < clear_vec; v += nthr)
+#pragma unroll
+    for (int k = 0; k < W - 1; k++) st_vec(clear_base + k * a.lamport_slot + v * 16, empty);
+  __syncthreads();
+  epoch_advance(epochs_of(a), E);
+}
+
+/* ------------------------------------------------ flag-based one-shot (push) */
+
+template <typename T, int W>
+__global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot_flag(KArgs a) {
+  constexpr int U = WF_AR_FLAG_UNROLL;
+  pdl_wait(); /* before any memory access: the previous kernel is complete */
+  pdl_launch_dependents();
+  const uint32_t E = epoch_load(epochs_of(a));
+  const uint32_t par = E & 1;
+  const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
+  const uint64_t nvec = a.nvec, CV = (uint64_t)blockDim.x * U;
+  const uint64_t nchunks = (nvec + CV - 1) / CV;
+  const uint64_t R = (uint64_t)b < nchunks ? (nchunks - 1 - b) / G + 1 : 0;
+  const uint64_t slot = nvec * 16;
+  char *region_me = a.ws[me] + a.off_data + par * a.data_par;
+
+  lamport_maintain<W>(a, E, 0);
+
+  bool ok = true;
+  for (uint64_t r = 0; r <= R; r++) {
+    if (r < R) { /* push round r */
+      const uint64_t base = (b + r * G) * CV;
+      uint4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint64_t v = base + u * blockDim.x + t;
+        if (v < nvec) x[u] = load_in<T>(a, v);
+      }
+#pragma unroll
+      for (int k = 1; k < W; k++) {
+        const int q = (me + k) % W;
+        char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const uint64_t v = base + u * blockDim.x + t;
+          if (v < nvec) st_vec(dst + v * 16, x[u]);
+        }
+      }
+      __syncthreads(); /* all pushes of the round before the release below */
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
+    }
+    if (r >= 1) { /* reduce round r-1 */
+      const uint64_t rr = r - 1, base = (b + rr * G) * CV;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_ONESHOT, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull); /* last round: nothing older than a call stays */
+      }
+      if (!__syncthreads_and(ok)) break;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint64_t v = base + u * blockDim.x + t;
+        if (v >= nvec) continue;
+        uint4 x[W];
+#pragma unroll
+        for (int p = 0; p < W; p++)
+          x[p] = p == me ? load_in<T>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + v * 16);
+        float acc[Pack<T>::N];
+        acc_set<T>(acc, x[0]);
+#pragma unroll
+        for (int p = 1; p < W; p++) acc_add<T>(acc, x[p]);
+        store_out<T>(a, v, Pack<T>::from_f32(acc));
+      }
+    }
+  }
+  __syncthreads();
+  epoch_advance(epochs_of(a), E);
+}
+
+/* ------------------------------------------------------------------ two-shot */
+
+template <typename T, int W>
+__global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot(KArgs a) {
+  constexpr int U = WF_AR_TWOSHOT_UNROLL(W);
+  pdl_wait(); /* before any memory access: the previous kernel is complete */
+  pdl_launch_dependents();
+  const uint32_t E = epoch_load(epochs_of(a));
+  const uint32_t par = E & 1;
+  const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
+  const uint64_t nvec = a.nvec, PV = (uint64_t)blockDim.x * U, CW = PV * W;
+  const uint64_t nchunks = (nvec + CW - 1) / CW;
+  const uint64_t R = (uint64_t)b < nchunks ? (nchunks - 1 - b) / G + 1 : 0;
+  const uint64_t slot = nchunks * PV * 16;
+  /* slots: [0, W-1) reduce-scatter inputs, [W-1, 2W-2) all-gather results */
+  char *region_me = a.ws[me] + a.off_data + par * a.data_par;
+
+  lamport_maintain<W>(a, E, 0);
+
+  bool ok = true;
+  for (uint64_t r = 0; r <= R + 1; r++) {
+    if (r < R) { /* A: push part q of chunk to rank q */
+      const uint64_t c = b + r * G;
+#pragma unroll(W > 4 ? 1 : W)
+      for (int k = 1; k < W; k++) {
+        const int q = (me + k) % W;
+        char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot;
+        uint4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
+          if (v < nvec) x[u] = load_in<T>(a, v);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
+          if (v < nvec) st_vec(dst + (c * PV + l) * 16, x[u]);
+        }
+      }
+      __syncthreads();
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
+    }
+    if (r >= 1 && r <= R) { /* B: reduce my part of chunk r-1, push the result */
+      const uint64_t rr = r - 1, c = b + rr * G;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_RS, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
+      }
+      if (!__syncthreads_and(ok)) break;
+#pragma unroll(W > 4 ? 1 : U) /* keeps W = 6, 8 under the 128-register cap */
+      for (int u = 0; u < U; u++) {
+        const uint64_t l = u * blockDim.x + t, v = c * CW + me * PV + l, sv = c * PV + l;
+        if (v >= nvec) continue;
+        /* loads in batches of up to 4 ranks: in flight, yet under the register cap */
+        constexpr int CH = W > 4 ? 4 : W;
+        float acc[Pack<T>::N];
+#pragma unroll
+        for (int p0 = 0; p0 < W; p0 += CH) {
+          uint4 x[CH];
+#pragma unroll
+          for (int j = 0; j < CH; j++) {
+            const int p = p0 + j;
+            if (p < W)
+              x[j] = p == me ? load_in<T>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + sv * 16);
+          }
+#pragma unroll
+          for (int j = 0; j < CH; j++) {
+            if (p0 + j >= W) continue;
+            if (p0 + j == 0) acc_set<T>(acc, x[j]);
+            else acc_add<T>(acc, x[j]);
+          }
+        }
+        const uint4 res = Pack<T>::from_f32(acc);
+#pragma unroll
+        for (int k = 1; k < W; k++) {
+          const int q = (me + k) % W;
+          st_vec(a.ws[q] + a.off_data + par * a.data_par + (W - 1 + pslot(me, q)) * slot + sv * 16,
+                 res);
+        }
+        store_out<T>(a, v, res);
+      }
+      __syncthreads();
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 1, b, me), flag_value(E, rr + 1));
+    }
+    if (r >= 2) { /* C: copy the peers' results of chunk r-2 out */
+      const uint64_t rr = r - 2, c = b + rr * G;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 1, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_AG, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
+      }
+      if (!__syncthreads_and(ok)) break;
+#pragma unroll(W > 4 ? 1 : W)
+      for (int k = 1; k < W; k++) {
+        const int p = (me + k) % W;
+        const char *src = region_me + (W - 1 + pslot(p, me)) * slot;
+        uint4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const uint64_t l = u * blockDim.x + t, v = c * CW + p * PV + l;
+          if (v < nvec) x[u] = ld_vec_cg(src + (c * PV + l) * 16);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const uint64_t l = u * blockDim.x + t, v = c * CW + p * PV + l;
+          if (v < nvec) store_out<T>(a, v, x[u]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  epoch_advance(epochs_of(a), E);
+}
+
+/* Fill with the Lamport sentinel (workspace init). */
+__global__ void fill_empty(uint4 *p, uint64_t n) {
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    p[i] = lamport_empty_vec();
+}
+
+/* ------------------------------------------------------------------ launch */
+
+int esize_of(int dtype) { return dtype == WEFT_F32 ? 4 : 2; }
+
+int grid_for(const wf_ar_args *a, uint64_t nvec) {
+  uint64_t g;
+  const uint64_t cap_sm = (uint64_t)(a->sms > 0 ? a->sms : 132) *
+                          (uint64_t)(a->blocks_per_sm > 0 ? a->blocks_per_sm : 2);
+  if (a->kind == WF_AR_LAMPORT) {
+    g = (nvec + WF_AR_LAMPORT_THREADS - 1) / WF_AR_LAMPORT_THREADS;
+    const uint64_t cap = 2 * cap_sm; /* 256-thread blocks: twice as many fit */
+    if (g > cap) g = cap;
+  } else {
+    const uint64_t per = a->kind == WF_AR_TWOSHOT
+                             ? (uint64_t)WF_AR_FLAG_THREADS * WF_AR_TWOSHOT_UNROLL(a->world) * a->world
+                             : (uint64_t)WF_AR_FLAG_THREADS * WF_AR_FLAG_UNROLL;
+    g = (nvec + per - 1) / per;
+    if (g > cap_sm) g = cap_sm;
+  }
+  if (g < 1) g = 1;
+  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
+  return (int)g;
+}
+
+/* Blocks of one kernel that fit on an SM (cached per kernel). The grid is
+ * capped to what is co-resident, so no block waits for a peer block that
+ * cannot be scheduled until it finishes. Same binary, same GPUs: same cap on
+ * every rank. */
+template <typename K>
+int resident(K kernel, int threads, int *cache) {
+  if (*cache <= 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess || n < 1) {
+      cudaGetLastError();
+      n = 1;
+    }
+    *cache = n;
+  }
+  return *cache;
+}
+
+template <typename K>
+cudaError_t launch_k(K kernel, int grid, int threads, const KArgs &k, int pdl, cudaStream_t s) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = s;
+  if (pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, k);
+}
+
+template <typename T, int W>
+cudaError_t launch_tw(const wf_ar_args *a, const KArgs &k, int grid, cudaStream_t s) {
+  static int occ[4];
+  const int sms = a->sms > 0 ? a->sms : 1;
+  int cap;
+  switch (a->kind) {
+    case WF_AR_LAMPORT:
+      cap = sms * resident(ar_lamport<T, W>, WF_AR_LAMPORT_THREADS, &occ[1]);
+      return launch_k(ar_lamport<T, W>, grid < cap ? grid : cap, WF_AR_LAMPORT_THREADS, k, a->pdl, s);
+    case WF_AR_ONESHOT_FLAG:
+      cap = sms * resident(ar_oneshot_flag<T, W>, WF_AR_FLAG_THREADS, &occ[3]);
+      return launch_k(ar_oneshot_flag<T, W>, grid < cap ? grid : cap, WF_AR_FLAG_THREADS, k, a->pdl, s);
+    case WF_AR_TWOSHOT:
+      cap = sms * resident(ar_twoshot<T, W>, WF_AR_FLAG_THREADS, &occ[2]);
+      return launch_k(ar_twoshot<T, W>, grid < cap ? grid : cap, WF_AR_FLAG_THREADS, k, a->pdl, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t launch_t(const wf_ar_args *a, const KArgs &k, int grid, cudaStream_t s) {
+  switch (a->world) {
+    case 2: return launch_tw<T, 2>(a, k, grid, s);
+    case 4: return launch_tw<T, 4>(a, k, grid, s);
+    case 6: return launch_tw<T, 6>(a, k, grid, s);
+    case 8: return launch_tw<T, 8>(a, k, grid, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+extern "C" int wf_ar_launch(const wf_ar_args *a, void *stream) {
+  KArgs k;
+  const int es = esize_of(a->dtype);
+  k.in = static_cast<const char *>(a->in);
+  k.out = static_cast<char *>(a->out);
+  k.nvec = wf_ar_nvec(a->count, es);
+  k.tail = (int)((a->count * es) % 16) / es;
+  k.rank = a->rank;
+  for (int i = 0; i < WF_AR_MAX_WORLD; i++) k.ws[i] = a->ws[i];
+  k.off_lamport = a->off_lamport;
+  k.lamport_slot = a->lamport_slot;
+  k.off_data = a->off_data;
+  k.data_par = a->data_par;
+  k.env.abort_host = a->abort_host;
+  k.env.err_dev = reinterpret_cast<unsigned long long *>(a->ws[a->rank] + WF_AR_OFF_ERR);
+  k.env.err_host = a->err_host;
+  k.env.timeout_ns = a->timeout_ns;
+  const int grid = grid_for(a, k.nvec);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (a->dtype) {
+    case WEFT_F32: return (int)launch_t<float>(a, k, grid, s);
+    case WEFT_F16: return (int)launch_t<__half>(a, k, grid, s);
+    case WEFT_BF16: return (int)launch_t<__nv_bfloat16>(a, k, grid, s);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int wf_ar_fill_empty(void *p, uint64_t bytes, void *stream) {
+  const uint64_t n = bytes / 16;
+  if (!n) return 0;
+  uint64_t g = (n + 255) / 256;
+  if (g > 4096) g = 4096;
+  fill_empty<<<(unsigned)g, 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<uint4 *>(p), n);
+  return (int)cudaGetLastError();
+}

@@ -1,0 +1,420 @@
+/* common.cuh — device helpers shared by weft's kernels (allreduce.cu,
+ * fused_norm.cu, ...): 16-byte vectors, packed bf16/f16 <-> f32 math,
+ * system-scope flags, %globaltimer, and the bounded spin every cross-GPU wait
+ * goes through.  Header-only; everything lives in namespace wf.
+ *
+ * ======================= the epoch / flag protocol =======================
+ * Every rank owns one workspace (a VMM allocation mapped into every peer of
+ * the group, src/vmm.c).  Peers PUSH into it (remote stores over NVLink) and
+ * each rank POLLS only its own, local copy: a wait never crosses the link.
+ *
+ * Epoch.  A call's epoch E lives in device memory (never a host scalar baked
+ * into a CUDA graph), one copy per block slot: epoch[0..WF_MAX_BLOCKS).
+ * Block b reads epoch[b] at entry; at exit (after a __syncthreads that
+ * follows every read) block b writes E+1 into epoch[b], epoch[b+G],
+ * epoch[b+2G], ... (G = gridDim.x).  Each slot has exactly one writer per
+ * call, no slot is read after it is written within a call, and every slot
+ * holds E+1 afterwards, so the grid may change from call to call and all
+ * blocks still agree on E.  All ranks make the same sequence of calls with
+ * the same grid (a deterministic function of count, dtype and algorithm), so
+ * E is the same number on every rank without talking about it.
+ *
+ * E counts calls modulo kEpochWrap = 3 * 2^30 (a multiple of 2 and 3, so
+ * E & 1 and E % 3 keep alternating across the wrap).
+ *
+ * Flags.  A flag is a 64-bit word in the receiver's workspace, indexed
+ * [parity = E & 1][phase][block][sender].  The sender writes
+ * ((E + 1) << 32 | step) with st.release.sys after a __syncthreads that
+ * follows the block's data stores (bar.sync + release is cumulative, so the
+ * other threads' stores are ordered before the flag); the receiver waits
+ * with ld.acquire.sys until the flag's epoch word EQUALS E + 1 and its step
+ * is at least the awaited one, then __syncthreads, then reads the data.
+ * Equality (not "greater") because a slot may hold 0 (never written) or a
+ * value from call E - 2: neither may pass, whatever E is.  Steps only grow
+ * within a call, so "at least" tolerates a sender that is further along.
+ * (allreduce.cu also resets each slot to 0 after its last wait of a call, so
+ * a slot never holds anything older than the current call.)
+ *
+ * Alternation (why two flag/data sets are enough).  A sender writes set
+ * s = E & 1 in call E.  It can next touch set s in call E + 2, which it can
+ * only start after its call E + 1 finished, which needed every peer's
+ * call-(E + 1) flags, which each peer sends only after its own call E ended
+ * (stream order).  So a fast peer never overwrites a slow peer's pending flag
+ * or data: at most one call of skew, and that call uses the other set.
+ *
+ * Lamport buffers (latency path).  Three buffers, index E % 3, filled with
+ * the sentinel word 0x80008000 (below): a sender stores data directly, and
+ * the receiver polls each 16-byte vector until no word is the sentinel (the
+ * data is its own flag: no fence, one NVLink trip).  bf16/f16 inputs equal
+ * to -0.0 are stored as +0.0 on every rank.  Call
+ * E clears buffer (E - 1) % 3 (it consumed every element of it in call E - 1,
+ * and no peer writes it again before call E + 2, which needs this rank's call
+ * E + 1 data); the byte count each call used is recorded per buffer in device
+ * memory so the next call knows how much to clear.
+ *
+ * Bounded waits.  Every spin goes through wf::bounded_spin: it polls the
+ * predicate, and from time to time a %globaltimer deadline, a host-mapped
+ * abort word and the device error word (so once one block failed, the rest
+ * leave quickly).  A failed wait writes one packed 64-bit error (status,
+ * late peer, site, epoch) into the device error word (first writer wins) and
+ * mirrors it into a host-mapped word the host reads without synchronising;
+ * the kernel then returns.  A dead or late peer becomes WEFT_ETIMEOUT /
+ * WEFT_EABORT on the host, never a hang.  After an error the workspace state
+ * is undefined: the owner must be destroyed and created again.
+ * ========================================================================= */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#ifndef WF_MAX_BLOCKS
+#define WF_MAX_BLOCKS 1024 /* epoch slots / flag rows per workspace */
+#endif
+
+namespace wf {
+
+/* ---------------------------------------------------------------- vectors */
+
+/* Elements of T in one 16-byte vector. */
+template <typename T> struct VecN { static constexpr int N = 16 / (int)sizeof(T); };
+
+__device__ __forceinline__ uint4 ld_vec(const void *p) {   /* plain, may hit L1 */
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+/* L2 only: for data other GPUs wrote during this kernel (L1 is not coherent). */
+__device__ __forceinline__ uint4 ld_vec_cg(const void *p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+/* Re-read every time (polling data that is its own flag). */
+__device__ __forceinline__ uint4 ld_vec_volatile(const void *p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_vec(void *p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+/* Streaming store: data not re-read by this kernel (evict-first). */
+__device__ __forceinline__ void st_vec_cs(void *p, uint4 v) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void st_vec_volatile(void *p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+/* Tail vectors: only the first n (< N) elements exist in memory. Missing
+ * lanes read as +0 (all-zero bits); stores write only the n present ones. */
+template <typename T>
+__device__ __forceinline__ uint4 ld_vec_partial(const T *p, int n) {
+  union { uint4 u; T e[VecN<T>::N]; } r;
+  r.u = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < VecN<T>::N; i++)
+    if (i < n) r.e[i] = p[i];
+  return r.u;
+}
+template <typename T>
+__device__ __forceinline__ void st_vec_partial(T *p, uint4 v, int n) {
+  union { uint4 u; T e[VecN<T>::N]; } r;
+  r.u = v;
+#pragma unroll
+  for (int i = 0; i < VecN<T>::N; i++)
+    if (i < n) p[i] = r.e[i];
+}
+
+/* ------------------------------------------- packed math (f32 accumulation) */
+
+template <typename T> struct Pack;
+
+template <> struct Pack<float> {
+  static constexpr int N = 4;
+  static __device__ __forceinline__ void to_f32(uint4 v, float (&f)[4]) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+  }
+  static __device__ __forceinline__ uint4 from_f32(const float (&f)[4]) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]),
+                      __float_as_uint(f[2]), __float_as_uint(f[3]));
+  }
+};
+
+template <> struct Pack<__nv_bfloat16> {
+  static constexpr int N = 8;
+  static __device__ __forceinline__ float2 w2f(uint32_t w) {
+    /* bf16 -> f32 is a shift: exact, and cheaper than the intrinsic path */
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+  static __device__ __forceinline__ uint32_t f2w(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* round to nearest even */
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ void to_f32(uint4 v, float (&f)[8]) {
+    float2 t;
+    t = w2f(v.x); f[0] = t.x; f[1] = t.y;
+    t = w2f(v.y); f[2] = t.x; f[3] = t.y;
+    t = w2f(v.z); f[4] = t.x; f[5] = t.y;
+    t = w2f(v.w); f[6] = t.x; f[7] = t.y;
+  }
+  static __device__ __forceinline__ uint4 from_f32(const float (&f)[8]) {
+    return make_uint4(f2w(f[0], f[1]), f2w(f[2], f[3]), f2w(f[4], f[5]), f2w(f[6], f[7]));
+  }
+};
+
+template <> struct Pack<__half> {
+  static constexpr int N = 8;
+  static __device__ __forceinline__ float2 w2f(uint32_t w) {
+    __half2 h = *reinterpret_cast<__half2 *>(&w);
+    return __half22float2(h);
+  }
+  static __device__ __forceinline__ uint32_t f2w(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ void to_f32(uint4 v, float (&f)[8]) {
+    float2 t;
+    t = w2f(v.x); f[0] = t.x; f[1] = t.y;
+    t = w2f(v.y); f[2] = t.x; f[3] = t.y;
+    t = w2f(v.z); f[4] = t.x; f[5] = t.y;
+    t = w2f(v.w); f[6] = t.x; f[7] = t.y;
+  }
+  static __device__ __forceinline__ uint4 from_f32(const float (&f)[8]) {
+    return make_uint4(f2w(f[0], f[1]), f2w(f[2], f[3]), f2w(f[4], f[5]), f2w(f[6], f[7]));
+  }
+};
+
+/* acc[i] = v[i] (first term) / acc[i] += v[i]: f32 accumulation. */
+template <typename T>
+__device__ __forceinline__ void acc_set(float (&acc)[Pack<T>::N], uint4 v) { Pack<T>::to_f32(v, acc); }
+template <typename T>
+__device__ __forceinline__ void acc_add(float (&acc)[Pack<T>::N], uint4 v) {
+  float f[Pack<T>::N];
+  Pack<T>::to_f32(v, f);
+#pragma unroll
+  for (int i = 0; i < Pack<T>::N; i++) acc[i] += f[i];
+}
+
+/* ------------------------------------------------- Lamport sentinel helpers
+ * "Not yet written" is the 32-bit word 0x80008000 in every dtype (two -0.0
+ * halves for bf16/f16, a negative f32 denormal), so one buffer serves calls
+ * of any dtype and is cleared without knowing the next call's dtype.  A
+ * 32-bit aligned word is single-copy atomic, so a word is either the
+ * sentinel or the peer's data, never half of each.  Senders sanitise:
+ * bf16/f16 lanes equal to -0.0 become +0.0 (DESIGN.md §5); the f32 denormal
+ * 0x80008000 becomes -0.0 (f32 keeps the sign of zero).  Every rank uses the
+ * sanitised value for its own term too, so results stay identical. */
+constexpr uint32_t kLamportEmpty = 0x80008000u;
+
+__device__ __forceinline__ uint4 lamport_empty_vec() {
+  return make_uint4(kLamportEmpty, kLamportEmpty, kLamportEmpty, kLamportEmpty);
+}
+/* True while any word of v is still the sentinel. */
+__device__ __forceinline__ bool lamport_pending(uint4 v) {
+  return (v.x == kLamportEmpty) | (v.y == kLamportEmpty) | (v.z == kLamportEmpty) |
+         (v.w == kLamportEmpty);
+}
+template <typename T> __device__ __forceinline__ uint32_t lamport_sanitize_word(uint32_t w) {
+  if (sizeof(T) == 4) return w == kLamportEmpty ? 0x80000000u : w;
+  uint32_t lo = w & 0xffffu, hi = w >> 16;
+  lo = lo == 0x8000u ? 0u : lo;
+  hi = hi == 0x8000u ? 0u : hi;
+  return lo | (hi << 16);
+}
+template <typename T> __device__ __forceinline__ uint4 lamport_sanitize(uint4 v) {
+  return make_uint4(lamport_sanitize_word<T>(v.x), lamport_sanitize_word<T>(v.y),
+                    lamport_sanitize_word<T>(v.z), lamport_sanitize_word<T>(v.w));
+}
+
+/* ------------------------------------------- system-scope flags and fences */
+
+__device__ __forceinline__ void st_release_sys(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(uint32_t *p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+/* Nanoseconds, shared by all SMs of the GPU (coarse ticks: ~1 us or finer). */
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* ------------------------------------------------------ errors and spinning */
+
+enum : uint32_t {
+  SPIN_OK = 0,
+  SPIN_ABORT = 1,    /* the host set the abort word */
+  SPIN_TIMEOUT = 2,  /* deadline passed: the awaited peer is dead or late */
+  SPIN_FAILED = 3    /* another block already failed: leave quietly */
+};
+
+/* Packed error word: [63:56] status, [55:48] peer (0xff unknown),
+ * [47:40] site (which wait), [39:32] reserved, [31:0] epoch.  Host side:
+ * src/allreduce.c decodes the same layout. */
+__host__ __device__ __forceinline__ uint64_t err_pack(uint32_t status, uint32_t peer,
+                                                      uint32_t site, uint32_t epoch) {
+  return ((uint64_t)(status & 0xff) << 56) | ((uint64_t)(peer & 0xff) << 48) |
+         ((uint64_t)(site & 0xff) << 40) | (uint64_t)epoch;
+}
+
+/* What a kernel needs to bound its waits; passed by value as a kernel
+ * argument (pointers and constants only: graph-replay safe). */
+struct SpinEnv {
+  const uint32_t *abort_host;       /* host-mapped; nonzero = abort (may be NULL) */
+  unsigned long long *err_dev;      /* device memory; first failure wins */
+  unsigned long long *err_host;     /* host-mapped mirror of err_dev (may be NULL) */
+  uint64_t timeout_ns;              /* per wait */
+};
+
+/* Record the first failure (device word by CAS, then the host mirror). */
+__device__ __forceinline__ void report_error(const SpinEnv &env, uint32_t status,
+                                             uint32_t peer, uint32_t site, uint32_t epoch) {
+  if (status == SPIN_OK || status == SPIN_FAILED) return;
+  unsigned long long e = err_pack(status, peer, site, epoch);
+  if (atomicCAS(env.err_dev, 0ull, e) == 0ull && env.err_host) {
+    asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(env.err_host), "l"(e) : "memory");
+    __threadfence_system();
+  }
+}
+
+/* Polls done() until it returns true.  The first kFast polls touch nothing
+ * else (the common case finishes there); afterwards every kCheck polls it
+ * reads %globaltimer (the deadline starts at the first check), the device
+ * error word and, once the wait is older than kSlowNs, the host abort word
+ * (a PCIe read, so not on the fast path), and naps between polls so that
+ * thousands of waiting threads do not flood the memory system.
+ * Returns SPIN_OK, or the failure after reporting it (peer/site/epoch name
+ * the wait in the host's message). */
+template <typename F>
+__device__ __forceinline__ uint32_t bounded_spin(F done, const SpinEnv &env,
+                                                 uint32_t peer, uint32_t site, uint32_t epoch) {
+  constexpr int kFast = 64, kCheck = 16;
+  constexpr uint64_t kSlowNs = 20000;
+#pragma unroll 1
+  for (int i = 0; i < kFast; i++)
+    if (done()) return SPIN_OK;
+  const uint64_t t0 = globaltimer_ns();
+  uint32_t nap = 32;
+#pragma unroll 1
+  for (;;) {
+#pragma unroll 1
+    for (int i = 0; i < kCheck; i++) {
+      if (done()) return SPIN_OK;
+      if (nap > 32) __nanosleep(nap);
+    }
+    const uint64_t waited = globaltimer_ns() - t0;
+    uint32_t st = SPIN_OK;
+    if (*(volatile unsigned long long *)env.err_dev != 0ull) st = SPIN_FAILED;
+    else if (waited > kSlowNs) {
+      if (env.abort_host && ld_relaxed_sys(env.abort_host) != 0u) st = SPIN_ABORT;
+      else if (waited > env.timeout_ns) st = SPIN_TIMEOUT;
+      nap = nap < 2048 ? nap * 2 : 2048;
+    }
+    if (st != SPIN_OK) {
+      if (done()) return SPIN_OK;  /* arrived while we looked away */
+      report_error(env, st, peer, site, epoch);
+      return st;
+    }
+  }
+}
+
+/* Wait until the 64-bit flag at p holds target's epoch word and at least
+ * its step (see "Flags" above: equal epoch, so 0 and older calls never pass). */
+__device__ __forceinline__ uint32_t wait_flag_geq(const uint64_t *p, uint64_t target,
+                                                  const SpinEnv &env, uint32_t peer,
+                                                  uint32_t site, uint32_t epoch) {
+  return bounded_spin(
+      [&] {
+        const uint64_t v = ld_acquire_sys(p);
+        return (v >> 32) == (target >> 32) && (uint32_t)v >= (uint32_t)target;
+      },
+      env, peer, site, epoch);
+}
+__device__ __forceinline__ uint32_t wait_flag_geq(const uint32_t *p, uint32_t target,
+                                                  const SpinEnv &env, uint32_t peer,
+                                                  uint32_t site, uint32_t epoch) {
+  return bounded_spin([&] { return (int32_t)(ld_acquire_sys(p) - target) >= 0; },
+                      env, peer, site, epoch);
+}
+
+/* Flag value for (epoch, step): step counts 1.. within a call; the epoch
+ * word E + 1 is never 0 (E < kEpochWrap). */
+__device__ __forceinline__ uint64_t flag_value(uint32_t epoch, uint32_t step) {
+  return ((uint64_t)(epoch + 1u) << 32) | (uint64_t)step;
+}
+
+/* ------------------------------------------ programmatic dependent launch
+ * pdl_wait: returns once the previous kernel in the stream has completed and
+ * its memory is visible (a no-op when launched without the PDL attribute),
+ * so everything the protocol assumes about kernel order still holds after
+ * it.  pdl_launch_dependents: lets the next kernel's blocks be scheduled
+ * (they then sit in their own pdl_wait), hiding its launch latency. */
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* ---------------------------------------------------------------- epochs */
+
+/* E for this call (see the protocol above); all threads may call it. */
+__device__ __forceinline__ uint32_t epoch_load(const uint32_t *epochs) {
+  return *(volatile const uint32_t *)&epochs[blockIdx.x];
+}
+/* Epochs wrap here: divisible by 2 (flag/data parity) and 3 (Lamport
+ * buffers), and E + 1 fits the flag's epoch word without reaching 0. */
+constexpr uint32_t kEpochWrap = 3u << 30;
+
+/* Call once per block at exit, after a __syncthreads that follows every
+ * epoch_load of this block: every slot this block owns becomes E + 1
+ * (mod kEpochWrap). */
+__device__ __forceinline__ void epoch_advance(uint32_t *epochs, uint32_t e) {
+  const uint32_t next = e + 1u == kEpochWrap ? 0u : e + 1u;
+  for (uint32_t i = blockIdx.x + threadIdx.x * gridDim.x; i < WF_MAX_BLOCKS;
+       i += blockDim.x * gridDim.x)
+    epochs[i] = next;
+}
+
+}  // namespace wf

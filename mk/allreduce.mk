@@ -1,0 +1,25 @@
+# weft's own all-reduce (src/vmm.c, src/allreduce.c, kernels/allreduce.cu):
+# the validate-then-benchmark harness, NCCL side by side (bench/ar_bench.cu).
+#   make ar-bench [BUILD=...]   builds $(BUILD)/ar_bench against $(LIB)
+#   scripts/gpu-ar              builds, runs 2 ranks on 2 GPUs, results in $OUT
+# NCCL is dlopen'ed at run time (WEFT_NCCL_LIB, else libnccl.so.2), so the
+# harness builds without NCCL headers or libraries.
+AR_BENCH := $(BUILD)/ar_bench
+
+.PHONY: ar-bench
+ar-bench: $(AR_BENCH)
+
+$(AR_BENCH): bench/ar_bench.cu src/weft.h $(LIB)
+	@mkdir -p $(BUILD)
+	$(NVCC) -O2 -std=c++17 $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+	  -Isrc -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread
+
+# The descriptor exchange of src/vmm_fdx.c with real processes (no GPU).
+AR_FDX_SRCS := tests/c/ar_fdx_test.c src/vmm_fdx.c src/error.c src/env.c
+$(BUILD)/ar_fdx_test: $(AR_FDX_SRCS) src/vmm_fdx.h src/internal.h src/weft.h
+	@mkdir -p $(BUILD)
+	$(CC) -O2 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Isrc -o $@ $(AR_FDX_SRCS)
+
+.PHONY: ar-fdx-test
+ar-fdx-test: $(BUILD)/ar_fdx_test
+	timeout 120 $(BUILD)/ar_fdx_test

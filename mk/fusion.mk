@@ -1,0 +1,33 @@
+# Fused all-reduce + residual + RMSNorm (src/fusion.c, kernels/fused_norm.cu):
+#   make fused-bench      build $(BUILD)/fused_bench (validate-then-benchmark harness)
+#   make fusion-ptxas     compile the kernels with -Xptxas -v; fail on any spill
+#   make gpu-fusion       scripts/gpu-fusion: build, check and benchmark on 2 GPUs
+# The harness links the library's objects (not libweft.so), so it shares the
+# library's one static CUDA runtime.
+FUSED_BENCH := $(BUILD)/fused_bench
+
+# fused_norm.cu includes src/fusion_internal.h, which the generic rule does not list
+$(BUILD)/obj/fused_norm.cu.o: src/fusion_internal.h
+
+.PHONY: fused-bench fusion-ptxas gpu-fusion
+fused-bench: $(FUSED_BENCH)
+
+ifeq ($(WEFT_CUDA),1)
+$(FUSED_BENCH): bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
+	@mkdir -p $(BUILD)
+	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+	  -Xcompiler -pthread -o $@ bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o \
+	  -ldl -lrt -lm
+else
+$(FUSED_BENCH):
+	@echo "weft: fused_bench needs nvcc (CUDA)" >&2; exit 1
+endif
+
+fusion-ptxas:
+	@mkdir -p $(BUILD)
+	$(NVCC) $(NVFLAGS) -Xptxas -v -c kernels/fused_norm.cu -o $(BUILD)/fusion-ptxas.o 2> $(BUILD)/fusion-ptxas.txt
+	@awk '/Compiling entry/ {k=$$0} /spill stores/ { if ($$5 != 0 || $$9 != 0) { print "spill: " k; bad=1 } } \
+	  END { exit bad }' $(BUILD)/fusion-ptxas.txt && echo "fusion-ptxas: no spills"
+
+gpu-fusion:
+	scripts/gpu-fusion

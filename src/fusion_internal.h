@@ -1,0 +1,94 @@
+/* fusion_internal.h — what src/fusion.c hands to kernels/fused_norm.cu.
+ * Plain C (gcc and nvcc both read it); nothing here is exported.
+ *
+ * Workspace layout: every rank owns one VMM allocation of the same size,
+ * mapped into every peer (src/vmm.c). Offsets are identical on all ranks:
+ *
+ *   [off_state]   wf_fused_state: epochs, Lamport byte counts, error word
+ *                 (only the owner touches it)
+ *   [off_flags]   u64 flags[2 parity][2 phase][WF_MAX_BLOCKS][8 sender]
+ *                 (two-shot; peers write, the owner polls)
+ *   [off_rs]      two-shot reduce-scatter inbox: [world][rows_per_rank][hidden]
+ *   [off_ag]      two-shot all-gather inbox:     [world][rows_per_rank][hidden]
+ *   [off_lamport] three Lamport buffers of lamport_buf_bytes each; a call of
+ *                 T tokens uses [world][T][hidden] of one buffer (own slot
+ *                 unused), initialised to -0.0 of the workspace dtype. */
+#ifndef WEFT_FUSION_INTERNAL_H
+#define WEFT_FUSION_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WF_FUSED_MAX_WORLD 8
+#define WF_FUSED_MAX_HIDDEN 16384
+#define WF_FUSED_MAX_BLOCKS 1024 /* == WF_MAX_BLOCKS of kernels/common.cuh */
+
+/* Device-side state of one rank (at off_state of its own workspace). */
+typedef struct wf_fused_state {
+  uint32_t lamport_epoch[WF_FUSED_MAX_BLOCKS]; /* one-shot calls so far */
+  uint32_t flag_epoch[WF_FUSED_MAX_BLOCKS];    /* two-shot calls so far */
+  uint64_t lamport_bytes[3]; /* bytes per slot written at the last use of buffer i */
+  unsigned long long err_dev; /* first failure (packed, kernels/common.cuh err_pack) */
+} wf_fused_state;
+
+/* Host-mapped words (cudaHostAllocMapped): the host raises abort, the
+ * kernels mirror their first failure into err. */
+typedef struct wf_fused_host {
+  uint32_t abort;
+  uint32_t pad;
+  unsigned long long err;
+} wf_fused_host;
+
+/* Error "site" codes in the packed error word: which wait failed. */
+enum { WF_FUSED_SITE_LAMPORT = 1, WF_FUSED_SITE_RS = 2, WF_FUSED_SITE_AG = 3 };
+
+/* wf_fused_args.flags (same bits as the public WEFT_FUSION_* flags) */
+enum {
+  WF_FUSED_GEMMA = 1, WF_FUSED_FP32_ACC = 2, WF_FUSED_PDL = 4, WF_FUSED_TRIGGER_AT_END = 8
+};
+/* wf_fused_args.pattern (== WEFT_FUSION_AR / _AR_RMSNORM / _AR_RMSNORM_FP8) */
+enum { WF_FUSED_AR = 0, WF_FUSED_ARN = 1, WF_FUSED_ARN_FP8 = 2 };
+/* algorithms (== WEFT_FUSION_ONESHOT / _TWOSHOT) */
+enum { WF_FUSED_ONESHOT = 1, WF_FUSED_TWOSHOT = 2 };
+
+/* One call, by value as the kernel argument (graph-replay safe: pointers and
+ * constants only; epochs live in device memory). */
+typedef struct wf_fused_args {
+  const void *in;       /* [tokens][hidden] this rank's partial sums */
+  const void *res_in;   /* [tokens][hidden] residual (ARN, ARN_FP8) */
+  const void *gamma;    /* [hidden] RMSNorm weight */
+  void *out;            /* AR: the sum, dtype (may be in) */
+  void *res_out;        /* ARN*: in + residual, dtype (may be res_in) */
+  void *norm_out;       /* ARN: required; ARN_FP8: optional */
+  void *quant_out;      /* ARN_FP8: e4m3 of norm / *scale */
+  const float *scale;   /* ARN_FP8: device pointer, dequantisation scale */
+  void *peer[WF_FUSED_MAX_WORLD]; /* each rank's workspace base, mapped here */
+  uint64_t off_state, off_flags, off_rs, off_ag, off_lamport;
+  uint64_t lamport_buf_bytes;
+  /* wf::SpinEnv fields (kernels/common.cuh) */
+  const uint32_t *abort_host;
+  unsigned long long *err_dev;
+  unsigned long long *err_host;
+  uint64_t timeout_ns;
+  float eps;
+  int32_t tokens, hidden, rank, world, pattern, flags, dtype; /* dtype: WEFT_* */
+  int32_t num_sms;      /* agreed (min over the group) SM count: same grid everywhere */
+} wf_fused_args;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* kernels/fused_norm.cu. Return a cudaError_t value (0 = success); the
+ * stream is a cudaStream_t. The grid is a pure function of the arguments and
+ * num_sms, hence the same on every rank. */
+int wf_fused_launch(const wf_fused_args *a, int algo, void *stream);
+/* Fill the Lamport region with -0.0 of dtype and zero state and flags. */
+int wf_fused_init(void *base, uint64_t lamport_off, uint64_t lamport_bytes,
+                  uint64_t zero_bytes, int dtype, void *stream);
+/* The grid the launch would use (for tests and the bench). */
+int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads);
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,146 @@
+-- weft's own all-reduce (src/vmm.c, src/allreduce.c, kernels/allreduce.cu)
+-- through its C API. Without a GPU: the calls fail cleanly. With 2 GPUs:
+-- the harness bench/ar_bench.cu validates every algorithm (f64 reference,
+-- NCCL, graphs, bursts, bad input), a dead peer, an abort and leaks, under
+-- scripts/weft-run; each of its PASS/FAIL lines becomes a check here.
+local ffi = require "ffi"
+local wffi = require "weft.ffi"
+local C = wffi.C
+local cuda = require "weft.cuda"
+local store = require "weft.store"
+local cpugroup = require "weft.cpugroup"
+
+local function one_rank_group(name)
+  local s = store.open { host = "127.0.0.1", port = 0, server = true, timeout_ms = 5000 }
+  local g = cpugroup.new(s, name, { 0 }, 0, 5000)
+  return s, g
+end
+
+describe("weft all-reduce C API", function()
+  it("declares the API (vmm, allreduce) and its constants", function()
+    assert.are.equal(0, C.WEFT_AR_AUTO)
+    assert.are.equal(2, C.WEFT_AR_TWOSHOT)
+    assert.are.equal(1, C.WEFT_VMM_FABRIC)
+    assert.is_not_nil(C.weft_ar_run)
+    assert.is_not_nil(C.weft_vmm_create)
+  end)
+
+  it("destroy(NULL) is a no-op", function()
+    assert.are.equal(0, C.weft_ar_destroy(nil))
+    assert.are.equal(0, C.weft_vmm_destroy(nil))
+  end)
+
+  it("refuses a world size it has no kernels for, before touching CUDA", function()
+    local s, g = one_rank_group("ar_spec_w1")
+    local out = ffi.new("weft_ar *[1]")
+    local rc = C.weft_ar_create(g.handle, 1048576, out)
+    assert.are.equal(C.WEFT_EINVAL, rc)
+    assert.matches("world size 1 not supported", wffi.last_error())
+    assert.matches("ar_spec_w1", wffi.last_error())
+    g:destroy(); s:close()
+  end)
+
+  it("vmm create without a CUDA device fails cleanly", function()
+    if cuda.available() then pending("this machine has a CUDA device"); return end
+    local s, g = one_rank_group("ar_spec_vmm")
+    local out = ffi.new("weft_vmm *[1]")
+    local rc = C.weft_vmm_create(g.handle, 1048576, 0, out)
+    assert.are_not.equal(0, rc)
+    assert.is_true(out[0] == nil)
+    assert.matches("CUDA", wffi.last_error())
+    local live = ffi.new("int64_t[1]")
+    assert.are.equal(0, C.weft_vmm_stats(live, nil, nil))
+    assert.are.equal(0, tonumber(live[0]))
+    g:destroy(); s:close()
+  end)
+end)
+
+-- The descriptor exchange under the VMM workspaces (src/vmm_fdx.c), with
+-- real processes and memfds: runs everywhere.
+describe("vmm descriptor exchange (tests/c/ar_fdx_test.c)", function()
+  local out
+  local function run()
+    if out then return out end
+    local dir = os.tmpname(); os.remove(dir)
+    local p = io.popen(("make -s BUILD=%s %s/ar_fdx_test 2>&1 && timeout 120 %s/ar_fdx_test 2>&1; "
+                        .. "echo rc=$?; rm -rf %s"):format(dir, dir, dir, dir))
+    out = p:read("*a"); p:close()
+    return out
+  end
+  for _, name in ipairs {
+    "exchange among 2 processes", "exchange among 4 processes", "exchange among 8 processes",
+    "an intruder with a wrong nonce is dropped", "a peer that never sends: timeout names it",
+    "300 exchanges leak no descriptor",
+  } do
+    it(name, function()
+      local o = run()
+      assert.is_truthy(o:find("PASS " .. name .. "\n", 1, true), o)
+    end)
+  end
+  it("exits 0", function() assert.is_truthy(run():match("rc=0%s*$"), run()) end)
+end)
+
+-- ---------------------------------------------------------------- 2 GPUs
+
+local WORLD = 2
+local output, exit_ok
+
+local function harness()
+  local bench = os.getenv("WEFT_AR_BENCH") or "build/ar_bench"
+  if not io.open(bench, "r") then
+    local p = io.popen("make -s ar-bench 2>&1; echo rc=$?")
+    local o = p:read("*a"); p:close()
+    assert(o:match("rc=0"), "weft: cannot build " .. bench .. ":\n" .. o)
+  end
+  return bench
+end
+
+local function run_once()
+  if output then return end
+  local dir = os.tmpname(); os.remove(dir); os.execute("mkdir -p " .. dir)
+  local cmd = ("NCCL_NVLS_ENABLE=0 scripts/weft-run -n %d --timeout 600 -- %s --validate "
+               .. "--dead-peer --leak 200 --quick --max-bytes %d --out %s 2>&1; echo \"rc=$?\"")
+              :format(WORLD, harness(), 16 * 1048576, dir)
+  local p = io.popen(cmd)
+  output = p:read("*a")
+  p:close()
+  exit_ok = output:match("rc=0%s*$") ~= nil
+  os.execute("rm -rf " .. dir)
+end
+
+local function need_gpus()
+  if cuda.device_count() < WORLD then
+    pending(cuda.available() and ("needs " .. WORLD .. " CUDA devices") or "no CUDA device")
+    return false
+  end
+  return true
+end
+
+describe("weft all-reduce with 2 ranks #gpu", function()
+  local groups = {
+    "eager", "size", "burst", "graph replay", "graph 7 replays", "eager-after-graph",
+    "bad input rejected", "dead peer reported", "failed handle refuses", "abort ends",
+    "vmm 200 create/destroy cycles leak nothing", "allreduce 20 create/run/destroy",
+  }
+  for _, name in ipairs(groups) do
+    it(name, function()
+      if not need_gpus() then return end
+      run_once()
+      local fails = {}
+      for line in output:gmatch("[^\n]+") do
+        if line:find("FAIL " .. name, 1, true) or line:find("FATAL", 1, true) then
+          fails[#fails + 1] = line
+        end
+      end
+      assert.are.equal(0, #fails, table.concat(fails, "\n"))
+      assert.is_truthy(output:find("PASS " .. name, 1, true),
+                       "never reported '" .. name .. "'; output tail:\n" .. output:sub(-3000))
+    end)
+  end
+
+  it("both ranks exit cleanly", function()
+    if not need_gpus() then return end
+    run_once()
+    assert.is_true(exit_ok, output:sub(-3000))
+  end)
+end)
