@@ -224,21 +224,26 @@ int weft_cuda_rmsnorm(const void *x, const void *residual, const void *weight,
 /* ---- NCCL: device collectives per group (src/nccl.c) ----
  * libnccl.so.2 is loaded on first use (WEFT_NCCL_LIB overrides the path).
  * Create is collective over the cpu group: index 0 makes the unique id and
- * broadcasts it through the group; the communicator is created non-blocking
- * on the current device and every wait is bounded by the group's timeout; on
- * timeout or error it is aborted and the error names the group and the op.
+ * broadcasts it through the group; a non-blocking communicator is created on
+ * the current device (init bounded by the group's timeout) and, by default,
+ * a blocking one split from it. Every wait is bounded by the group's timeout;
+ * on timeout or error the communicator is aborted and the error names the
+ * group and the op.
  * Counts are elements; buffers must be on the communicator's device (checked
  * before anything is enqueued). stream NULL: the thread's current stream.
  * NCCL_NVLS_ENABLE is forced to 0 unless WEFT_ALLOW_MULTICAST=1. */
 typedef struct weft_nccl weft_nccl;
 int weft_nccl_version(int *version);      /* WEFT_ENODEV when NCCL cannot load */
 /* Name, index, size and timeout come from g (the timeout can be changed
- * later with weft_nccl_set_timeout). blocking: 0 = non-blocking communicator
- * (init bounded by the timeout; NCCL then hands every call to a helper
- * thread, which costs eager calls tens of µs), 1 = blocking (init waits
- * for every peer unbounded; calls enqueue inline), -1 = WEFT_NCCL_BLOCKING
- * (default 0). Waits after init are bounded either way. */
+ * later with weft_nccl_set_timeout). blocking: 1 = calls go to a blocking
+ * communicator split from the non-blocking one (inline enqueue; a call that
+ * waits on a peer inside NCCL is ended by a watchdog after the timeout),
+ * 0 = calls go to the non-blocking one (NCCL hands every call to a helper
+ * thread: tens of µs more per eager call), -1 = WEFT_NCCL_BLOCKING (default
+ * 1). Init and every wait are bounded either way. */
 int weft_nccl_create(weft_cpugroup *g, int blocking, weft_nccl **out);
+/* *blocking = 1 when calls on c go to a blocking communicator. */
+int weft_nccl_blocking(weft_nccl *c, int *blocking);
 int weft_nccl_set_timeout(weft_nccl *c, int timeout_ms);
 int weft_nccl_destroy(weft_nccl *c);      /* frees; aborts if a wait failed */
 int weft_nccl_abort(weft_nccl *c);        /* later calls fail with WEFT_ESTATE */
@@ -435,6 +440,78 @@ int weft_mq_release(weft_mq *mq);         /* reader: hand back the lent slot now
 int weft_mq_set_timeout(weft_mq *mq, int timeout_ms);
 int weft_mq_info(weft_mq *mq, int *writer, int *index, int *world, size_t *chunk_bytes,
                  int *chunks);
+
+/* ---- async: non-blocking collectives through a progress worker (src/async.c) ----
+ * A queue belongs to one group (its communicators); its worker thread is
+ * created on the first submit (never at load time, with every signal
+ * blocked) and runs the submitted operations in order, one at a time, by
+ * calling the functions above: ranks that submit the same sequence meet in
+ * the same order. Each operation is bounded by its communicator's own timeout.
+ * Buffers (in/out) must stay valid until the operation is done; the queue
+ * copies key strings and results (broadcast, allgather, recv, dequeue, get).
+ * test never blocks: 0 done, WEFT_EAGAIN not yet, or the operation's error,
+ * whose message (captured on the worker) is copied into the caller's
+ * weft_last_error(). wait blocks on a timed condvar (timeout_ms < 0: until
+ * done; the operation is bounded anyway) and gives WEFT_ETIMEOUT when it is
+ * still running. A queue made before fork() refuses submits in the child.
+ * Use a communicator either through its queue or directly, never both at
+ * once (the Lua layer drains a group's queue before a blocking call). */
+typedef struct weft_async_queue weft_async_queue;
+typedef struct weft_async weft_async;
+enum {
+  WEFT_ASYNC_NOP = 0,                /* nothing (measures the queue's own cost) */
+  WEFT_ASYNC_SLEEP = 1,              /* count = milliseconds (tests: a slow step) */
+  WEFT_ASYNC_SHM_ALL_REDUCE = 10,    /* comm weft_shm: in, out, count, dtype, op */
+  WEFT_ASYNC_SHM_ALL_GATHER = 11,    /* in, out, count = bytes per rank */
+  WEFT_ASYNC_SHM_REDUCE_SCATTER = 12,/* in, out, count = count_out, dtype, op */
+  WEFT_ASYNC_SHM_BROADCAST = 13,     /* out = buffer, count = bytes, root */
+  WEFT_ASYNC_CPU_BARRIER = 20,       /* comm weft_cpugroup */
+  WEFT_ASYNC_CPU_BROADCAST = 21,     /* root: in/count bytes; result: root's bytes */
+  WEFT_ASYNC_CPU_ALLGATHER = 22,     /* in/count bytes; result: concatenation + lens */
+  WEFT_ASYNC_CPU_ALLREDUCE_I64 = 23, /* out = int64_t[count], in place; op */
+  WEFT_ASYNC_CPU_SEND = 24,          /* in/count bytes to index root */
+  WEFT_ASYNC_CPU_RECV = 25,          /* from index root; result: bytes */
+  WEFT_ASYNC_NCCL_ALL_REDUCE = 30,   /* comm weft_nccl, then synchronize(stream) */
+  WEFT_ASYNC_NCCL_ALL_GATHER = 31,   /* count per rank */
+  WEFT_ASYNC_NCCL_REDUCE_SCATTER = 32,
+  WEFT_ASYNC_NCCL_BROADCAST = 33,    /* in -> out, count, root */
+  WEFT_ASYNC_NCCL_SYNC = 34,         /* synchronize(stream) only */
+  WEFT_ASYNC_MQ_ENQUEUE = 40,        /* comm weft_mq: in/count bytes (writer) */
+  WEFT_ASYNC_MQ_DEQUEUE = 41,        /* timeout_ms; result: the message (reader) */
+  WEFT_ASYNC_STORE_GET = 50          /* comm weft_store: key, timeout_ms; result: value */
+};
+typedef struct weft_async_desc {
+  int kind;                /* WEFT_ASYNC_* */
+  void *comm;              /* the handle the kind names */
+  const void *in;
+  void *out;
+  size_t count;            /* elements, bytes or ms, as the kind says */
+  int dtype, op, root;
+  int timeout_ms;          /* MQ_DEQUEUE, STORE_GET: < 0 the handle's own */
+  int device;              /* NCCL kinds: set this device first; < 0 leave */
+  void *stream;            /* NCCL kinds: cudaStream_t (NULL: the worker's legacy stream) */
+  const char *key;         /* STORE_GET (copied) */
+} weft_async_desc;
+typedef struct weft_async_stats {
+  int64_t submitted, completed, failed;
+  int pending;             /* queued or running */
+  int started;             /* the worker thread exists */
+} weft_async_stats;
+int weft_async_queue_create(const char *name, weft_async_queue **out);
+/* Fails what is still queued (WEFT_ESTATE), waits for the running operation
+ * (bounded by its own timeout), joins the worker. Handles stay valid. */
+int weft_async_queue_destroy(weft_async_queue *q);
+int weft_async_queue_stats(weft_async_queue *q, weft_async_stats *out);
+int weft_async_submit(weft_async_queue *q, const weft_async_desc *d, weft_async **out);
+int weft_async_test(weft_async *h);
+int weft_async_wait(weft_async *h, int timeout_ms);
+/* After success: the result bytes (NULL/0 if the kind has none) and, for
+ * CPU_ALLGATHER, *nlens per-rank lengths; valid until release. */
+int weft_async_result(weft_async *h, const void **data, size_t *len, const size_t **lens,
+                      int *nlens);
+/* Queued/run/end times (ns, CLOCK_MONOTONIC; 0 when not reached). */
+int weft_async_times(weft_async *h, int64_t *submit_ns, int64_t *start_ns, int64_t *end_ns);
+int weft_async_release(weft_async *h);   /* the caller's reference; NULL: no-op */
 
 /* ===== FFI END ===== */
 

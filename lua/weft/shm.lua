@@ -1,0 +1,136 @@
+-- weft.shm — host data plane: shared-memory collectives among the ranks of
+-- one node (src/shm.c). Raw pointers, counts in elements, C dtype/op codes;
+-- the GroupCoordinator adapts tensors.
+--   local c = shm.new(cpugroup, bytes_per_rank)     -- collective
+--   c:all_reduce(in_ptr, out_ptr, count, dtype_code, op_code)   -- in == out: in place
+--   c:all_gather(in_ptr, out_ptr, bytes)            -- out holds world * bytes
+--   c:reduce_scatter(in_ptr, out_ptr, count_out, dtype_code, op_code)
+--   c:broadcast(ptr, bytes, root_index)
+--   c:destroy()                                     -- local, idempotent
+--   shm.same_node(cpugroup, root_index) -> { true/false per group index }
+-- dtype/op may also be given by name ("bf16", "sum"). bytes_per_rank is the
+-- chunk each rank moves per step (rounded up to whole pages, double-buffered:
+-- the segment holds 2 * world * bytes_per_rank plus a control page); any
+-- message size works. Every call is bounded by the cpu group's timeout; a
+-- timeout, a dead or departed rank aborts the communicator on every rank.
+-- Ranks that call different collectives or sizes all get an error (the
+-- communicator stays usable).
+local ffi = require "ffi"
+local wffi = require "weft.ffi"
+
+local C = wffi.C
+local ffi_new, ffi_gc = ffi.new, ffi.gc
+local type, error = type, error
+local last_error = wffi.last_error
+
+local M = {}
+
+M.DEFAULT_BYTES_PER_RANK = 1048576
+
+local DTYPES = {
+  f32 = C.WEFT_F32, f16 = C.WEFT_F16, bf16 = C.WEFT_BF16, f64 = C.WEFT_F64,
+  i32 = C.WEFT_I32, i64 = C.WEFT_I64, u8 = C.WEFT_U8,
+  float32 = C.WEFT_F32, float16 = C.WEFT_F16, bfloat16 = C.WEFT_BF16, float64 = C.WEFT_F64,
+  int32 = C.WEFT_I32, int64 = C.WEFT_I64, uint8 = C.WEFT_U8,
+}
+local OPS = { sum = C.WEFT_SUM, max = C.WEFT_MAX, min = C.WEFT_MIN }
+M.dtypes, M.ops = DTYPES, OPS
+
+local Comm = {}
+Comm.__index = Comm
+
+local function handle_of(self, op)
+  local h = self.handle
+  if h == nil then
+    error(("weft: shm %s: communicator of group '%s' was destroyed"):format(op, self.name), 3)
+  end
+  return h
+end
+
+local function code(map, v, op, what)
+  if type(v) == "number" then return v end
+  local c = map[v]
+  if c == nil then error(("weft: shm %s: unknown %s %s"):format(op, what, tostring(v)), 3) end
+  return c
+end
+
+local function group_handle(g, op)
+  if type(g) ~= "table" or g.handle == nil then
+    error(("weft: shm %s: expected a live weft.cpugroup"):format(op), 3)
+  end
+  return g.handle
+end
+
+function M.new(cpugroup, bytes_per_rank)
+  local gh = group_handle(cpugroup, "new")
+  bytes_per_rank = bytes_per_rank or M.DEFAULT_BYTES_PER_RANK
+  if type(bytes_per_rank) ~= "number" or bytes_per_rank < 1 or bytes_per_rank % 1 ~= 0 then
+    error("weft: shm new: bytes_per_rank must be a positive integer, got "
+          .. tostring(bytes_per_rank), 2)
+  end
+  local out = ffi_new("weft_shm *[1]")
+  if C.weft_shm_create(gh, bytes_per_rank, out) ~= 0 then error("weft: " .. last_error(), 2) end
+  return setmetatable({
+    handle = ffi_gc(out[0], C.weft_shm_destroy),
+    cpugroup = cpugroup,          -- keeps the group (and its store) referenced
+    name = cpugroup.name,
+    size = cpugroup.size,
+    rank_in_group = cpugroup.my_index,
+    bytes_per_rank = bytes_per_rank,
+  }, Comm)
+end
+
+function Comm:all_reduce(inp, out, count, dtype, op)
+  local h = handle_of(self, "all_reduce")
+  if C.weft_shm_all_reduce(h, inp, out, count, code(DTYPES, dtype, "all_reduce", "dtype"),
+                           code(OPS, op or 0, "all_reduce", "op")) ~= 0 then
+    error("weft: " .. last_error(), 2)
+  end
+end
+
+function Comm:all_gather(inp, out, bytes)
+  local h = handle_of(self, "all_gather")
+  if C.weft_shm_all_gather(h, inp, out, bytes) ~= 0 then error("weft: " .. last_error(), 2) end
+end
+
+function Comm:reduce_scatter(inp, out, count_out, dtype, op)
+  local h = handle_of(self, "reduce_scatter")
+  if C.weft_shm_reduce_scatter(h, inp, out, count_out,
+                               code(DTYPES, dtype, "reduce_scatter", "dtype"),
+                               code(OPS, op or 0, "reduce_scatter", "op")) ~= 0 then
+    error("weft: " .. last_error(), 2)
+  end
+end
+
+function Comm:broadcast(ptr, bytes, root)
+  local h = handle_of(self, "broadcast")
+  if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
+end
+
+-- Local teardown only (never a collective); idempotent.
+function Comm:destroy()
+  local h = self.handle
+  if h == nil then return end
+  self.handle = nil
+  ffi_gc(h, nil)
+  C.weft_shm_destroy(h)
+end
+
+function Comm:__tostring()
+  return ("weft.shm(group '%s', %d ranks, %d bytes per rank%s)")
+    :format(self.name, self.size, self.bytes_per_rank, self.handle == nil and ", destroyed" or "")
+end
+
+-- Collective: which ranks of the group share memory with group index root.
+function M.same_node(cpugroup, root)
+  local gh = group_handle(cpugroup, "same_node")
+  root = root or 0
+  local n = cpugroup.size
+  local flags = ffi_new("uint8_t[?]", n)
+  if C.weft_same_node(gh, root, flags) ~= 0 then error("weft: " .. last_error(), 2) end
+  local t = {}
+  for i = 1, n do t[i] = flags[i - 1] ~= 0 end
+  return t
+end
+
+return M

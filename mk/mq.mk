@@ -1,0 +1,10 @@
+# Message-queue broadcaster (src/mq.c, lua/weft/mq.lua): its spec, and its
+# benchmark against the store path (bench/results/mq-broadcast-*.json/.md).
+#   make test-mq
+#   make bench-mq [BENCH_MQ_ARGS="--worlds 2,4,8 --out bench/results"]
+.PHONY: test-mq bench-mq
+test-mq: $(LIB)
+	WEFT_LIB=$(abspath $(LIB)) scripts/run-tests tests/mq_spec.lua
+
+bench-mq: $(LIB)
+	WEFT_LIB=$(abspath $(LIB)) luajit scripts/bench-mq.lua $(BENCH_MQ_ARGS)

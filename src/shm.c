@@ -1,0 +1,308 @@
+/* shm.c — host data plane: shared-memory collectives among the ranks of one
+ * node (weft_shm_*). Creation goes through the cpu group; the data moves
+ * through the segment of shm_seg.c, chunked by the slot size (any message
+ * size works), with the barriers of shm_sync.c.
+ *
+ * all_reduce: up to oneshot_max bytes (WEFT_SHM_ONESHOT_MAX, default 32 KiB)
+ * every rank copies its input into its slot, one barrier, every rank reduces
+ * all slots into its output (latency: one barrier per chunk). Above, per
+ * chunk: copy in, barrier, rank r reduces the r-th 1/N of the chunk across
+ * all slots straight into its output and publishes it in its slot, barrier,
+ * every rank copies the other N-1 reduced pieces out (reduce-scatter +
+ * all-gather: each element is reduced once, by one rank: bandwidth).
+ * Summation order is rank 0..N-1 everywhere, so all ranks get bit-identical
+ * results. all_gather, reduce_scatter and broadcast take one barrier per
+ * chunk; broadcast uses every slot of a half (N * slot bytes per chunk).
+ *
+ * Every call starts by publishing a descriptor (kind, dtype, op, count,
+ * root, call number) at its first barrier; ranks that disagree all fail with
+ * the list of what each rank called, and the communicator stays usable. A
+ * rank with bad arguments takes part in that first barrier too, so nobody
+ * waits for it. */
+#include "shm.h"
+#include "cpugroup.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op) {
+  memset(gi, 0, sizeof *gi);
+  int rc = wf_cpugroup_info(g, &gi->name, &gi->size, &gi->index, &gi->ranks, &gi->timeout_ms);
+  if (rc) return wf_error_context(rc, "%s", op);
+  if (!gi->name) gi->name = "?";
+  return 0;
+}
+
+/* What each rank reports after trying to attach. */
+typedef struct {
+  int32_t rc;
+  int32_t pid;
+  char err[120];
+} attach_status;
+
+typedef struct {
+  int32_t ok;
+  uint32_t pad;
+  uint64_t slot;
+  char name[64];
+} create_msg;
+
+int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
+  static const char op[] = "weft_shm_create";
+  WF_CHECK_ARG(g && out, "%s: NULL group or out pointer", op);
+  *out = NULL;
+  wf_group_info gi;
+  int rc = wf_shm_group_info(g, &gi, op);
+  if (rc) return rc;
+  const char *gname = gi.name ? gi.name : "?";
+  size_t slot = wf_shm_round_slot(bytes_per_rank, gi.size);
+
+  /* 1. index 0 creates and announces the name (or its failure). */
+  weft_shm *c = NULL;
+  create_msg m;
+  memset(&m, 0, sizeof m);
+  int my_rc = 0;
+  char my_err[120] = "";
+  if (gi.index == 0) {
+    wf_shm_sweep(2 * (gi.timeout_ms / 1000) + 60);
+    my_rc = wf_shm_random_name("shm", m.name, sizeof m.name);
+    if (!my_rc)
+      my_rc = wf_shm_attach(m.name, 1, 0, gi.size, slot, gi.timeout_ms, gname, gi.ranks, &c);
+    m.ok = my_rc == 0;
+    m.slot = slot;
+    if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
+  }
+  const void *bv;
+  size_t blen;
+  rc = weft_cpugroup_broadcast(g, 0, &m, sizeof m, &bv, &blen);
+  if (rc) {
+    if (c) { wf_shm_unlink(m.name); wf_shm_close(c); }
+    return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+  }
+  if (gi.index != 0) {
+    if (blen != sizeof m) {
+      my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
+    } else {
+      memcpy(&m, bv, sizeof m);
+      m.name[sizeof m.name - 1] = '\0';
+      if (!m.ok)
+        my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the "
+                         "segment", op, gname);
+      else if (m.slot != slot)
+        my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on bytes_per_rank "
+                         "(index 0: %llu after rounding, this rank: %zu)", op, gname,
+                         (unsigned long long)m.slot, slot);
+      else
+        my_rc = wf_shm_attach(m.name, 0, gi.index, gi.size, slot, gi.timeout_ms, gname,
+                              gi.ranks, &c);
+    }
+    if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
+  }
+
+  /* 2. everyone reports; then index 0 removes the name whatever happened, so
+   * nothing is left in /dev/shm even if a rank dies later. */
+  attach_status st;
+  memset(&st, 0, sizeof st);
+  st.rc = my_rc;
+  st.pid = (int32_t)getpid();
+  snprintf(st.err, sizeof st.err, "%s", my_err);
+  const void *all;
+  const size_t *lens;
+  rc = weft_cpugroup_allgather(g, &st, sizeof st, &all, &lens);
+  if (gi.index == 0 && m.ok) wf_shm_unlink(m.name);
+  if (rc) {
+    wf_shm_close(c);
+    return wf_error_context(rc, "%s: group '%s': confirming the attachment", op, gname);
+  }
+  char msg[700];
+  size_t k = 0;
+  int first_rc = 0;
+  msg[0] = '\0';
+  for (int i = 0; i < gi.size; i++) {
+    attach_status s;
+    memcpy(&s, (const uint8_t *)all + sizeof s * (size_t)i, sizeof s);
+    if (s.rc == 0 || k + 1 >= sizeof msg) continue;
+    s.err[sizeof s.err - 1] = '\0';
+    if (!first_rc) first_rc = s.rc;
+    int w = snprintf(msg + k, sizeof msg - k, "%srank %d (global %d): %s", k ? "; " : "", i,
+                     gi.ranks ? gi.ranks[i] : i, s.err);
+    if (w > 0) k += (size_t)w;
+  }
+  if (first_rc) {
+    wf_shm_close(c);
+    return wf_error(my_rc ? my_rc : first_rc, "%s: group '%s': %s", op, gname, msg);
+  }
+  c->name[0] = '\0'; /* unlinked */
+  *out = c;
+  wf_log(1, "shm: group '%s': %d ranks, %zu bytes per slot, segment %zu bytes", gname,
+         gi.size, slot, c->map_len);
+  return 0;
+}
+
+int weft_shm_destroy(weft_shm *c) {
+  if (!c) return 0;
+  if (c->hdr) wf_shm_mark_left(c);
+  wf_shm_close(c);
+  return 0;
+}
+
+static int done(weft_shm *c, int rc) {
+  wf_shm_leave(c);
+  return rc;
+}
+
+static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Bounds of rank j's share of an n-element chunk: cache-line-aligned pieces. */
+static inline void share(size_t n, int world, int j, size_t align, size_t *lo, size_t *hi) {
+  size_t seg = (n + (size_t)world - 1) / (size_t)world;
+  seg = (seg + align - 1) / align * align;
+  *lo = min_sz((size_t)j * seg, n);
+  *hi = min_sz(*lo + seg, n);
+}
+
+/* A rank with bad arguments still takes part in the first barrier with a
+ * descriptor nobody else has, so every rank fails now instead of timing out. */
+static int refuse(weft_shm *c, wf_shm_desc *d, const char *op, int code, const char *why) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", why);
+  d->kind |= 0x100; /* matches no valid call */
+  c->chunk++;
+  wf_shm_sync(c, d, op);
+  return done(c, wf_error(code, "%s: group '%s': %s", op, c->group, msg));
+}
+
+int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, int dtype,
+                        int op) {
+  static const char OP[] = "weft_shm_all_reduce";
+  int rc = wf_shm_enter(c, OP);
+  if (rc) return rc;
+  wf_shm_desc d = {WF_OP_ALL_REDUCE, dtype, op, 0, count, c->call++};
+  if (!wf_reduce_supported(dtype, op))
+    return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
+                  "i64 with sum, max, min)");
+  const size_t es = weft_dtype_size(dtype), world = (size_t)c->world;
+  if (count && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
+  if (count > SIZE_MAX / es) return refuse(c, &d, OP, WEFT_EINVAL, "count too large");
+  const uint8_t *src = in;
+  uint8_t *dst = out;
+  const size_t per = c->slot / es, align = 64 / es;
+  if (count * es <= c->oneshot_max) { /* one barrier per chunk, every rank reduces it all */
+    size_t off = 0;
+    do {
+      size_t n = min_sz(per, count - off);
+      uint64_t half = c->chunk++;
+      memcpy(wf_shm_slot(c, half, c->me), src + off * es, n * es);
+      if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+      for (size_t j = 0; j < world; j++) c->srcs[j] = wf_shm_slot(c, half, (int)j);
+      wf_reduce(dst + off * es, c->srcs, c->world, n, dtype, op);
+      off += n;
+    } while (off < count);
+    return done(c, 0);
+  }
+  for (size_t off = 0; off < count;) {
+    size_t n = min_sz(per, count - off), lo, hi;
+    uint64_t half = c->chunk++;
+    uint8_t *mine = wf_shm_slot(c, half, c->me);
+    memcpy(mine, src + off * es, n * es);
+    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    /* Reduce my share straight into the output (this chunk of the input is
+     * already in the slot, so in place is fine), then publish it from cache. */
+    share(n, c->world, c->me, align, &lo, &hi);
+    if (hi > lo) {
+      for (size_t j = 0; j < world; j++) c->srcs[j] = wf_shm_slot(c, half, (int)j) + lo * es;
+      wf_reduce(dst + (off + lo) * es, c->srcs, c->world, hi - lo, dtype, op);
+      memcpy(mine + lo * es, dst + (off + lo) * es, (hi - lo) * es);
+    }
+    if ((rc = wf_shm_sync(c, NULL, OP))) return done(c, rc);
+    for (int j = 0; j < c->world; j++) {
+      share(n, c->world, j, align, &lo, &hi);
+      if (j != c->me && hi > lo)
+        memcpy(dst + (off + lo) * es, wf_shm_slot(c, half, j) + lo * es, (hi - lo) * es);
+    }
+    off += n;
+  }
+  return done(c, 0);
+}
+
+int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes) {
+  static const char OP[] = "weft_shm_all_gather";
+  int rc = wf_shm_enter(c, OP);
+  if (rc) return rc;
+  wf_shm_desc d = {WF_OP_ALL_GATHER, -1, -1, 0, bytes, c->call++};
+  if (bytes && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
+  const uint8_t *src = in;
+  uint8_t *dst = out;
+  size_t off = 0;
+  do {
+    size_t n = min_sz(c->slot, bytes - off);
+    uint64_t half = c->chunk++;
+    memcpy(wf_shm_slot(c, half, c->me), src + off, n);
+    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    for (int j = 0; j < c->world; j++) {
+      uint8_t *to = dst + (size_t)j * bytes + off;
+      if (j == c->me && to == src + off) continue; /* in place */
+      memcpy(to, wf_shm_slot(c, half, j), n);
+    }
+    off += n;
+  } while (off < bytes);
+  return done(c, 0);
+}
+
+int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count_out,
+                            int dtype, int op) {
+  static const char OP[] = "weft_shm_reduce_scatter";
+  int rc = wf_shm_enter(c, OP);
+  if (rc) return rc;
+  wf_shm_desc d = {WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out, c->call++};
+  if (!wf_reduce_supported(dtype, op))
+    return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
+                  "i64 with sum, max, min)");
+  const size_t es = weft_dtype_size(dtype), world = (size_t)c->world;
+  if (count_out && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
+  if (count_out > SIZE_MAX / es / world)
+    return refuse(c, &d, OP, WEFT_EINVAL, "count too large");
+  const uint8_t *src = in;
+  uint8_t *dst = out;
+  /* A slot holds one piece per destination rank; pieces start on cache lines. */
+  size_t per = c->slot / (world * es);
+  if (per >= 64 / es) per -= per % (64 / es);
+  size_t off = 0;
+  do {
+    size_t n = min_sz(per, count_out - off);
+    uint64_t half = c->chunk++;
+    uint8_t *mine = wf_shm_slot(c, half, c->me);
+    for (size_t j = 0; j < world; j++)
+      memcpy(mine + j * per * es, src + (j * count_out + off) * es, n * es);
+    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    for (size_t j = 0; j < world; j++)
+      c->srcs[j] = wf_shm_slot(c, half, (int)j) + (size_t)c->me * per * es;
+    wf_reduce(dst + off * es, c->srcs, c->world, n, dtype, op);
+    off += n;
+  } while (off < count_out);
+  return done(c, 0);
+}
+
+int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
+  static const char OP[] = "weft_shm_broadcast";
+  int rc = wf_shm_enter(c, OP);
+  if (rc) return rc;
+  wf_shm_desc d = {WF_OP_BROADCAST, -1, -1, root, bytes, c->call++};
+  if (root < 0 || root >= c->world) return refuse(c, &d, OP, WEFT_EINVAL, "root out of range");
+  if (bytes && !buf) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
+  uint8_t *p = buf;
+  const size_t region = c->slot * (size_t)c->world; /* the root fills a whole half */
+  size_t off = 0;
+  do {
+    size_t n = min_sz(region, bytes - off);
+    uint64_t half = c->chunk++;
+    uint8_t *shared = wf_shm_slot(c, half, 0);
+    if (c->me == root) memcpy(shared, p + off, n);
+    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    if (c->me != root) memcpy(p + off, shared, n);
+    off += n;
+  } while (off < bytes);
+  return done(c, 0);
+}

@@ -1,0 +1,255 @@
+-- One rank of tests/shm_spec.lua. Environment: RANK, WORLD_SIZE, MASTER_PORT,
+-- SHM_MODE = correct | mismatch | late | kill | absent | same_node, SHM_TIMEOUT_MS.
+-- Prints "FAIL ..." lines for failed checks, "<WHAT> ok=<bool> ms=<n> msg=<text>"
+-- lines for the failure scenarios, and "OK rank N checks=K" last on success.
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+
+local ffi = require "ffi"
+local store = require "weft.store"
+local cpugroup = require "weft.cpugroup"
+local shm = require "weft.shm"
+local wffi = require "weft.ffi"
+local util = require "helpers.store_util"
+
+local C = wffi.C
+if not pcall(ffi.typeof, "shmw_marker") then
+  ffi.cdef [[
+  typedef struct { int unused; } shmw_marker;
+  int shmw_kill(int pid, int sig) __asm__("kill");
+  int shmw_getpid(void) __asm__("getpid");
+  ]]
+end
+
+local rank = assert(tonumber(os.getenv("RANK")), "RANK")
+local n = assert(tonumber(os.getenv("WORLD_SIZE")), "WORLD_SIZE")
+local port = assert(tonumber(os.getenv("MASTER_PORT")), "MASTER_PORT")
+local mode = os.getenv("SHM_MODE") or "correct"
+local tmo = tonumber(os.getenv("SHM_TIMEOUT_MS") or "") or 30000
+
+local function say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
+local checks, failures = 0, 0
+local function check(cond, fmt, ...)
+  checks = checks + 1
+  if not cond then
+    failures = failures + 1
+    say(("FAIL rank %d: " .. fmt):format(rank, ...))
+  end
+end
+
+local s = store.open { host = "127.0.0.1", port = port, server = rank == 0, timeout_ms = 30000 }
+local all = {}
+for r = 0, n - 1 do all[r + 1] = r end
+local g = cpugroup.new(s, "shmtest", all, rank, tmo)
+
+---------------------------------------------------------------- data
+local DT = { f32 = C.WEFT_F32, f16 = C.WEFT_F16, bf16 = C.WEFT_BF16, f64 = C.WEFT_F64,
+             i32 = C.WEFT_I32, i64 = C.WEFT_I64 }
+local EPS = { f32 = 2 ^ -24, f16 = 2 ^ -11, bf16 = 2 ^ -8, f64 = 2 ^ -53, i32 = 0, i64 = 0 }
+local OPS = { "sum", "max", "min" }
+
+local function buf(count, dt) -- bytes, at least 1
+  return ffi.new("uint8_t[?]", math.max(1, count * tonumber(C.weft_dtype_size(DT[dt]))))
+end
+local function seed_of(base, r) return base * 64 + r end
+local function fill(p, count, dt, seed) assert(C.weft_host_fill_random(p, count, DT[dt], seed, 0) == 0) end
+local function as_f64(p, count, dt, out) assert(C.weft_host_convert(p, DT[dt], out, C.WEFT_F64, count) == 0) end
+
+-- Reference over ranks 0..n-1 of element (offset_of(r) + i), in f64.
+local function reference(dt, op, count, base, total, offset)
+  local ref = ffi.new("double[?]", math.max(1, count))
+  local sabs = ffi.new("double[?]", math.max(1, count))
+  local tmp, tmpd = buf(total, dt), ffi.new("double[?]", math.max(1, total))
+  for r = 0, n - 1 do
+    fill(tmp, total, dt, seed_of(base, r))
+    as_f64(tmp, total, dt, tmpd)
+    for i = 0, count - 1 do
+      local v = tmpd[offset + i]
+      if r == 0 then ref[i] = v
+      elseif op == "sum" then ref[i] = ref[i] + v
+      elseif op == "max" then if v > ref[i] then ref[i] = v end
+      elseif v < ref[i] then ref[i] = v end
+      sabs[i] = sabs[i] + math.abs(v)
+    end
+  end
+  return ref, sabs
+end
+
+local function compare(what, dt, op, out, count, ref, sabs)
+  local got = ffi.new("double[?]", math.max(1, count))
+  as_f64(out, count, dt, got)
+  local acc = dt == "f64" and 2 ^ -53 or 2 ^ -24
+  local bad, first, worst = 0, -1, 0
+  for i = 0, count - 1 do
+    local err = math.abs(got[i] - ref[i])
+    local tol = op == "sum" and (sabs[i] * n * acc + math.abs(ref[i]) * EPS[dt] + 2 ^ -24) or 0
+    if err > tol then
+      bad = bad + 1
+      if first < 0 then first = i end
+      if err > worst then worst = err end
+    end
+  end
+  check(bad == 0, "%s: %d wrong elements (first %d, worst error %g)", what, bad, first, worst)
+end
+
+local function t_all_reduce(c, dt, op, count, base, inplace)
+  local inp = buf(count, dt)
+  fill(inp, count, dt, seed_of(base, rank))
+  local out = inplace and inp or buf(count, dt)
+  local what = ("all_reduce %s %s count %d world %d%s"):format(dt, op, count, n, inplace and " in place" or "")
+  local ok, err = pcall(c.all_reduce, c, inp, out, count, DT[dt], C["WEFT_" .. op:upper()])
+  check(ok, "%s: %s", what, tostring(err))
+  if ok then compare(what, dt, op, out, count, reference(dt, op, count, base, count, 0)) end
+end
+
+local function t_reduce_scatter(c, dt, op, cout, base)
+  local total = cout * n
+  local inp, out = buf(total, dt), buf(cout, dt)
+  fill(inp, total, dt, seed_of(base, rank))
+  local what = ("reduce_scatter %s %s count_out %d world %d"):format(dt, op, cout, n)
+  local ok, err = pcall(c.reduce_scatter, c, inp, out, cout, dt, op) -- names work too
+  check(ok, "%s: %s", what, tostring(err))
+  if ok then compare(what, dt, op, out, cout, reference(dt, op, cout, base, total, rank * cout)) end
+end
+
+local function byte_at(r, i, base) return (r * 131 + i * 7 + base) % 251 end
+
+local function t_all_gather(c, bytes, base)
+  local inp, out = ffi.new("uint8_t[?]", bytes + 1), ffi.new("uint8_t[?]", bytes * n + 1)
+  for i = 0, bytes - 1 do inp[i] = byte_at(rank, i, base) end
+  local ok, err = pcall(c.all_gather, c, inp, out, bytes)
+  check(ok, "all_gather %d bytes: %s", bytes, tostring(err))
+  local bad = 0
+  for r = 0, n - 1 do
+    for i = 0, bytes - 1 do if out[r * bytes + i] ~= byte_at(r, i, base) then bad = bad + 1 end end
+  end
+  check(bad == 0, "all_gather %d bytes world %d: %d wrong bytes", bytes, n, bad)
+end
+
+local function t_broadcast(c, bytes, from, base)
+  local p = ffi.new("uint8_t[?]", bytes + 1)
+  for i = 0, bytes - 1 do p[i] = rank == from and byte_at(from, i, base) or 0 end
+  local ok, err = pcall(c.broadcast, c, p, bytes, from)
+  check(ok, "broadcast %d bytes: %s", bytes, tostring(err))
+  local bad = 0
+  for i = 0, bytes - 1 do if p[i] ~= byte_at(from, i, base) then bad = bad + 1 end end
+  check(bad == 0, "broadcast %d bytes root %d world %d: %d wrong bytes", bytes, from, n, bad)
+end
+
+---------------------------------------------------------------- modes
+local function correct()
+  local c = shm.new(g, 64 * 1024) -- small slots: the larger sizes take many chunks
+  local base = 1
+  for _, dt in ipairs { "f32", "f16", "bf16", "f64", "i32", "i64" } do
+    for _, op in ipairs(OPS) do
+      for k, count in ipairs { 1, 3, 1000, 4099 } do
+        t_all_reduce(c, dt, op, count, base, k % 2 == 0); base = base + 1
+      end
+      t_reduce_scatter(c, dt, op, 777, base); base = base + 1
+    end
+    t_all_reduce(c, dt, "sum", 70001, base, false); base = base + 1
+  end
+  t_all_reduce(c, "f32", "sum", 1536 * 1024 + 1, base, true); base = base + 1  -- 6 MiB
+  t_all_reduce(c, "bf16", "sum", 2 * 1048576 + 3, base, false); base = base + 1
+  t_reduce_scatter(c, "f32", "sum", 300001, base); base = base + 1
+  for k, bytes in ipairs { 0, 1, 4097, 300001 } do
+    t_all_gather(c, bytes, base); base = base + 1
+    t_broadcast(c, bytes, (k - 1) % n, base); base = base + 1
+  end
+  c:destroy()
+  c:destroy() -- idempotent
+  local ok, err = pcall(c.all_reduce, c, nil, nil, 0, "f32", "sum")
+  check(not ok and tostring(err):find("destroyed", 1, true), "use after destroy: %s", tostring(err))
+end
+
+local function expect_error(what, f, needle)
+  local ok, err = pcall(f)
+  err = tostring(err)
+  check(not ok and err:find(needle, 1, true) ~= nil, "%s: want an error with %q, got %s", what, needle,
+        ok and "success" or err)
+end
+
+local function mismatch()
+  local last = rank == n - 1
+  -- different bytes_per_rank at creation: every rank fails, the group stays usable
+  expect_error("create with different sizes", function() shm.new(g, last and 8192 or 4096) end,
+               "disagree on bytes_per_rank")
+  local c = shm.new(g, 4096)
+  local x = ffi.new("float[?]", 4096)
+  expect_error("count mismatch", function() c:all_reduce(x, x, last and 17 or 16, "f32", "sum") end,
+               "different collectives or sizes")
+  expect_error("two-shot count mismatch", function() c:all_reduce(x, x, last and 4096 or 4000, "f32", "sum") end,
+               "count=4096")
+  expect_error("dtype mismatch", function() c:all_reduce(x, x, 16, last and "i32" or "f32", "sum") end,
+               "i32 sum")
+  expect_error("kind mismatch", function()
+    if last then c:broadcast(x, 64, 0) else c:all_gather(x, ffi.new("uint8_t[?]", 64 * n), 64) end
+  end, "broadcast bytes=64 root=0")
+  expect_error("unknown dtype name", function() c:all_reduce(x, x, 1, "f8", "sum") end, "unknown dtype")
+  -- still consistent afterwards
+  t_all_reduce(c, "f32", "sum", 5000, 900, false)
+  t_all_reduce(c, "bf16", "max", 100, 901, true)
+  c:destroy()
+end
+
+local function timed(what, f)
+  local t0 = util.now_ms()
+  local ok, err = pcall(f)
+  say(("%s ok=%s ms=%d msg=%s"):format(what, tostring(ok), util.now_ms() - t0,
+                                       tostring(err):gsub("\n", " ")))
+end
+
+local function late()
+  local c = shm.new(g, 4096)
+  local x = ffi.new("float[?]", 64)
+  if rank == n - 1 then
+    util.sleep_ms(tmo + 1000)
+    timed("LATE_SELF", function() c:all_reduce(x, x, 64, "f32", "sum") end)
+  else
+    timed("LATE", function() c:all_reduce(x, x, 64, "f32", "sum") end)
+  end
+  c:destroy()
+end
+
+local function kill()
+  local c = shm.new(g, 4096)
+  local x = ffi.new("float[?]", 64)
+  c:all_reduce(x, x, 64, "f32", "sum")
+  if rank == n - 1 then C.shmw_kill(C.shmw_getpid(), 9) end
+  timed("KILLED", function() c:all_reduce(x, x, 64, "f32", "sum") end)
+  c:destroy()
+end
+
+-- the last rank never creates its communicator: the others fail within the
+-- group's timeout and the creator still removes the segment's name
+local function absent()
+  if rank == n - 1 then
+    say("ABSENT")
+    return
+  end
+  timed("ABSENT_CREATE", function() shm.new(g, 4096) end)
+  -- rank 0 hosts the store: keep it up until every survivor has its answer
+  local rest = {}
+  for r = 0, n - 2 do rest[r + 1] = r end
+  local sg = cpugroup.new(s, "survivors", rest, rank, 30000)
+  sg:barrier()
+  sg:destroy()
+end
+
+local function same_node()
+  for from = 0, n - 1 do
+    local flags = shm.same_node(g, from)
+    check(#flags == n, "same_node: %d flags for %d ranks", #flags, n)
+    for i = 1, n do check(flags[i] == true, "same_node root %d: index %d says %s", from, i - 1, tostring(flags[i])) end
+  end
+end
+
+local modes = { correct = correct, mismatch = mismatch, late = late, kill = kill, same_node = same_node,
+                absent = absent }
+local ok, err = pcall(assert(modes[mode], "unknown SHM_MODE"))
+check(ok, "%s: %s", mode, tostring(err))
+if mode ~= "late" and mode ~= "kill" and mode ~= "absent" then g:barrier() end
+g:destroy()
+s:close()
+if failures == 0 then say(("OK rank %d checks=%d"):format(rank, checks)) end
+os.exit(failures == 0 and 0 or 1)
