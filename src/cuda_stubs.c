@@ -101,6 +101,11 @@ int weft_nccl_info(weft_nccl *c, int *rank, int *size, int *device) {
   (void)c; (void)rank; (void)size; (void)device;
   return nodev();
 }
+int weft_nccl_blocking(weft_nccl *c, int *blocking) {
+  (void)c;
+  if (blocking) *blocking = 0;
+  return nodev();
+}
 int weft_nccl_synchronize(weft_nccl *c, void *stream) { (void)c; (void)stream; return nodev(); }
 int weft_nccl_all_reduce(weft_nccl *c, const void *in, void *out, size_t count, int dtype, int op,
                          void *stream) {

@@ -1,14 +1,27 @@
 /* nccl.c — device collectives through NCCL, one communicator per group.
  *
  * libnccl.so.2 is dlopen'ed on first use (only nccl.h types are used here), so
- * libweft loads without it. Communicators are created non-blocking by
- * default (blocking=1 on request: NCCL's non-blocking mode runs each call on
- * a helper thread, which eager callers may not want): every NCCL call may
- * answer ncclInProgress, and every wait polls ncclCommGetAsyncError against
- * the group's deadline; on a timeout or an error the communicator is aborted
- * (its kernels exit) and the error names the group, the rank and the
- * operation. Arguments are validated before
- * anything is enqueued, so a refused call leaves the state unchanged.
+ * libweft loads without it. Two modes (docs/gpu-runtime.md):
+ *
+ *  - split (the default): a NON-blocking parent is created first, so its
+ *    init is polled against the group deadline; after an all-or-nothing vote
+ *    ncclCommSplit(parent, 0, rank) makes a BLOCKING child, the communicator
+ *    every call goes to (inline enqueue, no NCCL helper thread per call).
+ *    On a non-blocking parent the split itself runs on NCCL's group thread
+ *    and is polled the same way; aborting the parent raises the in-flight
+ *    child's abort flag and joins that thread, so an expired split is ended
+ *    with ncclCommAbort(parent) and then ncclCommAbort(child). The parent
+ *    is created with splitShare=1, so the child shares its abort flag: a
+ *    blocking call that waits on a peer inside NCCL (lazy connection setup,
+ *    finalize) is ended by the watchdog thread, which aborts the parent once
+ *    the call's deadline passes; the caller then aborts the child.
+ *  - non-blocking (WEFT_NCCL_BLOCKING=0 or blocking=0): the parent is the
+ *    communicator; every call may answer ncclInProgress and is polled.
+ *
+ * Every wait polls ncclCommGetAsyncError against the group's deadline; on a
+ * timeout or an error the communicator is aborted (its kernels exit) and the
+ * error names the group, the rank and the operation. Arguments are validated
+ * before anything is enqueued, so a refused call leaves the state unchanged.
  * Variable-size collectives are grouped broadcasts / reduces / send-recv. */
 #include "cuda_internal.h"
 #include "cpugroup.h"
@@ -21,12 +34,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FN(name) __typeof__(&name) name
 static struct {
   FN(ncclGetVersion);
   FN(ncclGetUniqueId);
   FN(ncclCommInitRankConfig);
+  FN(ncclCommSplit);
   FN(ncclCommGetAsyncError);
   FN(ncclGetErrorString);
   FN(ncclGetLastError);
@@ -45,20 +60,33 @@ static struct {
 } nc;
 #undef FN
 
+enum { MODE_NONBLOCKING = 0, MODE_SPLIT = 1 };
+#define WD_FIRED ((int64_t)-1)
+#define WD_TICK_MS 200
+
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_rc;
 static char g_msg[512];
 static int g_check_ptrs;
-static int g_blocking_default;
+static int g_mode_default;
+static int g_split_share;
 static int g_version;
 
 struct weft_nccl {
-  ncclComm_t comm;
+  ncclComm_t comm;              /* where calls go: the child (split) or the only one */
+  ncclComm_t parent;            /* split mode: the non-blocking parent, kept as the
+                                   abort handle of the shared abort flag */
+  ncclComm_t split_out;         /* written by NCCL's split thread (heap, not stack) */
   char name[64];
   int index, size, dev, timeout_ms;
-  int aborted;
-  int blocking;
+  int mode;
+  int share;                    /* the child shares the parent's abort flag */
+  int aborted;                  /* atomic */
   int busy;                     /* one call at a time (atomic) */
+  int64_t wd_deadline;          /* atomic: deadline of the blocking call in flight (ms),
+                                   0 none, WD_FIRED once the watchdog took over */
+  int wd_done;                  /* atomic: the watchdog finished its abort */
+  const char *wd_op;
   const char *last_op;          /* for messages after a failed wait */
   struct weft_nccl *next;       /* registry of live communicators */
 };
@@ -76,7 +104,10 @@ static void load_once(void) {
   /* NVLink SHARP needs multicast objects, which this project keeps off. */
   if (wf_env_long("WEFT_ALLOW_MULTICAST", 0) != 1) setenv("NCCL_NVLS_ENABLE", "0", 1);
   g_check_ptrs = wf_env_long("WEFT_NCCL_CHECK_POINTERS", 1) != 0;
-  g_blocking_default = wf_env_long("WEFT_NCCL_BLOCKING", 0) == 1;
+  g_mode_default = wf_env_long("WEFT_NCCL_BLOCKING", 1) == 0 ? MODE_NONBLOCKING : MODE_SPLIT;
+  /* NCCL's own variable overrides the config field; follow it so the
+   * watchdog knows whether aborting the parent reaches the child. */
+  g_split_share = wf_env_long("NCCL_COMM_SPLIT_SHARE_RESOURCES", 1) != 0;
   const char *want = wf_env_str("WEFT_NCCL_LIB");
   const char *cands[] = {want, "libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2",
                          "/usr/lib/x86_64-linux-gnu/libnccl.so.2"};
@@ -106,6 +137,7 @@ static void load_once(void) {
   SYM(ncclGetVersion);
   SYM(ncclGetUniqueId);
   SYM(ncclCommInitRankConfig);
+  SYM(ncclCommSplit);
   SYM(ncclCommGetAsyncError);
   SYM(ncclGetErrorString);
   SYM(ncclGetLastError);
@@ -125,6 +157,10 @@ static void load_once(void) {
   nc.ncclGetVersion(&g_version);
   wf_log(1, "nccl: loaded version %d (NCCL_NVLS_ENABLE=%s)", g_version,
          getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "unset");
+  if (wf_env_str("NCCL_COMM_BLOCKING"))
+    wf_log(0, "nccl: NCCL_COMM_BLOCKING=%s overrides weft's communicator modes (=1 makes "
+           "init and split unbounded, =0 makes every call non-blocking)",
+           wf_env_str("NCCL_COMM_BLOCKING"));
 }
 
 static int load(void) {
@@ -157,38 +193,149 @@ static int nccl_err(weft_nccl *c, const char *op, ncclResult_t r) {
                   detail && *detail ? ": " : "", detail ? detail : "");
 }
 
-static void do_abort(weft_nccl *c) {
-  if (c->aborted) return;
-  c->aborted = 1;
-  if (c->comm) nc.ncclCommAbort(c->comm);
-  c->comm = NULL;
+static int timeout_err(weft_nccl *c, const char *op, const char *where) {
+  return wf_error(WEFT_ETIMEOUT, "nccl %s: group '%s' (rank %d of %d): not complete within %d ms "
+                  "(%sa peer did not arrive?); communicator aborted", op, c->name, c->index,
+                  c->size, c->timeout_ms, where ? where : "");
 }
 
-/* Wait until the communicator has no operation in progress (non-blocking mode). */
-static int wait_ready(weft_nccl *c, const char *op) {
-  int64_t deadline = wf_now_ms() + c->timeout_ms;
+/* Local and final: the child first, then the parent (after a successful
+ * split they are independent, or share refcounted resources). */
+static void do_abort(weft_nccl *c) {
+  if (__atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL)) return;
+  if (c->comm) nc.ncclCommAbort(c->comm);
+  c->comm = NULL;
+  if (c->parent) nc.ncclCommAbort(c->parent);
+  c->parent = NULL;
+}
+
+/* Polls comm until it leaves ncclInProgress; ncclInProgress if the deadline
+ * passed first. An enqueue or init step by NCCL's thread takes micro- to
+ * milliseconds: yield a while before sleeping (a sleep costs ~60 µs). */
+static ncclResult_t poll_until(ncclComm_t comm, int64_t deadline) {
   int us = 0, polls = 0;
   for (;;) {
     ncclResult_t st = ncclSuccess;
-    ncclResult_t r = nc.ncclCommGetAsyncError(c->comm, &st);
-    if (r != ncclSuccess) st = r;
-    if (st == ncclSuccess) return 0;
-    if (st != ncclInProgress) {
-      int rc = nccl_err(c, op, st);
-      do_abort(c);
-      return wf_error_context(rc, "communicator aborted");
-    }
-    if (wf_now_ms() > deadline) {
-      do_abort(c);
-      return wf_error(WEFT_ETIMEOUT, "nccl %s: group '%s' (rank %d of %d): not complete within "
-                      "%d ms (a peer did not arrive?); communicator aborted", op, c->name,
-                      c->index, c->size, c->timeout_ms);
-    }
-    /* An enqueue by NCCL's helper thread takes microseconds: yield a while
-     * before sleeping (a sleep costs ~60 µs with the default timer slack). */
+    ncclResult_t r = nc.ncclCommGetAsyncError(comm, &st);
+    if (r != ncclSuccess) return r;
+    if (st != ncclInProgress) return st;
+    if (wf_now_ms() > deadline) return ncclInProgress;
     if (++polls <= 500) sched_yield();
     else wf_backoff(&us, 1000);
   }
+}
+
+/* Wait until the communicator has no operation in progress (non-blocking calls). */
+static int wait_ready(weft_nccl *c, const char *op) {
+  ncclResult_t st = poll_until(c->comm, wf_now_ms() + c->timeout_ms);
+  if (st == ncclSuccess) return 0;
+  int rc = st == ncclInProgress ? timeout_err(c, op, NULL) : nccl_err(c, op, st);
+  do_abort(c);
+  return st == ncclInProgress ? rc : wf_error_context(rc, "communicator aborted");
+}
+
+/* ---- watchdog: bounds blocking calls on a split communicator ----
+ * A blocking call arms its deadline (two atomic stores around the call). The
+ * watchdog thread wakes every WD_TICK_MS while split communicators exist; a
+ * call past its deadline is taken over (CAS to WD_FIRED): the parent is
+ * aborted, which raises the abort flag the child shares, so NCCL's waits in
+ * the call (bootstrap, connection setup, kernels, finalize) return. The
+ * caller sees WD_FIRED when it disarms and aborts the child itself, so no
+ * communicator is freed while a call is inside it. */
+static pthread_once_t g_wd_once = PTHREAD_ONCE_INIT;
+static pthread_cond_t g_wd_cv;
+static int g_wd_rc;
+
+static void wd_fire(weft_nccl *c) {   /* g_reg_mu held */
+  if (c->parent) {
+    wf_log(0, "nccl: group '%s' (rank %d of %d): %s blocked inside NCCL for more than %d ms; "
+           "aborting", c->name, c->index, c->size, c->wd_op ? c->wd_op : "call", c->timeout_ms);
+    nc.ncclCommAbort(c->parent);
+    c->parent = NULL;
+  } else {
+    wf_log(0, "nccl: group '%s' (rank %d of %d): %s blocked inside NCCL for more than %d ms and "
+           "cannot be interrupted (NCCL_COMM_SPLIT_SHARE_RESOURCES=0)", c->name, c->index,
+           c->size, c->wd_op ? c->wd_op : "call", c->timeout_ms);
+  }
+  __atomic_store_n(&c->wd_done, 1, __ATOMIC_RELEASE);
+}
+
+static void *wd_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_reg_mu);
+  for (;;) {
+    int any = 0;
+    int64_t now = wf_now_ms();
+    for (weft_nccl *c = g_reg; c; c = c->next) {
+      if (c->mode != MODE_SPLIT) continue;
+      any = 1;
+      int64_t d = __atomic_load_n(&c->wd_deadline, __ATOMIC_ACQUIRE);
+      if (d > 0 && now > d &&
+          __atomic_compare_exchange_n(&c->wd_deadline, &d, WD_FIRED, 0, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE))
+        wd_fire(c);
+    }
+    if (!any) {
+      pthread_cond_wait(&g_wd_cv, &g_reg_mu);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += WD_TICK_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec += 1;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&g_wd_cv, &g_reg_mu, &ts);
+  }
+  return NULL;
+}
+
+static void wd_start_once(void) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&g_wd_cv, &a);
+  pthread_condattr_destroy(&a);
+  pthread_t t;
+  pthread_attr_t ta;
+  pthread_attr_init(&ta);
+  pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+  g_wd_rc = pthread_create(&t, &ta, wd_main, NULL);
+  pthread_attr_destroy(&ta);
+}
+
+static inline void wd_arm(weft_nccl *c, const char *op) {
+  if (c->mode != MODE_SPLIT) return;
+  c->wd_op = op;
+  __atomic_store_n(&c->wd_deadline, wf_now_ms() + c->timeout_ms, __ATOMIC_RELEASE);
+}
+
+/* 0: the call ended in time. 1: the watchdog took it over; on return its
+ * abort of the parent has finished (or, if that never returns, the child is
+ * given up without an abort, so nothing frees memory NCCL still uses). */
+static int wd_disarm(weft_nccl *c) {
+  if (c->mode != MODE_SPLIT) return 0;
+  int64_t d = __atomic_load_n(&c->wd_deadline, __ATOMIC_ACQUIRE);
+  while (d != WD_FIRED)
+    if (__atomic_compare_exchange_n(&c->wd_deadline, &d, 0, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return 0;
+  int64_t limit = wf_now_ms() + c->timeout_ms;
+  int us = 0;
+  while (!__atomic_load_n(&c->wd_done, __ATOMIC_ACQUIRE) && wf_now_ms() < limit)
+    wf_backoff(&us, 10000);
+  if (!__atomic_load_n(&c->wd_done, __ATOMIC_ACQUIRE)) {
+    __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE);
+    c->comm = NULL;
+  }
+  return 1;
+}
+
+/* After wd_disarm said 1: abort what is left, report the expired call. */
+static int wd_expired(weft_nccl *c, const char *op) {
+  do_abort(c);
+  return timeout_err(c, op, "blocked inside NCCL; ");
 }
 
 int wf_nccl_poll_all(const char *op) {
@@ -196,7 +343,8 @@ int wf_nccl_poll_all(const char *op) {
   int rc = 0;
   pthread_mutex_lock(&g_reg_mu);
   for (weft_nccl *c = g_reg; c && !rc; c = c->next) {
-    if (c->aborted || !c->comm) continue;
+    /* a communicator inside a call belongs to its caller, who sees the error too */
+    if (c->aborted || !c->comm || __atomic_load_n(&c->busy, __ATOMIC_ACQUIRE)) continue;
     ncclResult_t st = ncclSuccess;
     if (nc.ncclCommGetAsyncError(c->comm, &st) != ncclSuccess) continue;
     if (st != ncclSuccess && st != ncclInProgress) {
@@ -213,6 +361,7 @@ static void reg_add(weft_nccl *c) {
   pthread_mutex_lock(&g_reg_mu);
   c->next = g_reg;
   g_reg = c;
+  if (c->mode == MODE_SPLIT) pthread_cond_signal(&g_wd_cv);
   pthread_mutex_unlock(&g_reg_mu);
 }
 
@@ -236,6 +385,96 @@ typedef struct {
 } id_msg;
 #define ID_MAGIC 0x5746494Eu /* "WFIN" */
 
+/* Test hook: WEFT_NCCL_TEST_STALL="<phase>:<ms>" (phase init or split) makes
+ * this rank sleep before that phase of create: a peer that does not arrive. */
+static void test_stall(const char *phase) {
+  const char *v = wf_env_str("WEFT_NCCL_TEST_STALL");
+  size_t n = strlen(phase);
+  if (!v || strncmp(v, phase, n) != 0 || v[n] != ':') return;
+  long ms = strtol(v + n + 1, NULL, 10);
+  if (ms <= 0) return;
+  wf_log(1, "nccl: WEFT_NCCL_TEST_STALL: sleeping %ld ms before %s", ms, phase);
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* All proceed or all fail together: 0 only when every rank's rc was 0. */
+static int vote(weft_cpugroup *g, const char *gname, int rc, const char *phase) {
+  char emsg[1024];
+  snprintf(emsg, sizeof emsg, "%s", rc ? weft_last_error() : "");
+  int64_t all = rc == 0;
+  int vrc = weft_cpugroup_allreduce_i64(g, &all, 1, WEFT_AND);
+  if (rc) return wf_error(rc, "%s", emsg);
+  if (vrc) return wf_error_context(vrc, "nccl create: group '%s': %s vote", gname, phase);
+  if (!all)
+    return wf_error(WEFT_ENCCL, "nccl create: group '%s': %s failed on another rank", gname,
+                    phase);
+  return 0;
+}
+
+/* The non-blocking communicator (the parent, or the only one): its init runs
+ * on NCCL's thread and is polled against the deadline. */
+static int init_nonblocking(weft_nccl *c, const ncclUniqueId *id) {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  cfg.commName = c->name;
+  /* NCCL decides from the PARENT's splitShare whether a child shares its
+   * abort flag and resources (NCCL_COMM_SPLIT_SHARE_RESOURCES overrides) */
+  if (c->mode == MODE_SPLIT) cfg.splitShare = c->share;
+  ncclComm_t comm = NULL;
+  int64_t deadline = wf_now_ms() + c->timeout_ms;
+  ncclResult_t r = nc.ncclCommInitRankConfig(&comm, c->size, *id, c->index, &cfg);
+  if (r == ncclSuccess || r == ncclInProgress)
+    r = comm ? poll_until(comm, deadline) : ncclInternalError;
+  if (r == ncclSuccess) {
+    c->comm = comm;
+    return 0;
+  }
+  int rc = r == ncclInProgress ? timeout_err(c, "init", NULL) : nccl_err(c, "init", r);
+  if (comm) nc.ncclCommAbort(comm);   /* joins NCCL's init thread */
+  return rc;
+}
+
+/* The blocking child of c->comm. On a non-blocking parent ncclCommSplit
+ * answers ncclInProgress and runs on NCCL's group thread: the parent's state
+ * says when it ends, and NCCL stores the child then (also when it failed). A
+ * split that returns ncclSuccess already ran inline. */
+static int split_blocking(weft_nccl *c) {
+  ncclComm_t parent = c->comm;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 1;
+  cfg.commName = c->name;
+  int64_t deadline = wf_now_ms() + c->timeout_ms;
+  __atomic_store_n(&c->split_out, NULL, __ATOMIC_RELEASE);
+  ncclResult_t r = nc.ncclCommSplit(parent, 0, c->index, &c->split_out, &cfg);
+  if (r == ncclSuccess || r == ncclInProgress) r = poll_until(parent, deadline);
+  ncclComm_t child = __atomic_load_n(&c->split_out, __ATOMIC_ACQUIRE);
+  if (r == ncclSuccess && !child) r = ncclInternalError;
+  /* a newer NCCL may hand the child out before its own init ends */
+  if (r == ncclSuccess) r = poll_until(child, deadline);
+  if (r == ncclSuccess) {
+    c->parent = parent;
+    c->comm = child;
+    return 0;
+  }
+  int rc = r == ncclInProgress ? timeout_err(c, "split", NULL) : nccl_err(c, "split", r);
+  /* Parent first: that raises the in-flight child's abort flag and joins the
+   * split thread (which then stores the child); the failed child still has
+   * the parent pointing at its flag, so it must go second. */
+  nc.ncclCommAbort(parent);
+  c->comm = NULL;
+  child = __atomic_load_n(&c->split_out, __ATOMIC_ACQUIRE);
+  if (child) nc.ncclCommAbort(child);
+  return rc;
+}
+
+static int discard(weft_nccl *c, int rc) {
+  do_abort(c);
+  free(c);
+  return rc;
+}
+
 int weft_nccl_create(weft_cpugroup *g, int blocking, weft_nccl **out) {
   WF_CHECK_ARG(out, "nccl create: NULL out-parameter");
   *out = NULL;
@@ -253,6 +492,15 @@ int weft_nccl_create(weft_cpugroup *g, int blocking, weft_nccl **out) {
   snprintf(lmsg, sizeof lmsg, "%s", lrc ? weft_last_error() : "");
   int dev = -1;
   if (!lrc) lrc = wf_cuda_device(&dev);
+  int mode = blocking < 0 ? g_mode_default : blocking ? MODE_SPLIT : MODE_NONBLOCKING;
+  if (!lrc && mode == MODE_SPLIT) {
+    pthread_once(&g_wd_once, wd_start_once);
+    if (g_wd_rc) {
+      lrc = WEFT_ENOMEM;
+      snprintf(lmsg, sizeof lmsg, "nccl create: group '%s': cannot start the watchdog thread "
+               "(pthread_create: %s)", gname, strerror(g_wd_rc));
+    }
+  }
   int64_t ok = lrc == 0;
   rc = weft_cpugroup_allreduce_i64(g, &ok, 1, WEFT_AND);
   if (rc) return wf_error_context(rc, "nccl create: group '%s': vote", gname);
@@ -296,34 +544,24 @@ int weft_nccl_create(weft_cpugroup *g, int blocking, weft_nccl **out) {
   c->dev = dev;
   c->timeout_ms = timeout_ms;
   c->last_op = "init";
+  c->mode = mode;
+  c->share = g_split_share;
 
-  c->blocking = blocking < 0 ? g_blocking_default : blocking != 0;
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = c->blocking;
-  cfg.commName = c->name;
-  ncclResult_t r = nc.ncclCommInitRankConfig(&c->comm, size, m.id, index, &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    rc = nccl_err(c, "init", r);
-    if (c->comm) nc.ncclCommAbort(c->comm);
-    c->comm = NULL;
-  } else {
-    rc = c->comm ? wait_ready(c, "init") : nccl_err(c, "init", ncclInternalError);
-  }
-  /* All proceed or all fail together. */
-  char emsg[1024];
-  snprintf(emsg, sizeof emsg, "%s", rc ? weft_last_error() : "");
-  int64_t all = rc == 0;
-  int vrc = weft_cpugroup_allreduce_i64(g, &all, 1, WEFT_AND);
-  if (rc || vrc || !all) {
-    if (c->comm) nc.ncclCommAbort(c->comm);
-    free(c);
-    if (rc) return wf_error(rc, "%s", emsg);
-    if (vrc) return wf_error_context(vrc, "nccl create: group '%s': final vote", gname);
-    return wf_error(WEFT_ENCCL, "nccl create: group '%s': init failed on another rank", gname);
+  test_stall("init");
+  rc = vote(g, gname, init_nonblocking(c, &m.id), "init");
+  if (rc) return discard(c, rc);
+  if (c->mode == MODE_SPLIT) {
+    test_stall("split");
+    rc = vote(g, gname, split_blocking(c), "split");
+    if (rc) return discard(c, rc);
+    if (!c->share) {   /* the parent cannot interrupt the child: free it now */
+      nc.ncclCommAbort(c->parent);
+      c->parent = NULL;
+    }
   }
   reg_add(c);
   wf_log(1, "nccl: group '%s' rank %d/%d on cuda:%d ready (%s)", c->name, index, size, dev,
-         c->blocking ? "blocking" : "non-blocking");
+         c->mode == MODE_SPLIT ? "blocking, split from a non-blocking parent" : "non-blocking");
   *out = c;
   return 0;
 }
@@ -334,22 +572,52 @@ int weft_nccl_abort(weft_nccl *c) {
   return 0;
 }
 
+/* Non-blocking: finalize is polled; past the deadline the communicator is aborted. */
+static int finalize_nonblocking(weft_nccl *c) {
+  ncclResult_t r = nc.ncclCommFinalize(c->comm);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    int rc = nccl_err(c, "destroy", r);
+    do_abort(c);
+    return rc;
+  }
+  int rc = wait_ready(c, "destroy");   /* aborts on timeout */
+  if (rc) return rc;
+  r = nc.ncclCommDestroy(c->comm);
+  c->comm = NULL;
+  return r == ncclSuccess ? 0 : nccl_err(c, "destroy", r);
+}
+
+/* Split: the child's finalize (flush, then meet the other local ranks) is
+ * blocking, so the watchdog bounds it; the idle parent is then aborted,
+ * which is local (it never ran a collective, so there is nothing to flush). */
+static int finalize_split(weft_nccl *c) {
+  __atomic_store_n(&c->busy, 1, __ATOMIC_RELEASE);   /* keeps poll_all off it */
+  int64_t deadline = wf_now_ms() + c->timeout_ms;
+  wd_arm(c, "destroy");
+  ncclResult_t r = nc.ncclCommFinalize(c->comm);
+  if (r == ncclInProgress) r = poll_until(c->comm, deadline);   /* NCCL_COMM_BLOCKING=0 */
+  if (r == ncclSuccess) {
+    r = nc.ncclCommDestroy(c->comm);
+    c->comm = NULL;   /* gone either way: never abort a half-destroyed communicator */
+  }
+  int rc = 0;
+  if (wd_disarm(c)) rc = wd_expired(c, "destroy");
+  else if (r == ncclInProgress) rc = timeout_err(c, "destroy", NULL);
+  else if (r != ncclSuccess) rc = nccl_err(c, "destroy", r);
+  if (rc) do_abort(c);
+  __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+  return rc;
+}
+
 int weft_nccl_destroy(weft_nccl *c) {
   if (!c) return 0;
-  reg_remove(c);
   int rc = 0;
-  if (!c->aborted && c->comm) {
-    ncclResult_t r = nc.ncclCommFinalize(c->comm);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      rc = nccl_err(c, "destroy", r);
-      do_abort(c);
-    } else {
-      rc = wait_ready(c, "destroy");   /* aborts on timeout */
-    }
-    if (!c->aborted) {
-      r = nc.ncclCommDestroy(c->comm);
-      if (r != ncclSuccess && !rc) rc = nccl_err(c, "destroy", r);
-    }
+  if (!c->aborted && c->comm)
+    rc = c->mode == MODE_SPLIT ? finalize_split(c) : finalize_nonblocking(c);
+  reg_remove(c);   /* from here on the watchdog does not see c */
+  if (!c->aborted) {
+    if (c->comm) nc.ncclCommAbort(c->comm);
+    if (c->parent) nc.ncclCommAbort(c->parent);
   }
   free(c);
   return rc;
@@ -367,6 +635,13 @@ int weft_nccl_info(weft_nccl *c, int *rank, int *size, int *device) {
   if (rank) *rank = c->index;
   if (size) *size = c->size;
   if (device) *device = c->dev;
+  return 0;
+}
+
+int weft_nccl_blocking(weft_nccl *c, int *blocking) {
+  WF_CHECK_ARG(c, "nccl blocking: NULL communicator");
+  WF_CHECK_ARG(blocking, "nccl blocking: NULL out-parameter");
+  *blocking = c->mode == MODE_SPLIT;
   return 0;
 }
 
@@ -426,10 +701,15 @@ static int enter(call *k, weft_nccl *c, const char *op, int dtype, void *stream)
     return wf_error(WEFT_ESTATE, "nccl %s: group '%s': another thread is using this "
                     "communicator (one call at a time)", op, c->name);
   k->s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
+  wd_arm(c, op);   /* split mode: the watchdog bounds what follows */
   return 0;
 }
 
-static void leave(call *k) { __atomic_store_n(&k->c->busy, 0, __ATOMIC_RELEASE); }
+/* A refused call: nothing was enqueued. */
+static void leave(call *k) {
+  if (wd_disarm(k->c)) do_abort(k->c);
+  __atomic_store_n(&k->c->busy, 0, __ATOMIC_RELEASE);
+}
 
 /* count elements at p: non-NULL and on the communicator's device. */
 static int check_buf(call *k, const void *p, size_t count, const char *what) {
@@ -467,12 +747,15 @@ static void group_note(weft_nccl *c) {
   if (tl_group_n < MAX_GROUP_COMMS) tl_group[tl_group_n++] = c;
 }
 
-/* After an NCCL call: success, in progress (poll now, or at group end), or failure. */
+/* After an NCCL call: success, in progress (poll now, or at group end),
+ * failure, or (split mode) taken over by the watchdog. */
 static int done(call *k, ncclResult_t r) {
   weft_nccl *c = k->c;
   c->last_op = k->op;
   int rc = 0;
-  if (r == ncclInProgress) {
+  if (wd_disarm(c)) {
+    rc = wd_expired(c, k->op);
+  } else if (r == ncclInProgress) {
     if (tl_group_depth > 0) group_note(c);
     else rc = wait_ready(c, k->op);
   } else if (r != ncclSuccess) {
@@ -485,7 +768,7 @@ static int done(call *k, ncclResult_t r) {
   } else if (tl_group_depth > 0) {
     group_note(c);
   }
-  leave(k);
+  __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
   return rc;
 }
 
@@ -691,10 +974,26 @@ int weft_nccl_group_end(void) {
   if (rc) return rc;
   if (tl_group_depth <= 0)
     return wf_error(WEFT_ESTATE, "nccl group_end: no group_start on this thread");
-  ncclResult_t r = nc.ncclGroupEnd();
-  if (--tl_group_depth > 0) return r == ncclSuccess ? 0 : nccl_err(NULL, "group_end", r);
+  if (tl_group_depth > 1) {   /* an inner end launches nothing */
+    tl_group_depth--;
+    ncclResult_t r = nc.ncclGroupEnd();
+    return r == ncclSuccess ? 0 : nccl_err(NULL, "group_end", r);
+  }
   int n = tl_group_n;
+  /* the outermost end launches everything: blocking communicators may wait
+   * on peers in here, so the watchdog bounds it */
+  for (int i = 0; i < n; i++) wd_arm(tl_group[i], "group_end");
+  ncclResult_t r = nc.ncclGroupEnd();
+  tl_group_depth = 0;
   tl_group_n = 0;
+  weft_nccl *expired = NULL;
+  for (int i = 0; i < n; i++)
+    if (wd_disarm(tl_group[i]) && !expired) expired = tl_group[i];
+  if (expired) {
+    rc = wd_expired(expired, "group_end");
+    for (int i = 0; i < n; i++) do_abort(tl_group[i]);
+    return rc;
+  }
   if (r != ncclSuccess && r != ncclInProgress) {
     rc = nccl_err(n ? tl_group[0] : NULL, "group_end", r);
     for (int i = 0; i < n; i++) do_abort(tl_group[i]);

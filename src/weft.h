@@ -334,6 +334,17 @@ int weft_ar_set_timeout(weft_ar *ar, int timeout_ms);  /* for calls launched lat
 int weft_ar_resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, const char **why);
 int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *lamport_bytes,
                  size_t *oneshot_max);
+/* Launch-shape and policy knobs for experiments and tuning (bench/ar_bench
+ * --sweep), for calls launched later; every rank must set the same values.
+ * "grid" blocks, "threads" per block (Lamport <= 256, flag one-shot <= 512),
+ * 0 = chosen by size; "sub": flag one-shot round = threads x 2 x sub 16-byte
+ * vectors; "split" 1: flag one-shot with separate pusher and reducer blocks;
+ * "blocks_per_sm"; "oneshot_max": auto uses Lamport up to these bytes;
+ * "twoshot_min": auto, 2 ranks, above oneshot_max: flag one-shot below this
+ * size, two-shot from it. Unknown name or value out of range: WEFT_EINVAL. */
+int weft_ar_set_param(weft_ar *ar, const char *name, int64_t value);
+/* The grid and block size a call would launch with (after run's validation). */
+int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int *threads);
 
 /* ---- fusion: all-reduce + residual add + RMSNorm (+ FP8 quant) in one kernel
  *      (src/fusion.c, kernels/fused_norm.cu) ----

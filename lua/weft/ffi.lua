@@ -45,7 +45,9 @@ local function load_library()
 end
 
 local lib, path = load_library()
-ffi.cdef(ffi.string(lib.weft_ffi_cdef()))
+-- A second copy of this module in one Lua state (package.loaded cleared,
+-- nginx's lua_code_cache off) finds the declarations already made.
+if not pcall(ffi.typeof, "weft_store_opts") then ffi.cdef(ffi.string(lib.weft_ffi_cdef())) end
 
 -- Keep the library referenced for the life of the process (DESIGN.md §4).
 M.C = lib

@@ -1,6 +1,6 @@
 -- weft.nccl — NCCL communicators over a cpu group (src/nccl.c).
 --
---   local c = nccl.new(cpugroup [, {timeout_ms=, blocking=}])
+--   local c = nccl.new(cpugroup [, {timeout_ms=, blocking=}])   -- c.blocking: the mode
 --   c:all_reduce(in_ptr, out_ptr, count, dtype, op [, stream])
 --   c:synchronize([stream])      c:destroy()
 --
@@ -85,8 +85,13 @@ end
 
 -- nccl.new(cpugroup [, {timeout_ms=, blocking=}]): collective over the cpu
 -- group; name, index, size and timeout come from the group (timeout_ms
--- overrides). blocking=true makes a blocking communicator (cheaper eager
--- calls, unbounded init); default: WEFT_NCCL_BLOCKING, else non-blocking.
+-- overrides afterwards). Init is bounded by the group timeout in both modes.
+-- blocking=true (the default, or WEFT_NCCL_BLOCKING=1): calls go to a
+-- blocking communicator split from a non-blocking one (inline enqueue, the
+-- cheap eager path; a watchdog ends a call blocked on a peer). blocking=false
+-- (or WEFT_NCCL_BLOCKING=0): calls go to the non-blocking communicator (NCCL
+-- enqueues from a helper thread: tens of µs more per eager call).
+-- c.blocking tells which one this communicator is.
 function M.new(cpugroup, opts)
   if type(cpugroup) ~= "table" or cpugroup.handle == nil then
     error("weft: nccl.new: expected a live weft.cpugroup (with .handle)", 2)
@@ -99,9 +104,10 @@ function M.new(cpugroup, opts)
   local r, n, d = ffi_new("int[1]"), ffi_new("int[1]"), ffi_new("int[1]")
   C.weft_nccl_info(h, r, n, d)
   local size = tonumber(n[0])
+  C.weft_nccl_blocking(h, int1)
   local self = setmetatable({
     handle = h, name = cpugroup.name or "?", rank = tonumber(r[0]), size = size,
-    device = tonumber(d[0]),
+    device = tonumber(d[0]), blocking = int1[0] == 1,
     counts = ffi_new("size_t[?]", size),
     counts2 = ffi_new("size_t[?]", size),
   }, Comm)

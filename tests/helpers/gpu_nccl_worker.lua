@@ -4,6 +4,13 @@
 -- every rank's input (inputs are small integers, so sums are exact in every
 -- dtype and the comparison is exact). Prints "PASS <name>" or
 -- "FAIL <name>: <error>" per check; exits 1 if any failed.
+--
+-- Every collective check runs twice: on the default communicator (blocking
+-- calls on a communicator split from a non-blocking parent) and on a
+-- non-blocking one (names with the suffix "_nb"). The fault checks make one
+-- rank miss NCCL init, the split, a send or destroy, and expect the rank that
+-- waits for it to get an error naming the group after the timeout, instead
+-- of waiting for the late peer.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
@@ -13,13 +20,16 @@ local nccl = require "weft.nccl"
 local graph = require "weft.graph"
 local store_mod = require "weft.store"
 local cpugroup = require "weft.cpugroup"
+local bench = require "weft.bench"
 
 local rank = assert(tonumber(os.getenv("RANK")), "RANK not set (run under weft-run)")
 local world = assert(tonumber(os.getenv("WORLD_SIZE")))
 local TIMEOUT = 60000
+local FAULT_MS = 1500   -- the timeout of the fault checks
+local STALL_MS = 5000   -- how long the late rank stays away (> 3 x FAULT_MS)
 
 local failed = 0
-local function check(name, fn)
+local function check_once(name, fn)
   local ok, err = pcall(fn)
   if ok then
     print("PASS " .. name)
@@ -84,314 +94,467 @@ local st = store_mod.open { host = os.getenv("MASTER_ADDR") or "127.0.0.1",
 local ranks = {}
 for i = 0, world - 1 do ranks[i + 1] = i end
 local cg = cpugroup.new(st, "gpu_nccl", ranks, rank, TIMEOUT)
-local comm = nccl.new(cg)
-print(("nccl %s on cuda:%d (%s), world %d"):format(tostring(nccl.version()), comm.device,
-      cuda.device_name(comm.device), world))
+local comm_default = nccl.new(cg)
+local comm_nb = nccl.new(cg, { blocking = false })
+print(("nccl %s on cuda:%d (%s), world %d"):format(tostring(nccl.version()), comm_default.device,
+      cuda.device_name(comm_default.device), world))
 
--- ---------------------------------------------------------------- collectives
-
-check("all_reduce", function()
-  local seed = 100
-  for _, dt in ipairs { "f32", "f16", "bf16", "i32", "i64", "f64", "u8" } do
-    for _, n in ipairs { 1, 7, 1000, 262147 } do
-      seed = seed + 10
-      local x = on_device(ints(seed + rank, n, dt))
-      local y = tensor.empty({ n }, dt, "cuda")
-      comm:all_reduce(x.ptr, y.ptr, n, x:dtype_code(), "sum")
-      comm:synchronize()
-      if dt == "u8" then  -- wraps modulo 256
-        local ref = reduce_ref(seed, n, dt, "sum")
-        for i = 1, n do ref[i] = ref[i] % 256 end
-        same(y, ref, "u8 sum")
-      else
-        same(y, reduce_ref(seed, n, dt, "sum"), dt .. " sum n=" .. n)
-      end
-      x:free(); y:free()
-    end
-  end
-end)
-
-check("all_reduce_inplace_ops", function()
-  local seed = 1000
-  for _, op in ipairs { "sum", "max", "min", "prod" } do
-    for _, dt in ipairs { "bf16", "f32", "i32" } do
-      seed = seed + 10
-      local n = 4099
-      local x = on_device(ints(seed + rank, n, dt))
-      comm:all_reduce(x.ptr, x.ptr, n, dt, op)
-      comm:synchronize()
-      same(x, reduce_ref(seed, n, dt, op), dt .. " " .. op)
-      x:free()
-    end
-  end
-end)
-
-check("all_gather", function()
-  local n = 5003
-  local x = on_device(ints(2000 + rank, n, "bf16"))
-  local y = tensor.empty({ world * n }, "bf16", "cuda")
-  comm:all_gather(x.ptr, y.ptr, n, "bf16")
-  comm:synchronize()
-  local ref = {}
-  for r = 0, world - 1 do
-    for _, v in ipairs(vals(2000 + r, n, "bf16")) do ref[#ref + 1] = v end
-  end
-  same(y, ref, "all_gather")
-end)
-
-local function counts_for(base)
-  local c = {}
-  for r = 0, world - 1 do c[r + 1] = base + 17 * r end
-  return c
+for _, decl in ipairs { "int setenv(const char *name, const char *value, int overwrite);",
+                        "int unsetenv(const char *name);",
+                        "int poll(void *fds, unsigned long nfds, int timeout);" } do
+  pcall(ffi.cdef, decl)   -- another module may have declared it already
 end
+local function sleep_ms(ms) ffi.C.poll(nil, 0, ms) end
+local function now_s() return bench.now_ns() / 1e9 end
 
-check("all_gatherv", function()
-  for _, counts in ipairs { counts_for(5), counts_for(1001), (function()
-      local c = counts_for(3); c[1] = 0; return c end)() } do
-    local total = 0
-    for i = 1, world do total = total + counts[i] end
-    local x = on_device(ints(3000 + rank, math.max(counts[rank + 1], 1), "f16"))
-    local y = tensor.empty({ total }, "f16", "cuda")
-    comm:all_gatherv(x.ptr, y.ptr, counts, "f16")
+check_once("default_is_blocking", function()
+  -- the default communicator is the fast one (blocking calls); blocking=false
+  -- keeps the pure non-blocking mode
+  expect(comm_default.blocking == true, "default communicator: blocking=%s",
+         tostring(comm_default.blocking))
+  expect(comm_nb.blocking == false, "blocking=false communicator: blocking=%s",
+         tostring(comm_nb.blocking))
+end)
+
+-- ---------------------------------------------------------------- per mode
+
+-- Every check below runs on `comm` (`blocking`: its mode); names get `sfx`.
+local function suite(comm, blocking, sfx)
+  local function check(name, fn) return check_once(name .. sfx, fn) end
+
+  -- ---------------------------------------------------------------- collectives
+
+  check("all_reduce", function()
+    local seed = 100
+    for _, dt in ipairs { "f32", "f16", "bf16", "i32", "i64", "f64", "u8" } do
+      for _, n in ipairs { 1, 7, 1000, 262147 } do
+        seed = seed + 10
+        local x = on_device(ints(seed + rank, n, dt))
+        local y = tensor.empty({ n }, dt, "cuda")
+        comm:all_reduce(x.ptr, y.ptr, n, x:dtype_code(), "sum")
+        comm:synchronize()
+        if dt == "u8" then  -- wraps modulo 256
+          local ref = reduce_ref(seed, n, dt, "sum")
+          for i = 1, n do ref[i] = ref[i] % 256 end
+          same(y, ref, "u8 sum")
+        else
+          same(y, reduce_ref(seed, n, dt, "sum"), dt .. " sum n=" .. n)
+        end
+        x:free(); y:free()
+      end
+    end
+  end)
+
+  check("all_reduce_inplace_ops", function()
+    local seed = 1000
+    for _, op in ipairs { "sum", "max", "min", "prod" } do
+      for _, dt in ipairs { "bf16", "f32", "i32" } do
+        seed = seed + 10
+        local n = 4099
+        local x = on_device(ints(seed + rank, n, dt))
+        comm:all_reduce(x.ptr, x.ptr, n, dt, op)
+        comm:synchronize()
+        same(x, reduce_ref(seed, n, dt, op), dt .. " " .. op)
+        x:free()
+      end
+    end
+  end)
+
+  check("all_gather", function()
+    local n = 5003
+    local x = on_device(ints(2000 + rank, n, "bf16"))
+    local y = tensor.empty({ world * n }, "bf16", "cuda")
+    comm:all_gather(x.ptr, y.ptr, n, "bf16")
     comm:synchronize()
     local ref = {}
     for r = 0, world - 1 do
-      local v = vals(3000 + r, math.max(counts[r + 1], 1), "f16")
-      for i = 1, counts[r + 1] do ref[#ref + 1] = v[i] end
+      for _, v in ipairs(vals(2000 + r, n, "bf16")) do ref[#ref + 1] = v end
     end
-    same(y, ref, "all_gatherv")
+    same(y, ref, "all_gather")
+  end)
+
+  local function counts_for(base)
+    local c = {}
+    for r = 0, world - 1 do c[r + 1] = base + 17 * r end
+    return c
   end
-end)
 
-check("reduce_scatter", function()
-  local n = 3001                         -- per rank out
-  local x = on_device(ints(4000 + rank, world * n, "bf16"))
-  local y = tensor.empty({ n }, "bf16", "cuda")
-  comm:reduce_scatter(x.ptr, y.ptr, n, "bf16", "sum")
-  comm:synchronize()
-  local full = reduce_ref(4000, world * n, "bf16", "sum")
-  local ref = {}
-  for i = 1, n do ref[i] = full[rank * n + i] end
-  same(y, ref, "reduce_scatter")
-end)
-
-check("reduce_scatterv", function()
-  local counts = counts_for(9)
-  local total, off = 0, 0
-  for i = 1, world do total = total + counts[i] end
-  for i = 1, rank do off = off + counts[i] end
-  local x = on_device(ints(5000 + rank, total, "f32"))
-  local y = tensor.empty({ counts[rank + 1] }, "f32", "cuda")
-  comm:reduce_scatterv(x.ptr, y.ptr, counts, "f32", "sum")
-  comm:synchronize()
-  local full = reduce_ref(5000, total, "f32", "sum")
-  local ref = {}
-  for i = 1, counts[rank + 1] do ref[i] = full[off + i] end
-  same(y, ref, "reduce_scatterv")
-end)
-
-check("broadcast", function()
-  local n = 7777
-  for root = 0, world - 1 do
-    local x = on_device(ints(6000 + rank, n, "bf16"))
-    comm:broadcast(x.ptr, n, "bf16", root)
-    comm:synchronize()
-    same(x, vals(6000 + root, n, "bf16"), "broadcast from " .. root)
-    -- out of place
-    local src = on_device(ints(6100 + rank, n, "i64"))
-    local dst = tensor.zeros({ n }, "i64", "cuda")
-    comm:broadcast(src.ptr, n, "i64", root, nil, dst.ptr)
-    comm:synchronize()
-    same(dst, vals(6100 + root, n, "i64"), "broadcast out of place from " .. root)
-  end
-end)
-
-check("gather", function()
-  local n = 999
-  for root = 0, world - 1 do
-    local x = on_device(ints(7000 + rank, n, "f32"))
-    local y = rank == root and tensor.empty({ world * n }, "f32", "cuda") or nil
-    comm:gather(x.ptr, y and y.ptr, n, "f32", root)
-    comm:synchronize()
-    if y then
+  check("all_gatherv", function()
+    for _, counts in ipairs { counts_for(5), counts_for(1001), (function()
+        local c = counts_for(3); c[1] = 0; return c end)() } do
+      local total = 0
+      for i = 1, world do total = total + counts[i] end
+      local x = on_device(ints(3000 + rank, math.max(counts[rank + 1], 1), "f16"))
+      local y = tensor.empty({ total }, "f16", "cuda")
+      comm:all_gatherv(x.ptr, y.ptr, counts, "f16")
+      comm:synchronize()
       local ref = {}
       for r = 0, world - 1 do
-        for _, v in ipairs(vals(7000 + r, n, "f32")) do ref[#ref + 1] = v end
+        local v = vals(3000 + r, math.max(counts[r + 1], 1), "f16")
+        for i = 1, counts[r + 1] do ref[#ref + 1] = v[i] end
       end
-      same(y, ref, "gather to " .. root)
+      same(y, ref, "all_gatherv")
     end
-  end
-end)
-
-check("send_recv", function()
-  local n = 12345
-  -- a ring: everyone sends to next and receives from prev, batched in a group
-  local nxt, prv = (rank + 1) % world, (rank - 1) % world
-  local x = on_device(ints(8000 + rank, n, "bf16"))
-  local y = tensor.empty({ n }, "bf16", "cuda")
-  nccl.group(function()
-    comm:send(x.ptr, n, "bf16", nxt)
-    comm:recv(y.ptr, n, "bf16", prv)
   end)
-  comm:synchronize()
-  same(y, vals(8000 + prv, n, "bf16"), "ring recv")
-  -- one direction at a time, unbatched
-  if world >= 2 then
-    local z = tensor.zeros({ n }, "bf16", "cuda")
-    if rank == 0 then comm:send(x.ptr, n, "bf16", 1) elseif rank == 1 then comm:recv(z.ptr, n, "bf16", 0) end
+
+  check("reduce_scatter", function()
+    local n = 3001                         -- per rank out
+    local x = on_device(ints(4000 + rank, world * n, "bf16"))
+    local y = tensor.empty({ n }, "bf16", "cuda")
+    comm:reduce_scatter(x.ptr, y.ptr, n, "bf16", "sum")
     comm:synchronize()
-    if rank == 1 then same(z, vals(8000, n, "bf16"), "p2p 0->1") end
-  end
-end)
-
-check("all_to_all_equal", function()
-  local k = 1031
-  local x = on_device(ints(9000 + rank, world * k, "f32"))
-  local y = tensor.empty({ world * k }, "f32", "cuda")
-  comm:all_to_all(x.ptr, y.ptr, world * k, "f32")
-  comm:synchronize()
-  local ref = {}
-  for src = 0, world - 1 do
-    local v = vals(9000 + src, world * k, "f32")
-    for i = 1, k do ref[#ref + 1] = v[rank * k + i] end
-  end
-  same(y, ref, "all_to_all equal")
-end)
-
-check("all_to_all_splits", function()
-  local function split(src, dst) return 1 + 3 * src + 5 * dst end  -- elements src sends dst
-  local sc, rc, stot, rtot = {}, {}, 0, 0
-  for j = 0, world - 1 do
-    sc[j + 1] = split(rank, j); stot = stot + sc[j + 1]
-    rc[j + 1] = split(j, rank); rtot = rtot + rc[j + 1]
-  end
-  local x = on_device(ints(9500 + rank, stot, "bf16"))
-  local y = tensor.empty({ rtot }, "bf16", "cuda")
-  comm:all_to_all(x.ptr, y.ptr, nil, "bf16", sc, rc)
-  comm:synchronize()
-  local ref = {}
-  for src = 0, world - 1 do
-    local total, off = 0, 0
-    for j = 0, world - 1 do total = total + split(src, j) end
-    for j = 0, rank - 1 do off = off + split(src, j) end
-    local v = vals(9500 + src, total, "bf16")
-    for i = 1, split(src, rank) do ref[#ref + 1] = v[off + i] end
-  end
-  same(y, ref, "all_to_all splits")
-end)
-
--- ---------------------------------------------------------------- graphs
-
-check("graph_replay", function()
-  local n = 65536
-  local x = tensor.empty({ n }, "bf16", "cuda")
-  local y = tensor.empty({ n }, "bf16", "cuda")
-  local z = tensor.empty({ n }, "bf16", "cuda")
-  local function load(seed)
-    local h = ints(seed + rank, n, "bf16")
-    x:copy_(h)
-    h:free()
-  end
-  load(10000)
-  cg:barrier()
-  -- two collectives in one graph: y = allreduce(x), z = allgather-of-halves
-  local g = graph.capture(function()
-    comm:all_reduce(x.ptr, y.ptr, n, "bf16", "sum")
-    comm:all_gather(x.ptr, z.ptr, n / world, "bf16")
-  end, { warmup = 1 })
-  cg:barrier()
-  for round = 1, 4 do
-    local seed = 10000 + 100 * round
-    load(seed)
-    g:replay()
-    comm:synchronize()
-    same(y, reduce_ref(seed, n, "bf16", "sum"), "graph round " .. round .. " all_reduce")
+    local full = reduce_ref(4000, world * n, "bf16", "sum")
     local ref = {}
-    for r = 0, world - 1 do
-      local v = vals(seed + r, n, "bf16")
-      for i = 1, n / world do ref[#ref + 1] = v[i] end
-    end
-    same(z, ref, "graph round " .. round .. " all_gather")
-  end
-  g:destroy()
-  cg:barrier()
-end)
+    for i = 1, n do ref[i] = full[rank * n + i] end
+    same(y, ref, "reduce_scatter")
+  end)
 
-check("store_collective_refused_in_capture", function()
+  check("reduce_scatterv", function()
+    local counts = counts_for(9)
+    local total, off = 0, 0
+    for i = 1, world do total = total + counts[i] end
+    for i = 1, rank do off = off + counts[i] end
+    local x = on_device(ints(5000 + rank, total, "f32"))
+    local y = tensor.empty({ counts[rank + 1] }, "f32", "cuda")
+    comm:reduce_scatterv(x.ptr, y.ptr, counts, "f32", "sum")
+    comm:synchronize()
+    local full = reduce_ref(5000, total, "f32", "sum")
+    local ref = {}
+    for i = 1, counts[rank + 1] do ref[i] = full[off + i] end
+    same(y, ref, "reduce_scatterv")
+  end)
+
+  check("broadcast", function()
+    local n = 7777
+    for root = 0, world - 1 do
+      local x = on_device(ints(6000 + rank, n, "bf16"))
+      comm:broadcast(x.ptr, n, "bf16", root)
+      comm:synchronize()
+      same(x, vals(6000 + root, n, "bf16"), "broadcast from " .. root)
+      -- out of place
+      local src = on_device(ints(6100 + rank, n, "i64"))
+      local dst = tensor.zeros({ n }, "i64", "cuda")
+      comm:broadcast(src.ptr, n, "i64", root, nil, dst.ptr)
+      comm:synchronize()
+      same(dst, vals(6100 + root, n, "i64"), "broadcast out of place from " .. root)
+    end
+  end)
+
+  check("gather", function()
+    local n = 999
+    for root = 0, world - 1 do
+      local x = on_device(ints(7000 + rank, n, "f32"))
+      local y = rank == root and tensor.empty({ world * n }, "f32", "cuda") or nil
+      comm:gather(x.ptr, y and y.ptr, n, "f32", root)
+      comm:synchronize()
+      if y then
+        local ref = {}
+        for r = 0, world - 1 do
+          for _, v in ipairs(vals(7000 + r, n, "f32")) do ref[#ref + 1] = v end
+        end
+        same(y, ref, "gather to " .. root)
+      end
+    end
+  end)
+
+  check("send_recv", function()
+    local n = 12345
+    -- a ring: everyone sends to next and receives from prev, batched in a group
+    local nxt, prv = (rank + 1) % world, (rank - 1) % world
+    local x = on_device(ints(8000 + rank, n, "bf16"))
+    local y = tensor.empty({ n }, "bf16", "cuda")
+    nccl.group(function()
+      comm:send(x.ptr, n, "bf16", nxt)
+      comm:recv(y.ptr, n, "bf16", prv)
+    end)
+    comm:synchronize()
+    same(y, vals(8000 + prv, n, "bf16"), "ring recv")
+    -- one direction at a time, unbatched
+    if world >= 2 then
+      local z = tensor.zeros({ n }, "bf16", "cuda")
+      if rank == 0 then comm:send(x.ptr, n, "bf16", 1) elseif rank == 1 then comm:recv(z.ptr, n, "bf16", 0) end
+      comm:synchronize()
+      if rank == 1 then same(z, vals(8000, n, "bf16"), "p2p 0->1") end
+    end
+  end)
+
+  check("all_to_all_equal", function()
+    local k = 1031
+    local x = on_device(ints(9000 + rank, world * k, "f32"))
+    local y = tensor.empty({ world * k }, "f32", "cuda")
+    comm:all_to_all(x.ptr, y.ptr, world * k, "f32")
+    comm:synchronize()
+    local ref = {}
+    for src = 0, world - 1 do
+      local v = vals(9000 + src, world * k, "f32")
+      for i = 1, k do ref[#ref + 1] = v[rank * k + i] end
+    end
+    same(y, ref, "all_to_all equal")
+  end)
+
+  check("all_to_all_splits", function()
+    local function split(src, dst) return 1 + 3 * src + 5 * dst end  -- elements src sends dst
+    local sc, rc, stot, rtot = {}, {}, 0, 0
+    for j = 0, world - 1 do
+      sc[j + 1] = split(rank, j); stot = stot + sc[j + 1]
+      rc[j + 1] = split(j, rank); rtot = rtot + rc[j + 1]
+    end
+    local x = on_device(ints(9500 + rank, stot, "bf16"))
+    local y = tensor.empty({ rtot }, "bf16", "cuda")
+    comm:all_to_all(x.ptr, y.ptr, nil, "bf16", sc, rc)
+    comm:synchronize()
+    local ref = {}
+    for src = 0, world - 1 do
+      local total, off = 0, 0
+      for j = 0, world - 1 do total = total + split(src, j) end
+      for j = 0, rank - 1 do off = off + split(src, j) end
+      local v = vals(9500 + src, total, "bf16")
+      for i = 1, split(src, rank) do ref[#ref + 1] = v[off + i] end
+    end
+    same(y, ref, "all_to_all splits")
+  end)
+
+  -- ---------------------------------------------------------------- graphs
+
+  check("graph_replay", function()
+    local n = 65536
+    local x = tensor.empty({ n }, "bf16", "cuda")
+    local y = tensor.empty({ n }, "bf16", "cuda")
+    local z = tensor.empty({ n }, "bf16", "cuda")
+    local function load(seed)
+      local h = ints(seed + rank, n, "bf16")
+      x:copy_(h)
+      h:free()
+    end
+    load(10000)
+    cg:barrier()
+    -- two collectives in one graph: y = allreduce(x), z = allgather-of-halves
+    local g = graph.capture(function()
+      comm:all_reduce(x.ptr, y.ptr, n, "bf16", "sum")
+      comm:all_gather(x.ptr, z.ptr, n / world, "bf16")
+    end, { warmup = 1 })
+    cg:barrier()
+    for round = 1, 4 do
+      local seed = 10000 + 100 * round
+      load(seed)
+      g:replay()
+      comm:synchronize()
+      same(y, reduce_ref(seed, n, "bf16", "sum"), "graph round " .. round .. " all_reduce")
+      local ref = {}
+      for r = 0, world - 1 do
+        local v = vals(seed + r, n, "bf16")
+        for i = 1, n / world do ref[#ref + 1] = v[i] end
+      end
+      same(z, ref, "graph round " .. round .. " all_gather")
+    end
+    g:destroy()
+    cg:barrier()
+  end)
+
+  -- ---------------------------------------------------------------- bad input
+
+  check("bad_input", function()
+    local n = 64
+    local d = tensor.zeros({ n }, "f32", "cuda")
+    local h = tensor.zeros({ n }, "f32", "cpu")
+    expect_error("host memory", comm.all_reduce, comm, h.ptr, d.ptr, n, "f32", "sum")
+    expect_error("NULL", comm.all_reduce, comm, nil, nil, n, "f32", "sum")
+    expect_error("unknown dtype 99", comm.all_reduce, comm, d.ptr, d.ptr, n, 99, "sum")
+    expect_error("unknown op", comm.all_reduce, comm, d.ptr, d.ptr, n, "f32", "xor")
+    expect_error("root 5 outside the group", comm.broadcast, comm, d.ptr, n, "f32", 5)
+    expect_error("peer %-1 outside", comm.send, comm, d.ptr, n, "f32", -1)
+    expect_error("expected " .. world .. " per%-rank counts", comm.all_gatherv, comm, d.ptr, d.ptr,
+                 { 1 }, "f32")
+    if world > 1 then
+      expect_error("do not split equally", comm.all_to_all, comm, d.ptr, d.ptr, world * 3 + 1, "f32")
+    end
+    if cuda.device_count() >= 2 then
+      local other = (comm.device + 1) % cuda.device_count()
+      local p = cuda.alloc(n * 4, other)
+      expect_error("is on cuda:" .. other, comm.all_reduce, comm, p, p, n, "f32", "sum")
+      cuda.free(p)
+    end
+    -- nothing was enqueued: the communicator still works
+    local x = on_device(ints(11000 + rank, n, "f32"))
+    comm:all_reduce(x.ptr, x.ptr, n, "f32", "sum")
+    comm:synchronize()
+    same(x, reduce_ref(11000, n, "f32", "sum"), "after bad input")
+  end)
+
+  check("destroyed_communicator", function()
+    local cg2 = cpugroup.new(st, "gpu_nccl_2" .. sfx, ranks, rank, TIMEOUT)
+    local c2 = nccl.new(cg2, { blocking = blocking })
+    local d = tensor.zeros({ 8 }, "f32", "cuda")
+    c2:all_reduce(d.ptr, d.ptr, 8, "f32", "sum")
+    c2:synchronize()
+    c2:destroy()
+    c2:destroy()   -- idempotent
+    expect_error("destroyed", c2.all_reduce, c2, d.ptr, d.ptr, 8, "f32", "sum")
+    cg2:destroy()
+  end)
+
+  check("timeout_aborts", function()
+    -- rank 0 starts a collective that rank 1 never joins: a bounded wait, then
+    -- the communicator is aborted and every later call on it fails clearly.
+    local cg3 = cpugroup.new(st, "gpu_nccl_late" .. sfx, ranks, rank, TIMEOUT)
+    local c3 = nccl.new(cg3, { blocking = blocking, timeout_ms = 3000 })
+    local d = tensor.zeros({ 1024 }, "f32", "cuda")
+    -- one joint call first, so connections exist and the lone call below is
+    -- enqueued at once and hangs in its kernel (the case the abort must end)
+    c3:all_reduce(d.ptr, d.ptr, 1024, "f32", "sum")
+    c3:synchronize()
+    cg3:barrier()
+    if rank == 0 then
+      local s = cuda.stream()
+      local t0 = os.time()
+      expect_error("gpu_nccl_late" .. sfx .. ".*within 3000 ms.*aborted", function()
+        c3:all_reduce(d.ptr, d.ptr, 1024, "f32", "sum", s)
+        c3:synchronize(s)
+      end)
+      expect(os.time() - t0 < 30, "timeout took %d s", os.time() - t0)
+      expect_error("aborted", c3.all_reduce, c3, d.ptr, d.ptr, 1024, "f32", "sum")
+    end
+    cg:barrier()
+    c3:abort()     -- local on every rank: no wait on the rank that never joined
+    c3:destroy()
+    cg3:destroy()
+  end)
+
+  check("lone_send_bounded", function()
+    -- rank 0 sends on a fresh communicator to a rank that is away: the
+    -- connection setup (inside the NCCL call for a blocking communicator) or the
+    -- kernel waits for it; the wait must end after the timeout, not when the
+    -- peer comes back.
+    local name = "gpu_nccl_lone" .. sfx
+    local g = cpugroup.new(st, name, ranks, rank, TIMEOUT)
+    local c = nccl.new(g, { blocking = blocking, timeout_ms = FAULT_MS })
+    local d = tensor.zeros({ 1024 }, "f32", "cuda")
+    g:barrier()
+    if rank == 0 then
+      local s = cuda.stream()
+      local t0 = now_s()
+      local ok, err = pcall(function()
+        c:send(d.ptr, 1024, "f32", 1, s)
+        c:synchronize(s)
+      end)
+      local dt = now_s() - t0
+      print(("lone send: %s after %.2f s"):format(ok and "success" or tostring(err), dt))
+      expect(not ok, "a send to an absent peer succeeded")
+      expect(tostring(err):match(name .. ".*within " .. FAULT_MS .. " ms.*aborted"),
+             "unexpected error: %s", tostring(err))
+      expect(dt < STALL_MS / 1000, "the send waited %.2f s: for the peer, not %d ms", dt, FAULT_MS)
+      expect_error("aborted", c.send, c, d.ptr, 1024, "f32", 1, s)
+    else
+      sleep_ms(STALL_MS)
+    end
+    g:barrier()
+    c:abort()
+    c:destroy()
+    g:destroy()
+    d:free()
+  end)
+
+  check("destroy_bounded", function()
+    -- rank 1 comes to destroy late: rank 0's finalize may wait for it (inside
+    -- NCCL for a blocking communicator) but must return after the timeout
+    local name = "gpu_nccl_late_destroy" .. sfx
+    local g = cpugroup.new(st, name, ranks, rank, TIMEOUT)
+    local c = nccl.new(g, { blocking = blocking, timeout_ms = FAULT_MS })
+    local n = 4096
+    local x = on_device(ints(12000 + rank, n, "f32"))
+    c:all_reduce(x.ptr, x.ptr, n, "f32", "sum")
+    c:synchronize()
+    same(x, reduce_ref(12000, n, "f32", "sum"), "before destroy")
+    g:barrier()
+    if rank == 0 then
+      local t0 = now_s()
+      local ok, err = pcall(c.destroy, c)
+      local dt = now_s() - t0
+      print(("late destroy: %s after %.2f s"):format(ok and "returned" or tostring(err), dt))
+      expect(ok or tostring(err):match(name .. ".*within " .. FAULT_MS .. " ms"),
+             "unexpected error: %s", tostring(err))
+      expect(dt < STALL_MS / 1000, "destroy waited %.2f s: for the peer, not %d ms", dt, FAULT_MS)
+    else
+      sleep_ms(STALL_MS)
+      local t0 = now_s()
+      local ok, err = pcall(c.destroy, c)   -- its peer is gone: either outcome, but bounded
+      print(("late destroy on rank %d: %s after %.2f s"):format(rank, ok and "returned" or
+            tostring(err), now_s() - t0))
+    end
+    g:barrier()
+    g:destroy()
+    x:free()
+  end)
+
+end
+
+suite(comm_default, true, "")
+suite(comm_nb, false, "_nb")
+
+-- ---------------------------------------------------------------- once
+
+check_once("store_collective_refused_in_capture", function()
   expect_error("captur", graph.capture, function() cg:barrier() end)
   cg:barrier()   -- usable afterwards
 end)
 
--- ---------------------------------------------------------------- bad input
-
-check("bad_input", function()
-  local n = 64
-  local d = tensor.zeros({ n }, "f32", "cuda")
-  local h = tensor.zeros({ n }, "f32", "cpu")
-  expect_error("host memory", comm.all_reduce, comm, h.ptr, d.ptr, n, "f32", "sum")
-  expect_error("NULL", comm.all_reduce, comm, nil, nil, n, "f32", "sum")
-  expect_error("unknown dtype 99", comm.all_reduce, comm, d.ptr, d.ptr, n, 99, "sum")
-  expect_error("unknown op", comm.all_reduce, comm, d.ptr, d.ptr, n, "f32", "xor")
-  expect_error("root 5 outside the group", comm.broadcast, comm, d.ptr, n, "f32", 5)
-  expect_error("peer %-1 outside", comm.send, comm, d.ptr, n, "f32", -1)
-  expect_error("expected " .. world .. " per%-rank counts", comm.all_gatherv, comm, d.ptr, d.ptr,
-               { 1 }, "f32")
-  if world > 1 then
-    expect_error("do not split equally", comm.all_to_all, comm, d.ptr, d.ptr, world * 3 + 1, "f32")
-  end
-  if cuda.device_count() >= 2 then
-    local other = (comm.device + 1) % cuda.device_count()
-    local p = cuda.alloc(n * 4, other)
-    expect_error("is on cuda:" .. other, comm.all_reduce, comm, p, p, n, "f32", "sum")
-    cuda.free(p)
-  end
-  -- nothing was enqueued: the communicator still works
-  local x = on_device(ints(11000 + rank, n, "f32"))
-  comm:all_reduce(x.ptr, x.ptr, n, "f32", "sum")
-  comm:synchronize()
-  same(x, reduce_ref(11000, n, "f32", "sum"), "after bad input")
-end)
-
-check("destroyed_communicator", function()
-  local cg2 = cpugroup.new(st, "gpu_nccl_2", ranks, rank, TIMEOUT)
-  local c2 = nccl.new(cg2)
-  local d = tensor.zeros({ 8 }, "f32", "cuda")
-  c2:all_reduce(d.ptr, d.ptr, 8, "f32", "sum")
-  c2:synchronize()
-  c2:destroy()
-  c2:destroy()   -- idempotent
-  expect_error("destroyed", c2.all_reduce, c2, d.ptr, d.ptr, 8, "f32", "sum")
-  cg2:destroy()
-end)
-
-check("timeout_aborts", function()
-  -- rank 0 starts a collective that rank 1 never joins: a bounded wait, then
-  -- the communicator is aborted and every later call on it fails clearly.
-  local cg3 = cpugroup.new(st, "gpu_nccl_late", ranks, rank, TIMEOUT)
-  local c3 = nccl.new(cg3, { timeout_ms = 3000 })
-  local d = tensor.zeros({ 1024 }, "f32", "cuda")
-  -- one joint call first, so connections exist and the lone call below is
-  -- enqueued at once and hangs in its kernel (the case the abort must end)
-  c3:all_reduce(d.ptr, d.ptr, 1024, "f32", "sum")
-  c3:synchronize()
-  cg3:barrier()
-  if rank == 0 then
-    local s = cuda.stream()
-    local t0 = os.time()
-    expect_error("gpu_nccl_late.*within 3000 ms.*aborted", function()
-      c3:all_reduce(d.ptr, d.ptr, 1024, "f32", "sum", s)
-      c3:synchronize(s)
-    end)
-    expect(os.time() - t0 < 30, "timeout took %d s", os.time() - t0)
-    expect_error("aborted", c3.all_reduce, c3, d.ptr, d.ptr, 1024, "f32", "sum")
-  end
+-- Rank 1 stalls before `phase` of create (init or split; the test hook
+-- WEFT_NCCL_TEST_STALL of src/nccl.c). Rank 0's create must fail after the
+-- timeout (its phase, then the vote that waits for rank 1: 2 x timeout), not
+-- when rank 1 comes back; rank 1's create fails too then.
+local function late_create(phase, timeout_ms)
+  local name = "gpu_nccl_late_" .. phase
+  local stall = 3 * timeout_ms + 1000
+  local g = cpugroup.new(st, name, ranks, rank, timeout_ms)
+  if rank == 1 then ffi.C.setenv("WEFT_NCCL_TEST_STALL", phase .. ":" .. stall, 1) end
+  local t0 = now_s()
+  local ok, err = pcall(nccl.new, g)
+  local dt = now_s() - t0
+  if rank == 1 then ffi.C.unsetenv("WEFT_NCCL_TEST_STALL") end
+  print(("late %s: %s after %.2f s"):format(phase, ok and "success" or tostring(err), dt))
+  if ok then err:destroy() end
+  g:destroy()
   cg:barrier()
-  c3:abort()     -- local on every rank: no wait on the rank that never joined
-  c3:destroy()
-  cg3:destroy()
+  expect(not ok, "create succeeded although rank 1 stalled before %s", phase)
+  if rank == 0 then
+    expect(tostring(err):match("nccl " .. phase .. ": group '" .. name .. "'.*within " ..
+                               timeout_ms .. " ms"), "unexpected error: %s", tostring(err))
+    expect(dt < stall / 1000, "create waited %.2f s: for the peer, not %d ms", dt, timeout_ms)
+  end
+end
+
+check_once("init_timeout", function() late_create("init", FAULT_MS) end)
+-- rank 0's healthy init must fit in this timeout too, hence a longer one
+check_once("split_timeout", function() late_create("split", 2500) end)
+
+check_once("eager_timing", function()
+  -- prints what one eager call costs in each mode (not asserted: no timed
+  -- assertions; scripts/bench --only eager measures it properly)
+  local n = 512   -- 1 KiB of bf16
+  local x = on_device(ints(13000 + rank, n, "bf16"))
+  local y = tensor.empty({ n }, "bf16", "cuda")
+  local s = cuda.stream()
+  local ref = reduce_ref(13000, n, "bf16", "sum")
+  for _, m in ipairs { { comm_default, "default" }, { comm_nb, "non-blocking" } } do
+    local c, label, calls = m[1], m[2], 500
+    for _ = 1, 20 do c:all_reduce(x.ptr, y.ptr, n, "bf16", "sum", s) end
+    c:synchronize(s)
+    cg:barrier()
+    local t0 = bench.now_ns()
+    for _ = 1, calls do c:all_reduce(x.ptr, y.ptr, n, "bf16", "sum", s) end
+    local t1 = bench.now_ns()
+    c:synchronize(s)
+    local t2 = bench.now_ns()
+    print(("eager all_reduce 1 KiB, %s communicator (blocking=%s): %.1f us per call on the " ..
+           "host, %.1f us per call until the GPU is done"):format(label, tostring(c.blocking),
+           (t1 - t0) / calls / 1e3, (t2 - t0) / calls / 1e3))
+    same(y, ref, label .. " eager result")
+  end
+  x:free(); y:free()
 end)
 
-comm:destroy()
+comm_default:destroy()
+comm_nb:destroy()
 cg:barrier()
 cg:destroy()
 st:close()
