@@ -3,12 +3,16 @@
 // buffers. One process per GPU; rank/world/rendezvous from RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR, MASTER_PORT (scripts/weft-run or scripts/gpu-ar).
 //
-//   build/ar_bench [--validate] [--bench] [--dead-peer] [--leak N]
-//                  [--quick] [--out DIR] [--max-bytes N]
+//   build/ar_bench [--validate] [--bench] [--sweep] [--link] [--dead-peer]
+//                  [--leak N] [--quick] [--out DIR] [--max-bytes N]
 // (no mode flag: validate + dead-peer + bench). Exit 0 only when every check
 // passed. Results: DIR/ar-<machine>-<date>.json and .md (DESIGN.md §7),
-// DIR/ar-validate.txt. Prints "PASS <name>" / "FAIL <name>: why" lines and a
-// table at the end (rank 0).
+// DIR/ar-validate.txt. Prints "PASS <name>" / "FAIL <name>: why" lines and
+// tables (rank 0): the benchmark (every power of 2, 4x steps with --quick)
+// with a policy check against the measured crossovers; --sweep: launch
+// shapes of each kernel (bench/ar_sweep.inc.cu); --link: what NVLink
+// delivers to copy kernels and the copy engine, and a copy-engine one-shot
+// prototype (bench/ar_link.inc.cu).
 //
 // Checks: f64 host reference on the same random data every rank generates
 // for all ranks (so no data exchange is needed), NCCL on the same inputs,
@@ -409,6 +413,39 @@ static void validate(size_t max_bytes) {
         make_case(c);
         run_check(g_ar, c, algo, (k++ & 1) != 0, "eager", din, dout, dn);
       }
+  // 1b. launch shapes other than the automatic ones (weft_ar_set_param):
+  // split pusher/reducer blocks, multi-sub-round flag rounds, tiny grids
+  // (many rounds / many Lamport steps), small blocks; in place and not
+  {
+    struct K { int algo, threads, grid, sub, split; } ks[] = {
+        {3, 0, 0, 2, 1}, {3, 256, 0, 4, 0}, {3, 256, 6, 1, 1}, {3, 0, 2, 1, 1}, {3, 64, 3, 3, 0},
+        {1, 32, 3, 0, 0}, {1, 64, 0, 0, 0}, {1, 256, 1, 0, 0}, {2, 0, 5, 0, 0},
+    };
+    const size_t kn[] = {7, 1023, 4096, (1u << 20) + 3, (3u << 20) + 5};
+    int i = 0;
+    for (auto &k : ks) {
+      WK(weft_ar_set_param(g_ar, "threads", k.threads));
+      WK(weft_ar_set_param(g_ar, "grid", k.grid));
+      WK(weft_ar_set_param(g_ar, "sub", k.sub));
+      WK(weft_ar_set_param(g_ar, "split", k.split));
+      for (size_t n : kn) {
+        const int dt = (i % 5 == 4) ? WEFT_F32 : WEFT_BF16;
+        int kind, g, t;
+        const char *why;
+        if (weft_ar_resolve(g_ar, n, dt, k.algo, &kind, &why) || kind != k.algo) continue;
+        Case c{dt, n, seed++, true, {}, {}, {}};
+        make_case(c);
+        WK(weft_ar_shape(g_ar, n, dt, k.algo, &g, &t));
+        char tag[96];
+        snprintf(tag, sizeof tag, "shape %dx%d sub%d%s", g, t, k.sub ? k.sub : 1, k.split ? " split" : "");
+        run_check(g_ar, c, k.algo, (i++ & 1) != 0, tag, din, dout, dn);
+      }
+    }
+    for (const char *nm : {"threads", "grid", "sub", "split"}) WK(weft_ar_set_param(g_ar, nm, 0));
+    check(weft_ar_set_param(g_ar, "threads", 48) == WEFT_EINVAL && weft_ar_set_param(g_ar, "nonsense", 1) == WEFT_EINVAL &&
+              weft_ar_set_param(g_ar, "grid", 5000) == WEFT_EINVAL,
+          "set_param rejects bad values", "%s", weft_last_error());
+  }
   // 2. benchmark sizes (bf16), each algorithm, changing data
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= (g_quick ? 16 : 2)) {
     Case c{WEFT_BF16, bytes / 2, seed++, true, {}, {}, {}};
@@ -717,27 +754,77 @@ __global__ void fill_rand_bf16(__nv_bfloat16 *p, size_t n, uint64_t seed) {
   }
 }
 
+// One measured point (DESIGN.md §7). op "all_reduce" (backends nccl, oneshot,
+// ..., and "sweep ..." configurations) or "link" (bench/ar_link.inc.cu).
 struct Rec {
-  std::string backend, mode;
+  std::string op, backend, mode;
   size_t bytes;
   double us, busbw;
+  int grid = 0, threads = 0;  // weft kernels: the launch shape
 };
+static std::vector<Rec> g_recs;
 
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+static double busbw_of(size_t bytes, double us) { return bytes / us / 1e3 * 2.0 * (g_world - 1) / g_world; }
+
+// Graph replay timing of call(i) (i: call index, rotates buffers): ig calls
+// captured once, replayed back to back with an event between replays (GPU
+// time only, no host skew). Returns the slower rank's median us per call.
+template <typename F> static double graph_us(F call, int ig, int reps) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(g_s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < ig; i++) call(i);
+  CK(cudaStreamEndCapture(g_s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  barrier();
+  for (int i = 0; i < 2; i++) CK(cudaGraphLaunch(exec, g_s));
+  CK(cudaStreamSynchronize(g_s));
+  std::vector<cudaEvent_t> ev(reps + 1);
+  for (auto &e : ev) CK(cudaEventCreate(&e));
+  barrier();
+  CK(cudaEventRecord(ev[0], g_s));
+  for (int r = 0; r < reps; r++) {
+    CK(cudaGraphLaunch(exec, g_s));
+    CK(cudaEventRecord(ev[r + 1], g_s));
+  }
+  CK(cudaEventSynchronize(ev[reps]));
+  std::vector<double> gt;
+  for (int r = 0; r < reps; r++) {
+    float ms;
+    CK(cudaEventElapsedTime(&ms, ev[r], ev[r + 1]));
+    gt.push_back(ms * 1e3 / ig);
+  }
+  for (auto &e : ev) CK(cudaEventDestroy(e));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return allreduce_i64((int64_t)(median(gt) * 1e3), WEFT_MAX) / 1e3;  // ns resolution
+}
+
+static int graph_calls(size_t bytes) { return bytes <= (1u << 20) ? 100 : bytes <= (16u << 20) ? 20 : 5; }
+
+static void check_kernel_error(const char *what, size_t bytes) {
+  if (weft_ar_check_error(g_ar)) {
+    LOG("%s %zu: %s", what, bytes, weft_last_error());
+    fatal("kernel error during a benchmark");
+  }
+}
+
 // backend: -1 NCCL, else weft algo
-static bool bench_one(int backend, size_t bytes, std::vector<DBuf> &ins, std::vector<DBuf> &outs,
-                      std::vector<Rec> &recs) {
+static bool bench_one(int backend, size_t bytes, std::vector<DBuf> &ins, std::vector<DBuf> &outs) {
   const size_t n = bytes / 2;
   const int nb = (int)ins.size();
+  int grid = 0, threads = 0;
   if (backend >= 0) {
     int kind;
     const char *why;
     if (weft_ar_resolve(g_ar, n, WEFT_BF16, backend, &kind, &why)) return false;
     if ((backend & 0xff) == WEFT_AR_ONESHOT && kind != WEFT_AR_ONESHOT) return false;  // measured as oneshot-flag
+    WK(weft_ar_shape(g_ar, n, WEFT_BF16, backend, &grid, &threads));
   }
   auto call = [&](int i) {
     if (backend < 0) nccl_run(ins[i % nb].p, outs[i % nb].p, n, WEFT_BF16, g_s);
@@ -763,49 +850,19 @@ static bool bench_one(int backend, size_t bytes, std::vector<DBuf> &ins, std::ve
     CK(cudaEventElapsedTime(&ms, e0, e1));
     eager.push_back(ms * 1e3 / ie);
   }
-  // graph: ig calls captured, replays timed one by one
-  const int ig = bytes <= (1u << 20) ? 100 : bytes <= (16u << 20) ? 20 : 5;
-  const int reps = g_quick ? 10 : 30;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(g_s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < ig; i++) call(i);
-  CK(cudaStreamEndCapture(g_s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  barrier();
-  for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(exec, g_s));
-  CK(cudaStreamSynchronize(g_s));
-  // replays back to back, an event between each: GPU time only, no host skew
-  std::vector<cudaEvent_t> ev(reps + 1);
-  for (auto &e : ev) CK(cudaEventCreate(&e));
-  barrier();
-  CK(cudaEventRecord(ev[0], g_s));
-  for (int r = 0; r < reps; r++) {
-    CK(cudaGraphLaunch(exec, g_s));
-    CK(cudaEventRecord(ev[r + 1], g_s));
-  }
-  CK(cudaEventSynchronize(ev[reps]));
-  std::vector<double> gt;
-  for (int r = 0; r < reps; r++) {
-    float ms;
-    CK(cudaEventElapsedTime(&ms, ev[r], ev[r + 1]));
-    gt.push_back(ms * 1e3 / ig);
-  }
-  for (auto &e : ev) CK(cudaEventDestroy(e));
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
-  if (backend >= 0 && weft_ar_check_error(g_ar)) {
-    LOG("bench %s %zu: %s", name.c_str(), bytes, weft_last_error());
-    fatal("bench kernel error");
-  }
-  // the slowest rank's median (ns resolution)
-  const double g_us = allreduce_i64((int64_t)(median(gt) * 1e3), WEFT_MAX) / 1e3;
+  const double g_us = graph_us(call, graph_calls(bytes), g_quick ? 10 : 20);
+  if (backend >= 0) check_kernel_error(name.c_str(), bytes);
   const double e_us = allreduce_i64((int64_t)(median(eager) * 1e3), WEFT_MAX) / 1e3;
-  const double f = 2.0 * (g_world - 1) / g_world;
-  recs.push_back({name, "graph", bytes, g_us, bytes / g_us / 1e3 * f});
-  recs.push_back({name, "eager", bytes, e_us, bytes / e_us / 1e3 * f});
+  Rec r{"all_reduce", name, "graph", bytes, g_us, busbw_of(bytes, g_us)};
+  r.grid = grid;
+  r.threads = threads;
+  g_recs.push_back(r);
+  r.mode = "eager";
+  r.us = e_us;
+  r.busbw = busbw_of(bytes, e_us);
+  g_recs.push_back(r);
   return true;
 }
 
@@ -816,37 +873,102 @@ static std::string fmt_bytes(size_t b) {
   return s;
 }
 
-static void bench(size_t max_bytes, const char *outdir) {
-  std::vector<Rec> recs;
+static const Rec *find_rec(const char *op, const std::string &backend, const char *mode, size_t bytes) {
+  for (auto &r : g_recs)
+    if (r.op == op && r.backend == backend && r.mode == mode && r.bytes == bytes) return &r;
+  return nullptr;
+}
+
+// Input buffers (random bf16, different on every rank) for one size.
+static void make_bufs(size_t bytes, std::vector<DBuf> &ins, std::vector<DBuf> &outs) {
+  const int nb = (int)std::max<size_t>(1, std::min<size_t>(4, (size_t)(1u << 30) / bytes));
+  ins.assign(nb, DBuf());
+  outs.assign(nb, DBuf());
+  for (int i = 0; i < nb; i++) {
+    ins[i].alloc(bytes);
+    outs[i].alloc(bytes);
+    fill_rand_bf16<<<1024, 256, 0, g_s>>>((__nv_bfloat16 *)ins[i].p, bytes / 2, mix64(bytes * 7 + i + g_rank * 1000003ull));
+    CK(cudaGetLastError());
+  }
+  CK(cudaStreamSynchronize(g_s));
+}
+
+static const char *kBackends[] = {"nccl", "oneshot", "oneshot-flag", "twoshot", "auto", "oneshot-nopdl"};
+
+static void bench(size_t max_bytes) {
   const int backends[] = {-1, 1, 3, 2, 0};
+  const double t0 = now_s();
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= (g_quick ? 4 : 2)) {
-    const int nb = (int)std::max<size_t>(1, std::min<size_t>(4, (size_t)(1u << 30) / bytes));
-    std::vector<DBuf> ins(nb), outs(nb);
-    for (int i = 0; i < nb; i++) {
-      ins[i].alloc(bytes);
-      outs[i].alloc(bytes);
-      fill_rand_bf16<<<1024, 256, 0, g_s>>>((__nv_bfloat16 *)ins[i].p, bytes / 2, mix64(bytes * 7 + i + g_rank * 1000003ull));
-      CK(cudaGetLastError());
-    }
-    CK(cudaStreamSynchronize(g_s));
+    std::vector<DBuf> ins, outs;
+    make_bufs(bytes, ins, outs);
     for (int be : backends) {
       if (be < 0 && !nccl.comm) continue;
-      bench_one(be, bytes, ins, outs, recs);
+      bench_one(be, bytes, ins, outs);
     }
-    if (bytes <= (1u << 20)) bench_one(WEFT_AR_ONESHOT | WEFT_AR_NO_PDL, bytes, ins, outs, recs);
+    if (bytes <= (1u << 20)) bench_one(WEFT_AR_ONESHOT | WEFT_AR_NO_PDL, bytes, ins, outs);
     if (g_rank == 0) {
       std::string line = "bench " + fmt_bytes(bytes) + ":";
-      for (auto &r : recs)
-        if (r.bytes == bytes && r.mode == "graph") {
-          char s[64];
+      for (auto &r : g_recs)
+        if (r.op == "all_reduce" && r.bytes == bytes && r.mode == "graph") {
+          char s[96];
           snprintf(s, sizeof s, " %s %.2f us", r.backend.c_str(), r.us);
           line += s;
+          if (r.grid) { snprintf(s, sizeof s, " [%dx%d]", r.grid, r.threads); line += s; }
         }
       LOG("%s", line.c_str());
     }
   }
   if (g_rank != 0) return;
-  // JSON + markdown
+  // table for people
+  printf("\n%-9s", "bytes");
+  for (auto nm : kBackends) printf(" %13s", nm);
+  printf("   (graph us; bus GB/s at >= 1 MiB)\n");
+  for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 2) {
+    printf("%-9s", fmt_bytes(bytes).c_str());
+    for (auto nm : kBackends) {
+      const Rec *r = find_rec("all_reduce", nm, "graph", bytes);
+      char s[32] = "-";
+      if (r && bytes >= (1u << 20)) snprintf(s, sizeof s, "%.1f/%.0f", r->us, r->busbw);
+      else if (r) snprintf(s, sizeof s, "%.2f", r->us);
+      printf(" %13s", s);
+    }
+    printf("\n");
+  }
+  printf("eager small-size latency (us):");
+  for (auto &r : g_recs)
+    if (r.op == "all_reduce" && r.mode == "eager" && (r.bytes == 1024 || r.bytes == 65536) && r.backend != "auto")
+      printf(" %s@%s=%.2f", r.backend.c_str(), fmt_bytes(r.bytes).c_str(), r.us);
+  // the policy against the measurements: which weft kernel was fastest at
+  // each size, what auto ran, and the crossovers that src/allreduce.c's
+  // resolve() should use
+  printf("\n\npolicy check (graph us): size: best weft kernel | auto's | nccl\n");
+  size_t last_lamport_best = 0, first_twoshot_best = 0;
+  for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 2) {
+    const char *algos[] = {"oneshot", "oneshot-flag", "twoshot"};
+    const Rec *best = nullptr;
+    for (auto nm : algos) {
+      const Rec *r = find_rec("all_reduce", nm, "graph", bytes);
+      if (r && (!best || r->us < best->us)) best = r;
+    }
+    const Rec *au = find_rec("all_reduce", "auto", "graph", bytes);
+    const Rec *nc = find_rec("all_reduce", "nccl", "graph", bytes);
+    if (!best) continue;
+    if (best->backend == "oneshot") last_lamport_best = bytes;
+    if (best->backend == "twoshot" && !first_twoshot_best) first_twoshot_best = bytes;
+    printf("  %-8s %-13s %8.2f | %8.2f%s | %8.2f\n", fmt_bytes(bytes).c_str(), best->backend.c_str(), best->us,
+           au ? au->us : 0.0, au && au->us > best->us * 1.03 ? " (>3% off)" : "", nc ? nc->us : 0.0);
+  }
+  printf("measured crossovers: Lamport one-shot best up to %s; two-shot first best at %s\n",
+         last_lamport_best ? fmt_bytes(last_lamport_best).c_str() : "-",
+         first_twoshot_best ? fmt_bytes(first_twoshot_best).c_str() : "-");
+  printf("bench took %.1f s\n", now_s() - t0);
+}
+
+#include "ar_sweep.inc.cu"
+#include "ar_link.inc.cu"
+
+static void write_results(const char *outdir, size_t max_bytes) {
+  if (g_rank != 0 || g_recs.empty()) return;
   char date[16], machine[256];
   time_t t = time(NULL);
   strftime(date, sizeof date, "%Y-%m-%d", gmtime(&t));
@@ -863,72 +985,53 @@ static void bench(size_t max_bytes, const char *outdir) {
   if (!j || !m) { LOG("cannot write %s.{json,md}", base.c_str()); if (j) fclose(j); if (m) fclose(m); return; }
   fprintf(j, "{\"machine\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\", \"nccl_version\": %d, \"records\": [\n",
           machine, date, commit ? commit : "unknown", nccl.version);
-  for (size_t i = 0; i < recs.size(); i++) {
-    auto &r = recs[i];
-    fprintf(j, "  {\"op\": \"all_reduce\", \"backend\": \"%s\", \"mode\": \"%s\", \"dtype\": \"bf16\", "
-               "\"world\": %d, \"bytes\": %zu, \"us\": %.3f, \"busbw_gbs\": %.2f}%s\n",
-            r.backend.c_str(), r.mode.c_str(), g_world, r.bytes, r.us, r.busbw, i + 1 < recs.size() ? "," : "");
+  for (size_t i = 0; i < g_recs.size(); i++) {
+    auto &r = g_recs[i];
+    char shape[64] = "";
+    if (r.grid) snprintf(shape, sizeof shape, ", \"grid\": %d, \"threads\": %d", r.grid, r.threads);
+    fprintf(j, "  {\"op\": \"%s\", \"backend\": \"%s\", \"mode\": \"%s\", \"dtype\": \"bf16\", "
+               "\"world\": %d, \"bytes\": %zu, \"us\": %.3f, \"busbw_gbs\": %.2f%s}%s\n",
+            r.op.c_str(), r.backend.c_str(), r.mode.c_str(), g_world, r.bytes, r.us, r.busbw, shape,
+            i + 1 < g_recs.size() ? "," : "");
   }
   fprintf(j, "]}\n");
   fclose(j);
-  const char *names[] = {"nccl", "oneshot", "oneshot-flag", "twoshot", "auto", "oneshot-nopdl"};
-  const size_t nnames = sizeof names / sizeof names[0];
+  const size_t nnames = sizeof kBackends / sizeof kBackends[0];
+  bool any_bench = false;
+  for (auto &r : g_recs) any_bench |= r.op == "all_reduce" && r.backend.compare(0, 5, "sweep") != 0;
   for (const char *mode : {"graph", "eager"}) {
+    if (!any_bench) break;
     fprintf(m, "\n### all-reduce bf16, world %d, %s mode: median us per call (bus GB/s)\n\n", g_world, mode);
     fprintf(m, "| bytes |");
-    for (auto nm : names) fprintf(m, " %s |", nm);
+    for (auto nm : kBackends) fprintf(m, " %s |", nm);
     fprintf(m, "\n|---|");
     for (size_t k = 0; k < nnames; k++) fprintf(m, "---|");
     fprintf(m, "\n");
     for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 2) {
       fprintf(m, "| %s |", fmt_bytes(bytes).c_str());
-      for (auto nm : names) {
-        bool found = false;
-        for (auto &r : recs)
-          if (r.bytes == bytes && r.mode == mode && r.backend == nm) {
-            fprintf(m, " %.2f (%.0f) |", r.us, r.busbw);
-            found = true;
-          }
-        if (!found) fprintf(m, " |");
+      for (auto nm : kBackends) {
+        const Rec *r = find_rec("all_reduce", nm, mode, bytes);
+        if (r) fprintf(m, " %.2f (%.0f) |", r->us, r->busbw);
+        else fprintf(m, " |");
       }
       fprintf(m, "\n");
     }
   }
+  sweep_markdown(m);
+  link_markdown(m);
   fprintf(m, "\nmachine %s, date %s, commit %s, NCCL %d; graph: median over replays of a graph of "
              "5-100 calls rotating over up to 4 random input buffers; eager: calls back to back; "
-             "each figure the slower rank's median.\n", machine, date, commit ? commit : "unknown", nccl.version);
+             "each figure the slower rank's median. Sweep: graph mode, one configuration of weft_ar_set_param "
+             "per row. Link: eager, both ranks start together (a device-side handshake), GB/s per direction.\n",
+          machine, date, commit ? commit : "unknown", nccl.version);
   fclose(m);
-  // table for people (the end of the output)
-  printf("\n%-9s", "bytes");
-  for (auto nm : names) printf(" %13s", nm);
-  printf("   (graph us; bus GB/s at >= 1 MiB)\n");
-  for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 2) {
-    printf("%-9s", fmt_bytes(bytes).c_str());
-    for (auto nm : names) {
-      bool found = false;
-      for (auto &r : recs)
-        if (r.bytes == bytes && r.mode == std::string("graph") && r.backend == nm) {
-          char s[32];
-          if (bytes >= (1u << 20)) snprintf(s, sizeof s, "%.1f/%.0f", r.us, r.busbw);
-          else snprintf(s, sizeof s, "%.2f", r.us);
-          printf(" %13s", s);
-          found = true;
-        }
-      if (!found) printf(" %13s", "-");
-    }
-    printf("\n");
-  }
-  printf("eager small-size latency (us):");
-  for (auto &r : recs)
-    if (r.mode == std::string("eager") && (r.bytes == 1024 || r.bytes == 65536) && r.backend != "auto")
-      printf(" %s@%s=%.2f", r.backend.c_str(), fmt_bytes(r.bytes).c_str(), r.us);
-  printf("\nwrote %s.json and .md\n", base.c_str());
+  printf("wrote %s.json and .md\n", base.c_str());
 }
 
 // ------------------------------------------------------------------ main
 
 int main(int argc, char **argv) {
-  bool v = false, b = false, d = false;
+  bool v = false, b = false, d = false, sw = false, lk = false;
   int leak = 0;
   const char *outdir = getenv("OUT") ? getenv("OUT") : ".";
   size_t max_bytes = 256u << 20;
@@ -936,13 +1039,15 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--validate")) v = true;
     else if (!strcmp(argv[i], "--bench")) b = true;
     else if (!strcmp(argv[i], "--dead-peer")) d = true;
+    else if (!strcmp(argv[i], "--sweep")) sw = true;
+    else if (!strcmp(argv[i], "--link")) lk = true;
     else if (!strcmp(argv[i], "--quick")) g_quick = true;
     else if (!strcmp(argv[i], "--leak") && i + 1 < argc) leak = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--out") && i + 1 < argc) outdir = argv[++i];
     else if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = strtoull(argv[++i], NULL, 0);
-    else { fprintf(stderr, "usage: ar_bench [--validate] [--bench] [--dead-peer] [--leak N] [--quick] [--out DIR] [--max-bytes N]\n"); return 2; }
+    else { fprintf(stderr, "usage: ar_bench [--validate] [--bench] [--sweep] [--link] [--dead-peer] [--leak N] [--quick] [--out DIR] [--max-bytes N]\n"); return 2; }
   }
-  if (!v && !b && !d && !leak) v = b = d = true;
+  if (!v && !b && !d && !leak && !sw && !lk) v = b = d = true;
   setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast here
   g_rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
   g_world = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
@@ -972,7 +1077,7 @@ int main(int argc, char **argv) {
   LOG("world %d, cuda:%d; %s", g_world, g_local % ndev, weft_build_info());
   nccl_init();
 
-  if (v || b) {
+  if (v || b || sw) {
     size_t need = std::max<size_t>(max_bytes, 8u << 20);
     int rc = weft_ar_create(g_grp, need, &g_ar);
     if (rc) { LOG("weft_ar_create: %s", weft_last_error()); fatal("create"); }
@@ -980,11 +1085,16 @@ int main(int argc, char **argv) {
     WK(weft_ar_info(g_ar, NULL, NULL, &mb, &lam, &osm));
     LOG("allreduce: max %zu bytes, lamport %zu bytes per slot, auto one-shot limit %zu", mb, lam, osm);
   }
-  if (v) validate(max_bytes);
-  if (d && g_world >= 2) dead_peer(16u << 20);
-  if (leak) leaks(leak);
-  if (b) bench(max_bytes, outdir);
+  double t0 = now_s();
+  if (v) { validate(max_bytes); LOG("validate took %.1f s", now_s() - t0); t0 = now_s(); }
+  if (d && g_world >= 2) { dead_peer(16u << 20); LOG("dead-peer took %.1f s", now_s() - t0); t0 = now_s(); }
+  if (leak) { leaks(leak); LOG("leak took %.1f s", now_s() - t0); }
+  // results are written after each phase, so a later failure keeps the earlier ones
+  if (b) { bench(max_bytes); write_results(outdir, max_bytes); }
+  if (sw) { sweep(max_bytes); write_results(outdir, max_bytes); }
   if (g_ar) WK(weft_ar_destroy(g_ar));
+  g_ar = nullptr;
+  if (lk) { link_bench(max_bytes); write_results(outdir, max_bytes); }
   int64_t fails = allreduce_i64(g_fail, WEFT_SUM);
   int64_t passes = allreduce_i64(g_pass, WEFT_SUM);
   if (nccl.comm) nccl.commDestroy(nccl.comm);

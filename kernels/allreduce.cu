@@ -42,6 +42,8 @@ struct KArgs {
   int rank;
   char *ws[WF_AR_MAX_WORLD];
   uint64_t off_lamport, lamport_slot, off_data, data_par;
+  int sub;          /* flag one-shot: sub-rounds per round */
+  int split;        /* flag one-shot: pusher / reducer blocks */
   SpinEnv env;
 };
 
@@ -99,38 +101,56 @@ __device__ __forceinline__ void lamport_maintain(const KArgs &a, uint32_t E, uin
 
 /* ------------------------------------------------------------ Lamport one-shot */
 
+/* This thread's U vectors of one step (v0, v0 + nthr, ...), raw (all loads
+ * issued before any is used); vectors past the end read as 0 (never stored). */
+template <typename T, int U>
+__device__ __forceinline__ void lamport_load(const KArgs &a, uint64_t v0, uint64_t nthr, uint4 (&x)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const uint64_t v = v0 + u * nthr;
+    x[u] = v < a.nvec ? load_in<T>(a, v) : make_uint4(0, 0, 0, 0);
+  }
+}
+template <typename T, int U>
+__device__ __forceinline__ void lamport_sanitize_all(uint4 (&x)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; u++) x[u] = lamport_sanitize<T>(x[u]);
+}
+
 /* Every thread walks its vectors in steps of U * nthr and software-pipelines
  * them: step j is pushed, then step j-1 is polled and reduced, and step j's
  * share of the previous buffer is cleared.  Small calls are one step (push,
  * then poll); large ones keep NVLink busy with pushes while earlier steps
- * are reduced from local memory. */
+ * are reduced from local memory.  Latency path: step 0's input is loaded
+ * before the epoch (both loads in flight at once: one memory latency before
+ * the first remote store, not two), and each thread keeps its own
+ * sanitised input in registers for the reduction (no second read). */
 template <typename T, int W>
-__global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 2 ? 3 : W <= 4 ? 4 : 2) ar_lamport(KArgs a) {
+__global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 4 ? 3 : 2) ar_lamport(KArgs a) {
   constexpr int U = W <= 2 ? 4 : (W <= 4 ? 2 : 1);
   pdl_wait(); /* before any memory access: the previous kernel is complete */
   pdl_launch_dependents();
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
+  const uint64_t nvec = a.nvec, step = U * nthr;
+  uint4 x[U], xp[U]; /* this step's own input; the previous step's */
+  lamport_load<T, U>(a, tid, nthr, x); /* independent of the epoch: issued first */
   const uint32_t E = epoch_load(epochs_of(a));
   uint64_t *lb = lbytes_of(a);
   const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2]; /* all at once: no load waits on E */
   const int me = a.rank;
   const uint32_t buf = E % 3, prev = (E + 2) % 3;
-  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
-  const uint64_t nvec = a.nvec, step = U * nthr;
-  const uint64_t steps = (nvec + step - 1) / step;
+  const uint64_t steps = nvec <= step ? 1 : (nvec + step - 1) / step;
   const uint64_t clear_vec = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
   const char *lam_me = a.ws[me] + a.off_lamport;
   char *clear_base = a.ws[me] + a.off_lamport + (uint64_t)prev * (W - 1) * a.lamport_slot;
-  if (tid == 0) lb[buf] = nvec * 16; /* read by call E + 1 (its "previous") */
 
   bool ok = true;
   for (uint64_t j = 0; j <= steps; j++) {
     if (j < steps) { /* push step j: my sanitised input into every peer's slot for me */
       const uint64_t v0 = j * step + tid;
-      uint4 x[U];
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        if (v0 + u * nthr < nvec) x[u] = lamport_sanitize<T>(load_in<T>(a, v0 + u * nthr));
+      if (j > 0) lamport_load<T, U>(a, v0, nthr, x);
+      lamport_sanitize_all<T, U>(x);
 #pragma unroll
       for (int k = 1; k < W; k++) {
         const int q = (me + k) % W; /* staggered: peers' links start evenly loaded */
@@ -141,6 +161,7 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 2 ? 3 : W <= 4 ? 4
           if (v0 + u * nthr < nvec) st_vec(dst + (v0 + u * nthr) * 16, x[u]);
       }
     }
+    if (j == 0 && tid == 0) lb[buf] = nvec * 16; /* read by call E + 1 (its "previous") */
     { /* clear step j's share of the previous call's buffer (the rest after the loop) */
       const uint64_t c0 = j * step + tid;
       const uint4 empty = lamport_empty_vec();
@@ -161,7 +182,7 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 2 ? 3 : W <= 4 ? 4
         if (v >= nvec) continue;
 #pragma unroll
         for (int p = 0; p < W; p++)
-          r[p][u] = p == me ? lamport_sanitize<T>(load_in<T>(a, v))
+          r[p][u] = p == me ? xp[u]
                             : ld_vec_volatile(lam_me + ((uint64_t)buf * (W - 1) + pslot(p, me)) *
                                                            a.lamport_slot + v * 16);
       }
@@ -191,6 +212,8 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 2 ? 3 : W <= 4 ? 4
         store_out<T>(a, v, Pack<T>::from_f32(acc));
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; u++) xp[u] = x[u];
   }
   /* the previous call may have been larger than this one */
   const uint4 empty = lamport_empty_vec();
@@ -203,6 +226,66 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 2 ? 3 : W <= 4 ? 4
 
 /* ------------------------------------------------ flag-based one-shot (push) */
 
+/* One round of a block: CV = blockDim x U x S vectors from `base`, in S
+ * sub-rounds of U vectors per thread. */
+template <typename T, int W, int U>
+__device__ __forceinline__ void flag_push(const KArgs &a, uint64_t base, int S, uint32_t par) {
+  const int me = a.rank, t = threadIdx.x;
+  const uint64_t nvec = a.nvec, slot = nvec * 16;
+#pragma unroll 1
+  for (int s = 0; s < S; s++) {
+    const uint64_t b0 = base + (uint64_t)s * blockDim.x * U;
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint64_t v = b0 + u * blockDim.x + t;
+      if (v < nvec) x[u] = load_in<T>(a, v);
+    }
+#pragma unroll
+    for (int k = 1; k < W; k++) {
+      const int q = (me + k) % W; /* staggered: peers' links start evenly loaded */
+      char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint64_t v = b0 + u * blockDim.x + t;
+        if (v < nvec) st_vec(dst + v * 16, x[u]);
+      }
+    }
+  }
+}
+
+template <typename T, int W, int U>
+__device__ __forceinline__ void flag_reduce(const KArgs &a, uint64_t base, int S, const char *region_me) {
+  const int me = a.rank, t = threadIdx.x;
+  const uint64_t nvec = a.nvec, slot = nvec * 16;
+#pragma unroll 1
+  for (int s = 0; s < S; s++) {
+    const uint64_t b0 = base + (uint64_t)s * blockDim.x * U;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint64_t v = b0 + u * blockDim.x + t;
+      if (v >= nvec) continue;
+      uint4 x[W];
+#pragma unroll
+      for (int p = 0; p < W; p++)
+        x[p] = p == me ? load_in<T>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + v * 16);
+      float acc[Pack<T>::N];
+      acc_set<T>(acc, x[0]);
+#pragma unroll
+      for (int p = 1; p < W; p++) acc_add<T>(acc, x[p]);
+      store_out<T>(a, v, Pack<T>::from_f32(acc));
+    }
+  }
+}
+
+/* Rounds of CV vectors; round r of block b is chunk b + r * G.
+ * Interleaved (split = 0): every block pushes round r, releases a flag per
+ * peer, then reduces round r-1 once the peers' flags for it arrived.
+ * Split (split = 1, G even): blocks [0, G/2) only push (never wait on a
+ * peer), blocks [G/2, G) only reduce; reducer q handles pusher q's chunks.
+ * A reducer also waits for its own GPU's pusher q (a flag in its own
+ * workspace, phase-1 row, sender = me: a slot no other kernel uses), since
+ * with in == out it overwrites the input that pusher reads. */
 template <typename T, int W>
 __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot_flag(KArgs a) {
   constexpr int U = WF_AR_FLAG_UNROLL;
@@ -211,58 +294,53 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
   const uint32_t E = epoch_load(epochs_of(a));
   const uint32_t par = E & 1;
   const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
-  const uint64_t nvec = a.nvec, CV = (uint64_t)blockDim.x * U;
+  const int S = a.sub > 0 ? a.sub : 1;
+  const uint64_t nvec = a.nvec, CV = (uint64_t)blockDim.x * U * S;
   const uint64_t nchunks = (nvec + CV - 1) / CV;
-  const uint64_t R = (uint64_t)b < nchunks ? (nchunks - 1 - b) / G + 1 : 0;
-  const uint64_t slot = nvec * 16;
-  char *region_me = a.ws[me] + a.off_data + par * a.data_par;
+  const char *region_me = a.ws[me] + a.off_data + par * a.data_par;
 
   lamport_maintain<W>(a, E, 0);
 
   bool ok = true;
-  for (uint64_t r = 0; r <= R; r++) {
-    if (r < R) { /* push round r */
-      const uint64_t base = (b + r * G) * CV;
-      uint4 x[U];
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const uint64_t v = base + u * blockDim.x + t;
-        if (v < nvec) x[u] = load_in<T>(a, v);
+  if (!a.split) {
+    const uint64_t R = (uint64_t)b < nchunks ? (nchunks - 1 - b) / G + 1 : 0;
+    for (uint64_t r = 0; r <= R; r++) {
+      if (r < R) { /* push round r */
+        flag_push<T, W, U>(a, (b + r * G) * CV, S, par);
+        __syncthreads(); /* all pushes of the round before the release below */
+        if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
       }
-#pragma unroll
-      for (int k = 1; k < W; k++) {
-        const int q = (me + k) % W;
-        char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          const uint64_t v = base + u * blockDim.x + t;
-          if (v < nvec) st_vec(dst + v * 16, x[u]);
+      if (r >= 1) { /* reduce round r-1 */
+        const uint64_t rr = r - 1;
+        if (t < W && t != me) {
+          uint64_t *f = flag_ptr(a, me, par, 0, b, t);
+          ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_ONESHOT, E) == SPIN_OK;
+          if (rr + 1 == R) st_relaxed_sys(f, 0ull); /* last round: nothing older than a call stays */
         }
+        if (!__syncthreads_and(ok)) break;
+        flag_reduce<T, W, U>(a, (b + rr * G) * CV, S, region_me);
       }
-      __syncthreads(); /* all pushes of the round before the release below */
-      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
     }
-    if (r >= 1) { /* reduce round r-1 */
-      const uint64_t rr = r - 1, base = (b + rr * G) * CV;
-      if (t < W && t != me) {
-        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
-        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_ONESHOT, E) == SPIN_OK;
-        if (rr + 1 == R) st_relaxed_sys(f, 0ull); /* last round: nothing older than a call stays */
+  } else {
+    const int P = G / 2;
+    const int q = b < P ? b : b - P;
+    const uint64_t R = q < P && (uint64_t)q < nchunks ? (nchunks - 1 - q) / P + 1 : 0;
+    if (b < P) { /* pusher: peers' rows (phase 0) and my own progress (phase 1, sender me) */
+      for (uint64_t r = 0; r < R; r++) {
+        flag_push<T, W, U>(a, (q + r * P) * CV, S, par);
+        __syncthreads(); /* the round's loads and stores before the releases */
+        if (t < W) st_release_sys(flag_ptr(a, t, par, t == me ? 1 : 0, q, me), flag_value(E, r + 1));
       }
-      if (!__syncthreads_and(ok)) break;
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const uint64_t v = base + u * blockDim.x + t;
-        if (v >= nvec) continue;
-        uint4 x[W];
-#pragma unroll
-        for (int p = 0; p < W; p++)
-          x[p] = p == me ? load_in<T>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + v * 16);
-        float acc[Pack<T>::N];
-        acc_set<T>(acc, x[0]);
-#pragma unroll
-        for (int p = 1; p < W; p++) acc_add<T>(acc, x[p]);
-        store_out<T>(a, v, Pack<T>::from_f32(acc));
+    } else { /* reducer */
+      for (uint64_t r = 0; r < R; r++) {
+        if (t < W) {
+          uint64_t *f = t == me ? flag_ptr(a, me, par, 1, q, me) : flag_ptr(a, me, par, 0, q, t);
+          ok = wait_flag_geq(f, flag_value(E, r + 1), a.env, t,
+                             t == me ? WF_AR_SITE_PUSHER : WF_AR_SITE_ONESHOT, E) == SPIN_OK;
+          if (r + 1 == R) st_relaxed_sys(f, 0ull);
+        }
+        if (!__syncthreads_and(ok)) break;
+        flag_reduce<T, W, U>(a, (q + r * P) * CV, S, region_me);
       }
     }
   }
@@ -396,41 +474,94 @@ __global__ void fill_empty(uint4 *p, uint64_t n) {
 
 int esize_of(int dtype) { return dtype == WEFT_F32 ? 4 : 2; }
 
-int grid_for(const wf_ar_args *a, uint64_t nvec) {
-  uint64_t g;
-  const uint64_t cap_sm = (uint64_t)(a->sms > 0 ? a->sms : 132) *
-                          (uint64_t)(a->blocks_per_sm > 0 ? a->blocks_per_sm : 2);
-  if (a->kind == WF_AR_LAMPORT) {
-    g = (nvec + WF_AR_LAMPORT_THREADS - 1) / WF_AR_LAMPORT_THREADS;
-    const uint64_t cap = 2 * cap_sm; /* 256-thread blocks: twice as many fit */
-    if (g > cap) g = cap;
-  } else {
-    const uint64_t per = a->kind == WF_AR_TWOSHOT
-                             ? (uint64_t)WF_AR_FLAG_THREADS * WF_AR_TWOSHOT_UNROLL(a->world) * a->world
-                             : (uint64_t)WF_AR_FLAG_THREADS * WF_AR_FLAG_UNROLL;
-    g = (nvec + per - 1) / per;
-    if (g > cap_sm) g = cap_sm;
-  }
-  if (g < 1) g = 1;
-  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
-  return (int)g;
-}
-
-/* Blocks of one kernel that fit on an SM (cached per kernel). The grid is
- * capped to what is co-resident, so no block waits for a peer block that
- * cannot be scheduled until it finishes. Same binary, same GPUs: same cap on
- * every rank. */
+/* Blocks of one kernel that fit on an SM at a given block size (cached per
+ * kernel and size). Grids are capped to what is co-resident, so no block
+ * waits for a peer block that cannot be scheduled until it finishes. Same
+ * binary, same GPUs: same cap on every rank. */
 template <typename K>
-int resident(K kernel, int threads, int *cache) {
-  if (*cache <= 0) {
+int resident(K kernel, int threads, int *cache /* [33], by threads / 32 */) {
+  int *c = &cache[threads / 32 < 32 ? threads / 32 : 32];
+  if (*c <= 0) {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess || n < 1) {
       cudaGetLastError();
       n = 1;
     }
-    *cache = n;
+    *c = n;
   }
-  return *cache;
+  return *c;
+}
+
+uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* Fewest blocks (at most cap) that take the same number of rounds as cap
+ * blocks would: every block gets ceil or floor of the same share, so the
+ * last wave is not a few stragglers. */
+uint64_t balanced(uint64_t chunks, uint64_t cap) {
+  if (chunks == 0) return 1;
+  const uint64_t g0 = chunks < cap ? chunks : cap;
+  return cdiv(chunks, cdiv(chunks, g0));
+}
+
+struct Shape {
+  int grid, threads;
+};
+
+/* The launch shape: a deterministic function of the call (size, world,
+ * kind) and the handle's agreed parameters, so every rank launches the same
+ * grid. Automatic choices:
+ *  - Lamport: spread the vectors over all SMs, one per thread, with blocks
+ *    of 64-256 threads (a 64 KiB call is 64 blocks of 64 threads, not 16 of
+ *    256: per-SM push and poll work, not the link, dominates small calls);
+ *    larger calls fill the co-resident grid and loop.
+ *  - flag one-shot / two-shot: 512 threads, blocks_per_sm per SM, and the
+ *    round count balanced across blocks. */
+template <typename KL, typename KF, typename K2>
+Shape shape_for(const wf_ar_args *a, uint64_t nvec, KL lam, KF flag, K2 two, int *occ /* [3][33] */) {
+  const int sms = a->sms > 0 ? a->sms : 1;
+  const uint64_t bps = (uint64_t)(a->blocks_per_sm > 0 ? a->blocks_per_sm : 2);
+  Shape sh;
+  uint64_t g, cap;
+  if (a->kind == WF_AR_LAMPORT) {
+    int t = a->threads > WF_AR_LAMPORT_THREADS ? WF_AR_LAMPORT_THREADS : a->threads;
+    if (t <= 0) {
+      const uint64_t per = cdiv(cdiv(nvec, (uint64_t)sms), 32) * 32;
+      t = per < 64 ? 64 : per > WF_AR_LAMPORT_THREADS ? WF_AR_LAMPORT_THREADS : (int)per;
+    }
+    sh.threads = t;
+    cap = (uint64_t)sms * resident(lam, t, &occ[0]);
+    g = a->grid > 0 ? (uint64_t)a->grid : cdiv(nvec, (uint64_t)t);
+    if (g > cap) g = cap;
+  } else if (a->kind == WF_AR_ONESHOT_FLAG) {
+    const int t = a->threads > 0 ? a->threads : WF_AR_FLAG_THREADS;
+    sh.threads = t;
+    const uint64_t r = (uint64_t)resident(flag, t, &occ[33]);
+    cap = (uint64_t)sms * (bps < r ? bps : r);
+    const uint64_t cv = (uint64_t)t * WF_AR_FLAG_UNROLL * (uint64_t)(a->sub > 0 ? a->sub : 1);
+    const uint64_t chunks = cdiv(nvec, cv);
+    if (a->split) {
+      if (cap > WF_AR_MAX_BLOCKS) cap = WF_AR_MAX_BLOCKS;
+      g = a->grid > 0 ? (uint64_t)a->grid : 2 * balanced(chunks, cap / 2 > 0 ? cap / 2 : 1);
+      if (g > cap) g = cap;
+      g &= ~(uint64_t)1; /* pushers and reducers pair up */
+      if (g < 2) g = 2;  /* (2 blocks always fit: one per SM at least) */
+    } else {
+      g = a->grid > 0 ? (uint64_t)a->grid : balanced(chunks, cap);
+      if (g > cap) g = cap;
+    }
+  } else {
+    sh.threads = WF_AR_FLAG_THREADS; /* fixed: the two-shot data layout depends on it */
+    const uint64_t r = (uint64_t)resident(two, WF_AR_FLAG_THREADS, &occ[66]);
+    cap = (uint64_t)sms * (bps < r ? bps : r);
+    const uint64_t per = (uint64_t)WF_AR_FLAG_THREADS * WF_AR_TWOSHOT_UNROLL(a->world) * a->world;
+    g = a->grid > 0 ? (uint64_t)a->grid : balanced(cdiv(nvec, per), cap);
+    if (g > cap) g = cap;
+  }
+  if (g < 1) g = 1;
+  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
+  if (a->kind == WF_AR_ONESHOT_FLAG && a->split) g &= ~(uint64_t)1;
+  sh.grid = (int)g;
+  return sh;
 }
 
 template <typename K>
@@ -450,38 +581,36 @@ cudaError_t launch_k(K kernel, int grid, int threads, const KArgs &k, int pdl, c
 }
 
 template <typename T, int W>
-cudaError_t launch_tw(const wf_ar_args *a, const KArgs &k, int grid, cudaStream_t s) {
-  static int occ[4];
-  const int sms = a->sms > 0 ? a->sms : 1;
-  int cap;
+cudaError_t launch_tw(const wf_ar_args *a, const KArgs &k, int *grid_out, int *threads_out,
+                      cudaStream_t s, bool launch) {
+  static int occ[3 * 33];
+  const Shape sh = shape_for(a, k.nvec, ar_lamport<T, W>, ar_oneshot_flag<T, W>, ar_twoshot<T, W>, occ);
+  *grid_out = sh.grid;
+  *threads_out = sh.threads;
+  if (!launch) return cudaSuccess; /* shape query only */
   switch (a->kind) {
-    case WF_AR_LAMPORT:
-      cap = sms * resident(ar_lamport<T, W>, WF_AR_LAMPORT_THREADS, &occ[1]);
-      return launch_k(ar_lamport<T, W>, grid < cap ? grid : cap, WF_AR_LAMPORT_THREADS, k, a->pdl, s);
-    case WF_AR_ONESHOT_FLAG:
-      cap = sms * resident(ar_oneshot_flag<T, W>, WF_AR_FLAG_THREADS, &occ[3]);
-      return launch_k(ar_oneshot_flag<T, W>, grid < cap ? grid : cap, WF_AR_FLAG_THREADS, k, a->pdl, s);
-    case WF_AR_TWOSHOT:
-      cap = sms * resident(ar_twoshot<T, W>, WF_AR_FLAG_THREADS, &occ[2]);
-      return launch_k(ar_twoshot<T, W>, grid < cap ? grid : cap, WF_AR_FLAG_THREADS, k, a->pdl, s);
+    case WF_AR_LAMPORT: return launch_k(ar_lamport<T, W>, sh.grid, sh.threads, k, a->pdl, s);
+    case WF_AR_ONESHOT_FLAG: return launch_k(ar_oneshot_flag<T, W>, sh.grid, sh.threads, k, a->pdl, s);
+    case WF_AR_TWOSHOT: return launch_k(ar_twoshot<T, W>, sh.grid, sh.threads, k, a->pdl, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <typename T>
-cudaError_t launch_t(const wf_ar_args *a, const KArgs &k, int grid, cudaStream_t s) {
+cudaError_t launch_t(const wf_ar_args *a, const KArgs &k, int *g, int *t, cudaStream_t s, bool launch) {
   switch (a->world) {
-    case 2: return launch_tw<T, 2>(a, k, grid, s);
-    case 4: return launch_tw<T, 4>(a, k, grid, s);
-    case 6: return launch_tw<T, 6>(a, k, grid, s);
-    case 8: return launch_tw<T, 8>(a, k, grid, s);
+    case 2: return launch_tw<T, 2>(a, k, g, t, s, launch);
+    case 4: return launch_tw<T, 4>(a, k, g, t, s, launch);
+    case 6: return launch_tw<T, 6>(a, k, g, t, s, launch);
+    case 8: return launch_tw<T, 8>(a, k, g, t, s, launch);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-extern "C" int wf_ar_launch(const wf_ar_args *a, void *stream) {
+/* Launch (launch = false: only compute the grid and block size a call would use). */
+static int ar_launch(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch) {
   KArgs k;
   const int es = esize_of(a->dtype);
   k.in = static_cast<const char *>(a->in);
@@ -494,18 +623,28 @@ extern "C" int wf_ar_launch(const wf_ar_args *a, void *stream) {
   k.lamport_slot = a->lamport_slot;
   k.off_data = a->off_data;
   k.data_par = a->data_par;
+  k.sub = a->sub > 0 ? a->sub : 1;
+  k.split = a->split ? 1 : 0;
   k.env.abort_host = a->abort_host;
   k.env.err_dev = reinterpret_cast<unsigned long long *>(a->ws[a->rank] + WF_AR_OFF_ERR);
   k.env.err_host = a->err_host;
   k.env.timeout_ns = a->timeout_ns;
-  const int grid = grid_for(a, k.nvec);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (a->dtype) {
-    case WEFT_F32: return (int)launch_t<float>(a, k, grid, s);
-    case WEFT_F16: return (int)launch_t<__half>(a, k, grid, s);
-    case WEFT_BF16: return (int)launch_t<__nv_bfloat16>(a, k, grid, s);
+    case WEFT_F32: return (int)launch_t<float>(a, k, grid, threads, s, launch);
+    case WEFT_F16: return (int)launch_t<__half>(a, k, grid, threads, s, launch);
+    case WEFT_BF16: return (int)launch_t<__nv_bfloat16>(a, k, grid, threads, s, launch);
     default: return (int)cudaErrorInvalidValue;
   }
+}
+
+extern "C" int wf_ar_launch(const wf_ar_args *a, void *stream) {
+  int g, t;
+  return ar_launch(a, stream, &g, &t, true);
+}
+
+extern "C" int wf_ar_shape(const wf_ar_args *a, int *grid, int *threads) {
+  return ar_launch(a, NULL, grid, threads, false);
 }
 
 extern "C" int wf_ar_fill_empty(void *p, uint64_t bytes, void *stream) {

@@ -34,6 +34,7 @@ static const char *site_name(int site) {
     case WF_AR_SITE_ONESHOT: return "one-shot round flag";
     case WF_AR_SITE_RS: return "two-shot reduce-scatter flag";
     case WF_AR_SITE_AG: return "two-shot all-gather flag";
+    case WF_AR_SITE_PUSHER: return "split one-shot's wait for its own pusher block";
     default: return "unknown wait";
   }
 }
@@ -67,6 +68,14 @@ int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *
   (void)ar; (void)rank; (void)world; (void)max_bytes; (void)lamport_bytes; (void)oneshot_max;
   return nodev("allreduce info");
 }
+int weft_ar_set_param(weft_ar *ar, const char *name, int64_t value) {
+  (void)ar; (void)name; (void)value;
+  return nodev("allreduce set_param");
+}
+int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int *threads) {
+  (void)ar; (void)count; (void)dtype; (void)algo; (void)grid; (void)threads;
+  return nodev("allreduce shape");
+}
 
 #else
 
@@ -83,6 +92,7 @@ struct weft_ar {
   int ranks[WF_AR_MAX_WORLD];   /* global ranks, for messages */
   weft_vmm *vmm;
   size_t ws_bytes, max_bytes, oneshot_max;
+  size_t twoshot_min;           /* auto, 2 ranks, above oneshot_max: two-shot from here */
   wf_ar_args base;              /* launch arguments without the call's part */
   ar_host *host;                /* host view */
   int timeout_ms;
@@ -199,11 +209,18 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
     par = wf_ar_data_need(WF_AR_ONESHOT_FLAG, mvec, n);
   a->data_par = align_up(par, 4096);
   ar->ws_bytes = a->off_data + 2u * a->data_par;
-  /* auto: Lamport one-shot up to this size (W = 2: wherever it fits; one-shot
-   * moves (W-1) x the bytes over each link, so larger worlds stop earlier) */
-  size_t dflt_os = n == 2 ? (size_t)a->lamport_slot : n == 4 ? 1 * MIB : 256 * KIB;
+  /* auto: Lamport one-shot up to oneshot_max. W = 2 (2 x H200, 2026-11-30,
+   * graph us, Lamport / flag one-shot / two-shot): 4 MiB 16.6 / 18.2 / 18.9,
+   * 16 MiB 58.1 / 57.1 / 55.6, 64 MiB 224 / 199 / 199: Lamport wins up to
+   * 4 MiB by 9-12 %, loses by 4 % at 16 MiB; 8 MiB (not measured yet) by log
+   * interpolation still Lamport. Above it two-shot (best or tied at 16 and
+   * 64 MiB). Larger worlds: one-shot moves (W-1) x the bytes over each link,
+   * so they stop earlier. bench/ar_bench --bench prints the measured
+   * crossovers next to these. */
+  size_t dflt_os = n == 2 ? 8 * MIB : n == 4 ? 1 * MIB : 256 * KIB;
   ar->oneshot_max = env_bytes("WEFT_AR_ONESHOT_MAX", dflt_os);
   if (ar->oneshot_max > a->lamport_slot) ar->oneshot_max = a->lamport_slot;
+  ar->twoshot_min = env_bytes("WEFT_AR_TWOSHOT_MIN", 0); /* 0: two-shot right above oneshot_max */
 
   rc = weft_vmm_create(g, ar->ws_bytes, 0, &ar->vmm);
   if (rc) { wf_error_context(rc, "%s", op); ar_free(ar); return rc; }
@@ -299,8 +316,11 @@ static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, co
   switch (algo) {
     case WEFT_AR_AUTO:
       if (fits_l && bytes <= ar->oneshot_max) { *kind = WF_AR_LAMPORT; *why = "auto: at most the one-shot limit"; }
-      else if (ar->n == 2 && fits_o) { *kind = WF_AR_ONESHOT_FLAG; *why = "auto: 2 ranks above the one-shot limit (flag one-shot moves the same bytes as two-shot, in one phase)"; }
-      else { *kind = WF_AR_TWOSHOT; *why = "auto: above the one-shot limit"; }
+      else if (ar->n == 2 && fits_o && bytes < ar->twoshot_min) { *kind = WF_AR_ONESHOT_FLAG; *why = "auto: 2 ranks, between the one-shot limit and the two-shot minimum (flag one-shot moves the same bytes as two-shot, in one phase)"; }
+      else if (fits_t) { *kind = WF_AR_TWOSHOT; *why = "auto: above the one-shot limit"; }
+      else if (fits_o) { *kind = WF_AR_ONESHOT_FLAG; *why = "auto: above the one-shot limit; two-shot does not fit the workspace"; }
+      else if (fits_l) { *kind = WF_AR_LAMPORT; *why = "auto: only the Lamport buffers fit"; }
+      else return wf_error(WEFT_EINVAL, OPFMT ": %llu bytes fit no algorithm's buffers", OPARGS, (unsigned long long)bytes);
       break;
     case WEFT_AR_ONESHOT:
       if (fits_l) { *kind = WF_AR_LAMPORT; *why = "one-shot requested; fits the Lamport buffers"; }
@@ -336,6 +356,46 @@ int weft_ar_resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, c
   int rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, kind, &w);
   if (!rc && why) *why = w;
   return rc;
+}
+
+int weft_ar_set_param(weft_ar *ar, const char *name, int64_t value) {
+  WF_CHECK_ARG(ar && name, "allreduce set_param: NULL argument");
+  wf_ar_args *a = &ar->base;
+  const int64_t v = value;
+#define RANGE(lo, hi) WF_CHECK_ARG(v >= (lo) && v <= (hi), OPFMT ": set_param %s = %lld out of range [%lld, %lld]", \
+                                   OPARGS, name, (long long)v, (long long)(lo), (long long)(hi))
+  if (!strcmp(name, "grid")) { RANGE(0, WF_AR_MAX_BLOCKS); a->grid = (int)v; }
+  else if (!strcmp(name, "threads")) {
+    RANGE(0, WF_AR_FLAG_THREADS);
+    WF_CHECK_ARG(v % 32 == 0, OPFMT ": set_param threads = %lld is not a multiple of 32", OPARGS, (long long)v);
+    a->threads = (int)v;
+  }
+  else if (!strcmp(name, "sub")) { RANGE(0, 64); a->sub = (int)v; }
+  else if (!strcmp(name, "split")) { RANGE(0, 1); a->split = (int)v; }
+  else if (!strcmp(name, "blocks_per_sm")) { RANGE(1, 8); a->blocks_per_sm = (int)v; }
+  else if (!strcmp(name, "oneshot_max")) {
+    RANGE(0, (int64_t)a->lamport_slot);
+    ar->oneshot_max = (size_t)v;
+  }
+  else if (!strcmp(name, "twoshot_min")) { RANGE(0, (int64_t)1 << 40); ar->twoshot_min = (size_t)v; }
+  else return wf_error(WEFT_EINVAL, OPFMT ": set_param: unknown parameter '%s' (grid, threads, sub, split, "
+                       "blocks_per_sm, oneshot_max, twoshot_min)", OPARGS, name);
+#undef RANGE
+  return 0;
+}
+
+int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int *threads) {
+  WF_CHECK_ARG(ar && grid && threads, "allreduce shape: NULL argument");
+  int kind;
+  const char *why;
+  int rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, &kind, &why);
+  if (rc) return rc;
+  wf_ar_args a = ar->base;
+  a.count = count;
+  a.dtype = dtype;
+  a.kind = kind;
+  int e = wf_ar_shape(&a, grid, threads);
+  return e ? wf_cuda_err(__FILE__, __LINE__, "allreduce shape", (cudaError_t)e) : 0;
 }
 
 static int refuse_failed(weft_ar *ar) {

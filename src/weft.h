@@ -316,7 +316,9 @@ int weft_vmm_stats(int64_t *live, int64_t *live_bytes, int64_t *created);
  * its buffer), TWOSHOT (reduce-scatter + all-gather), ONESHOT_FLAG.
  * Environment (read at create): WEFT_AR_LAMPORT_MAX (bytes of the Lamport
  * buffers, default min(max_bytes, 16 MiB)), WEFT_AR_ONESHOT_MAX (auto's
- * one-shot limit), WEFT_AR_BLOCKS_PER_SM, WEFT_AR_TIMEOUT_MS, WEFT_AR_PDL
+ * one-shot limit), WEFT_AR_TWOSHOT_MIN (auto, 2 ranks: flag one-shot between
+ * the one-shot limit and this size, two-shot from it; default: two-shot right
+ * above the limit), WEFT_AR_BLOCKS_PER_SM, WEFT_AR_TIMEOUT_MS, WEFT_AR_PDL
  * (default 1: kernels use programmatic dependent launch). */
 typedef struct weft_ar weft_ar;
 enum { WEFT_AR_AUTO = 0, WEFT_AR_ONESHOT = 1, WEFT_AR_TWOSHOT = 2, WEFT_AR_ONESHOT_FLAG = 3,

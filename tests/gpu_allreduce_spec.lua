@@ -22,6 +22,8 @@ describe("weft all-reduce C API", function()
     assert.are.equal(2, C.WEFT_AR_TWOSHOT)
     assert.are.equal(1, C.WEFT_VMM_FABRIC)
     assert.is_not_nil(C.weft_ar_run)
+    assert.is_not_nil(C.weft_ar_set_param)
+    assert.is_not_nil(C.weft_ar_shape)
     assert.is_not_nil(C.weft_vmm_create)
   end)
 
@@ -118,7 +120,8 @@ end
 
 describe("weft all-reduce with 2 ranks #gpu", function()
   local groups = {
-    "eager", "size", "burst", "graph replay", "graph 7 replays", "eager-after-graph",
+    "eager", "shape", "set_param rejects bad values", "size", "burst", "graph replay",
+    "graph 7 replays", "eager-after-graph",
     "bad input rejected", "dead peer reported", "failed handle refuses", "abort ends",
     "vmm 200 create/destroy cycles leak nothing", "allreduce 20 create/run/destroy",
   }
