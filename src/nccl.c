@@ -88,6 +88,7 @@ struct weft_nccl {
   int wd_done;                  /* atomic: the watchdog finished its abort */
   const char *wd_op;
   const char *last_op;          /* for messages after a failed wait */
+  int64_t finalized_ms;         /* when destroy's finalize ended (for the log) */
   struct weft_nccl *next;       /* registry of live communicators */
 };
 
@@ -572,19 +573,41 @@ int weft_nccl_abort(weft_nccl *c) {
   return 0;
 }
 
-/* Non-blocking: finalize is polled; past the deadline the communicator is aborted. */
+/* Why destroy ends with ncclCommAbort, not ncclCommDestroy: after a finalize
+ * that completed, nothing is left to flush, and the two differ in one thing
+ * only. Both are synchronous (NCCL forces a blocking group for them, even on a
+ * non-blocking communicator), and the one that drops the last reference to
+ * the proxy state joins NCCL's proxy service thread. Without the abort flag
+ * that thread keeps serving until every PEER has closed its connection to it,
+ * i.e. until the slowest peer destroys too: on 2xH200 (NCCL 2.28.3) a
+ * non-blocking destroy returned after 5.02 s, when its peer (5 s late) came
+ * to destroy; finalize itself only flushes local streams and asks the proxy
+ * to stop. With the abort flag the thread closes those connections
+ * itself (cuMem host memory, NCCL's default on a current driver) and exits at
+ * its next 500 ms poll: local, bounded. A split child that shares the
+ * parent's resources holds no last reference, so it is destroyed normally
+ * and the parent's abort does the rest. */
+static void release(ncclComm_t comm, int shares_proxy) {
+  if (shares_proxy) nc.ncclCommDestroy(comm);
+  else nc.ncclCommAbort(comm);
+}
+
+/* Non-blocking: finalize is polled; past the deadline the communicator is
+ * aborted. Then released by abort (see release()). */
 static int finalize_nonblocking(weft_nccl *c) {
+  __atomic_store_n(&c->busy, 1, __ATOMIC_RELEASE);   /* keeps poll_all off it */
   ncclResult_t r = nc.ncclCommFinalize(c->comm);
+  int rc;
   if (r != ncclSuccess && r != ncclInProgress) {
-    int rc = nccl_err(c, "destroy", r);
+    rc = nccl_err(c, "destroy", r);
     do_abort(c);
-    return rc;
+  } else if ((rc = wait_ready(c, "destroy")) == 0) {   /* aborts on timeout */
+    c->finalized_ms = wf_now_ms();
+    release(c->comm, 0);
+    c->comm = NULL;
   }
-  int rc = wait_ready(c, "destroy");   /* aborts on timeout */
-  if (rc) return rc;
-  r = nc.ncclCommDestroy(c->comm);
-  c->comm = NULL;
-  return r == ncclSuccess ? 0 : nccl_err(c, "destroy", r);
+  __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+  return rc;
 }
 
 /* Split: the child's finalize (flush, then meet the other local ranks) is
@@ -597,7 +620,8 @@ static int finalize_split(weft_nccl *c) {
   ncclResult_t r = nc.ncclCommFinalize(c->comm);
   if (r == ncclInProgress) r = poll_until(c->comm, deadline);   /* NCCL_COMM_BLOCKING=0 */
   if (r == ncclSuccess) {
-    r = nc.ncclCommDestroy(c->comm);
+    c->finalized_ms = wf_now_ms();
+    release(c->comm, c->share);   /* unshared (NCCL_COMM_SPLIT_SHARE_RESOURCES=0): own proxy */
     c->comm = NULL;   /* gone either way: never abort a half-destroyed communicator */
   }
   int rc = 0;
@@ -612,6 +636,8 @@ static int finalize_split(weft_nccl *c) {
 int weft_nccl_destroy(weft_nccl *c) {
   if (!c) return 0;
   int rc = 0;
+  int64_t t0 = wf_now_ms();
+  c->finalized_ms = 0;
   if (!c->aborted && c->comm)
     rc = c->mode == MODE_SPLIT ? finalize_split(c) : finalize_nonblocking(c);
   reg_remove(c);   /* from here on the watchdog does not see c */
@@ -619,6 +645,10 @@ int weft_nccl_destroy(weft_nccl *c) {
     if (c->comm) nc.ncclCommAbort(c->comm);
     if (c->parent) nc.ncclCommAbort(c->parent);
   }
+  int64_t t1 = c->finalized_ms ? c->finalized_ms : t0;
+  wf_log(1, "nccl: group '%s' rank %d/%d destroyed (%s): finalize %lld ms, then release %lld ms",
+         c->name, c->index, c->size, rc ? "with an error" : "ok", (long long)(t1 - t0),
+         (long long)(wf_now_ms() - t1));
   free(c);
   return rc;
 }

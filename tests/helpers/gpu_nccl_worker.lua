@@ -11,6 +11,19 @@
 -- rank miss NCCL init, the split, a send or destroy, and expect the rank that
 -- waits for it to get an error naming the group after the timeout, instead
 -- of waiting for the late peer.
+--
+-- A failing check must not desynchronize the ranks for the next ones:
+--  * every check gets a fresh cpu group (its own keys and sequence numbers),
+--    so a collective that one rank skipped cannot shift later ones;
+--  * result comparisons and the fault checks' expectations are soft: they
+--    are recorded and reported at the end of the check, so every rank still
+--    reaches the check's collectives and barriers;
+--  * after every check, passed or failed, all ranks meet at a sync point in
+--    the store (bounded by SYNC_MS, longer than any wait inside a check, so
+--    it absorbs the lag a failure causes) and agree on one verdict (the first
+--    rank to write it decides: compare-and-set). When it is not "ok", every
+--    rank prints RESYNC and re-creates the shared communicators, which the
+--    failed check may have aborted or left mid-collective.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
@@ -24,30 +37,34 @@ local bench = require "weft.bench"
 
 local rank = assert(tonumber(os.getenv("RANK")), "RANK not set (run under weft-run)")
 local world = assert(tonumber(os.getenv("WORLD_SIZE")))
-local TIMEOUT = 60000
+local TIMEOUT = 60000   -- connecting to the store at start-up
+local CHECK_MS = 20000  -- the cpu groups and shared communicators: the longest wait in a check
+local SYNC_MS = 45000   -- the sync point after each check (> CHECK_MS)
 local FAULT_MS = 1500   -- the timeout of the fault checks
-local STALL_MS = 5000   -- how long the late rank stays away (> 3 x FAULT_MS)
+local STALL_MS = 5000   -- the most the late rank stays away (> 3 x FAULT_MS)
 
 local failed = 0
-local function check_once(name, fn)
-  local ok, err = pcall(fn)
-  if ok then
-    print("PASS " .. name)
-  else
-    failed = failed + 1
-    print("FAIL " .. name .. ": " .. tostring(err))
-  end
-  io.stdout:flush()
-end
-
+local soft          -- the running check's soft failures (a list), nil outside checks
+-- hard: ends the check (for preconditions without which it cannot go on)
 local function expect(cond, msg, ...)
   if not cond then error(msg:format(...), 2) end
 end
 
+-- soft: recorded, reported when the check ends; the check goes on, so every
+-- rank still reaches its collectives and barriers
+local function want(cond, msg, ...)
+  if cond then return true end
+  local text = msg:format(...)
+  if not soft then error(text, 2) end
+  soft[#soft + 1] = text
+  return false
+end
+
 local function expect_error(pattern, fn, ...)
   local ok, err = pcall(fn, ...)
-  expect(not ok, "expected an error matching %q, got success", pattern)
-  expect(tostring(err):match(pattern), "error %q does not match %q", tostring(err), pattern)
+  if want(not ok, "expected an error matching %q, got success", pattern) then
+    want(tostring(err):match(pattern), "error %q does not match %q", tostring(err), pattern)
+  end
 end
 
 -- Rank r's input for a test: n small integers (-16..15) as dtype, on the host.
@@ -65,10 +82,10 @@ local function on_device(h) return h:clone("cuda") end
 
 -- exact comparison of a device/host tensor with a Lua table of numbers
 local function same(t, ref, what)
-  expect(t.numel == #ref, "%s: %d elements, reference %d", what, t.numel, #ref)
+  if not want(t.numel == #ref, "%s: %d elements, reference %d", what, t.numel, #ref) then return end
   if #ref == 0 then return end
   local ma = t:compare(ref)
-  expect(ma == 0, "%s: max abs difference %g", what, ma)
+  want(ma == 0, "%s: max abs difference %g", what, ma)
 end
 
 local REDUCE = {
@@ -93,38 +110,123 @@ local st = store_mod.open { host = os.getenv("MASTER_ADDR") or "127.0.0.1",
                             timeout_ms = TIMEOUT }
 local ranks = {}
 for i = 0, world - 1 do ranks[i + 1] = i end
-local cg = cpugroup.new(st, "gpu_nccl", ranks, rank, TIMEOUT)
-local comm_default = nccl.new(cg)
-local comm_nb = nccl.new(cg, { blocking = false })
-print(("nccl %s on cuda:%d (%s), world %d"):format(tostring(nccl.version()), comm_default.device,
-      cuda.device_name(comm_default.device), world))
 
 for _, decl in ipairs { "int setenv(const char *name, const char *value, int overwrite);",
-                        "int unsetenv(const char *name);",
-                        "int poll(void *fds, unsigned long nfds, int timeout);" } do
+                        "int unsetenv(const char *name);" } do
   pcall(ffi.cdef, decl)   -- another module may have declared it already
 end
-local function sleep_ms(ms) ffi.C.poll(nil, 0, ms) end
 local function now_s() return bench.now_ns() / 1e9 end
+
+-- The shared communicators: `comms.default` (blocking calls, split) and
+-- `comms.nb` (non-blocking). Re-created (collectively, on a fresh cpu group)
+-- after a check that failed on any rank.
+local comms, generation = {}, 0
+local function make_comms()
+  for _, k in ipairs { "default", "nb" } do
+    if comms[k] then comms[k]:abort(); comms[k]:destroy(); comms[k] = nil end   -- local
+  end
+  generation = generation + 1
+  local g = cpugroup.new(st, generation == 1 and "gpu_nccl" or "gpu_nccl_r" .. generation, ranks,
+                         rank, CHECK_MS)
+  local ok, err = pcall(function()
+    comms.default = nccl.new(g)
+    comms.nb = nccl.new(g, { blocking = false })
+  end)
+  g:destroy()
+  if not ok then print("RESYNC: re-creating the communicators failed: " .. tostring(err)) end
+end
+
+make_comms()
+assert(comms.nb, "creating the communicators failed")
+print(("nccl %s on cuda:%d (%s), world %d"):format(tostring(nccl.version()), comms.default.device,
+      cuda.device_name(comms.default.device), world))
+
+-- The store keys a late rank waits on: set by the rank that was measured,
+-- so the late rank comes back as soon as that rank is done (or after
+-- STALL_MS, if the measured call waits for it: then the check fails).
+local function release(key) st:set("gpu_nccl/release/" .. key, "1") end
+local function stay_away(key) pcall(st.get, st, "gpu_nccl/release/" .. key, STALL_MS) end
+
+-- After every check: wait (bounded) for every rank to finish it, then agree
+-- on one verdict. The first rank to write the verdict decides it; a rank
+-- that timed out writes why, so the late one reads the same verdict.
+local syncs = 0
+local function sync_point(name, ok)
+  syncs = syncs + 1
+  local base = ("gpu_nccl/sync/%d/"):format(syncs)
+  local keys = {}
+  for r = 0, world - 1 do keys[r + 1] = base .. r end
+  st:set(keys[rank + 1], ok and "ok" or "fail")
+  local got, vals = pcall(st.multi_get, st, keys, SYNC_MS)
+  local view = "ok"
+  if not got then
+    view = ("rank %d waited %d ms after %s: a rank did not finish it"):format(rank, SYNC_MS, name)
+  else
+    local bad = {}
+    for r = 0, world - 1 do if vals[r + 1] ~= "ok" then bad[#bad + 1] = r end end
+    if #bad > 0 then view = name .. " failed on rank(s) " .. table.concat(bad, ",") end
+  end
+  return st:compare_set(base .. "verdict", "", view)
+end
+
+-- Runs fn(g) with g a fresh cpu group for this check; PASS/FAIL, then the
+-- sync point; on a verdict other than "ok" the shared communicators are
+-- re-created on every rank.
+local function check_once(name, fn)
+  soft = {}
+  local ok, err = pcall(function()
+    local g = cpugroup.new(st, "gpu_nccl_c/" .. name, ranks, rank, CHECK_MS)
+    fn(g)
+    g:destroy()
+  end)
+  local errs = soft
+  soft = nil
+  if ok and #errs > 0 then
+    ok = false
+    err = table.concat(errs, "; ", 1, math.min(#errs, 4))
+    if #errs > 4 then err = err .. ("; and %d more"):format(#errs - 4) end
+  end
+  if ok then
+    print("PASS " .. name)
+  else
+    failed = failed + 1
+    print("FAIL " .. name .. ": " .. tostring(err))
+  end
+  io.stdout:flush()
+  local verdict = sync_point(name, ok)
+  if verdict ~= "ok" then
+    print(("RESYNC after %s: %s; re-creating the shared communicators"):format(name, verdict))
+    io.stdout:flush()
+    make_comms()
+  end
+end
 
 check_once("default_is_blocking", function()
   -- the default communicator is the fast one (blocking calls); blocking=false
   -- keeps the pure non-blocking mode
-  expect(comm_default.blocking == true, "default communicator: blocking=%s",
-         tostring(comm_default.blocking))
-  expect(comm_nb.blocking == false, "blocking=false communicator: blocking=%s",
-         tostring(comm_nb.blocking))
+  expect(comms.default.blocking == true, "default communicator: blocking=%s",
+         tostring(comms.default.blocking))
+  expect(comms.nb.blocking == false, "blocking=false communicator: blocking=%s",
+         tostring(comms.nb.blocking))
 end)
 
 -- ---------------------------------------------------------------- per mode
 
--- Every check below runs on `comm` (`blocking`: its mode); names get `sfx`.
-local function suite(comm, blocking, sfx)
-  local function check(name, fn) return check_once(name .. sfx, fn) end
+-- Every check below runs on the shared communicator `comms[kind]` (`blocking`:
+-- its mode), passed in as `comm` together with the check's cpu group `g`;
+-- names get `sfx`.
+local function suite(kind, blocking, sfx)
+  local function check(name, fn)
+    return check_once(name .. sfx, function(g)
+      local comm = comms[kind]
+      expect(comm, "no %s communicator (re-creating it failed)", kind)
+      return fn(comm, g)
+    end)
+  end
 
   -- ---------------------------------------------------------------- collectives
 
-  check("all_reduce", function()
+  check("all_reduce", function(comm, g)
     local seed = 100
     for _, dt in ipairs { "f32", "f16", "bf16", "i32", "i64", "f64", "u8" } do
       for _, n in ipairs { 1, 7, 1000, 262147 } do
@@ -145,7 +247,7 @@ local function suite(comm, blocking, sfx)
     end
   end)
 
-  check("all_reduce_inplace_ops", function()
+  check("all_reduce_inplace_ops", function(comm, g)
     local seed = 1000
     for _, op in ipairs { "sum", "max", "min", "prod" } do
       for _, dt in ipairs { "bf16", "f32", "i32" } do
@@ -160,7 +262,7 @@ local function suite(comm, blocking, sfx)
     end
   end)
 
-  check("all_gather", function()
+  check("all_gather", function(comm, g)
     local n = 5003
     local x = on_device(ints(2000 + rank, n, "bf16"))
     local y = tensor.empty({ world * n }, "bf16", "cuda")
@@ -179,7 +281,7 @@ local function suite(comm, blocking, sfx)
     return c
   end
 
-  check("all_gatherv", function()
+  check("all_gatherv", function(comm, g)
     for _, counts in ipairs { counts_for(5), counts_for(1001), (function()
         local c = counts_for(3); c[1] = 0; return c end)() } do
       local total = 0
@@ -197,7 +299,7 @@ local function suite(comm, blocking, sfx)
     end
   end)
 
-  check("reduce_scatter", function()
+  check("reduce_scatter", function(comm, g)
     local n = 3001                         -- per rank out
     local x = on_device(ints(4000 + rank, world * n, "bf16"))
     local y = tensor.empty({ n }, "bf16", "cuda")
@@ -209,7 +311,7 @@ local function suite(comm, blocking, sfx)
     same(y, ref, "reduce_scatter")
   end)
 
-  check("reduce_scatterv", function()
+  check("reduce_scatterv", function(comm, g)
     local counts = counts_for(9)
     local total, off = 0, 0
     for i = 1, world do total = total + counts[i] end
@@ -224,7 +326,7 @@ local function suite(comm, blocking, sfx)
     same(y, ref, "reduce_scatterv")
   end)
 
-  check("broadcast", function()
+  check("broadcast", function(comm, g)
     local n = 7777
     for root = 0, world - 1 do
       local x = on_device(ints(6000 + rank, n, "bf16"))
@@ -240,7 +342,7 @@ local function suite(comm, blocking, sfx)
     end
   end)
 
-  check("gather", function()
+  check("gather", function(comm, g)
     local n = 999
     for root = 0, world - 1 do
       local x = on_device(ints(7000 + rank, n, "f32"))
@@ -257,7 +359,7 @@ local function suite(comm, blocking, sfx)
     end
   end)
 
-  check("send_recv", function()
+  check("send_recv", function(comm, g)
     local n = 12345
     -- a ring: everyone sends to next and receives from prev, batched in a group
     local nxt, prv = (rank + 1) % world, (rank - 1) % world
@@ -278,7 +380,7 @@ local function suite(comm, blocking, sfx)
     end
   end)
 
-  check("all_to_all_equal", function()
+  check("all_to_all_equal", function(comm, g)
     local k = 1031
     local x = on_device(ints(9000 + rank, world * k, "f32"))
     local y = tensor.empty({ world * k }, "f32", "cuda")
@@ -292,7 +394,7 @@ local function suite(comm, blocking, sfx)
     same(y, ref, "all_to_all equal")
   end)
 
-  check("all_to_all_splits", function()
+  check("all_to_all_splits", function(comm, g)
     local function split(src, dst) return 1 + 3 * src + 5 * dst end  -- elements src sends dst
     local sc, rc, stot, rtot = {}, {}, 0, 0
     for j = 0, world - 1 do
@@ -316,7 +418,7 @@ local function suite(comm, blocking, sfx)
 
   -- ---------------------------------------------------------------- graphs
 
-  check("graph_replay", function()
+  check("graph_replay", function(comm, g)
     local n = 65536
     local x = tensor.empty({ n }, "bf16", "cuda")
     local y = tensor.empty({ n }, "bf16", "cuda")
@@ -327,17 +429,17 @@ local function suite(comm, blocking, sfx)
       h:free()
     end
     load(10000)
-    cg:barrier()
+    g:barrier()
     -- two collectives in one graph: y = allreduce(x), z = allgather-of-halves
-    local g = graph.capture(function()
+    local gr = graph.capture(function()
       comm:all_reduce(x.ptr, y.ptr, n, "bf16", "sum")
       comm:all_gather(x.ptr, z.ptr, n / world, "bf16")
     end, { warmup = 1 })
-    cg:barrier()
+    g:barrier()
     for round = 1, 4 do
       local seed = 10000 + 100 * round
       load(seed)
-      g:replay()
+      gr:replay()
       comm:synchronize()
       same(y, reduce_ref(seed, n, "bf16", "sum"), "graph round " .. round .. " all_reduce")
       local ref = {}
@@ -347,13 +449,14 @@ local function suite(comm, blocking, sfx)
       end
       same(z, ref, "graph round " .. round .. " all_gather")
     end
-    g:destroy()
-    cg:barrier()
+    gr:destroy()
+    g:barrier()
+    x:free(); y:free(); z:free()
   end)
 
   -- ---------------------------------------------------------------- bad input
 
-  check("bad_input", function()
+  check("bad_input", function(comm, g)
     local n = 64
     local d = tensor.zeros({ n }, "f32", "cuda")
     local h = tensor.zeros({ n }, "f32", "cpu")
@@ -381,8 +484,8 @@ local function suite(comm, blocking, sfx)
     same(x, reduce_ref(11000, n, "f32", "sum"), "after bad input")
   end)
 
-  check("destroyed_communicator", function()
-    local cg2 = cpugroup.new(st, "gpu_nccl_2" .. sfx, ranks, rank, TIMEOUT)
+  check("destroyed_communicator", function(comm, g)
+    local cg2 = cpugroup.new(st, "gpu_nccl_2" .. sfx, ranks, rank, CHECK_MS)
     local c2 = nccl.new(cg2, { blocking = blocking })
     local d = tensor.zeros({ 8 }, "f32", "cuda")
     c2:all_reduce(d.ptr, d.ptr, 8, "f32", "sum")
@@ -391,13 +494,14 @@ local function suite(comm, blocking, sfx)
     c2:destroy()   -- idempotent
     expect_error("destroyed", c2.all_reduce, c2, d.ptr, d.ptr, 8, "f32", "sum")
     cg2:destroy()
+    d:free()
   end)
 
-  check("timeout_aborts", function()
+  check("timeout_aborts", function(comm, g)
     -- rank 0 starts a collective that rank 1 never joins: a bounded wait, then
     -- the communicator is aborted and every later call on it fails clearly.
-    local cg3 = cpugroup.new(st, "gpu_nccl_late" .. sfx, ranks, rank, TIMEOUT)
-    local c3 = nccl.new(cg3, { blocking = blocking, timeout_ms = 3000 })
+    local cg3 = cpugroup.new(st, "gpu_nccl_late" .. sfx, ranks, rank, CHECK_MS)
+    local c3 = nccl.new(cg3, { blocking = blocking, timeout_ms = FAULT_MS })
     local d = tensor.zeros({ 1024 }, "f32", "cuda")
     -- one joint call first, so connections exist and the lone call below is
     -- enqueued at once and hangs in its kernel (the case the abort must end)
@@ -406,30 +510,31 @@ local function suite(comm, blocking, sfx)
     cg3:barrier()
     if rank == 0 then
       local s = cuda.stream()
-      local t0 = os.time()
-      expect_error("gpu_nccl_late" .. sfx .. ".*within 3000 ms.*aborted", function()
+      local t0 = now_s()
+      expect_error("gpu_nccl_late" .. sfx .. ".*within " .. FAULT_MS .. " ms.*aborted", function()
         c3:all_reduce(d.ptr, d.ptr, 1024, "f32", "sum", s)
         c3:synchronize(s)
       end)
-      expect(os.time() - t0 < 30, "timeout took %d s", os.time() - t0)
+      want(now_s() - t0 < 30, "timeout took %.1f s", now_s() - t0)
       expect_error("aborted", c3.all_reduce, c3, d.ptr, d.ptr, 1024, "f32", "sum")
     end
-    cg:barrier()
+    g:barrier()
     c3:abort()     -- local on every rank: no wait on the rank that never joined
     c3:destroy()
     cg3:destroy()
+    d:free()
   end)
 
-  check("lone_send_bounded", function()
+  check("lone_send_bounded", function(comm, g)
     -- rank 0 sends on a fresh communicator to a rank that is away: the
     -- connection setup (inside the NCCL call for a blocking communicator) or the
     -- kernel waits for it; the wait must end after the timeout, not when the
-    -- peer comes back.
+    -- peer comes back (rank 1 stays away until rank 0 is done, at most STALL_MS).
     local name = "gpu_nccl_lone" .. sfx
-    local g = cpugroup.new(st, name, ranks, rank, TIMEOUT)
-    local c = nccl.new(g, { blocking = blocking, timeout_ms = FAULT_MS })
+    local lg = cpugroup.new(st, name, ranks, rank, CHECK_MS)
+    local c = nccl.new(lg, { blocking = blocking, timeout_ms = FAULT_MS })
     local d = tensor.zeros({ 1024 }, "f32", "cuda")
-    g:barrier()
+    lg:barrier()
     if rank == 0 then
       local s = cuda.stream()
       local t0 = now_s()
@@ -438,96 +543,101 @@ local function suite(comm, blocking, sfx)
         c:synchronize(s)
       end)
       local dt = now_s() - t0
+      release(name)
       print(("lone send: %s after %.2f s"):format(ok and "success" or tostring(err), dt))
-      expect(not ok, "a send to an absent peer succeeded")
-      expect(tostring(err):match(name .. ".*within " .. FAULT_MS .. " ms.*aborted"),
+      if want(not ok, "a send to an absent peer succeeded") then
+        want(tostring(err):match(name .. ".*within " .. FAULT_MS .. " ms.*aborted"),
              "unexpected error: %s", tostring(err))
-      expect(dt < STALL_MS / 1000, "the send waited %.2f s: for the peer, not %d ms", dt, FAULT_MS)
-      expect_error("aborted", c.send, c, d.ptr, 1024, "f32", 1, s)
+        expect_error("aborted", c.send, c, d.ptr, 1024, "f32", 1, s)
+      end
+      want(dt < STALL_MS / 1000, "the send waited %.2f s: for the peer, not %d ms", dt, FAULT_MS)
     else
-      sleep_ms(STALL_MS)
+      stay_away(name)
     end
     g:barrier()
     c:abort()
     c:destroy()
-    g:destroy()
+    lg:destroy()
     d:free()
   end)
 
-  check("destroy_bounded", function()
-    -- rank 1 comes to destroy late: rank 0's finalize may wait for it (inside
-    -- NCCL for a blocking communicator) but must return after the timeout
+  check("destroy_bounded", function(comm, g)
+    -- rank 1 comes to destroy late (when rank 0's destroy returned, at most
+    -- STALL_MS): rank 0's destroy must not wait for it (a finalize inside NCCL
+    -- is bounded by the timeout; the release is local)
     local name = "gpu_nccl_late_destroy" .. sfx
-    local g = cpugroup.new(st, name, ranks, rank, TIMEOUT)
-    local c = nccl.new(g, { blocking = blocking, timeout_ms = FAULT_MS })
+    local lg = cpugroup.new(st, name, ranks, rank, CHECK_MS)
+    local c = nccl.new(lg, { blocking = blocking, timeout_ms = FAULT_MS })
     local n = 4096
     local x = on_device(ints(12000 + rank, n, "f32"))
     c:all_reduce(x.ptr, x.ptr, n, "f32", "sum")
     c:synchronize()
     same(x, reduce_ref(12000, n, "f32", "sum"), "before destroy")
-    g:barrier()
+    lg:barrier()
     if rank == 0 then
       local t0 = now_s()
       local ok, err = pcall(c.destroy, c)
       local dt = now_s() - t0
+      release(name)
       print(("late destroy: %s after %.2f s"):format(ok and "returned" or tostring(err), dt))
-      expect(ok or tostring(err):match(name .. ".*within " .. FAULT_MS .. " ms"),
-             "unexpected error: %s", tostring(err))
-      expect(dt < STALL_MS / 1000, "destroy waited %.2f s: for the peer, not %d ms", dt, FAULT_MS)
+      want(ok or tostring(err):match(name .. ".*within " .. FAULT_MS .. " ms"),
+           "unexpected error: %s", tostring(err))
+      want(dt < STALL_MS / 1000, "destroy waited %.2f s: for the peer, not %d ms", dt, FAULT_MS)
     else
-      sleep_ms(STALL_MS)
       local t0 = now_s()
+      stay_away(name)
+      local t1 = now_s()
       local ok, err = pcall(c.destroy, c)   -- its peer is gone: either outcome, but bounded
-      print(("late destroy on rank %d: %s after %.2f s"):format(rank, ok and "returned" or
-            tostring(err), now_s() - t0))
+      print(("late destroy on rank %d (away %.2f s): %s after %.2f s"):format(rank, t1 - t0,
+            ok and "returned" or tostring(err), now_s() - t1))
     end
     g:barrier()
-    g:destroy()
+    lg:destroy()
     x:free()
   end)
 
 end
 
-suite(comm_default, true, "")
-suite(comm_nb, false, "_nb")
+suite("default", true, "")
+suite("nb", false, "_nb")
 
 -- ---------------------------------------------------------------- once
 
-check_once("store_collective_refused_in_capture", function()
-  expect_error("captur", graph.capture, function() cg:barrier() end)
-  cg:barrier()   -- usable afterwards
+check_once("store_collective_refused_in_capture", function(g)
+  expect_error("captur", graph.capture, function() g:barrier() end)
+  g:barrier()   -- usable afterwards: the refused barrier did not count
 end)
 
 -- Rank 1 stalls before `phase` of create (init or split; the test hook
 -- WEFT_NCCL_TEST_STALL of src/nccl.c). Rank 0's create must fail after the
 -- timeout (its phase, then the vote that waits for rank 1: 2 x timeout), not
 -- when rank 1 comes back; rank 1's create fails too then.
-local function late_create(phase, timeout_ms)
+local function late_create(g, phase, timeout_ms)
   local name = "gpu_nccl_late_" .. phase
   local stall = 3 * timeout_ms + 1000
-  local g = cpugroup.new(st, name, ranks, rank, timeout_ms)
+  local lg = cpugroup.new(st, name, ranks, rank, timeout_ms)
   if rank == 1 then ffi.C.setenv("WEFT_NCCL_TEST_STALL", phase .. ":" .. stall, 1) end
   local t0 = now_s()
-  local ok, err = pcall(nccl.new, g)
+  local ok, err = pcall(nccl.new, lg)
   local dt = now_s() - t0
   if rank == 1 then ffi.C.unsetenv("WEFT_NCCL_TEST_STALL") end
   print(("late %s: %s after %.2f s"):format(phase, ok and "success" or tostring(err), dt))
   if ok then err:destroy() end
-  g:destroy()
-  cg:barrier()
-  expect(not ok, "create succeeded although rank 1 stalled before %s", phase)
-  if rank == 0 then
-    expect(tostring(err):match("nccl " .. phase .. ": group '" .. name .. "'.*within " ..
-                               timeout_ms .. " ms"), "unexpected error: %s", tostring(err))
-    expect(dt < stall / 1000, "create waited %.2f s: for the peer, not %d ms", dt, timeout_ms)
+  lg:destroy()
+  g:barrier()
+  want(not ok, "create succeeded although rank 1 stalled before %s", phase)
+  if rank == 0 and not ok then
+    want(tostring(err):match("nccl " .. phase .. ": group '" .. name .. "'.*within " ..
+                             timeout_ms .. " ms"), "unexpected error: %s", tostring(err))
+    want(dt < stall / 1000, "create waited %.2f s: for the peer, not %d ms", dt, timeout_ms)
   end
 end
 
-check_once("init_timeout", function() late_create("init", FAULT_MS) end)
+check_once("init_timeout", function(g) late_create(g, "init", FAULT_MS) end)
 -- rank 0's healthy init must fit in this timeout too, hence a longer one
-check_once("split_timeout", function() late_create("split", 2500) end)
+check_once("split_timeout", function(g) late_create(g, "split", 2500) end)
 
-check_once("eager_timing", function()
+check_once("eager_timing", function(g)
   -- prints what one eager call costs in each mode (not asserted: no timed
   -- assertions; scripts/bench --only eager measures it properly)
   local n = 512   -- 1 KiB of bf16
@@ -535,11 +645,12 @@ check_once("eager_timing", function()
   local y = tensor.empty({ n }, "bf16", "cuda")
   local s = cuda.stream()
   local ref = reduce_ref(13000, n, "bf16", "sum")
-  for _, m in ipairs { { comm_default, "default" }, { comm_nb, "non-blocking" } } do
-    local c, label, calls = m[1], m[2], 500
+  for _, m in ipairs { { "default", "default" }, { "nb", "non-blocking" } } do
+    local c, label, calls = comms[m[1]], m[2], 500
+    expect(c, "no %s communicator (re-creating it failed)", m[1])
     for _ = 1, 20 do c:all_reduce(x.ptr, y.ptr, n, "bf16", "sum", s) end
     c:synchronize(s)
-    cg:barrier()
+    g:barrier()
     local t0 = bench.now_ns()
     for _ = 1, calls do c:all_reduce(x.ptr, y.ptr, n, "bf16", "sum", s) end
     local t1 = bench.now_ns()
@@ -553,10 +664,19 @@ check_once("eager_timing", function()
   x:free(); y:free()
 end)
 
-comm_default:destroy()
-comm_nb:destroy()
-cg:barrier()
-cg:destroy()
+-- every rank destroys: bounded and local (docs/gpu-runtime.md), so no rank
+-- waits here for another; then one last meeting before the store goes away
+local t_end = now_s()
+for _, k in ipairs { "default", "nb" } do
+  if comms[k] then
+    local ok, err = pcall(comms[k].destroy, comms[k])
+    if not ok then failed = failed + 1; print("FAIL teardown: " .. tostring(err)) end
+  end
+end
+print(("teardown: both communicators destroyed in %.2f s"):format(now_s() - t_end))
+local last = cpugroup.new(st, "gpu_nccl_end", ranks, rank, SYNC_MS)
+last:barrier()
+last:destroy()
 st:close()
 print(("done: %d failed"):format(failed))
 io.stdout:flush()
