@@ -29,20 +29,46 @@
  * the two-shot too, though it needs no sentinel), sum the ranks in rank
  * order (f32, or the input precision without FP32_ACC), add the residual in
  * f32, round once: y = residual_out; and normalise y itself (the contract of
- * weft_cuda_rmsnorm: the norm of residual_out). So every rank gets bit-equal
- * outputs, one-shot and two-shot agree bit for bit, and switching algorithm
- * with the size never changes the numbers.
+ * weft_cuda_rmsnorm: the norm of residual_out). The sum of squares has ONE
+ * order whatever the grid: per 16-byte vector (elements in order), per chunk
+ * of 32 consecutive vectors (a warp's xor butterfly), then the chunk
+ * partials (lane l adds chunks l, l+32, ... in order, then a butterfly).
+ * So every rank gets bit-equal outputs, one-shot (any cluster size) and
+ * two-shot agree bit for bit, and switching algorithm or geometry with the
+ * size never changes the numbers. The weight is w = gamma + (-0.0) (the
+ * identity, so a -0.0 weight keeps its sign, as in y * rstd * gamma), or
+ * gamma + 1 with GEMMA.
  *
- * Rows map to blocks the same way in every phase (row i of a range -> block
- * i mod G), so in-place calls (out == in, residual_out == residual,
- * norm_out == in) are safe.
+ * One-shot geometry. A row may be split over a cluster of C blocks (C = 1,
+ * 2, 4, 8; blocks q*C .. q*C+C-1 serve rows q, q+Q, ...): at a few tokens
+ * one SM per row would push and poll the whole row by itself, while the
+ * plain all-reduce spreads the same bytes over several SMs. Each block
+ * pushes, polls and normalises its slice; the chunk partials go to every
+ * block of the cluster (distributed shared memory stores), then one cluster
+ * barrier per row. The cluster starts with barrier.cluster.arrive at entry
+ * and waits on it before its first remote store (a block must have started
+ * before its shared memory is written); after the last row's barrier nobody
+ * touches another block's shared memory, so blocks exit freely. A wait that
+ * fails is ORed into the partials (a flag beside each), so all blocks of a
+ * cluster see the failure at the same row and leave together; no block
+ * skips a cluster barrier its siblings wait at. The early exit of a
+ * poisoned workspace is cluster-uniform because the error word changes
+ * only through this grid's own timeouts (>= 20 us after its co-scheduled
+ * blocks started) and griddep_wait precedes the read. The AR pattern needs
+ * no reduction: its blocks are grouped the same way, without a cluster.
+ *
+ * Every 16-byte vector is read and written by the same thread in every
+ * phase (two-shot: row i of a range -> block i mod G), so in-place calls
+ * (out == in, residual_out == residual, norm_out == in) are safe.
  *
  * Waits: wf::bounded_spin (abort word, deadline, device error word); a
  * failure makes the block skip its remaining work and return without
  * advancing its epoch (the workspace is then poisoned: every later launch
  * returns at once, the host reports the packed error). No block waits for
- * another block of its own grid, and the grid is at most what is resident,
- * so the blocks a peer waits for are always running.
+ * another block of its own grid but those of its cluster (co-scheduled by
+ * the hardware), and the grid is at most what is resident (clusters: as
+ * cudaOccupancyMaxActiveClusters counts them), so the blocks a peer waits
+ * for are always running.
  *
  * Programmatic dependent launch: every kernel starts with
  * griddepcontrol.wait (a no-op without the PDL launch attribute), so it may
@@ -56,6 +82,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "common.cuh"
@@ -79,18 +106,23 @@ __device__ __forceinline__ void griddep_launch() {
 }
 
 /* Elements per 16-byte vector; threads per block at most MAXT (f32 gets 512
- * so that its 128-register budget holds a 16384-wide row without spills);
- * VMAX vectors per thread cover hidden 16384. */
-template <typename T> struct Geo {
+ * so that its 128-register budget holds a 16384-wide row without spills;
+ * so does the one-shot with more than 2 ranks, whose state does not fit
+ * the 64 registers of a 1024-thread block); VMAX vectors per thread cover
+ * hidden 16384. */
+template <typename T, int LB = 1024> struct Geo {
   static constexpr int EPV = 16 / (int)sizeof(T);
-  static constexpr int MAXT = sizeof(T) == 4 ? 512 : 1024;
+  static constexpr int MAXT = sizeof(T) == 4 ? 512 : LB;
   static constexpr int VMAX = WF_FUSED_MAX_HIDDEN / EPV / MAXT;
   /* residual_out vectors a thread keeps in registers between the sum and
    * the norm (the first; for wider rows it reads back its own store, an L1/L2
    * hit): this keeps every instantiation within its register budget with no
    * spills (check: make fusion-ptxas BUILD=...) */
   static constexpr int YK = 1;
+  /* chunk partials (32 vectors each) of the longest row */
+  static constexpr int NCMAX = WF_FUSED_MAX_HIDDEN / EPV / 32;
 };
+template <typename T, int W> using OneGeo = Geo<T, W <= 2 ? 1024 : 512>;
 /* y[k] if kept, else the thread's own earlier store of it at p */
 template <int YK>
 __device__ __forceinline__ uint4 kept(const uint4 (&y)[YK], int k, const void *p) {
@@ -149,22 +181,37 @@ __device__ __forceinline__ bool sum_ranks(L load, R ready, bool fp32_acc,
   return true;
 }
 
-/* Block-wide sum; every thread gets the result. red: [2][32] shared,
- * alternated by the caller's row parity (one barrier per row). The barrier
- * also ORs `fail` over the block into *any_fail (block-uniform). */
-__device__ __forceinline__ float block_sum(float v, float (*red)[32], int parity, bool fail,
-                                           bool *any_fail) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  if ((threadIdx.x & 31) == 0) red[parity][warp] = v;
-  *any_fail = __syncthreads_or(fail) != 0;
-  float s = 0.f;
-  for (int w = 0; w < nwarps; w++) s += red[parity][w]; /* same order everywhere */
-  return s;
+/* ------------------------------------------------ clusters (sm_90) */
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+/* Store v at the same shared-memory offset as p in block `rank` of the cluster. */
+__device__ __forceinline__ void st_shared_cluster(const void *p, uint32_t rank, uint2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(remote), "r"(v.x), "r"(v.y)
+               : "memory");
+#endif
 }
 
-/* Sum of squares of a packed vector (in f32). */
+/* ------------------------------------------- sum of squares, one order */
+
+/* Sum of squares of a packed vector (in f32, elements in order). */
 template <typename T> __device__ __forceinline__ float sumsq(uint4 yv) {
   float y[Geo<T>::EPV];
   Pack<T>::to_f32(yv, y);
@@ -174,16 +221,60 @@ template <typename T> __device__ __forceinline__ float sumsq(uint4 yv) {
   return s;
 }
 
+/* The calling warp's 32 consecutive vectors form chunk `chunk` of the row;
+ * s is this lane's vector's sum of squares (0 for a vector past the row end
+ * or a lane whose wait failed). Their xor-butterfly sum (the same bits in
+ * every lane, whatever the geometry), with the OR of the lanes' failures,
+ * goes to red[chunk] of this block (C == 1) or of every block of the
+ * cluster. Whole warps only. */
+__device__ __forceinline__ void put_chunk(uint2 *red, int chunk, float s, bool fail, int C) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const uint32_t f = __any_sync(0xffffffffu, fail) ? 1u : 0u;
+  const int lane = threadIdx.x & 31;
+  const uint2 v = make_uint2(__float_as_uint(s), f);
+  if (C == 1) {
+    if (lane == 0) red[chunk] = v;
+  } else if (lane < C) {
+    st_shared_cluster(&red[chunk], (uint32_t)lane, v); /* lane r writes block r's copy */
+  }
+}
+
+/* After the barrier that follows every put_chunk of the row: the total over
+ * the NC chunk partials in the fixed order, in every thread; *any_fail: some
+ * wait of the row failed (uniform over the block and the cluster). */
+template <int NCM>
+__device__ __forceinline__ float row_total(const uint2 *red, int NC, bool *any_fail) {
+  const int lane = threadIdx.x & 31;
+  float s = 0.f;
+  uint32_t f = 0;
+#pragma unroll
+  for (int m = 0; m < NCM / 32; m++) {
+    const int idx = lane + 32 * m;
+    if (idx < NC) {
+      const uint2 v = red[idx];
+      s += __uint_as_float(v.x);
+      f |= v.y;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  *any_fail = __any_sync(0xffffffffu, f != 0u);
+  return s;
+}
+
 /* Stores the norm of the packed residual_out vector yv (y * rstd * w) as
- * dtype and/or e4m3. */
+ * dtype and/or e4m3; gv: the weight vector. */
 template <typename T>
-__device__ __forceinline__ void store_norm(const wf_fused_args &a, size_t goff_bytes, int j,
+__device__ __forceinline__ void store_norm(const wf_fused_args &a, size_t goff_bytes, uint4 gv,
                                            uint4 yv, float rstd, float inv_scale) {
   constexpr int EPV = Geo<T>::EPV;
   float x[EPV], g[EPV], n[EPV];
   Pack<T>::to_f32(yv, x);
-  Pack<T>::to_f32(ld_vec((const char *)a.gamma + (size_t)j * 16), g);
-  const float one = (a.flags & WF_FUSED_GEMMA) ? 1.f : 0.f;
+  Pack<T>::to_f32(gv, g);
+  /* -0.0 is the identity of addition (+0.0 is not: -0 + +0 = +0), so a
+   * weight of -0.0 keeps its sign, as in the plain product y * rstd * gamma */
+  const float one = (a.flags & WF_FUSED_GEMMA) ? 1.f : -0.f;
 #pragma unroll
   for (int e = 0; e < EPV; e++) n[e] = x[e] * rstd * (g[e] + one);
   if (a.norm_out) st_vec((char *)a.norm_out + goff_bytes, Pack<T>::from_f32(n));
@@ -209,42 +300,58 @@ __device__ __forceinline__ float load_inv_scale(const wf_fused_args &a) {
 /* ------------------------------------------------------------- one-shot */
 
 template <typename T, int W>
-__global__ void __launch_bounds__(Geo<T>::MAXT, 1) oneshot_kernel(const wf_fused_args a) {
-  constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK;
-  __shared__ float red[2][32];
+__global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf_fused_args a) {
+  using G = OneGeo<T, W>;
+  constexpr int EPV = G::EPV, VMAX = G::VMAX, YK = G::YK, NCM = G::NCMAX;
+  __shared__ uint2 red[2][NCM];
+  const bool norm = a.pattern != WF_FUSED_AR;
+  /* C blocks per row group; block c of group q (c = %cluster_ctarank when
+   * launched as a cluster, which the norm patterns are when C > 1) */
+  const int C = a.cluster, lc = __ffs(C) - 1; /* C: a power of 2 */
+  const int c = (int)blockIdx.x & (C - 1), q = (int)blockIdx.x >> lc, Q = (int)gridDim.x >> lc;
+  const bool clustered = norm && C > 1;
+  const int NV = a.hidden / EPV, NC = (NV + 31) / 32, rank = a.rank;
+  const int CT = (int)blockDim.x << lc, gt = c * (int)blockDim.x + (int)threadIdx.x;
+  const int wbase = gt & ~31; /* the warp's first vector (blockDim.x is a multiple of 32) */
   griddep_wait();
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
-  const uint32_t E = epoch_load(st->lamport_epoch); /* in flight with the check below */
+  /* Everything that does not depend on the epoch goes out at once: the
+   * epoch, the three Lamport byte counts, the error word, and the weight of
+   * the first vector (it then stays in registers for every row). */
+  const uint32_t E = epoch_load(st->lamport_epoch);
+  const uint64_t lb0 = st->lamport_bytes[0], lb1 = st->lamport_bytes[1], lb2 = st->lamport_bytes[2];
+  const uint4 g0 = norm && gt < NV ? ld_vec((const char *)a.gamma + (size_t)gt * 16)
+                                   : make_uint4(0, 0, 0, 0);
   /* Poisoned by an earlier failure (epochs may disagree now): push nothing,
-   * leave (a block-uniform decision), so the peers time out cleanly. */
+   * leave (a block- and cluster-uniform decision), so the peers time out. */
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull))
     return;
+  if (clustered) cluster_arrive_relaxed(); /* "started"; waited on before the first remote store */
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const int cur = (int)(E % 3u), clr = (int)((E + 2u) % 3u);
-  const int NV = a.hidden / EPV, rank = a.rank;
   const size_t RB = (size_t)a.hidden * sizeof(T);
   const size_t slot = (size_t)a.tokens * RB;
   const uint64_t lam = a.off_lamport + (uint64_t)cur * a.lamport_buf_bytes;
   const char *const in = (const char *)a.in;
 
-  /* Rows of this block: row(i) = blockIdx.x + i * G, i < n (n >= 1 since
-   * G <= tokens). Streaming: row i + D is pushed before row i is consumed,
-   * so the link keeps carrying this block's data while it waits, reduces
-   * and normalises, and the re-read of its own input row hits L2. */
+  /* Rows of this group: row(i) = q + i * Q, i < n (n >= 1 since Q <=
+   * tokens). Streaming: row i + D is pushed before row i is consumed, so
+   * the link keeps carrying this block's data while it waits, reduces and
+   * normalises, and the re-read of its own input row hits L2. */
   constexpr int D = 2;
-  const int n = (a.tokens - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int n = (a.tokens - q + Q - 1) / Q;
   const uint64_t mine = lam + (uint64_t)rank * slot;
   auto push_row = [&](int i) {
-    const size_t row = (size_t)blockIdx.x + (size_t)i * gridDim.x;
+    const size_t row = (size_t)q + (size_t)i * Q;
 #pragma unroll
     for (int k = 0; k < VMAX; k++) {
-      const int j = threadIdx.x + k * blockDim.x;
+      const int j = gt + k * CT;
       if (j < NV) {
         const size_t off = row * RB + (size_t)j * 16;
         const uint4 v = lamport_sanitize<T>(ld_vec(in + off));
 #pragma unroll
-        for (int q = 1; q < W; q++) st_vec((char *)a.peer[(rank + q) % W] + mine + off, v);
+        for (int p = 1; p < W; p++) st_vec((char *)a.peer[(rank + p) % W] + mine + off, v);
       }
     }
   };
@@ -253,7 +360,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) oneshot_kernel(const wf_fused
 
   /* What call E - 1 wrote into buffer clr (the peers' slots, cb bytes each)
    * is cleared along the way: this block's share of the vectors, in n parts. */
-  const uint64_t cb = st->lamport_bytes[clr];
+  const uint64_t cb = clr == 0 ? lb0 : clr == 1 ? lb1 : lb2;
   char *const cbase = local + a.off_lamport + (uint64_t)clr * a.lamport_buf_bytes;
   const size_t cvec = cb / 16, ctotal = (size_t)(W - 1) * cvec;
   const size_t clo = ctotal * blockIdx.x / gridDim.x, chi = ctotal * (blockIdx.x + 1) / gridDim.x;
@@ -261,15 +368,15 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) oneshot_kernel(const wf_fused
     const size_t lo = clo + (chi - clo) * i / n, hi = clo + (chi - clo) * (i + 1) / n;
     const uint4 nz = lamport_empty_vec();
 #pragma unroll 1
-    for (int q = 0; q < W - 1; q++) { /* peer slot (rank + 1 + q) % W owns [q*cvec, (q+1)*cvec) */
-      const size_t a0 = lo > q * cvec ? lo : q * cvec;
-      const size_t a1 = hi < (q + 1) * cvec ? hi : (q + 1) * cvec;
-      char *const sb = cbase + (size_t)((rank + 1 + q) % W) * cb - q * cb;
+    for (int p = 0; p < W - 1; p++) { /* peer slot (rank + 1 + p) % W owns [p*cvec, (p+1)*cvec) */
+      const size_t a0 = lo > p * cvec ? lo : p * cvec;
+      const size_t a1 = hi < (p + 1) * cvec ? hi : (p + 1) * cvec;
+      char *const sb = cbase + (size_t)((rank + 1 + p) % W) * cb - p * cb;
       for (size_t v = a0 + threadIdx.x; v < a1; v += blockDim.x) st_vec(sb + v * 16, nz);
     }
   };
 
-  /* 3. poll own buffer, reduce, residual, norm */
+  /* poll own buffer, reduce, residual, norm */
   const char *const lamb = local + lam;
   const bool fp32_acc = (a.flags & WF_FUSED_FP32_ACC) != 0;
   const float inv_scale = load_inv_scale(a);
@@ -278,32 +385,32 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) oneshot_kernel(const wf_fused
   for (int i = 0; i < n; i++, parity ^= 1) {
     if (i + D < n) push_row(i + D);
     clear_part(i);
-    const size_t row = (size_t)blockIdx.x + (size_t)i * gridDim.x;
+    if (clustered && i == 0) cluster_wait_acquire(); /* every block of the cluster has started */
+    const size_t row = (size_t)q + (size_t)i * Q;
     uint4 y[YK];
-    float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < VMAX; k++) {
-      const int j = threadIdx.x + k * blockDim.x;
+      const int j = gt + k * CT;
+      float s = 0.f;
       if (j < NV && !failed) {
         const size_t off = row * RB + (size_t)j * 16;
         /* the residual's load goes out before the wait, not after it */
-        const uint4 rv = a.pattern == WF_FUSED_AR ? make_uint4(0, 0, 0, 0)
-                                                  : ld_vec((const char *)a.res_in + off);
+        const uint4 rv = norm ? ld_vec((const char *)a.res_in + off) : make_uint4(0, 0, 0, 0);
         float f[EPV];
         failed = !sum_ranks<T, W>(
-            [&](int s) {
-              return s == rank ? lamport_sanitize<T>(ld_vec(in + off))
-                               : ld_vec_volatile(lamb + (size_t)s * slot + off);
+            [&](int r) {
+              return r == rank ? lamport_sanitize<T>(ld_vec(in + off))
+                               : ld_vec_volatile(lamb + (size_t)r * slot + off);
             },
-            [&](int s, uint4 &v) {
-              if (s == rank || !lamport_pending(v)) return true;
-              const char *p = lamb + (size_t)s * slot + off;
+            [&](int r, uint4 &v) {
+              if (r == rank || !lamport_pending(v)) return true;
+              const char *p = lamb + (size_t)r * slot + off;
               return bounded_spin([&] { v = ld_vec_volatile(p); return !lamport_pending(v); },
-                                  env, (uint32_t)s, WF_FUSED_SITE_LAMPORT, E) == SPIN_OK;
+                                  env, (uint32_t)r, WF_FUSED_SITE_LAMPORT, E) == SPIN_OK;
             },
             fp32_acc, f);
         if (!failed) {
-          if (a.pattern == WF_FUSED_AR) {
+          if (!norm) {
             st_vec((char *)a.out + off, Pack<T>::from_f32(f));
           } else {
             float r[EPV];
@@ -312,24 +419,29 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) oneshot_kernel(const wf_fused
             for (int e = 0; e < EPV; e++) f[e] += r[e];
             const uint4 yv = Pack<T>::from_f32(f);
             if (k < YK) y[k < YK ? k : 0] = yv;
-            ss += sumsq<T>(yv);
+            s = sumsq<T>(yv);
             st_vec((char *)a.res_out + off, yv);
           }
         }
       }
+      /* warp-uniform: the warp's chunk exists */
+      if (norm && wbase + k * CT < NV) put_chunk(red[parity], (wbase + k * CT) / 32, s, failed, C);
     }
-    if (a.pattern != WF_FUSED_AR) {
+    if (norm) {
+      if (clustered) { cluster_arrive_release(); cluster_wait_acquire(); }
+      else __syncthreads();
       bool any_fail;
-      const float tot = block_sum(ss, red, parity, failed, &any_fail);
-      if (any_fail) { failed = true; break; } /* block-uniform */
+      const float tot = row_total<NCM>(red[parity], NC, &any_fail);
+      if (any_fail) { failed = true; break; } /* uniform over the block and the cluster */
       const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
 #pragma unroll
       for (int k = 0; k < VMAX; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        if (j < NV)
-          store_norm<T>(a, row * RB + (size_t)j * 16, j,
-                        kept<YK>(y, k, (char *)a.res_out + row * RB + (size_t)j * 16), rstd,
-                        inv_scale);
+        const int j = gt + k * CT;
+        if (j < NV) {
+          const size_t off = row * RB + (size_t)j * 16;
+          store_norm<T>(a, off, k == 0 ? g0 : ld_vec((const char *)a.gamma + (size_t)j * 16),
+                        kept<YK>(y, k, (char *)a.res_out + off), rstd, inv_scale);
+        }
       }
     }
   }
@@ -348,17 +460,19 @@ __device__ __forceinline__ int range_start(int p, int tokens, int W) {
 
 template <typename T, int W>
 __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused_args a) {
-  constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK;
-  __shared__ float red[2][32];
+  constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK, NCM = Geo<T>::NCMAX;
+  __shared__ uint2 red[2][NCM];
   griddep_wait();
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
   const uint32_t E = epoch_load(st->flag_epoch);
+  const bool is_ar = a.pattern == WF_FUSED_AR;
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull))
     return;
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const uint32_t par = E & 1u;
-  const int NV = a.hidden / EPV, rank = a.rank, tid = threadIdx.x;
+  const int NV = a.hidden / EPV, NC = (NV + 31) / 32, rank = a.rank, tid = threadIdx.x;
+  const int wbase = tid - (tid & 31); /* the warp's first vector */
   const size_t RB = (size_t)a.hidden * sizeof(T);
   const int rows_per = (a.tokens + W - 1) / W;
   const size_t slot = (size_t)rows_per * RB;
@@ -399,18 +513,33 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
 
   /* 2. own rows: sum, residual, round, push to every peer's AG inbox, norm */
   const bool fp32_acc = (a.flags & WF_FUSED_FP32_ACC) != 0;
-  const bool is_ar = a.pattern == WF_FUSED_AR;
   const float inv_scale = load_inv_scale(a);
   const uint64_t ag_mine = a.off_ag + (uint64_t)rank * slot;
   const char *const rs = local + a.off_rs;
   const int ms = range_start(rank, a.tokens, W), mn = range_start(rank + 1, a.tokens, W) - ms;
-  int parity = 0;
-  for (int r = blockIdx.x; r < mn; r += gridDim.x, parity ^= 1) {
-    uint4 y[YK];
-    float ss = 0.f;
+  /* after the row's put_chunk calls: total (one order), rstd, norm outputs */
+  auto norm_row = [&](int grow, const uint4 (&y)[YK], int par2) {
+    __syncthreads();
+    bool unused;
+    const float tot = row_total<NCM>(red[par2], NC, &unused);
+    const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
 #pragma unroll
     for (int k = 0; k < VMAX; k++) {
       const int j = tid + k * blockDim.x;
+      if (j < NV) {
+        const size_t goff = (size_t)grow * RB + (size_t)j * 16;
+        store_norm<T>(a, goff, ld_vec((const char *)a.gamma + (size_t)j * 16),
+                      kept<YK>(y, k, (char *)a.res_out + goff), rstd, inv_scale);
+      }
+    }
+  };
+  int parity = 0;
+  for (int r = blockIdx.x; r < mn; r += gridDim.x, parity ^= 1) {
+    uint4 y[YK];
+#pragma unroll(W > 4 ? 1 : VMAX) /* keeps f32 with 8 ranks under its register budget */
+    for (int k = 0; k < VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      float s = 0.f;
       if (j < NV) {
         const size_t off = (size_t)r * RB + (size_t)j * 16;
         const size_t goff = (size_t)(ms + r) * RB + (size_t)j * 16;
@@ -432,22 +561,12 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
 #pragma unroll
         for (int i = 1; i < W; i++) st_vec((char *)a.peer[(rank + i) % W] + ag_mine + off, yv);
         if (k < YK) y[k < YK ? k : 0] = yv;
-        if (!is_ar) ss += sumsq<T>(yv);
+        if (!is_ar) s = sumsq<T>(yv);
       }
+      if (!is_ar && wbase + k * (int)blockDim.x < NV)
+        put_chunk(red[parity], (wbase + k * (int)blockDim.x) / 32, s, false, 1);
     }
-    if (!is_ar) {
-      bool unused;
-      const float tot = block_sum(ss, red, parity, false, &unused);
-      const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
-#pragma unroll
-      for (int k = 0; k < VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        if (j < NV)
-          store_norm<T>(a, (size_t)(ms + r) * RB + (size_t)j * 16, j,
-                        kept<YK>(y, k, (char *)a.res_out + (size_t)(ms + r) * RB + (size_t)j * 16),
-                        rstd, inv_scale);
-      }
-    }
+    if (!is_ar) norm_row(ms + r, y, parity);
   }
   __syncthreads();
   if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 1, rank), flag_value(E, 2));
@@ -463,31 +582,21 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
     const int ps = range_start(p, a.tokens, W), pn = range_start(p + 1, a.tokens, W) - ps;
     for (int r = blockIdx.x; r < pn; r += gridDim.x, parity ^= 1) {
       uint4 y[YK];
-      float ss = 0.f;
 #pragma unroll
       for (int k = 0; k < VMAX; k++) {
         const int j = tid + k * blockDim.x;
+        float s = 0.f;
         if (j < NV) {
           const size_t goff = (size_t)(ps + r) * RB + (size_t)j * 16;
           const uint4 yv = ld_vec_cg(ag + (size_t)p * slot + (size_t)r * RB + (size_t)j * 16);
           if (k < YK) y[k < YK ? k : 0] = yv;
           st_vec((char *)(is_ar ? a.out : a.res_out) + goff, yv);
-          if (!is_ar) ss += sumsq<T>(yv);
+          if (!is_ar) s = sumsq<T>(yv);
         }
+        if (!is_ar && wbase + k * (int)blockDim.x < NV)
+          put_chunk(red[parity], (wbase + k * (int)blockDim.x) / 32, s, false, 1);
       }
-      if (!is_ar) {
-        bool unused;
-        const float tot = block_sum(ss, red, parity, false, &unused);
-        const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
-#pragma unroll
-        for (int k = 0; k < VMAX; k++) {
-          const int j = tid + k * blockDim.x;
-          if (j < NV)
-            store_norm<T>(a, (size_t)(ps + r) * RB + (size_t)j * 16, j,
-                          kept<YK>(y, k, (char *)a.res_out + (size_t)(ps + r) * RB + (size_t)j * 16),
-                          rstd, inv_scale);
-        }
-      }
+      if (!is_ar) norm_row(ps + r, y, parity);
     }
   }
   __syncthreads();
@@ -505,11 +614,17 @@ __global__ void fill_u32_kernel(uint32_t *p, size_t n, uint32_t v) {
 
 typedef void (*kernel_fn)(const wf_fused_args);
 
+/* WF_FUSED_WORLD2_ONLY: a quick build (scripts/gpu-fusion --fast-build)
+ * that instantiates the kernels for 2 ranks only; other sizes then fail at
+ * launch with cudaErrorInvalidValue. */
 template <typename T> kernel_fn pick_w(int algo, int world) {
 #define WF_CASE(w) \
   case w: return algo == WF_FUSED_ONESHOT ? oneshot_kernel<T, w> : twoshot_kernel<T, w>;
   switch (world) {
-    WF_CASE(2) WF_CASE(3) WF_CASE(4) WF_CASE(5) WF_CASE(6) WF_CASE(7) WF_CASE(8)
+    WF_CASE(2)
+#ifndef WF_FUSED_WORLD2_ONLY
+    WF_CASE(3) WF_CASE(4) WF_CASE(5) WF_CASE(6) WF_CASE(7) WF_CASE(8)
+#endif
   }
 #undef WF_CASE
   return nullptr;
@@ -524,74 +639,186 @@ kernel_fn pick(int dtype, int algo, int world) {
   return nullptr;
 }
 
-/* Resident blocks per SM for (kernel, threads), cached: deterministic for a
- * given binary and device, hence equal on every rank of a homogeneous node. */
-int blocks_per_sm(kernel_fn k, int threads, int *out) {
-  struct entry { kernel_fn k; int threads, n; };
-  static entry cache[256];
+/* Occupancy, cached: deterministic for a given binary and device, hence
+ * equal on every rank of a homogeneous node. clusters == 0: resident blocks
+ * per SM for (kernel, threads); else the co-resident clusters of that size
+ * on the whole GPU (GPC placement included). */
+int occupancy(kernel_fn k, int threads, int clusters, int *out) {
+  struct entry { kernel_fn k; int threads, clusters, n; };
+  static entry cache[512];
   static int used = 0;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   for (int i = 0; i < used; i++)
-    if (cache[i].k == k && cache[i].threads == threads) { *out = cache[i].n; return 0; }
+    if (cache[i].k == k && cache[i].threads == threads && cache[i].clusters == clusters) {
+      *out = cache[i].n;
+      return 0;
+    }
   int n = 0;
-  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, 0);
-  if (e != cudaSuccess) return (int)e;
-  if (n < 1) n = 1;
-  if (used < 256) { cache[used].k = k; cache[used].threads = threads; cache[used].n = n; used++; }
+  cudaError_t e;
+  if (clusters == 0) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, 0);
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3((unsigned)clusters);
+    cfg.blockDim = dim3((unsigned)threads);
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)clusters;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    e = cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg);
+  }
+  if (e != cudaSuccess) { cudaGetLastError(); return (int)e; }
+  if (n < 1) n = clusters ? 0 : 1;
+  if (used < 512) { cache[used] = entry{k, threads, clusters, n}; used++; }
   *out = n;
   return 0;
 }
 
-int geometry(const wf_fused_args *a, int algo, kernel_fn *kf, int *blocks, int *threads) {
+/* Tuning override (fused_bench's cluster sweep, or WEFT_FUSION_CLUSTER =
+ * 1, 2, 4, 8 in the environment, read once): forced blocks per row group
+ * for the one-shot (1: never split a row), and the smallest block the
+ * automatic choice may split a row into. Process-wide; every rank must set
+ * the same. */
+int g_force_cluster = -1, g_min_threads = 128;
+
+int force_cluster() {
+  if (g_force_cluster < 0) {
+    const char *e = getenv("WEFT_FUSION_CLUSTER");
+    const int v = e ? atoi(e) : 0;
+    g_force_cluster = v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
+  }
+  return g_force_cluster;
+}
+
+struct Shape {
+  kernel_fn k;
+  int blocks, threads, cluster;
+  bool cluster_launch;
+};
+
+/* threads for rows of nv vectors split over C blocks (per thread <= vmax) */
+int threads_for(int nv, int C, int maxt, int vmax, int *t) {
+  const int per = (nv + C * maxt - 1) / (C * maxt);
+  if (per > vmax) return (int)cudaErrorInvalidValue;
+  *t = ((nv + C * per - 1) / (C * per) + 31) / 32 * 32;
+  return 0;
+}
+
+/* The grid: a pure function of the arguments, num_sms and the occupancy
+ * of this binary, hence the same on every rank.
+ *  - two-shot: one block per row of a rank's range, at most what is resident;
+ *  - one-shot: C blocks per row group. C > 1 (a power of 2, <= 8) splits a
+ *    row over several SMs: the largest C whose blocks still have at least
+ *    g_min_threads threads (one vector each), whose tokens * C blocks fit in
+ *    two per SM, and whose tokens clusters are co-resident (norm patterns);
+ *    past that (hundreds of tokens) every SM already has rows to itself and
+ *    C = 1 streams several rows per block. */
+int geometry(const wf_fused_args *a, int algo, Shape *sh) {
   const int esz = a->dtype == WEFT_F32 ? 4 : 2;
-  const int maxt = esz == 4 ? Geo<float>::MAXT : Geo<__nv_bfloat16>::MAXT;
-  const int vmax = esz == 4 ? Geo<float>::VMAX : Geo<__nv_bfloat16>::VMAX;
+  const bool one = algo == WF_FUSED_ONESHOT;
+  const int maxt = esz == 4 ? Geo<float>::MAXT
+                   : one && a->world > 2 ? OneGeo<__nv_bfloat16, 3>::MAXT
+                                          : Geo<__nv_bfloat16>::MAXT;
+  const int vmax = WF_FUSED_MAX_HIDDEN * esz / 16 / maxt;
   const int nv = a->hidden * esz / 16;
-  const int per = (nv + maxt - 1) / maxt;
-  int t = (nv + per - 1) / per;
-  t = (t + 31) / 32 * 32;
+  const int sms = a->num_sms > 0 ? a->num_sms : 1;
   const kernel_fn k = pick(a->dtype, algo, a->world);
-  if (!k || nv < 1 || per > vmax) return (int)cudaErrorInvalidValue;
-  int bps = 1;
-  int e = blocks_per_sm(k, t, &bps);
-  if (e) return e;
-  const int work = algo == WF_FUSED_ONESHOT ? a->tokens : (a->tokens + a->world - 1) / a->world;
-  long g = (long)(a->num_sms > 0 ? a->num_sms : 1) * bps;
-  if (g > work) g = work;
-  if (g > WF_MAX_BLOCKS) g = WF_MAX_BLOCKS;
-  if (g < 1) g = 1;
-  *kf = k;
-  *blocks = (int)g;
-  *threads = t;
+  if (!k || nv < 1) return (int)cudaErrorInvalidValue;
+  const bool norm = a->pattern != WF_FUSED_AR;
+  int C = 1, t = 0, e;
+  const int force = force_cluster();
+  if (algo == WF_FUSED_ONESHOT) {
+    for (int c = 8; c >= 2; c /= 2) {
+      if (force > 0 && c != force) continue;
+      if (threads_for(nv, c, maxt, vmax, &t)) continue;
+      if (force == 0) {
+        if ((nv + c - 1) / c < g_min_threads || (nv + c - 1) / c > maxt) continue;
+        if ((long)a->tokens * c > 2L * sms) continue;
+      }
+      int room = 0;
+      if (norm) {
+        if (occupancy(k, t, c, &room)) room = 0; /* no cluster launch here: C = 1 */
+      } else {
+        if ((e = occupancy(k, t, 0, &room))) return e;
+        room = room * sms / c;
+      }
+      if (room < 1) continue;
+      if (force == 0 && room < a->tokens) continue;
+      long q = a->tokens < room ? a->tokens : room;
+      if (q > WF_MAX_BLOCKS / c) q = WF_MAX_BLOCKS / c;
+      C = c;
+      sh->blocks = (int)q * c;
+      break;
+    }
+  }
+  if (C == 1) {
+    if ((e = threads_for(nv, 1, maxt, vmax, &t))) return e;
+    int bps = 1;
+    if ((e = occupancy(k, t, 0, &bps))) return e;
+    const int work = algo == WF_FUSED_ONESHOT ? a->tokens : (a->tokens + a->world - 1) / a->world;
+    long g = (long)sms * bps;
+    if (g > work) g = work;
+    if (g > WF_MAX_BLOCKS) g = WF_MAX_BLOCKS;
+    if (g < 1) g = 1;
+    sh->blocks = (int)g;
+  }
+  sh->k = k;
+  sh->threads = t;
+  sh->cluster = C;
+  sh->cluster_launch = C > 1 && norm;
   return 0;
 }
 
 }  // namespace
 
-extern "C" int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads) {
-  kernel_fn k;
-  return geometry(a, algo, &k, blocks, threads);
+extern "C" void wf_fused_set_tune(int cluster, int min_threads) {
+  g_force_cluster = cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 ? cluster : 0;
+  g_min_threads = min_threads > 0 ? min_threads : 128;
+}
+
+extern "C" int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads,
+                             int *cluster) {
+  Shape sh;
+  int e = geometry(a, algo, &sh);
+  if (e) return e;
+  *blocks = sh.blocks;
+  *threads = sh.threads;
+  *cluster = sh.cluster;
+  return 0;
 }
 
 extern "C" int wf_fused_launch(const wf_fused_args *a, int algo, void *stream) {
-  kernel_fn k;
-  int blocks, threads;
-  int e = geometry(a, algo, &k, &blocks, &threads);
+  Shape sh;
+  int e = geometry(a, algo, &sh);
   if (e) return e;
+  wf_fused_args args = *a;
+  args.cluster = sh.cluster;
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3((unsigned)blocks);
-  cfg.blockDim = dim3((unsigned)threads);
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  cfg.gridDim = dim3((unsigned)sh.blocks);
+  cfg.blockDim = dim3((unsigned)sh.threads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = (cudaStream_t)stream;
   if (a->flags & WF_FUSED_PDL) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    na++;
   }
-  return (int)cudaLaunchKernelEx(&cfg, k, *a);
+  if (sh.cluster_launch) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = (unsigned)sh.cluster;
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    na++;
+  }
+  cfg.attrs = na ? attr : nullptr;
+  cfg.numAttrs = (unsigned)na;
+  return (int)cudaLaunchKernelEx(&cfg, sh.k, args);
 }
 
 extern "C" int wf_fused_init(void *base, uint64_t lamport_off, uint64_t lamport_bytes,

@@ -132,6 +132,11 @@ int weft_fusion_get_info(weft_fusion *f, weft_fusion_info *info) {
   return nodev("fusion get_info");
 }
 int weft_fusion_check_error(weft_fusion *f) { (void)f; return nodev("fusion check_error"); }
+int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, int *blocks,
+                       int *threads, int *cluster) {
+  (void)f; (void)p; (void)algo; (void)blocks; (void)threads; (void)cluster;
+  return nodev("fusion geometry");
+}
 int weft_fusion_abort(weft_fusion *f) { (void)f; return nodev("fusion abort"); }
 
 #else
@@ -184,8 +189,18 @@ static int init_workspace(weft_fusion *f, const layout *l) {
   return rc;
 }
 
+/* AUTO's one-shot limit. Two ranks: none (one-shot whenever the workspace
+ * holds it). There both kernels move the same bytes per link direction (the
+ * one-shot the whole tensor once, the two-shot half of it twice), and the
+ * one-shot needs no barrier; measured on 2 x H200 (bench/results/
+ * fused-nvidia-h200-x2-2026-11-30.md) the two-shot was ahead only at 8 MiB
+ * (4 %) and 16 MiB (1.4 %) and behind by 7-12 % at 32, 64 and 128 MiB, so
+ * no single switch point beats "never". More ranks: the one-shot moves
+ * (W-1) times the bytes per rank; 2 MiB up to 4 ranks, 512 KiB beyond
+ * (not yet measured). */
+#define WF_FUSION_NO_LIMIT INT64_MAX
 static int64_t default_oneshot_max(int world) {
-  return world == 2 ? 16 * MIB : world <= 4 ? 2 * MIB : 512 * KIB;
+  return world == 2 ? WF_FUSION_NO_LIMIT : world <= 4 ? 2 * MIB : 512 * KIB;
 }
 
 int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out) {
@@ -288,10 +303,13 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
     fusion_free(f);
     return rc;
   }
+  char lim[40] = "any size";
+  if (f->oneshot_max_bytes != WF_FUSION_NO_LIMIT)
+    snprintf(lim, sizeof lim, "<= %lld bytes", (long long)f->oneshot_max_bytes);
   wf_log(1, "%s: %zu bytes per rank (max %lld tokens x %lld %s, one-shot up to %lld tokens, "
-         "auto one-shot <= %lld bytes), %d SMs", op, f->ws_bytes, (long long)f->opts.max_tokens,
-         (long long)f->opts.hidden, dtype_name(f->opts.dtype), (long long)f->os_tokens,
-         (long long)f->oneshot_max_bytes, a->num_sms);
+         "auto one-shot at %s), %d SMs", op, f->ws_bytes, (long long)f->opts.max_tokens,
+         (long long)f->opts.hidden, dtype_name(f->opts.dtype), (long long)f->os_tokens, lim,
+         a->num_sms);
   *out = f;
   return 0;
 }
@@ -438,6 +456,22 @@ int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, 
   int rc = validate(f, p, op, algo, &w);
   if (!rc && why) *why = w;
   return rc;
+}
+
+int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, int *blocks,
+                       int *threads, int *cluster) {
+  WF_CHECK_ARG(f && p && algo && blocks && threads && cluster, "fusion geometry: NULL argument");
+  const char *why;
+  int rc = validate(f, p, "fusion geometry", algo, &why);
+  if (rc) return rc;
+  wf_fused_args a = f->base;
+  a.tokens = (int32_t)(p->tokens > 0 ? p->tokens : 1);
+  a.hidden = (int32_t)p->hidden;
+  a.pattern = p->pattern;
+  a.flags = p->flags;
+  a.dtype = p->dtype;
+  int e = wf_fused_grid(&a, *algo, blocks, threads, cluster);
+  return e ? wf_cuda_err(__FILE__, __LINE__, "fusion geometry", (cudaError_t)e) : 0;
 }
 
 static int refuse_failed(weft_fusion *f, const char *op) {

@@ -73,6 +73,7 @@ typedef struct wf_fused_args {
   float eps;
   int32_t tokens, hidden, rank, world, pattern, flags, dtype; /* dtype: WEFT_* */
   int32_t num_sms;      /* agreed (min over the group) SM count: same grid everywhere */
+  int32_t cluster;      /* set by the launch: one-shot blocks per row group (1: none) */
 } wf_fused_args;
 
 #ifdef __cplusplus
@@ -85,8 +86,19 @@ int wf_fused_launch(const wf_fused_args *a, int algo, void *stream);
 /* Fill the Lamport region with -0.0 of dtype and zero state and flags. */
 int wf_fused_init(void *base, uint64_t lamport_off, uint64_t lamport_bytes,
                   uint64_t zero_bytes, int dtype, void *stream);
-/* The grid the launch would use (for tests and the bench). */
-int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads);
+/* The grid the launch would use (for tests and the bench): blocks, threads
+ * per block, one-shot blocks per row group (cluster; 1 for the two-shot). */
+int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads, int *cluster);
+/* Tuning (bench/fused_bench.cu's cluster sweep; process-wide, set the same
+ * on every rank before the calls): cluster 1/2/4/8 forces the one-shot's
+ * blocks per row group (anything else: automatic); min_threads (<= 0: 128)
+ * is the smallest block the automatic choice splits a row into. */
+void wf_fused_set_tune(int cluster, int min_threads);
+/* src/fusion.c: the kernel and grid a call would use (no launch). */
+struct weft_fusion;
+struct weft_fusion_params;
+int wf_fusion_geometry(struct weft_fusion *f, const struct weft_fusion_params *p, int *algo,
+                       int *blocks, int *threads, int *cluster);
 #ifdef __cplusplus
 }
 #endif

@@ -278,8 +278,9 @@ end)
 describe("weft.fusion policy", function()
   it("picks one-shot for small tensors and two-shot past the limit", function()
     assert.are.equal("oneshot", (fusion.resolve_algo(2, 1, 4096, "bf16")))
-    assert.are.equal("oneshot", (fusion.resolve_algo(2, 2048, 4096, "bf16")))   -- 16 MiB
-    assert.are.equal("twoshot", (fusion.resolve_algo(2, 2049, 4096, "bf16")))
+    assert.are.equal("oneshot", (fusion.resolve_algo(2, 8192, 8192, "bf16")))   -- 2 ranks: no limit
+    assert.are.equal("oneshot", (fusion.resolve_algo(4, 256, 4096, "bf16")))    -- 2 MiB, 4 ranks
+    assert.are.equal("twoshot", (fusion.resolve_algo(4, 257, 4096, "bf16")))
     assert.are.equal("twoshot", (fusion.resolve_algo(8, 128, 4096, "bf16")))    -- 1 MiB, 8 ranks
     assert.are.equal("twoshot", (fusion.resolve_algo(2, 1, 4096, "bf16", "twoshot")))
     local a, why = fusion.resolve_algo(4, 8, 4096, "f32", nil, 1024)

@@ -52,11 +52,20 @@ end
 ---------------------------------------------------------------- policy (pure)
 
 -- Default one-shot limit in bytes by world size (the C side's default too;
--- WEFT_FUSION_ONESHOT_MAX overrides it there). Tuned from bench/results.
+-- WEFT_FUSION_ONESHOT_MAX overrides it there). Two ranks: no limit (math.huge):
+-- both kernels move the same bytes per link direction there and the one-shot
+-- needs no barrier; on 2 x H200 the two-shot led only at 8 and 16 MiB (by 4 and
+-- 1.4 %) and trailed by 7-12 % at 32-128 MiB (bench/results/fused-nvidia-h200-
+-- x2-2026-11-30.md), so no switch point beats none. More ranks: the one-shot
+-- moves (world - 1) times the bytes; not yet measured.
 function M.oneshot_max_bytes(world)
-  if world == 2 then return 16 * 1048576 end
+  if world == 2 then return math.huge end
   if world <= 4 then return 2 * 1048576 end
   return 512 * 1024
+end
+
+local function bytes_str(n)
+  return n == math.huge and "none" or ("%d"):format(n)
 end
 
 -- resolve_algo(world, tokens, hidden, dtype [, requested [, limit]]) -> "oneshot"|"twoshot", why
@@ -68,9 +77,9 @@ function M.resolve_algo(world, tokens, hidden, dtype, requested, limit)
   local bytes = tokens * hidden * (ESIZE[dtype] or 2)
   limit = limit or M.oneshot_max_bytes(world)
   if bytes <= limit then
-    return "oneshot", ("%d bytes <= one-shot limit %d (world %d): latency path"):format(bytes, limit, world)
+    return "oneshot", ("%d bytes <= one-shot limit %s (world %d): latency path"):format(bytes, bytes_str(limit), world)
   end
-  return "twoshot", ("%d bytes > one-shot limit %d (world %d): bandwidth path"):format(bytes, limit, world)
+  return "twoshot", ("%d bytes > one-shot limit %s (world %d): bandwidth path"):format(bytes, bytes_str(limit), world)
 end
 
 -- resolve_backend(requested, {multi_node=, allow_multicast=}) -> name|nil, why
