@@ -215,6 +215,8 @@ M.OPTIONS = {
     help = "wall-clock limit in seconds: stop all ranks and exit 124 when reached" },
   { long = "no-prefix", key = "no_prefix", kind = "flag",
     help = "relay output without the \"[rankN] \" prefix" },
+  { long = "repl", key = "repl", kind = "flag", standalone = true,
+    help = "live REPL: rank 0 reads Lua chunks from stdin, each runs on every rank (script optional)" },
   { long = "help", short = "h", key = "help", kind = "flag", standalone = true,
     help = "show this help" },
 }
@@ -728,12 +730,12 @@ function M.main(argv, root)
   end
   if opts.help then emit(1, M.usage()); return 0 end
   root = M.realpath(root or ".") or root
+  if opts.repl then return require("weft.repl").launch(opts, root, M) end
   if not opts.master_port then
     local port, perr = M.free_port(opts.master_addr)
     if not port then say("cannot find a free port on %s: %s", opts.master_addr, perr); return 1 end
     opts.master_port = port
   end
-  -- future: if opts.repl then return require("weft.repl_launch").main(opts, M.plan(opts, root)) end
   return M.launch(M.plan(opts, root))
 end
 

@@ -1,0 +1,27 @@
+# Host all-reduce benchmark: weft (shared memory) vs Open MPI's MPI_Allreduce,
+# side by side in one run; results in bench/results/host-allreduce-*.{json,md}.
+#   make bench-host [BENCH_HOST_ARGS="--worlds 2,4 --max 67108864"]
+MPICC ?= mpicc
+MPI_ALLREDUCE := $(BUILD)/mpi_allreduce
+
+.PHONY: bench-host mpi-deps
+bench: bench-host
+
+# Installs Open MPI from Debian when missing (root), otherwise says what to do.
+mpi-deps:
+	@if ! command -v $(MPICC) >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "weft: installing openmpi-bin libopenmpi-dev from Debian"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq >/dev/null && apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
+	  else \
+	    echo "weft: Open MPI missing; install with: sudo apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; \
+	  fi; \
+	fi
+
+$(MPI_ALLREDUCE): bench/mpi_allreduce.c | mpi-deps
+	@mkdir -p $(BUILD)
+	$(MPICC) -O2 -Wall -Wextra -o $@ $<
+
+bench-host: deps lib $(MPI_ALLREDUCE)
+	WEFT_LIB=$(abspath $(LIB)) luajit scripts/bench-host.lua --mpi $(MPI_ALLREDUCE) $(BENCH_HOST_ARGS)

@@ -1,0 +1,195 @@
+-- weft.init / weft.dist in one process: environment parsing and its errors,
+-- the world of one rank and the bypass of every collective, model-parallel
+-- getters on one rank, options validation, the policy table, shutdown.
+local ROOT = os.getenv("PWD") or "."
+
+-- runs a snippet in a fresh luajit with the given environment (RANK & co
+-- cleared first); returns ok, output
+local function sub(env, code)
+  local vars = {}
+  for k, v in pairs(env) do vars[#vars + 1] = ("%s='%s'"):format(k, v) end
+  local cmd = ("env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT "
+               .. "-u WEFT_TIMEOUT_MS %s LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' timeout -s KILL 30 luajit -e \"%s\" 2>&1; echo rc=$?")
+              :format(table.concat(vars, " "), ROOT, ROOT, code)
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  return out:match("rc=0%s*$") ~= nil, out
+end
+
+describe("weft.dist", function()
+  describe("environment", function()
+    local cases = {
+      { { RANK = "5", WORLD_SIZE = "4", MASTER_PORT = "1" }, "RANK=5 is not below WORLD_SIZE=4" },
+      { { RANK = "x", WORLD_SIZE = "2" }, "RANK=\\\"x\\\" is not an integer" },
+      { { RANK = "1" }, "RANK=1 is set but WORLD_SIZE is not" },
+      { { RANK = "0", WORLD_SIZE = "2" }, "WORLD_SIZE=2 needs MASTER_PORT" },
+      { { RANK = "0", WORLD_SIZE = "0" }, "WORLD_SIZE=0 is out of range" },
+      { { RANK = "0", WORLD_SIZE = "2", MASTER_PORT = "70000" }, "MASTER_PORT=70000 is out of range" },
+      { { RANK = "1", WORLD_SIZE = "4", LOCAL_RANK = "3", LOCAL_WORLD_SIZE = "2", MASTER_PORT = "1" },
+        "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2" },
+      { { WEFT_TIMEOUT_MS = "0" }, "WEFT_TIMEOUT_MS=0 is out of range" },
+    }
+    for _, c in ipairs(cases) do
+      it("refuses " .. c[2]:gsub("\\", ""), function()
+        local ok, out = sub(c[1], "require('weft').init()")
+        assert.is_false(ok, out)
+        assert.is_truthy(out:find("weft: init: " .. c[2]:gsub("\\", ""), 1, true), out)
+      end)
+    end
+
+    it("reads the torchrun names, with defaults", function()
+      local d = require "weft.dist"
+      local ok, out = sub({ RANK = "3", WORLD_SIZE = "8", LOCAL_WORLD_SIZE = "4", MASTER_PORT = "1234",
+                            WEFT_TIMEOUT_MS = "777", WEFT_HOST_BACKEND = "store" },
+        "local e = require('weft.dist').parse_env(); print(e.rank, e.world_size, e.local_rank, e.local_world_size, e.master_addr, e.master_port, e.timeout_ms, e.host_backend)")
+      assert.is_true(ok, out)
+      assert.matches("3\t8\t3\t4\t127.0.0.1\t1234\t777\tstore", out)
+      ok, out = sub({}, "local e = require('weft.dist').parse_env(); print(e.rank, e.world_size, e.local_rank, e.timeout_ms)")
+      assert.is_true(ok, out)
+      assert.matches("0\t1\t0\t" .. d.DEFAULT_TIMEOUT_MS, out)
+    end)
+
+    it("runs a world of one from a bare environment, and a world of two through weft-run", function()
+      local ok, out = sub({}, "local w = require('weft').init(); print(w.world_size, w.rank, w.unique_name)")
+      assert.is_true(ok, out)
+      assert.matches("1\t0\tworld", out)
+      local p = io.popen(("timeout -s KILL 60 %s/scripts/weft-run -n 2 -- luajit -e \"local weft = require('weft'); "
+        .. "local w = weft.init(); local x = weft.tensor.full({2}, w.rank + 1, 'f32'); w:all_reduce(x); "
+        .. "print('sum', x:to_table()[1]); weft.shutdown()\" 2>&1; echo rc=$?"):format(ROOT))
+      out = p:read("*a"); p:close()
+      assert.matches("rc=0", out)
+      assert.matches("%[rank0%] sum\t3", out)
+      assert.matches("%[rank1%] sum\t3", out)
+    end)
+  end)
+
+  describe("one process", function()
+    local weft = require "weft"
+    local T = weft.tensor
+
+    teardown(function() weft.shutdown() end)
+
+    it("validates init options", function()
+      assert.has_error(function() weft.init { foo = 1 } end, "weft: init: unknown option \"foo\" (timeout_ms, backend)")
+      assert.has_error(function() weft.init { backend = "carrier-pigeon" } end,
+                       "weft: init: unknown backend \"carrier-pigeon\" (auto, shm, store)")
+      local ok, err = pcall(weft.init, { timeout_ms = -5 })
+      assert.is_false(ok); assert.matches("timeout_ms must be a positive number", err)
+      assert.is_false(weft.is_initialized())
+    end)
+
+    it("gives a world group of one with the seed's properties", function()
+      local w = weft.init()
+      assert.are.equal(w, weft.init())
+      assert.are.equal(w, weft.world())
+      assert.are.equal(0, w.rank); assert.are.same({ 0 }, w.ranks)
+      assert.are.equal(1, w.world_size); assert.are.equal(0, w.rank_in_group); assert.are.equal(0, w.local_rank)
+      assert.are.equal(0, w.first_rank); assert.are.equal(0, w.last_rank)
+      assert.is_true(w.is_first_rank); assert.is_true(w.is_last_rank)
+      assert.are.equal(0, w.next_rank); assert.are.equal(0, w.prev_rank)
+      assert.are.equal("world", w.unique_name)
+      assert.is_nil(w.cpu_group); assert.is_nil(w.device_group)
+      assert.are.equal(1, weft.world_size()); assert.are.equal(0, weft.world_rank())
+      assert.matches("GroupCoordinator%(world: ranks={0}", tostring(w))
+    end)
+
+    it("bypasses every collective on a world of one", function()
+      local w = weft.world()
+      local x = T.from_table({ 1, 2, 3, 4 }, "f32", { 2, 2 })
+      assert.are.equal(x, w:all_reduce(x))
+      assert.are.same({ 1, 2, 3, 4 }, x:to_table())
+      assert.are.same({ 1, 2, 3, 4 }, w:all_gather(x, 1):to_table())
+      assert.are.same({ 1, 2, 3, 4 }, w:reduce_scatter(x, 0):to_table())
+      assert.are.equal(x, w:broadcast(x, 0))
+      assert.are.equal(x, w:gather(x, 0))
+      local out = T.empty({ 2, 2 }, "f32")
+      w:all_to_all_single(out, x)
+      assert.are.same({ 1, 2, 3, 4 }, out:to_table())
+      w:barrier()
+      local obj = { a = 1 }
+      assert.are.equal(obj, w:broadcast_object(obj))
+      assert.are.same({ obj }, w:all_gather_object(obj))
+      local d = { t = x }
+      assert.are.equal(d, w:broadcast_tensor_dict(d))
+      assert.is_nil(w:recv_tensor_dict())
+      local y, r = w:fused_allreduce_rmsnorm(x, T.zeros({ 2, 2 }, "f32"), T.ones({ 2 }, "f32"), 0)
+      local v = y:to_table()
+      assert.is_true(math.abs(v[1] - 1 / math.sqrt(2.5)) < 1e-6)
+      assert.are.same({ 1, 2, 3, 4 }, r:to_table())
+      -- validation still applies on a group of one
+      assert.has_error(function() w:broadcast(x, 1) end)
+      assert.has_error(function() w:all_reduce(x:transpose(0, 1)) end)
+    end)
+
+    it("builds every model-parallel group on one rank, aliased as the seed does", function()
+      assert.is_false(weft.model_parallel_is_initialized())
+      local plan = weft.initialize_model_parallel {}
+      assert.are.equal(1, plan.world_size)
+      assert.is_true(weft.model_parallel_is_initialized())
+      for _, k in ipairs({ "tp", "pp", "attn_tp", "attn_cp", "moe_ep", "moe_tp", "moe_dp" }) do
+        assert.are.equal(1, weft[k]().world_size)
+        assert.are.equal(1, weft[k .. "_size"]())
+        assert.are.equal(0, weft[k .. "_rank"]())
+      end
+      assert.are.equal(weft.tp(), weft.attn_tp())
+      assert.are.equal(weft.tp(), weft.moe_tp())
+      assert.are_not.equal(weft.tp(), weft.pp())
+      assert.are.equal("tp.0", weft.tp().unique_name)
+      assert.are.equal(weft.tp(), weft.get_tp_group())
+      assert.are.equal(1, weft.get_tensor_model_parallel_world_size())
+      assert.are.equal(plan, weft.plan())
+      local tp = weft.tp()
+      weft.destroy_model_parallel()
+      assert.is_true(tp.destroyed)
+      assert.is_false(weft.model_parallel_is_initialized())
+      assert.has_error(function() weft.pp() end)
+    end)
+
+    it("re-exports the submodules and reports CUDA availability as a boolean", function()
+      assert.are.equal(require "weft.tensor", weft.tensor)
+      assert.are.equal(require "weft.topology", weft.topology)
+      assert.are.equal(require "weft.policy", weft.policy)
+      assert.are.equal(require "weft.serialize", weft.serialize)
+      assert.are.equal("boolean", type(weft.cuda_available()))
+      assert.is_true(weft.now_us() > 0)
+    end)
+
+    it("explains and extends the dispatch table", function()
+      local policy = weft.policy
+      local w = weft.world()
+      local x = T.zeros({ 8, 16 }, "bf16")
+      assert.are.equal("bypass", (policy.select(w, "all_reduce", x)))
+      assert.matches("all_reduce bf16 {8,16} %(256 B, cpu%) on world %(1 ranks%): bypass", policy.explain(w, x))
+      -- a two-rank stand-in: the host rules
+      local g = { world_size = 2, same_node = true, unique_name = "fake" }
+      assert.are.equal("shm", (policy.select(g, "all_reduce", x)))
+      assert.are.equal("shm_gather", (policy.select(g, "all_reduce", T.zeros({ 2 }, "u8"))))
+      assert.are.equal("shm_gather", (policy.select(g, "all_reduce", x, "prod")))
+      assert.are.equal("shm", (policy.select(g, "all_gather", T.zeros({ 2 }, "u8"))))
+      g.same_node = false
+      assert.are.equal("store", (policy.select(g, "all_reduce", x)))
+      g.same_node, g.host_backend = true, "store"
+      assert.are.equal("store", (policy.select(g, "broadcast", x)))
+      g.host_backend = nil
+      -- a device tensor with no device backend, then one registered
+      local dev = { dtype = "bf16", shape = { 4 }, nbytes = 8, device = "cuda:0" }
+      assert.are.equal("no_device_backend", (policy.select(g, "all_reduce", dev)))
+      policy.add_rule { name = "test device", backend = "test_dev", why = "a test",
+                        when = function(_, _, t) return t.device ~= "cpu" end }
+      assert.are.equal("test_dev", (policy.select(g, "all_reduce", dev)))
+      assert.matches("test_dev — a test", policy.explain(g, dev))
+      assert.is_true(policy.remove_rule("test device"))
+      assert.are.equal("no_device_backend", (policy.select(g, "all_reduce", dev)))
+    end)
+
+    it("shuts down and starts again", function()
+      weft.shutdown()
+      assert.is_false(weft.is_initialized())
+      local w = weft.init()
+      assert.are.equal(1, w.world_size)
+      weft.shutdown()
+      weft.shutdown()
+    end)
+  end)
+end)
