@@ -59,17 +59,7 @@ local REDUCIBLE = { f32 = true, f16 = true, bf16 = true, i32 = true, i64 = true,
 local u8p = ffi.typeof("uint8_t *")
 
 ---------------------------------------------------------------- clock
-if not pcall(ffi.typeof, "weft_async_timespec") then
-  ffi.cdef [[
-    typedef struct { long tv_sec; long tv_nsec; } weft_async_timespec;
-    int weft_async_clock_gettime_(int clk, weft_async_timespec *ts) __asm__("clock_gettime");
-  ]]
-end
-local ts = ffi_new("weft_async_timespec")
-local function now_ms()
-  C.weft_async_clock_gettime_(1, ts)
-  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) * 1e-6
-end
+local now_ms = require("weft.clock").now_ms
 M.now_ms = now_ms
 
 ---------------------------------------------------------------- lazy modules

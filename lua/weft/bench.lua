@@ -35,17 +35,7 @@ function M.time_runs(cuda, stream, n, fn)
 end
 
 -- Wall-clock nanoseconds (CLOCK_MONOTONIC).
-if not pcall(ffi.typeof, "weft_bench_timespec") then
-  ffi.cdef [[
-    typedef struct { long tv_sec; long tv_nsec; } weft_bench_timespec;
-    int clock_gettime(int clk, weft_bench_timespec *ts);
-  ]]
-end
-local ts = ffi.new("weft_bench_timespec")
-function M.now_ns()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) * 1e9 + tonumber(ts.tv_nsec)
-end
+M.now_ns = require("weft.clock").now_ns
 
 function M.human_bytes(b)
   if b >= 1024 ^ 3 and b % 1024 ^ 3 == 0 then return fmt("%d GiB", b / 1024 ^ 3) end

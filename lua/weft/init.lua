@@ -90,15 +90,7 @@ M.get_dcp_world_size = M.dcp_size
 M.get_dcp_rank = M.dcp_rank
 
 -- monotonic clock in microseconds (a float), for benchmarks and demos
-local ffi = require "ffi"
-if not pcall(function() return ffi.C.weft_clock_gettime_ end) then
-  ffi.cdef [[ int weft_clock_gettime_(int clk, void *ts) __asm__("clock_gettime"); ]]
-end
-local ts = ffi.new("long[2]")
-function M.now_us()
-  ffi.C.weft_clock_gettime_(1, ts)          -- CLOCK_MONOTONIC
-  return tonumber(ts[0]) * 1e6 + tonumber(ts[1]) * 1e-3
-end
+M.now_us = require("weft.clock").now_us
 
 -- true when weft.cuda loads and reports a device; never raises
 function M.cuda_available()

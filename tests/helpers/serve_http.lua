@@ -19,7 +19,6 @@ pcall(ffi.cdef, [[
   int close(int fd);
   int poll(void *fds, unsigned long n, int timeout);
   int inet_pton(int af, const char *src, void *dst);
-  int clock_gettime(int clk, void *ts);
 ]])
 local C = ffi.C
 local AF_INET, SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC = 2, 1, 0x800, 0x80000
@@ -29,11 +28,7 @@ local MSG_NOSIGNAL = 0x4000
 
 local M = {}
 
-local tsb = ffi.new("long[2]")
-function M.now_ms()
-  C.clock_gettime(1, tsb)
-  return tonumber(tsb[0]) * 1000 + tonumber(tsb[1]) / 1e6
-end
+M.now_ms = require("weft.clock").now_ms
 
 local function connect(host, port)
   local fd = C.socket(AF_INET, bit.bor(SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC), 0)
