@@ -15,7 +15,8 @@
 //   variants  f16 / f32, AR / AR+RMSNorm / +FP8 (within the e4m3 codes the
 //             norm bound allows, and code for code the host quantisation of
 //             the device's residual_out), Gemma, f32 accumulation off,
-//             PDL with trigger early / at end followed by a PDL consumer;
+//             PDL with trigger early / at end followed by a PDL consumer,
+//             the one-shot with a different grid on each rank;
 //   stress    a long eager sequence of calls of changing size, algorithm and
 //             pattern (Lamport rotation and clears with varying sizes);
 //   graph     a CUDA graph of several calls replayed many times on changing
@@ -29,11 +30,16 @@
 // unfused path (NCCL all-reduce + weft_cuda_rmsnorm), plain all-reduces of
 // the same bytes (this kernel's AR pattern, weft_ar, NCCL), the grid each
 // point used; then the sweep: the one-shot at 1..128 tokens with 1, 2, 4, 8
-// blocks per row (cluster), to tune the automatic choice. JSON + markdown
-// (DESIGN.md §7) into --out (default $OUT, else .).
+// blocks per row (cluster), to tune the automatic choice, and at the
+// automatic geometry where the time goes (probes that leave out the
+// sum-of-squares exchange, or everything after residual_out; the AR pattern;
+// the old late-input prologue; a per-phase clock inside the kernel); then
+// the skew test: a peer late before every replay must cost its lateness once,
+// not put the pair into a slow state (A/B against the old spin). JSON +
+// markdown (DESIGN.md §7) into --out (default $OUT, else .).
 //
 // --only a,b,...: run only these parts (refusals, matrix, variants, stress,
-// graph, faults, bench, sweep); --quick: fewer repetitions.
+// graph, faults, bench, sweep, skew); --quick: fewer repetitions.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -519,6 +525,37 @@ static void test_variants(weft_fusion *ws) {
       }
 }
 
+/* The one-shot indexes its data by row, never by block, so ranks may launch
+ * different grids (the cluster occupancy may follow a chip's GPC layout):
+ * rank 0 splits rows over 8 blocks, the others use one block per row. The
+ * outputs must still be right and bit-equal on every rank. */
+static void test_grids(weft_fusion *ws) {
+  struct G { int64_t T, H; int pattern; };
+  const G gs[] = {{3, 8192, WEFT_FUSION_AR_RMSNORM}, {32, 8192, WEFT_FUSION_AR_RMSNORM},
+                  {77, 4096, WEFT_FUSION_AR_RMSNORM}, {5, 16384, WEFT_FUSION_AR}};
+  int i = 0;
+  for (const G &c : gs) {
+    HostData d;
+    gen(d, c.T, c.H, WEFT_BF16, seed_of(15, (uint64_t)i++));
+    Dev v;
+    v.alloc(c.T, c.H, WEFT_BF16);
+    v.upload(d);
+    wf_fused_set_tune(g_rank == 0 ? 8 : 1, 0);
+    weft_fusion_params p = params(v, d, c.pattern, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
+    int al = 0, b = 0, t = 0, cl = 0;
+    WK(wf_fusion_geometry(ws, &p, &al, &b, &t, &cl));
+    int64_t mine[3] = {b, t, cl}, lo[3] = {b, t, cl};
+    WK(weft_cpugroup_allreduce_i64(g_cg, mine, 3, WEFT_MAX));
+    WK(weft_cpugroup_allreduce_i64(g_cg, lo, 3, WEFT_MIN));
+    say("     (one-shot %lldx%lld, a different grid per rank: %lld..%lld blocks x %lld..%lld threads, "
+        "%lld..%lld per row group)\n", (long long)c.T, (long long)c.H, (long long)lo[0], (long long)mine[0],
+        (long long)lo[1], (long long)mine[1], (long long)lo[2], (long long)mine[2]);
+    run_and_check(ws, v, d, p, "variant");
+    wf_fused_set_tune(0, 0);
+    v.release();
+  }
+}
+
 /* Many eager calls of changing size, algorithm and pattern. */
 static void test_stress(weft_fusion *ws, int iters) {
   const int64_t hs[] = {2048, 4096, 5120};
@@ -690,8 +727,21 @@ static void test_faults(weft_cpugroup *cg) {
 struct Rec { std::string op, backend; int64_t tokens, hidden, bytes; double us; };
 static std::vector<Rec> g_recs;
 
-/* Median time per call of enqueue(), captured K times in one graph. */
-template <class F> static double time_graph(F enqueue, int K, int R) {
+/* Sleeps ns on the stream (a late peer, for the skew test). */
+__global__ void delay_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+/* Median time per call of enqueue(), captured K times in one graph.
+ * skew_ns > 0: rank 1 sleeps that long on its stream before every replay,
+ * so every replay's first call finds rank 1 late (both ranks' figures then
+ * include skew_ns / K per call). */
+template <class F> static double time_graph(F enqueue, int K, int R, uint64_t skew_ns = 0) {
   enqueue();  /* warm-up outside the capture */
   CU(cudaStreamSynchronize(g_stream));
   weft_cuda_graph *gr = nullptr;
@@ -703,6 +753,7 @@ template <class F> static double time_graph(F enqueue, int K, int R) {
   std::vector<cudaEvent_t> ev(R + warm + 1);
   for (auto &e : ev) CU(cudaEventCreate(&e));
   for (int r = 0; r < R + warm; r++) {
+    if (skew_ns && g_rank == 1) delay_kernel<<<1, 32, 0, g_stream>>>(skew_ns);
     CU(cudaEventRecord(ev[r], g_stream));
     WK(weft_cuda_graph_launch(gr, g_stream));
   }
@@ -791,9 +842,127 @@ static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
   WK(weft_fusion_destroy(ws));
 }
 
+/* The one-shot's phase clock (kernels/fused_norm.cu, WF_FUSED_TR_*): mean
+ * ns since kernel entry at each phase, block 0 thread 0, first row. */
+struct Trace { std::string what; int64_t T, H; int cluster; double us; double ns[WF_FUSED_TR_SLOTS]; };
+static std::vector<Trace> g_traces;
+static double g_clock_ghz = 0;
+
+static double clock_ghz() {
+  if (g_clock_ghz == 0) {
+    int dev = 0, khz = 0;
+    CU(cudaGetDevice(&dev));
+    CU(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+    g_clock_ghz = khz > 0 ? khz / 1e6 : 1.98;
+  }
+  return g_clock_ghz;
+}
+
+/* One timed configuration under probe bits (and the phase clock when trace
+ * is set); every rank sets the same. */
+static double timed(weft_fusion *ws, const weft_fusion_params &p, int probe, int R,
+                    unsigned long long *trace = nullptr, double *ns = nullptr) {
+  if (trace) CU(cudaMemsetAsync(trace, 0, WF_FUSED_TR_SLOTS * sizeof(unsigned long long), g_stream));
+  wf_fused_set_probe(probe, trace);
+  const double us = time_graph([&] { WK(weft_fusion_run(ws, &p)); }, 40, R);
+  wf_fused_set_probe(0, nullptr);
+  if (trace && ns) {
+    unsigned long long h[WF_FUSED_TR_SLOTS];
+    CU(cudaMemcpy(h, trace, sizeof h, cudaMemcpyDeviceToHost));
+    const double n = h[WF_FUSED_TR_CALLS] ? (double)h[WF_FUSED_TR_CALLS] : 1.0;
+    ns[0] = (double)h[WF_FUSED_TR_CALLS];
+    for (int i = 1; i < WF_FUSED_TR_SLOTS; i++) ns[i] = (double)h[i] / n / clock_ghz();
+  }
+  return us;
+}
+
 /* The one-shot with 1, 2, 4, 8 blocks per row (forced), at few tokens: the
- * data for the automatic choice (kernels/fused_norm.cu geometry()). */
+ * data for the automatic choice (kernels/fused_norm.cu geometry()). Then, at
+ * the automatic geometry, where the time goes: the same call without the
+ * sum-of-squares exchange (wrong norm), with the residual add only, as the
+ * AR pattern, and with the input loaded late (the old prologue), timed; and
+ * the phase clock of the fused and the AR call. */
 static void sweep(int quick) {
+  weft_fusion_opts o;
+  memset(&o, 0, sizeof o);
+  o.max_tokens = 128; o.hidden = 16384; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
+  weft_fusion *ws = nullptr;
+  WK(weft_fusion_create(g_cg, &o, &ws));
+  Dev v;
+  v.alloc(128, 16384, WEFT_BF16);
+  unsigned long long *trace = nullptr;
+  CU(cudaMalloc((void **)&trace, WF_FUSED_TR_SLOTS * sizeof(unsigned long long)));
+  const int R = quick ? 10 : 30;
+  struct Pt { int64_t H, T; };
+  const Pt pts[] = {{4096, 1}, {4096, 8}, {4096, 32}, {4096, 128}, {8192, 1},  {8192, 8},  {8192, 32},
+                    {8192, 128}, {5120, 1}, {5120, 32}, {7168, 1}, {7168, 32}, {16384, 1}, {16384, 32}};
+  for (const Pt &pt : pts) {
+    const int64_t H = pt.H, T = pt.T, n = T * H;
+    WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(23, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
+    WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(24, (uint64_t)n), 0, g_stream));
+    WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 25, 0, g_stream));
+    HostData d;
+    d.T = T; d.H = H; d.dtype = WEFT_BF16;
+    const weft_fusion_params pf = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
+    const weft_fusion_params pa = params(v, d, WEFT_FUSION_AR, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
+    int auto_c = 1;
+    for (int c : {0, 1, 2, 4, 8}) {
+      wf_fused_set_tune(c, 0);
+      int al = 0, b = 0, t = 0, cl = 0;
+      /* a launch this configuration cannot make is skipped (on every rank) */
+      int64_t bad = wf_fusion_geometry(ws, &pf, &al, &b, &t, &cl) != 0 || weft_fusion_run(ws, &pf) != 0;
+      if (bad) say("  sweep  C=%d %lld x %lld: %s\n", c, (long long)T, (long long)H, weft_last_error());
+      WK(weft_cpugroup_allreduce_i64(g_cg, &bad, 1, WEFT_MAX));
+      if (bad) continue;
+      if (c == 0) auto_c = cl;
+      const double us = timed(ws, pf, 0, R);
+      char be[32];
+      snprintf(be, sizeof be, c == 0 ? "oneshot_auto" : "oneshot_c%d", c);
+      g_recs.push_back({"fused_ar_rmsnorm", be, T, H, T * H * 2, us});
+      say("  sweep  %-14s %6lld x %-5lld %10.2f us   (%d blocks x %d threads, %d per row group)\n", be,
+          (long long)T, (long long)H, us, b, t, cl);
+    }
+    wf_fused_set_tune(0, 0);
+    /* where the time goes, at the automatic geometry */
+    struct Ab { const char *be, *op; const weft_fusion_params *p; int probe; };
+    const Ab abs[] = {
+        {"oneshot_auto_noreduce", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_REDUCE},
+        {"oneshot_auto_resadd", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_NORM},
+        {"oneshot_auto_late", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_INPUT},
+        {"fused_ar_oneshot_auto", "all_reduce", &pa, 0},
+        {"fused_ar_oneshot_late", "all_reduce", &pa, WF_FUSED_PROBE_LATE_INPUT},
+    };
+    for (const Ab &x : abs) {
+      const double us = timed(ws, *x.p, x.probe, R);
+      g_recs.push_back({x.op, x.be, T, H, T * H * 2, us});
+      say("  sweep  %-22s %6lld x %-5lld %10.2f us%s\n", x.be, (long long)T, (long long)H, us,
+          x.probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM) ? "   (probe: outputs not valid)" : "");
+    }
+    for (int which = 0; which < 2; which++) {
+      Trace tc;
+      tc.what = which ? "AR pattern" : "fused";
+      tc.T = T; tc.H = H; tc.cluster = auto_c;
+      tc.us = timed(ws, which ? pa : pf, 0, R, trace, tc.ns);
+      g_traces.push_back(tc);
+      say("  trace  %-10s %6lld x %-5lld %7.2f us/call (traced); ns after entry, block 0: checked %.0f "
+          "pushed %.0f cleared %.0f arrived %.0f reduced %.0f stored %.0f end %.0f (%.0f calls, %.2f GHz)\n",
+          tc.what.c_str(), (long long)T, (long long)H, tc.us, tc.ns[1], tc.ns[2], tc.ns[3], tc.ns[4],
+          tc.ns[5], tc.ns[6], tc.ns[7], tc.ns[0], clock_ghz());
+    }
+  }
+  sync_and_check_error(ws, "sweep");
+  cudaFree(trace);
+  v.release();
+  WK(weft_fusion_destroy(ws));
+}
+
+/* A late peer: rank 1 sleeps before every replay, so each replay starts with
+ * a wait longer than 20 us. Per call this should cost about skew / 40 (the
+ * calls per replay) over the figure without skew. With the old spin (every
+ * waiting thread reads the host abort word once its wait passed 20 us; probe
+ * OLD_SPIN) each call instead lasted about (waiting threads) x 31 ns and kept
+ * the peer late for the next call: the stuck state of the 2026-11-30 run. */
+static void skew_test(int quick) {
   weft_fusion_opts o;
   memset(&o, 0, sizeof o);
   o.max_tokens = 128; o.hidden = 8192; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
@@ -801,33 +970,37 @@ static void sweep(int quick) {
   WK(weft_fusion_create(g_cg, &o, &ws));
   Dev v;
   v.alloc(128, 8192, WEFT_BF16);
-  for (int64_t H : {4096, 8192})
-    for (int64_t T : {1, 8, 32, 128}) {
-      const int64_t n = T * H;
-      WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(23, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
-      WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(24, (uint64_t)n), 0, g_stream));
-      WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 25, 0, g_stream));
-      HostData d;
-      d.T = T; d.H = H; d.dtype = WEFT_BF16;
-      for (int c : {0, 1, 2, 4, 8}) {
-        wf_fused_set_tune(c, 0);
-        weft_fusion_params p = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
-        int al = 0, b = 0, t = 0, cl = 0;
-        /* a launch this configuration cannot make is skipped (on every rank) */
-        int64_t bad = wf_fusion_geometry(ws, &p, &al, &b, &t, &cl) != 0 || weft_fusion_run(ws, &p) != 0;
-        if (bad) say("  sweep  C=%d %lld x %lld: %s\n", c, (long long)T, (long long)H, weft_last_error());
-        WK(weft_cpugroup_allreduce_i64(g_cg, &bad, 1, WEFT_MAX));
-        if (bad) continue;
-        const double us = time_graph([&] { WK(weft_fusion_run(ws, &p)); }, 40, quick ? 10 : 30);
-        char be[32];
-        snprintf(be, sizeof be, c == 0 ? "oneshot_auto" : "oneshot_c%d", c);
-        g_recs.push_back({"fused_ar_rmsnorm", be, T, H, T * H * 2, us});
-        say("  sweep  %-14s %6lld x %-5lld %10.2f us   (%d blocks x %d threads, %d per row group)\n", be,
-            (long long)T, (long long)H, us, b, t, cl);
-      }
-      wf_fused_set_tune(0, 0);
-    }
-  sync_and_check_error(ws, "sweep");
+  const int R = quick ? 5 : 15;
+  struct Pt { int64_t T, H; };
+  for (const Pt &pt : {Pt{32, 4096}, Pt{128, 4096}, Pt{128, 8192}}) {
+    const int64_t T = pt.T, H = pt.H, n = T * H;
+    WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(26, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
+    WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(27, (uint64_t)n), 0, g_stream));
+    WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 28, 0, g_stream));
+    HostData d;
+    d.T = T; d.H = H; d.dtype = WEFT_BF16;
+    const weft_fusion_params p = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, WEFT_FUSION_FP32_ACC, 1e-6f);
+    int al = 0, b = 0, t = 0, cl = 0;
+    WK(wf_fusion_geometry(ws, &p, &al, &b, &t, &cl));
+    auto run = [&](int probe, uint64_t skew_ns) {
+      wf_fused_set_probe(probe, nullptr);
+      const double us = time_graph([&] { WK(weft_fusion_run(ws, &p)); }, 40, R, skew_ns);
+      wf_fused_set_probe(0, nullptr);
+      return us;
+    };
+    const double base = run(0, 0), s50 = run(0, 50000), s300 = run(0, 300000);
+    const double old50 = run(WF_FUSED_PROBE_OLD_SPIN, 50000);
+    const int64_t bytes = T * H * 2;
+    g_recs.push_back({"fused_ar_rmsnorm", "skew0", T, H, bytes, base});
+    g_recs.push_back({"fused_ar_rmsnorm", "skew50", T, H, bytes, s50});
+    g_recs.push_back({"fused_ar_rmsnorm", "skew300", T, H, bytes, s300});
+    g_recs.push_back({"fused_ar_rmsnorm", "skew50_oldspin", T, H, bytes, old50});
+    say("  skew   %4lld x %-5lld %d x %d threads: no skew %.2f us; peer 50 us late per 40 calls %.2f us "
+        "(expect %.2f); 300 us late %.2f (expect %.2f); OLD spin, 50 us late %.2f us (stuck state: "
+        "~%.0f us)\n", (long long)T, (long long)H, b, t, base, s50, base + 50.0 / 40, s300,
+        base + 300.0 / 40, old50, (double)b * t * 0.031);
+  }
+  sync_and_check_error(ws, "skew");
   v.release();
   WK(weft_fusion_destroy(ws));
 }
@@ -942,20 +1115,81 @@ static void write_results(const char *dir, const char *machine, const char *comm
             from < 0 ? "none (no switch point: one-shot throughout)" : (std::to_string(from) + " bytes").c_str());
   }
   /* the cluster sweep */
-  bool any_sweep = false;
-  for (auto &r : g_recs) any_sweep = any_sweep || r.backend.rfind("oneshot_", 0) == 0;
+  bool any_sweep = false, any_skew = false;
+  for (auto &r : g_recs) {
+    any_sweep = any_sweep || r.backend.rfind("oneshot_", 0) == 0;
+    any_skew = any_skew || r.backend.rfind("skew", 0) == 0;
+  }
+  const int64_t sweep_pts[][2] = {{4096, 1}, {4096, 8}, {4096, 32}, {4096, 128}, {8192, 1}, {8192, 8},
+                                  {8192, 32}, {8192, 128}, {5120, 1}, {5120, 32}, {7168, 1}, {7168, 32},
+                                  {16384, 1}, {16384, 32}};
   if (any_sweep) {
-    fprintf(m, "\n## One-shot blocks per row (cluster sweep), µs\n\n| hidden | tokens | auto | 1 | 2 | 4 | 8 |\n"
+    fprintf(m, "\n## One-shot blocks per row (cluster sweep), µs\n\n| hidden | tokens | auto (C) | 1 | 2 | 4 | 8 |\n"
                "|---|---|---|---|---|---|---|\n");
-    for (int64_t H : {4096, 8192})
-      for (int64_t T : {1, 8, 32, 128}) {
-        fprintf(m, "| %lld | %lld |", (long long)H, (long long)T);
-        for (const char *be : {"oneshot_auto", "oneshot_c1", "oneshot_c2", "oneshot_c4", "oneshot_c8"}) {
-          const double us = find("fused_ar_rmsnorm", be, T, H);
-          if (us > 0) fprintf(m, " %.2f |", us); else fprintf(m, " |");
-        }
-        fprintf(m, "\n");
+    for (auto &pt : sweep_pts) {
+      const int64_t H = pt[0], T = pt[1];
+      if (find("fused_ar_rmsnorm", "oneshot_auto", T, H) <= 0) continue;
+      int ac = 0;
+      for (auto &tr : g_traces)
+        if (tr.T == T && tr.H == H) ac = tr.cluster;
+      fprintf(m, "| %lld | %lld |", (long long)H, (long long)T);
+      for (const char *be : {"oneshot_auto", "oneshot_c1", "oneshot_c2", "oneshot_c4", "oneshot_c8"}) {
+        const double us = find("fused_ar_rmsnorm", be, T, H);
+        if (us <= 0) fprintf(m, " |");
+        else if (!strcmp(be, "oneshot_auto") && ac) fprintf(m, " %.2f (%d) |", us, ac);
+        else fprintf(m, " %.2f |", us);
       }
+      fprintf(m, "\n");
+    }
+    fprintf(m, "\n## Where the time goes (one-shot, automatic geometry), µs per call\n\n"
+               "Probes leave work out (outputs not valid): *no reduce* skips the sum-of-squares exchange "
+               "and its barrier, *residual only* stops after residual_out. *late input*: the old prologue "
+               "(input loaded after the epoch/error check). weft_ar: the plain all-reduce of the same bytes "
+               "(bench part).\n\n"
+               "| hidden | tokens | fused | no reduce | residual only | AR pattern | fused, late input | "
+               "AR, late input | weft_ar |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (auto &pt : sweep_pts) {
+      const int64_t H = pt[0], T = pt[1];
+      if (find("fused_ar_rmsnorm", "oneshot_auto", T, H) <= 0) continue;
+      fprintf(m, "| %lld | %lld |", (long long)H, (long long)T);
+      const std::pair<const char *, const char *> cols[] = {
+          {"fused_ar_rmsnorm", "oneshot_auto"},     {"fused_ar_rmsnorm", "oneshot_auto_noreduce"},
+          {"fused_ar_rmsnorm", "oneshot_auto_resadd"}, {"all_reduce", "fused_ar_oneshot_auto"},
+          {"fused_ar_rmsnorm", "oneshot_auto_late"}, {"all_reduce", "fused_ar_oneshot_late"},
+          {"all_reduce", "weft_ar"}};
+      for (auto &c : cols) {
+        const double us = find(c.first, c.second, T, H);
+        if (us > 0) fprintf(m, " %.2f |", us); else fprintf(m, " |");
+      }
+      fprintf(m, "\n");
+    }
+    fprintf(m, "\nPhase clock (block 0, thread 0, first row; mean ns after kernel entry at %.2f GHz; "
+               "*arrived*: its own vector's data from the peer; *reduced*: the row's sum of squares known):\n\n"
+               "| hidden | tokens | C | kernel | µs/call | checked | pushed | cleared | arrived | reduced | "
+               "stored | end |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", clock_ghz());
+    for (auto &tr : g_traces) {
+      fprintf(m, "| %lld | %lld | %d | %s | %.2f |", (long long)tr.H, (long long)tr.T, tr.cluster,
+              tr.what.c_str(), tr.us);
+      for (int i = 1; i < WF_FUSED_TR_SLOTS; i++) {
+        if (tr.ns[i] > 0) fprintf(m, " %.0f |", tr.ns[i]); else fprintf(m, " |");
+      }
+      fprintf(m, "\n");
+    }
+  }
+  if (any_skew) {
+    fprintf(m, "\n## A late peer (rank 1 sleeps before every replay of 40 calls), µs per call\n\n"
+               "Expected: the figure without skew + skew / 40. The old spin (every waiting thread "
+               "reads the host abort word once a wait passed 20 µs) is kept as a probe for the A/B.\n\n"
+               "| tokens × hidden | no skew | 50 µs late | expect | 300 µs late | expect | old spin, 50 µs late |\n"
+               "|---|---|---|---|---|---|---|\n");
+    for (auto &pt : {std::pair<int64_t, int64_t>{32, 4096}, {128, 4096}, {128, 8192}}) {
+      const double b0 = find("fused_ar_rmsnorm", "skew0", pt.first, pt.second);
+      if (b0 <= 0) continue;
+      fprintf(m, "| %lld × %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", (long long)pt.first,
+              (long long)pt.second, b0, find("fused_ar_rmsnorm", "skew50", pt.first, pt.second),
+              b0 + 50.0 / 40, find("fused_ar_rmsnorm", "skew300", pt.first, pt.second), b0 + 300.0 / 40,
+              find("fused_ar_rmsnorm", "skew50_oldspin", pt.first, pt.second));
+    }
   }
   fclose(m);
   printf("wrote %s.json and %s.md\n", base.c_str(), base.c_str());
@@ -982,7 +1216,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--machine") && i + 1 < argc) machine = argv[++i];
     else {
       fprintf(stderr, "usage: %s [--quick] [--no-check] [--no-bench] [--only PART,...] [--out DIR] "
-              "[--machine NAME]\n  parts: refusals matrix variants stress graph faults bench sweep\n", argv[0]);
+              "[--machine NAME]\n  parts: refusals matrix variants stress graph faults skew bench sweep\n", argv[0]);
       return 2;
     }
   }
@@ -1005,6 +1239,13 @@ int main(int argc, char **argv) {
   CU(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   say("fused_bench: world %d, %s%s\n", g_world, weft_build_info(), quick ? ", quick" : "");
 
+  timespec t_start;
+  clock_gettime(CLOCK_MONOTONIC, &t_start);
+  auto secs = [&] {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t_start.tv_sec) + (t.tv_nsec - t_start.tv_nsec) / 1e9;
+  };
   auto part = [&](const char *name) {
     return only.empty() || only.find(std::string(",") + name + ",") != std::string::npos;
   };
@@ -1021,20 +1262,20 @@ int main(int argc, char **argv) {
     say("check workspace: %.1f MiB per rank, auto one-shot up to %s bytes\n",
         info.workspace_bytes / 1048576.0,
         info.oneshot_max_bytes == INT64_MAX ? "any number of" : std::to_string(info.oneshot_max_bytes).c_str());
-    if (part("refusals")) { say("-- refusals\n"); test_refusals(ws); }
-    if (part("matrix")) { say("-- matrix\n"); test_matrix(ws, quick); }
-    if (part("variants")) { say("-- variants\n"); test_variants(ws); }
-    if (part("stress")) { say("-- stress\n"); test_stress(ws, quick ? 40 : 150); }
+    if (part("refusals")) { say("-- refusals (%.0f s)\n", secs()); test_refusals(ws); }
+    if (part("matrix")) { say("-- matrix (%.0f s)\n", secs()); test_matrix(ws, quick); }
+    if (part("variants")) { say("-- variants (%.0f s)\n", secs()); test_variants(ws); test_grids(ws); }
+    if (part("stress")) { say("-- stress (%.0f s)\n", secs()); test_stress(ws, quick ? 40 : 150); }
     if (part("graph")) {
-      say("-- graph\n");
+      say("-- graph (%.0f s)\n", secs());
       test_graph(ws, 77, 4096, quick ? 10 : 40);
       test_graph(ws, 1000, 7168, quick ? 5 : 15);
     }
     WK(weft_fusion_destroy(ws));
-    if (part("faults")) { say("-- faults\n"); test_faults(g_cg); }
-    say("checks: %d passed, %d failed\n", g_pass, g_fail);
+    if (part("faults")) { say("-- faults (%.0f s)\n", secs()); test_faults(g_cg); }
+    say("checks: %d passed, %d failed (%.0f s)\n", g_pass, g_fail, secs());
   }
-  do_bench = do_bench && (part("bench") || part("sweep"));
+  do_bench = do_bench && (part("bench") || part("sweep") || part("skew"));
   if (do_bench) {
     weft_nccl *nccl = nullptr;
     if (weft_nccl_create(g_cg, 1, &nccl)) { /* blocking: calls enqueue inline */
@@ -1047,13 +1288,18 @@ int main(int argc, char **argv) {
       war = nullptr;
     }
     if (part("bench")) {
-      say("-- benchmark (graph replay, median per call)\n");
+      say("-- benchmark (graph replay, median per call) (%.0f s)\n", secs());
       bench(quick, nccl, war);
       write_results(out, machine, commit); /* again below with the sweep */
     }
     if (part("sweep")) {
-      say("-- one-shot blocks per row (graph replay, median per call)\n");
+      say("-- one-shot blocks per row (graph replay, median per call) (%.0f s)\n", secs());
       sweep(quick);
+      write_results(out, machine, commit);
+    }
+    if (part("skew")) {
+      say("-- late peer (graph replay, median per call) (%.0f s)\n", secs());
+      skew_test(quick);
       write_results(out, machine, commit);
     }
     if (war) weft_ar_destroy(war);
@@ -1062,6 +1308,6 @@ int main(int argc, char **argv) {
   WK(weft_cpugroup_barrier(g_cg));
   weft_cpugroup_destroy(g_cg);
   weft_store_close(st);
-  say("fused_bench: %d passed, %d failed\n", g_pass, g_fail);
+  say("fused_bench: %d passed, %d failed (%.0f s)\n", g_pass, g_fail, secs());
   return g_fail ? 1 : 0;
 }

@@ -320,21 +320,30 @@ __device__ __forceinline__ void report_error(const SpinEnv &env, uint32_t status
 
 /* Polls done() until it returns true.  The first kFast polls touch nothing
  * else (the common case finishes there); afterwards every kCheck polls it
- * reads %globaltimer (the deadline starts at the first check), the device
- * error word and, once the wait is older than kSlowNs, the host abort word
- * (a PCIe read, so not on the fast path), and naps between polls so that
- * thousands of waiting threads do not flood the memory system.
+ * reads %globaltimer (the deadline starts at the first check) and the device
+ * error word, and naps between polls so that thousands of waiting threads do
+ * not flood the memory system.  The host abort word is a PCIe read of one
+ * host word, and such reads are serialised (~31 ns each on 2 x H200): if
+ * every waiting thread read it, a call whose peer came 20 us late would last
+ * threads x 31 ns and make the peer just as late next call, a self-feeding
+ * slow state (measured 2026-11-30, see kernels/fused_norm.cu wait_until).  So
+ * only thread 0 of a block reads it, after kHostAfterNs and then at most once
+ * per kHostAfterNs: the worst burst (WF_MAX_BLOCKS x 31 ns = 32 us) is shorter
+ * than the wait that allows it.  An abort seen there is written to the
+ * device error word, which every other waiting thread polls cheaply.
  * Returns SPIN_OK, or the failure after reporting it (peer/site/epoch name
  * the wait in the host's message). */
 template <typename F>
 __device__ __forceinline__ uint32_t bounded_spin(F done, const SpinEnv &env,
                                                  uint32_t peer, uint32_t site, uint32_t epoch) {
   constexpr int kFast = 64, kCheck = 16;
-  constexpr uint64_t kSlowNs = 20000;
+  constexpr uint64_t kSlowNs = 20000, kHostAfterNs = 100000;
 #pragma unroll 1
   for (int i = 0; i < kFast; i++)
     if (done()) return SPIN_OK;
   const uint64_t t0 = globaltimer_ns();
+  const bool host_reader = env.abort_host && threadIdx.x == 0;
+  uint64_t next_host = kHostAfterNs;
   uint32_t nap = 32;
 #pragma unroll 1
   for (;;) {
@@ -346,9 +355,12 @@ __device__ __forceinline__ uint32_t bounded_spin(F done, const SpinEnv &env,
     const uint64_t waited = globaltimer_ns() - t0;
     uint32_t st = SPIN_OK;
     if (*(volatile unsigned long long *)env.err_dev != 0ull) st = SPIN_FAILED;
+    else if (waited > env.timeout_ns) st = SPIN_TIMEOUT;
     else if (waited > kSlowNs) {
-      if (env.abort_host && ld_relaxed_sys(env.abort_host) != 0u) st = SPIN_ABORT;
-      else if (waited > env.timeout_ns) st = SPIN_TIMEOUT;
+      if (host_reader && waited > next_host) {
+        next_host = waited + kHostAfterNs;
+        if (ld_relaxed_sys(env.abort_host) != 0u) st = SPIN_ABORT;
+      }
       nap = nap < 2048 ? nap * 2 : 2048;
     }
     if (st != SPIN_OK) {

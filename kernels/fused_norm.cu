@@ -61,14 +61,17 @@
  * phase (two-shot: row i of a range -> block i mod G), so in-place calls
  * (out == in, residual_out == residual, norm_out == in) are safe.
  *
- * Waits: wf::bounded_spin (abort word, deadline, device error word); a
- * failure makes the block skip its remaining work and return without
- * advancing its epoch (the workspace is then poisoned: every later launch
- * returns at once, the host reports the packed error). No block waits for
- * another block of its own grid but those of its cluster (co-scheduled by
- * the hardware), and the grid is at most what is resident (clusters: as
- * cudaOccupancyMaxActiveClusters counts them), so the blocks a peer waits
- * for are always running.
+ * Waits: wait_until below (deadline and device error word per thread, the
+ * host-mapped abort word at most once per block per 100 us: see there why
+ * not wf::bounded_spin); a failure makes the block skip its remaining work
+ * and return without advancing its epoch (the workspace is then poisoned:
+ * every later launch returns at once, the host reports the packed error).
+ * No block waits for another block of its own grid but those of its cluster
+ * (co-scheduled by the hardware), and the grid is at most what is resident
+ * (clusters: as cudaOccupancyMaxActiveClusters counts them), so the blocks a
+ * peer waits for are always running. Across ranks the one-shot pairs no
+ * blocks at all (its data are indexed by row), the two-shot pairs block b
+ * with the peers' block b.
  *
  * Programmatic dependent launch: every kernel starts with
  * griddepcontrol.wait (a no-op without the PDL launch attribute), so it may
@@ -179,6 +182,74 @@ __device__ __forceinline__ bool sum_ranks(L load, R ready, bool fp32_acc,
   }
   if (!fp32_acc) Pack<T>::to_f32(t, f);
   return true;
+}
+
+/* ------------------------------------------------------------- waiting */
+
+/* Why not wf::bounded_spin (kernels/common.cuh): once a wait there is older
+ * than 20 us, EVERY waiting thread reads the host-mapped abort word at every
+ * check. Those reads of one host word over PCIe are serialised, ~31 ns each,
+ * so a call whose peer came 20 us late lasted (waiting threads) x 31 ns
+ * (65536 threads: 2 ms; 2 x H200, 2026-11-30, seven points of the table
+ * matched threads x 30-33 ns); its peer then waited that long in the next
+ * call and did the same: a stable slow state (0.5 GB/s) until the graph
+ * replays ended. The one-shot waits in every thread, so it is exposed most.
+ * Here the host word is read by at most one thread per block per
+ * kHostEveryNs, and only after kHostAfterNs: the worst read burst
+ * (WF_MAX_BLOCKS x 31 ns = 32 us) is shorter than the wait that allows it, so
+ * a late peer costs its lateness once and never feeds itself. The deadline
+ * (%globaltimer) and the device error word stay per thread (cheap). */
+constexpr uint64_t kNapAfterNs = 20000;    /* then nap between polls (up to kNapMaxNs) */
+constexpr uint32_t kNapMaxNs = 1024;
+constexpr uint64_t kHostAfterNs = 100000;  /* first read of the host abort word */
+constexpr uint64_t kHostEveryNs = 100000;  /* then at most one per block per this */
+
+/* The block's turn to read the host word (gate: shared, 0 at block entry). */
+__device__ __forceinline__ bool host_turn(unsigned long long *gate, uint64_t now) {
+  const unsigned long long next = *(volatile unsigned long long *)gate;
+  return now >= next && atomicCAS(gate, next, (unsigned long long)(now + kHostEveryNs)) == next;
+}
+
+/* Polls done() until true; SPIN_OK, or the failure after reporting it. */
+template <typename F>
+__device__ __forceinline__ uint32_t wait_until(F done, const SpinEnv &env, unsigned long long *gate,
+                                               bool old_spin, uint32_t peer, uint32_t site,
+                                               uint32_t epoch) {
+  constexpr int kFast = 64, kCheck = 16;
+#pragma unroll 1
+  for (int i = 0; i < kFast; i++)
+    if (done()) return SPIN_OK;
+  const uint64_t t0 = globaltimer_ns();
+  uint32_t nap = 0;
+#pragma unroll 1
+  for (;;) {
+#pragma unroll 1
+    for (int i = 0; i < kCheck; i++) {
+      if (done()) return SPIN_OK;
+      if (nap) __nanosleep(nap);
+    }
+    const uint64_t now = globaltimer_ns(), waited = now - t0;
+    uint32_t st = SPIN_OK;
+    if (*(volatile unsigned long long *)env.err_dev != 0ull) st = SPIN_FAILED;
+    else if (waited > env.timeout_ns) st = SPIN_TIMEOUT;
+    else if (waited > kNapAfterNs) {
+      nap = nap ? (2 * nap < kNapMaxNs ? 2 * nap : kNapMaxNs) : 64;
+      if (env.abort_host && (old_spin || (waited > kHostAfterNs && host_turn(gate, now))) &&
+          ld_relaxed_sys(env.abort_host) != 0u)
+        st = SPIN_ABORT;
+    }
+    if (st != SPIN_OK) {
+      if (done()) return SPIN_OK; /* arrived while we looked away */
+      report_error(env, st, peer, site, epoch);
+      return st;
+    }
+  }
+}
+
+/* fused_bench's phase clock: trace[i] += cycles since entry (t0, in shared
+ * memory: no register held across the kernel for it); one thread. */
+__device__ __forceinline__ void stamp(const wf_fused_args &a, bool tr, int i, const long long &t0) {
+  if (tr) atomicAdd(a.trace + i, (unsigned long long)(clock64() - *(volatile const long long *)&t0));
 }
 
 /* ------------------------------------------------ clusters (sm_90) */
@@ -304,6 +375,8 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   using G = OneGeo<T, W>;
   constexpr int EPV = G::EPV, VMAX = G::VMAX, YK = G::YK, NCM = G::NCMAX;
   __shared__ uint2 red[2][NCM];
+  __shared__ unsigned long long gate; /* host abort word: this block's next turn */
+  __shared__ long long t0;            /* fused_bench's phase clock: entry */
   const bool norm = a.pattern != WF_FUSED_AR;
   /* C blocks per row group; block c of group q (c = %cluster_ctarank when
    * launched as a cluster, which the norm patterns are when C > 1) */
@@ -313,27 +386,39 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   const int NV = a.hidden / EPV, NC = (NV + 31) / 32, rank = a.rank;
   const int CT = (int)blockDim.x << lc, gt = c * (int)blockDim.x + (int)threadIdx.x;
   const int wbase = gt & ~31; /* the warp's first vector (blockDim.x is a multiple of 32) */
+  const size_t RB = (size_t)a.hidden * sizeof(T);
+  const char *const in = (const char *)a.in;
+  const int probe = a.probe;
+  const bool reduce = norm && !(probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM));
   griddep_wait();
+  const bool tr = a.trace && blockIdx.x == 0 && threadIdx.x == 0;
+  if (tr) t0 = clock64();
+  /* The first vector of this thread's first row (row q exists: Q <= tokens)
+   * is loaded before anything else: it does not depend on the epoch, so its
+   * latency overlaps that of the state loads and the error check below (one
+   * memory latency before the first remote store, not two). */
+  const bool pre = !(probe & WF_FUSED_PROBE_LATE_INPUT) && gt < NV;
+  const uint4 x0 = pre ? ld_vec(in + (size_t)q * RB + (size_t)gt * 16) : make_uint4(0, 0, 0, 0);
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
-  /* Everything that does not depend on the epoch goes out at once: the
+  /* Everything else that does not depend on the epoch goes out at once: the
    * epoch, the three Lamport byte counts, the error word, and the weight of
    * the first vector (it then stays in registers for every row). */
   const uint32_t E = epoch_load(st->lamport_epoch);
   const uint64_t lb0 = st->lamport_bytes[0], lb1 = st->lamport_bytes[1], lb2 = st->lamport_bytes[2];
   const uint4 g0 = norm && gt < NV ? ld_vec((const char *)a.gamma + (size_t)gt * 16)
                                    : make_uint4(0, 0, 0, 0);
+  if (threadIdx.x == 0) gate = 0;
   /* Poisoned by an earlier failure (epochs may disagree now): push nothing,
    * leave (a block- and cluster-uniform decision), so the peers time out. */
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull))
     return;
+  stamp(a, tr, WF_FUSED_TR_CHECKED, t0);
   if (clustered) cluster_arrive_relaxed(); /* "started"; waited on before the first remote store */
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const int cur = (int)(E % 3u), clr = (int)((E + 2u) % 3u);
-  const size_t RB = (size_t)a.hidden * sizeof(T);
   const size_t slot = (size_t)a.tokens * RB;
   const uint64_t lam = a.off_lamport + (uint64_t)cur * a.lamport_buf_bytes;
-  const char *const in = (const char *)a.in;
 
   /* Rows of this group: row(i) = q + i * Q, i < n (n >= 1 since Q <=
    * tokens). Streaming: row i + D is pushed before row i is consumed, so
@@ -349,7 +434,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
       const int j = gt + k * CT;
       if (j < NV) {
         const size_t off = row * RB + (size_t)j * 16;
-        const uint4 v = lamport_sanitize<T>(ld_vec(in + off));
+        const uint4 v = lamport_sanitize<T>(pre && i == 0 && k == 0 ? x0 : ld_vec(in + off));
 #pragma unroll
         for (int p = 1; p < W; p++) st_vec((char *)a.peer[(rank + p) % W] + mine + off, v);
       }
@@ -357,6 +442,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   };
   for (int i = 0; i < n && i < D; i++) push_row(i);
   if (!(a.flags & WF_FUSED_TRIGGER_AT_END)) griddep_launch();
+  stamp(a, tr, WF_FUSED_TR_PUSHED, t0);
 
   /* What call E - 1 wrote into buffer clr (the peers' slots, cb bytes each)
    * is cleared along the way: this block's share of the vectors, in n parts. */
@@ -379,6 +465,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   /* poll own buffer, reduce, residual, norm */
   const char *const lamb = local + lam;
   const bool fp32_acc = (a.flags & WF_FUSED_FP32_ACC) != 0;
+  const bool old_spin = (probe & WF_FUSED_PROBE_OLD_SPIN) != 0;
   const float inv_scale = load_inv_scale(a);
   bool failed = false;
   int parity = 0;
@@ -386,6 +473,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
     if (i + D < n) push_row(i + D);
     clear_part(i);
     if (clustered && i == 0) cluster_wait_acquire(); /* every block of the cluster has started */
+    if (i == 0) stamp(a, tr, WF_FUSED_TR_CLEARED, t0);
     const size_t row = (size_t)q + (size_t)i * Q;
     uint4 y[YK];
 #pragma unroll
@@ -399,16 +487,19 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
         float f[EPV];
         failed = !sum_ranks<T, W>(
             [&](int r) {
+              /* own term: re-read (an L1/L2 hit in flight with the poll) rather
+               * than x0 kept in registers through the wait */
               return r == rank ? lamport_sanitize<T>(ld_vec(in + off))
                                : ld_vec_volatile(lamb + (size_t)r * slot + off);
             },
             [&](int r, uint4 &v) {
               if (r == rank || !lamport_pending(v)) return true;
               const char *p = lamb + (size_t)r * slot + off;
-              return bounded_spin([&] { v = ld_vec_volatile(p); return !lamport_pending(v); },
-                                  env, (uint32_t)r, WF_FUSED_SITE_LAMPORT, E) == SPIN_OK;
+              return wait_until([&] { v = ld_vec_volatile(p); return !lamport_pending(v); }, env,
+                                &gate, old_spin, (uint32_t)r, WF_FUSED_SITE_LAMPORT, E) == SPIN_OK;
             },
             fp32_acc, f);
+        if (i == 0 && k == 0) stamp(a, tr, WF_FUSED_TR_ARRIVED, t0);
         if (!failed) {
           if (!norm) {
             st_vec((char *)a.out + off, Pack<T>::from_f32(f));
@@ -425,14 +516,20 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
         }
       }
       /* warp-uniform: the warp's chunk exists */
-      if (norm && wbase + k * CT < NV) put_chunk(red[parity], (wbase + k * CT) / 32, s, failed, C);
+      if (reduce && wbase + k * CT < NV) put_chunk(red[parity], (wbase + k * CT) / 32, s, failed, C);
     }
-    if (norm) {
-      if (clustered) { cluster_arrive_release(); cluster_wait_acquire(); }
-      else __syncthreads();
-      bool any_fail;
-      const float tot = row_total<NCM>(red[parity], NC, &any_fail);
-      if (any_fail) { failed = true; break; } /* uniform over the block and the cluster */
+    if (norm && !(probe & WF_FUSED_PROBE_NO_NORM)) {
+      float tot = (float)a.hidden; /* NO_REDUCE probe: any value (rstd ~ 1) */
+      if (reduce) {
+        if (clustered) { cluster_arrive_release(); cluster_wait_acquire(); }
+        else __syncthreads();
+        bool any_fail;
+        tot = row_total<NCM>(red[parity], NC, &any_fail);
+        if (any_fail) { failed = true; break; } /* uniform over the block and the cluster */
+      } else if (failed) {
+        break; /* probe: no cluster barrier follows, leaving alone is safe */
+      }
+      if (i == 0) stamp(a, tr, WF_FUSED_TR_REDUCED, t0);
       const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
 #pragma unroll
       for (int k = 0; k < VMAX; k++) {
@@ -443,6 +540,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
                         kept<YK>(y, k, (char *)a.res_out + off), rstd, inv_scale);
         }
       }
+      if (i == 0) stamp(a, tr, WF_FUSED_TR_STORED, t0);
     }
   }
 
@@ -450,6 +548,10 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   if (__syncthreads_or(failed)) return; /* poisoned; the error word says why */
   epoch_advance(st->lamport_epoch, E);
   if (a.flags & WF_FUSED_TRIGGER_AT_END) griddep_launch();
+  if (tr) {
+    stamp(a, tr, WF_FUSED_TR_END, t0);
+    atomicAdd(a.trace + WF_FUSED_TR_CALLS, 1ull);
+  }
 }
 
 /* ------------------------------------------------------------- two-shot */
@@ -462,14 +564,26 @@ template <typename T, int W>
 __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused_args a) {
   constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK, NCM = Geo<T>::NCMAX;
   __shared__ uint2 red[2][NCM];
+  __shared__ unsigned long long gate; /* host abort word: this block's next turn */
   griddep_wait();
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
   const uint32_t E = epoch_load(st->flag_epoch);
   const bool is_ar = a.pattern == WF_FUSED_AR;
+  if (threadIdx.x == 0) gate = 0;
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull))
     return;
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
+  const bool old_spin = (a.probe & WF_FUSED_PROBE_OLD_SPIN) != 0;
+  /* the flag at p holds target's epoch word and at least its step (kernels/common.cuh) */
+  auto wait_flag = [&](const uint64_t *p, uint64_t target, uint32_t peer, uint32_t site) {
+    return wait_until(
+        [&] {
+          const uint64_t v = ld_acquire_sys(p);
+          return (v >> 32) == (target >> 32) && (uint32_t)v >= (uint32_t)target;
+        },
+        env, &gate, old_spin, peer, site, E);
+  };
   const uint32_t par = E & 1u;
   const int NV = a.hidden / EPV, NC = (NV + 31) / 32, rank = a.rank, tid = threadIdx.x;
   const int wbase = tid - (tid & 31); /* the warp's first vector */
@@ -507,8 +621,8 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   __syncthreads(); /* every push of the block precedes the release below */
   if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 0, rank), flag_value(E, 1));
   bool fail = tid < W && tid != rank &&
-              wait_flag_geq(flag(local, 0, tid), flag_value(E, 1), env, (uint32_t)tid,
-                            WF_FUSED_SITE_RS, E) != SPIN_OK;
+              wait_flag(flag(local, 0, tid), flag_value(E, 1), (uint32_t)tid, WF_FUSED_SITE_RS) !=
+                  SPIN_OK;
   if (__syncthreads_or(fail)) return;
 
   /* 2. own rows: sum, residual, round, push to every peer's AG inbox, norm */
@@ -576,8 +690,8 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
 #pragma unroll 1
   for (int i = 1; i < W; i++) {
     const int p = (rank + W - i) % W;
-    fail = tid == 0 && wait_flag_geq(flag(local, 1, p), flag_value(E, 2), env, (uint32_t)p,
-                                     WF_FUSED_SITE_AG, E) != SPIN_OK;
+    fail = tid == 0 &&
+           wait_flag(flag(local, 1, p), flag_value(E, 2), (uint32_t)p, WF_FUSED_SITE_AG) != SPIN_OK;
     if (__syncthreads_or(fail)) return;
     const int ps = range_start(p, a.tokens, W), pn = range_start(p + 1, a.tokens, W) - ps;
     for (int r = blockIdx.x; r < pn; r += gridDim.x, parity ^= 1) {
@@ -680,10 +794,15 @@ int occupancy(kernel_fn k, int threads, int clusters, int *out) {
 
 /* Tuning override (fused_bench's cluster sweep, or WEFT_FUSION_CLUSTER =
  * 1, 2, 4, 8 in the environment, read once): forced blocks per row group
- * for the one-shot (1: never split a row), and the smallest block the
- * automatic choice may split a row into. Process-wide; every rank must set
- * the same. */
+ * for the one-shot (1: never split a row), and the vectors per block the
+ * automatic choice splits a long row down to. Process-wide. Ranks may even
+ * differ: the one-shot's data are indexed by row, not by block, so each rank
+ * may use its own grid (fused_bench checks it). Probes: fused_bench only. */
 int g_force_cluster = -1, g_min_threads = 128;
+int g_probe = 0;
+unsigned long long *g_trace = nullptr;
+/* Rows of at most this many vectors stay in one block (8 KiB of bf16). */
+constexpr int kSplitAboveVectors = 512;
 
 int force_cluster() {
   if (g_force_cluster < 0) {
@@ -709,14 +828,21 @@ int threads_for(int nv, int C, int maxt, int vmax, int *t) {
 }
 
 /* The grid: a pure function of the arguments, num_sms and the occupancy
- * of this binary, hence the same on every rank.
+ * of this binary (per-SM figures are the same on every GPU of a kind; the
+ * cluster figure may follow a chip's GPC layout, but only the one-shot uses
+ * it, and its result does not depend on the grid).
  *  - two-shot: one block per row of a rank's range, at most what is resident;
- *  - one-shot: C blocks per row group. C > 1 (a power of 2, <= 8) splits a
- *    row over several SMs: the largest C whose blocks still have at least
- *    g_min_threads threads (one vector each), whose tokens * C blocks fit in
- *    two per SM, and whose tokens clusters are co-resident (norm patterns);
- *    past that (hundreds of tokens) every SM already has rows to itself and
- *    C = 1 streams several rows per block. */
+ *  - one-shot: C blocks per row group. Rows of up to kSplitAboveVectors
+ *    vectors stay in one block (C = 1); longer rows are split over C = 2, 4
+ *    or 8 blocks (the smallest C that brings a block to g_min_threads
+ *    vectors, at most 8), as long as tokens * C blocks fit two per SM and
+ *    tokens clusters are co-resident (norm patterns:
+ *    cudaOccupancyMaxActiveClusters), else the next smaller C. Measured on
+ *    2 x H200 (bench/results/fused-nvidia-h200-x2-2026-11-30.md, sweep):
+ *    hidden 8192 at 1-32 tokens, C = 8 (4.42/4.60/5.74 us) against C = 1
+ *    (5.67/5.79/6.40); hidden 4096, C = 1 the best or within 0.1 us at
+ *    every token count (C = 2/4 up to 0.4 us slower); 128 tokens: C = 1/2.
+ *    The grid never exceeds what is resident at once (clusters included). */
 int geometry(const wf_fused_args *a, int algo, Shape *sh) {
   const int esz = a->dtype == WEFT_F32 ? 4 : 2;
   const bool one = algo == WF_FUSED_ONESHOT;
@@ -732,13 +858,15 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
   int C = 1, t = 0, e;
   const int force = force_cluster();
   if (algo == WF_FUSED_ONESHOT) {
-    for (int c = 8; c >= 2; c /= 2) {
-      if (force > 0 && c != force) continue;
-      if (threads_for(nv, c, maxt, vmax, &t)) continue;
-      if (force == 0) {
-        if ((nv + c - 1) / c < g_min_threads || (nv + c - 1) / c > maxt) continue;
-        if ((long)a->tokens * c > 2L * sms) continue;
-      }
+    int cmax = force;
+    if (force == 0) {
+      cmax = 1;
+      if (nv > kSplitAboveVectors)
+        while (cmax < 8 && (nv + cmax - 1) / cmax > g_min_threads) cmax *= 2;
+    }
+    for (int c = cmax; c >= 2; c /= 2) {
+      if (threads_for(nv, c, maxt, vmax, &t)) { if (force) break; continue; }
+      if (force == 0 && (long)a->tokens * c > 2L * sms) continue;
       int room = 0;
       if (norm) {
         if (occupancy(k, t, c, &room)) room = 0; /* no cluster launch here: C = 1 */
@@ -746,7 +874,7 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
         if ((e = occupancy(k, t, 0, &room))) return e;
         room = room * sms / c;
       }
-      if (room < 1) continue;
+      if (room < 1) { if (force) break; continue; }
       if (force == 0 && room < a->tokens) continue;
       long q = a->tokens < room ? a->tokens : room;
       if (q > WF_MAX_BLOCKS / c) q = WF_MAX_BLOCKS / c;
@@ -780,6 +908,11 @@ extern "C" void wf_fused_set_tune(int cluster, int min_threads) {
   g_min_threads = min_threads > 0 ? min_threads : 128;
 }
 
+extern "C" void wf_fused_set_probe(int probe, unsigned long long *trace) {
+  g_probe = probe;
+  g_trace = trace;
+}
+
 extern "C" int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads,
                              int *cluster) {
   Shape sh;
@@ -797,6 +930,8 @@ extern "C" int wf_fused_launch(const wf_fused_args *a, int algo, void *stream) {
   if (e) return e;
   wf_fused_args args = *a;
   args.cluster = sh.cluster;
+  args.probe = g_probe;
+  args.trace = g_trace;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2];
   int na = 0;

@@ -74,7 +74,28 @@ typedef struct wf_fused_args {
   int32_t tokens, hidden, rank, world, pattern, flags, dtype; /* dtype: WEFT_* */
   int32_t num_sms;      /* agreed (min over the group) SM count: same grid everywhere */
   int32_t cluster;      /* set by the launch: one-shot blocks per row group (1: none) */
+  int32_t probe;        /* set by the launch: WF_FUSED_PROBE_* (0 outside fused_bench) */
+  int32_t pad_;
+  unsigned long long *trace; /* set by the launch: NULL, or fused_bench's phase clock sums */
 } wf_fused_args;
+
+/* Measurement probes (fused_bench's sweep only; wf_fused_set_probe). The
+ * first two keep the results correct and restore an old behaviour for an
+ * A/B; the last two leave work out, so their outputs are WRONG (timing only). */
+enum {
+  WF_FUSED_PROBE_OLD_SPIN = 1,   /* every waiting thread reads the host abort word from 20 us
+                                    (kernels/common.cuh bounded_spin), not one per block per 100 us */
+  WF_FUSED_PROBE_LATE_INPUT = 2, /* one-shot: load the input after the epoch/error check */
+  WF_FUSED_PROBE_NO_REDUCE = 4,  /* one-shot norm: no sum-of-squares exchange/barrier (wrong norm) */
+  WF_FUSED_PROBE_NO_NORM = 8     /* one-shot norm: residual add and residual_out only */
+};
+/* trace[] slots (block 0, thread 0, one-shot, first row; SM clock cycles
+ * since the kernel's entry, summed over calls): */
+enum {
+  WF_FUSED_TR_CALLS = 0, WF_FUSED_TR_CHECKED = 1, WF_FUSED_TR_PUSHED = 2, WF_FUSED_TR_CLEARED = 3,
+  WF_FUSED_TR_ARRIVED = 4, WF_FUSED_TR_REDUCED = 5, WF_FUSED_TR_STORED = 6, WF_FUSED_TR_END = 7,
+  WF_FUSED_TR_SLOTS = 8
+};
 
 #ifdef __cplusplus
 extern "C" {
@@ -89,11 +110,16 @@ int wf_fused_init(void *base, uint64_t lamport_off, uint64_t lamport_bytes,
 /* The grid the launch would use (for tests and the bench): blocks, threads
  * per block, one-shot blocks per row group (cluster; 1 for the two-shot). */
 int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads, int *cluster);
-/* Tuning (bench/fused_bench.cu's cluster sweep; process-wide, set the same
- * on every rank before the calls): cluster 1/2/4/8 forces the one-shot's
- * blocks per row group (anything else: automatic); min_threads (<= 0: 128)
- * is the smallest block the automatic choice splits a row into. */
+/* Tuning (bench/fused_bench.cu's cluster sweep; process-wide): cluster
+ * 1/2/4/8 forces the one-shot's blocks per row group (anything else:
+ * automatic); min_threads (<= 0: 128) is the vectors per block the automatic
+ * choice splits a long row down to. The one-shot's result does not depend on
+ * its grid, even when ranks differ (no block pairing across ranks). */
 void wf_fused_set_tune(int cluster, int min_threads);
+/* Probes (process-wide, same on every rank): WF_FUSED_PROBE_* bits for every
+ * later launch, and trace (device memory, WF_FUSED_TR_SLOTS zeroed u64, or
+ * NULL) for the one-shot's phase clock. 0 / NULL: production behaviour. */
+void wf_fused_set_probe(int probe, unsigned long long *trace);
 /* src/fusion.c: the kernel and grid a call would use (no launch). */
 struct weft_fusion;
 struct weft_fusion_params;
