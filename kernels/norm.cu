@@ -42,15 +42,17 @@ template <> struct Vec<float> {
   __device__ static float from(float v) { return v; }
 };
 
-template <> struct Vec<__nv_bfloat16> {
+// 16-bit storage: 8 elements per uint4, converted a pair at a time through the
+// type's 2-vector (H2); D supplies the pair conversions to2/from2.
+template <typename H2, typename D> struct Vec16 {
   static constexpr int N = 8;
   __device__ static float2 w2f(uint32_t w) {
-    __nv_bfloat162 h;
+    H2 h;
     memcpy(&h, &w, 4);
-    return __bfloat1622float2(h);
+    return D::to2(h);
   }
   __device__ static uint32_t f2w(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    H2 h = D::from2(a, b);
     uint32_t w;
     memcpy(&w, &h, 4);
     return w;
@@ -62,30 +64,18 @@ template <> struct Vec<__nv_bfloat16> {
   __device__ static uint4 store(const float (&f)[8]) {
     return make_uint4(f2w(f[0], f[1]), f2w(f[2], f[3]), f2w(f[4], f[5]), f2w(f[6], f[7]));
   }
+};
+
+template <> struct Vec<__nv_bfloat16> : Vec16<__nv_bfloat162, Vec<__nv_bfloat16>> {
+  __device__ static float2 to2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+  __device__ static __nv_bfloat162 from2(float a, float b) { return __floats2bfloat162_rn(a, b); }
   __device__ static float one(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
 };
 
-template <> struct Vec<__half> {
-  static constexpr int N = 8;
-  __device__ static float2 w2f(uint32_t w) {
-    __half2 h;
-    memcpy(&h, &w, 4);
-    return __half22float2(h);
-  }
-  __device__ static uint32_t f2w(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    uint32_t w;
-    memcpy(&w, &h, 4);
-    return w;
-  }
-  __device__ static void load(uint4 v, float (&f)[8]) {
-    float2 a = w2f(v.x), b = w2f(v.y), c = w2f(v.z), d = w2f(v.w);
-    f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y; f[4] = c.x; f[5] = c.y; f[6] = d.x; f[7] = d.y;
-  }
-  __device__ static uint4 store(const float (&f)[8]) {
-    return make_uint4(f2w(f[0], f[1]), f2w(f[2], f[3]), f2w(f[4], f[5]), f2w(f[6], f[7]));
-  }
+template <> struct Vec<__half> : Vec16<__half2, Vec<__half>> {
+  __device__ static float2 to2(__half2 h) { return __half22float2(h); }
+  __device__ static __half2 from2(float a, float b) { return __floats2half2_rn(a, b); }
   __device__ static float one(__half v) { return __half2float(v); }
   __device__ static __half from(float v) { return __float2half_rn(v); }
 };

@@ -21,15 +21,7 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/
 local ffi = require "ffi"
 local fmt = string.format
 
-local function median(xs)
-  local t = {}
-  for i = 1, #xs do t[i] = xs[i] end
-  table.sort(t)
-  local n = #t
-  if n == 0 then return 0 / 0 end
-  if n % 2 == 1 then return t[(n + 1) / 2] end
-  return 0.5 * (t[n / 2] + t[n / 2 + 1])
-end
+local median = require("weft.bench").median
 local function pct(xs, p)
   local t = {}
   for i = 1, #xs do t[i] = xs[i] end

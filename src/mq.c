@@ -16,45 +16,21 @@
  * writer's timeout before a message's first fragment leave it usable. */
 #include "mq.h"
 #include "cpugroup.h"
+#include "futex.h"
 #include "shm.h" /* wf_shm_random_name, wf_shm_unlink */
 
 #include <fcntl.h>
-#include <limits.h>
-#include <linux/futex.h>
-#include <signal.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define SLICE_MS 100
 
 /* ---------------------------------------------------------------- helpers */
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-static void futex_wake_all(_Atomic uint32_t *w) {
-  syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-static int futex_wait(_Atomic uint32_t *w, uint32_t v, int64_t ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-  if (syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0) == 0) return 0;
-  return errno; /* EAGAIN (value changed), ETIMEDOUT, EINTR */
-}
-
-static inline int reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
 
 static inline wf_mq_wline *wline(weft_mq *q, uint64_t slot) {
   return (wf_mq_wline *)(q->ctl + (size_t)slot * (size_t)(1 + q->world) * WF_MQ_LINE);
@@ -71,36 +47,22 @@ static const char *rank_name(weft_mq *q, int i, char *buf, size_t n) {
   return buf;
 }
 
-static uint64_t my_pidns(void) {
-  struct stat st;
-  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
-}
-
 /* A peer whose process is gone (or a zombie) will never make progress. */
 static int peer_dead(weft_mq *q, int i) {
   wf_mq_rank *r = &q->rk[i];
   int32_t pid = atomic_load(&r->pid);
   if (!q->check_pids || r->pidns != q->rk[q->me].pidns || pid <= 0) return 0;
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t k = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[k] = '\0';
-  const char *p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+  return wf_pid_dead(pid);
 }
 
 /* Wake everyone who may sleep on a word this rank publishes or waits on. */
 static void wake_all_words(weft_mq *q) {
   for (uint32_t s = 0; s < q->chunks; s++) {
     wf_mq_wline *w = wline(q, s);
-    if (atomic_load(&w->waiters)) futex_wake_all(&w->seq);
+    if (atomic_load(&w->waiters)) wf_futex_wake_all(&w->seq);
     for (int r = 0; r < q->world; r++) {
       wf_mq_rline *l = rline(q, s, r);
-      if (atomic_load(&l->waiters)) futex_wake_all(&l->seq);
+      if (atomic_load(&l->waiters)) wf_futex_wake_all(&l->seq);
     }
   }
 }
@@ -151,13 +113,13 @@ static inline int leave(weft_mq *q, int rc) {
 static int spin_until(weft_mq *q, _Atomic uint32_t *w, uint32_t target) {
   int64_t t_end = 0;
   for (uint32_t it = 0;; it++) {
-    if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return 1;
+    if (wf_reached(atomic_load_explicit(w, memory_order_acquire), target)) return 1;
     if ((it & 31) == 0) {
       int64_t t = wf_now_ns();
       if (!t_end) t_end = t + q->spin_ns;
       else if (t >= t_end) return 0;
     }
-    cpu_relax();
+    wf_cpu_relax();
   }
 }
 
@@ -168,20 +130,20 @@ enum { WT_OK = 0, WT_TIMEOUT, WT_LEFT, WT_DEAD, WT_ABORT };
 static int sleep_until(weft_mq *q, _Atomic uint32_t *w, _Atomic uint32_t *waiters,
                        uint32_t target, int peer, int64_t deadline_ms) {
   for (;;) {
-    if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return WT_OK;
+    if (wf_reached(atomic_load_explicit(w, memory_order_acquire), target)) return WT_OK;
     if (atomic_load(&q->hdr->abort)) return WT_ABORT;
     /* departure is published after the peer's last store: re-check the word */
     if (atomic_load(&q->rk[peer].left))
-      return reached(atomic_load_explicit(w, memory_order_acquire), target) ? WT_OK : WT_LEFT;
+      return wf_reached(atomic_load_explicit(w, memory_order_acquire), target) ? WT_OK : WT_LEFT;
     int64_t now = wf_now_ms();
     if (now >= deadline_ms) return WT_TIMEOUT;
     int64_t slice = deadline_ms - now < SLICE_MS ? deadline_ms - now : SLICE_MS;
     atomic_fetch_add(waiters, 1);
     uint32_t v = atomic_load(w);
-    int e = reached(v, target) ? 0 : futex_wait(w, v, slice);
+    int e = wf_reached(v, target) ? 0 : wf_futex_wait(w, v, slice);
     atomic_fetch_sub(waiters, 1);
     if (e == ETIMEDOUT && peer_dead(q, peer))
-      return reached(atomic_load_explicit(w, memory_order_acquire), target) ? WT_OK : WT_DEAD;
+      return wf_reached(atomic_load_explicit(w, memory_order_acquire), target) ? WT_OK : WT_DEAD;
   }
 }
 
@@ -207,16 +169,6 @@ static void mq_close(weft_mq *q) {
   free(q);
 }
 
-static int64_t spin_default(int world) {
-  long us = wf_env_long("WEFT_MQ_SPIN_US", -1);
-  if (us >= 0) return (int64_t)us * 1000;
-  cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  /* With a core per rank the writer is usually microseconds away: spin a
-   * little. Oversubscribed, spinning only steals the writer's core: sleep. */
-  return cpus >= world ? 50 * 1000 : 2 * 1000;
-}
-
 /* Create (index 0) or attach to the segment `name` and fill *out. */
 static int mq_attach(const char *name, int create, int index, int world, int writer,
                      size_t chunk, uint32_t chunks, int timeout_ms, const char *group,
@@ -239,7 +191,7 @@ static int mq_attach(const char *name, int create, int index, int world, int wri
   q->chunks = chunks;
   q->stride = stride;
   q->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
-  q->spin_ns = spin_default(world);
+  q->spin_ns = wf_spin_default_ns("WEFT_MQ_SPIN_US", world);
 
   int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
   if (fd < 0) {
@@ -302,7 +254,7 @@ static int mq_attach(const char *name, int create, int index, int world, int wri
                     "queue of this geometry", group, name);
   }
   wf_mq_rank *r = &q->rk[index];
-  r->pidns = my_pidns();
+  r->pidns = wf_pidns();
   atomic_store(&r->pid, (int32_t)getpid());
   atomic_fetch_add(&h->attached, 1);
   *out = q;
@@ -476,7 +428,7 @@ static void unread_list(weft_mq *q, uint64_t s, uint32_t need, char *buf, size_t
   size_t k = 0;
   buf[0] = '\0';
   for (int r = 0; r < q->world && k + 1 < n; r++) {
-    if (r == q->writer || reached(atomic_load(&rline(q, s, r)->seq), need)) continue;
+    if (r == q->writer || wf_reached(atomic_load(&rline(q, s, r)->seq), need)) continue;
     if (dead && !peer_dead(q, r)) continue;
     int w = dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d)", k ? ", " : "", r,
                             q->ranks[r], (int)atomic_load(&q->rk[r].pid))
@@ -495,7 +447,7 @@ static int wait_readers(weft_mq *q, uint64_t s, uint32_t need, uint32_t frag, co
   int64_t t_end = 0;
   for (uint32_t it = 0;; it++) { /* one spin window for all readers */
     while (r < q->world && (r == q->writer ||
-                            reached(atomic_load_explicit(&rline(q, s, r)->seq,
+                            wf_reached(atomic_load_explicit(&rline(q, s, r)->seq,
                                                          memory_order_acquire), need)))
       r++;
     if (r == q->world) return 0;
@@ -504,7 +456,7 @@ static int wait_readers(weft_mq *q, uint64_t s, uint32_t need, uint32_t frag, co
       if (!t_end) t_end = t + q->spin_ns;
       else if (t >= t_end) break;
     }
-    cpu_relax();
+    wf_cpu_relax();
   }
   int64_t deadline = wf_now_ms() + q->timeout_ms;
   for (; r < q->world; r++) {
@@ -570,7 +522,7 @@ int weft_mq_enqueue(weft_mq *q, const void *buf, size_t len) {
     w->frag_no = f;
     w->total = len;
     atomic_store_explicit(&w->seq, (uint32_t)(q->pos + 1), memory_order_seq_cst);
-    if (atomic_load_explicit(&w->waiters, memory_order_seq_cst)) futex_wake_all(&w->seq);
+    if (atomic_load_explicit(&w->waiters, memory_order_seq_cst)) wf_futex_wake_all(&w->seq);
     q->pos++;
     off += fl;
   }
@@ -583,7 +535,7 @@ int weft_mq_enqueue(weft_mq *q, const void *buf, size_t len) {
 static void release_pos(weft_mq *q, uint64_t pos) {
   wf_mq_rline *l = rline(q, pos % q->chunks, q->me);
   atomic_store_explicit(&l->seq, (uint32_t)(pos + 1), memory_order_seq_cst);
-  if (atomic_load_explicit(&l->waiters, memory_order_seq_cst)) futex_wake_all(&l->seq);
+  if (atomic_load_explicit(&l->waiters, memory_order_seq_cst)) wf_futex_wake_all(&l->seq);
 }
 
 static void release_held(weft_mq *q) {
@@ -600,7 +552,7 @@ static int wait_writer(weft_mq *q, wf_mq_wline *w, uint32_t target, int nonblock
     res = WT_TIMEOUT;
     if (atomic_load(&q->hdr->abort)) res = WT_ABORT;
     else if (atomic_load(&q->rk[q->writer].left))
-      res = reached(atomic_load_explicit(&w->seq, memory_order_acquire), target) ? WT_OK : WT_LEFT;
+      res = wf_reached(atomic_load_explicit(&w->seq, memory_order_acquire), target) ? WT_OK : WT_LEFT;
   } else {
     if (spin_until(q, &w->seq, target)) return 0;
     res = sleep_until(q, &w->seq, &w->waiters, target, q->writer, deadline);
@@ -647,7 +599,7 @@ static int dequeue(weft_mq *q, int timeout_ms, const void **out, size_t *len, co
     uint64_t s = q->pos % q->chunks;
     wf_mq_wline *w = wline(q, s);
     uint32_t target = (uint32_t)(q->pos + 1);
-    if (!reached(atomic_load_explicit(&w->seq, memory_order_acquire), target) &&
+    if (!wf_reached(atomic_load_explicit(&w->seq, memory_order_acquire), target) &&
         (rc = wait_writer(q, w, target, nonblock, deadline, tmo, op)))
       return leave(q, rc);
     uint64_t total = w->total;

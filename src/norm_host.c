@@ -8,27 +8,8 @@
 #include <math.h>
 #include <pthread.h>
 
-#define KN(x) x##_gen
-#define WF_VB 16
-#include "shm_vec_kern.h"
-#include "norm_host_kern.h"
-#undef WF_VB
-#undef KN
-
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#include <immintrin.h>
-#define KN(x) x##_avx2
-#define WF_VB 32
-#define WF_KERN_F16C 1
-#include "shm_vec_kern.h"
-#include "norm_host_kern.h"
-#undef WF_KERN_F16C
-#undef WF_VB
-#undef KN
-#pragma GCC pop_options
-#endif
+#define WF_KERN_FILE "norm_host_kern.h"
+#include "shm_vec_multi.h"
 
 typedef void (*rows_fn)(const void *, const void *, const void *, void *, void *, int64_t,
                         size_t, float, int, int);

@@ -1,6 +1,6 @@
 /* norm_host_kern.h — one row of residual add + RMSNorm, compiled once per
- * target by norm_host.c (no include guard; KN(x) names this copy). Needs
- * shm_vec.h and shm_vec_kern.h (which define VF, LF, vload/vstore, ...).
+ * target by norm_host.c (no include guard; KN(x) names this copy). Included by
+ * shm_vec_kern.h (which defines VF, LF, vload/vstore, ...).
  *
  * Pass 1 forms v = x + residual in f32, stores residual_out (in the storage
  * dtype) and accumulates sum(v^2) from the unrounded v; pass 2 reads the
@@ -64,12 +64,3 @@ static void KN(norm_rows)(const void *x, const void *res, const void *w, void *o
     else KN(norm_row)(xi, r, w, oi, ro, h, eps, gemma, WEFT_BF16);
   }
 }
-
-#undef VF
-#undef VU
-#undef VI
-#undef VH
-#undef VD
-#undef VL
-#undef VUL
-#undef LF

@@ -8,27 +8,8 @@
 
 typedef void (*wf_red_fn)(void *, const void *const *, int, size_t);
 
-#define KN(x) x##_gen
-#define WF_VB 16
-#include "shm_vec_kern.h"
-#include "shm_reduce_kern.h"
-#undef KN
-#undef WF_VB
-
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#include <immintrin.h>
-#define KN(x) x##_avx2
-#define WF_VB 32
-#define WF_KERN_F16C 1
-#include "shm_vec_kern.h"
-#include "shm_reduce_kern.h"
-#undef WF_KERN_F16C
-#undef WF_VB
-#undef KN
-#pragma GCC pop_options
-#endif
+#define WF_KERN_FILE "shm_reduce_kern.h"
+#include "shm_vec_multi.h"
 
 static wf_red_fn table[7][3];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;

@@ -1,5 +1,5 @@
 /* shm_reduce_kern.h — reduction kernels, compiled once per target by
- * shm_reduce.c (no include guard; KN(x) names this copy). Needs shm_vec.h and
+ * shm_reduce.c (no include guard; KN(x) names this copy). Included by
  * shm_vec_kern.h. Every element is combined in source order 0..n-1, by the
  * same IEEE operations in the vector body and the scalar tail, so all ranks
  * get bit-identical results. dst may alias a source: each block is loaded
@@ -118,11 +118,3 @@ static void KN(fill_table)(wf_red_fn t[7][3]) {
 
 #undef WF_RED_INST
 #undef WF_RED_PLAIN
-#undef VF
-#undef VU
-#undef VI
-#undef VH
-#undef VD
-#undef VL
-#undef VUL
-#undef LF

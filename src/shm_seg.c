@@ -2,10 +2,10 @@
  * create/attach/map, unlink, and local teardown. No collectives here: the
  * cpu group (shm.c) or a test harness decides who creates and when to unlink. */
 #include "shm.h"
+#include "futex.h"
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,21 +91,6 @@ int wf_shm_unlink(const char *name) {
   return 0;
 }
 
-static uint64_t my_pidns(void) {
-  struct stat st;
-  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
-}
-
-static int64_t spin_default(int world) {
-  long us = wf_env_long("WEFT_SHM_SPIN_US", -1);
-  if (us >= 0) return (int64_t)us * 1000;
-  cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  /* With a core per rank a peer is usually a few hundred ns away: spin a
-   * little. Oversubscribed, spinning only steals the peer's core: sleep. */
-  return cpus >= world ? 50 * 1000 : 2 * 1000;
-}
-
 void wf_shm_close(weft_shm *c) {
   if (!c) return;
   if (c->base) munmap(c->base, c->map_len);
@@ -140,7 +125,7 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
   c->me = index;
   c->slot = slot;
   c->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
-  c->spin_ns = spin_default(world);
+  c->spin_ns = wf_spin_default_ns("WEFT_SHM_SPIN_US", world);
   long os = wf_env_long("WEFT_SHM_ONESHOT_MAX", -1);
   c->oneshot_max = os >= 0 ? (size_t)os : 32 * 1024;
 
@@ -208,7 +193,7 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
     return rc;
   }
   wf_shm_rank *r = &c->rk[index];
-  r->pidns = my_pidns();
+  r->pidns = wf_pidns();
   atomic_store(&r->pid, (int32_t)getpid());
   atomic_fetch_add(&c->hdr->attached, 1);
   *out = c;

@@ -13,37 +13,14 @@
  * nobody sleeps). Sleeps last at most SLICE_MS, to notice an abort, a rank
  * that destroyed its handle or a process that died. */
 #include "shm.h"
+#include "futex.h"
 
-#include <limits.h>
-#include <linux/futex.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define SLICE_MS 100 /* sleeps wake up this often to check abort, departure, death */
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-static void futex_wake_all(_Atomic uint32_t *w) {
-  syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-static int futex_wait(_Atomic uint32_t *w, uint32_t v, int64_t ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-  if (syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0) == 0) return 0;
-  return errno; /* EAGAIN (value changed), ETIMEDOUT, EINTR */
-}
-
-static inline int reached(uint32_t v, uint32_t g) { return (int32_t)(v - g) >= 0; }
 
 const char *wf_shm_rank_name(weft_shm *c, int i, char *buf, size_t n) {
   snprintf(buf, n, "rank %d (global %d)", i, c->ranks[i]);
@@ -57,16 +34,7 @@ static int peer_dead(weft_shm *c, int i) {
   uint64_t ns = c->rk[c->me].pidns;
   int32_t pid = atomic_load(&r->pid);
   if (!ns || r->pidns != ns || pid <= 0) return 0;
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t k = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[k] = '\0';
-  const char *p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+  return wf_pid_dead(pid);
 }
 
 /* Record why this rank stops, raise the abort word (first one wins) and wake
@@ -76,7 +44,7 @@ static void give_up(weft_shm *c, const char *why) {
   snprintf(me->why, sizeof me->why, "%s", why);
   uint32_t zero = 0;
   atomic_compare_exchange_strong(&c->hdr->abort, &zero, (uint32_t)c->me + 1);
-  futex_wake_all(&c->hdr->arrivals);
+  wf_futex_wake_all(&c->hdr->arrivals);
 }
 
 static int aborted_error(weft_shm *c, uint32_t ab, const char *op) {
@@ -102,7 +70,7 @@ int wf_shm_enter(weft_shm *c, const char *op) {
 
 void wf_shm_mark_left(weft_shm *c) {
   atomic_store(&c->rk[c->me].left, 1);
-  futex_wake_all(&c->hdr->arrivals);
+  wf_futex_wake_all(&c->hdr->arrivals);
 }
 
 /* List the ranks that have not reached generation g into buf. */
@@ -110,7 +78,7 @@ static void missing_list(weft_shm *c, uint32_t g, char *buf, size_t n, int only_
   size_t k = 0;
   buf[0] = '\0';
   for (int i = 0; i < c->world && k + 1 < n; i++) {
-    if (i == c->me || reached(atomic_load(&c->rk[i].seq), g)) continue;
+    if (i == c->me || wf_reached(atomic_load(&c->rk[i].seq), g)) continue;
     if (only_dead && !peer_dead(c, i)) continue;
     int w = only_dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d)", k ? ", " : "", i,
                                  c->ranks[i], (int)atomic_load(&c->rk[i].pid))
@@ -125,7 +93,7 @@ static void missing_list(weft_shm *c, uint32_t g, char *buf, size_t n, int only_
 /* The first rank that has not reached g and has destroyed its handle, or -1. */
 static int departed(weft_shm *c, uint32_t g) {
   for (int i = 0; i < c->world; i++)
-    if (i != c->me && !reached(atomic_load(&c->rk[i].seq), g) && atomic_load(&c->rk[i].left))
+    if (i != c->me && !wf_reached(atomic_load(&c->rk[i].seq), g) && atomic_load(&c->rk[i].left))
       return i;
   return -1;
 }
@@ -135,17 +103,17 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
   const uint32_t target = g * (uint32_t)c->world;
   int64_t t_end = 0;
   for (uint32_t it = 0;; it++) {
-    if (reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
+    if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
     if ((it & 31) == 0) {
       int64_t t = wf_now_ns();
       if (!t_end) t_end = t + c->spin_ns;
       else if (t >= t_end) break;
     }
-    cpu_relax();
+    wf_cpu_relax();
   }
   const int64_t deadline = wf_now_ms() + c->timeout_ms;
   for (;;) {
-    if (reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
+    if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
     uint32_t ab = atomic_load(&c->hdr->abort);
     if (ab) return aborted_error(c, ab, op);
     char rn[64], why[104];
@@ -171,7 +139,7 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
     int64_t slice = deadline - now < SLICE_MS ? deadline - now : SLICE_MS;
     atomic_fetch_add(&c->hdr->sleepers, 1);
     uint32_t v = atomic_load(arr);
-    int e = reached(v, target) ? 0 : futex_wait(arr, v, slice);
+    int e = wf_reached(v, target) ? 0 : wf_futex_wait(arr, v, slice);
     atomic_fetch_sub(&c->hdr->sleepers, 1);
     if (e == ETIMEDOUT) {
       char list[512];
@@ -252,7 +220,7 @@ int wf_shm_sync(weft_shm *c, const wf_shm_desc *d, const char *op) {
    * synchronizes with every arrival before it (release sequence). */
   uint32_t before = atomic_fetch_add(&c->hdr->arrivals, 1);
   if (before + 1 == g * (uint32_t)c->world && atomic_load(&c->hdr->sleepers))
-    futex_wake_all(&c->hdr->arrivals);
+    wf_futex_wake_all(&c->hdr->arrivals);
   int rc = wait_all(c, g, op);
   if (rc) return rc;
   return d ? check_desc(c, d, op) : 0;

@@ -4,8 +4,9 @@
  * and WF_VB (vector bytes: 16 for SSE2, 32 for AVX2); define WF_KERN_F16C
  * where F16C is enabled. GCC vector extensions make the same source compile
  * to the target's vector instructions without relying on the auto-vectorizer
- * (which -O2 barely runs). The kernel header that follows undefines the
- * short type names (VF, VU, ...) at its end. Needs shm_vec.h. */
+ * (which -O2 barely runs). At its end it includes the kernel header
+ * WF_KERN_FILE, then undefines this copy's names. Included through
+ * shm_vec_multi.h. Needs shm_vec.h. */
 
 #define WF_AI static inline __attribute__((always_inline))
 
@@ -84,3 +85,16 @@ WF_AI void KN(sstore)(void *p, size_t i, float v, int dt) {
   if (dt == WEFT_F32) { ((float *)p)[i] = v; return; }
   ((uint16_t *)p)[i] = dt == WEFT_F16 ? wf_sf2h(v) : wf_sf2b(v);
 }
+
+/* this copy's kernels, then forget its names for the next copy */
+#include WF_KERN_FILE
+#undef VF
+#undef VU
+#undef VI
+#undef VH
+#undef VD
+#undef VL
+#undef VUL
+#undef LF
+#undef WF_VB
+#undef KN

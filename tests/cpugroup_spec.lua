@@ -5,21 +5,12 @@ local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local wffi = require "weft.ffi"
 local util = require "helpers.store_util"
+local spec = require "helpers.spec_util"
 
 local C = wffi.C
 local WORKER = "tests/helpers/cpugroup_worker.lua"
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
-
-local function lines_of(out)
-  local t = {}
-  for l in out:gmatch("[^\n]+") do t[#t + 1] = l end
-  return t
-end
+local err_of, lines_of = spec.err_of, spec.lines_of
 
 describe("weft.cpugroup in one process", function()
   local s

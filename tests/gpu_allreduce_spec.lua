@@ -7,6 +7,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
+local G = require "helpers.gpu_ranks"
 local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 
@@ -87,36 +88,14 @@ end)
 local WORLD = 2
 local output, exit_ok
 
-local function harness()
-  local bench = os.getenv("WEFT_AR_BENCH") or "build/ar_bench"
-  if not io.open(bench, "r") then
-    local p = io.popen("make -s ar-bench 2>&1; echo rc=$?")
-    local o = p:read("*a"); p:close()
-    assert(o:match("rc=0"), "weft: cannot build " .. bench .. ":\n" .. o)
-  end
-  return bench
-end
-
 local function run_once()
   if output then return end
-  local dir = os.tmpname(); os.remove(dir); os.execute("mkdir -p " .. dir)
-  local cmd = ("NCCL_NVLS_ENABLE=0 scripts/weft-run -n %d --timeout 600 -- %s --validate "
-               .. "--dead-peer --leak 200 --quick --max-bytes %d --out %s 2>&1; echo \"rc=$?\"")
-              :format(WORLD, harness(), 16 * 1048576, dir)
-  local p = io.popen(cmd)
-  output = p:read("*a")
-  p:close()
-  exit_ok = output:match("rc=0%s*$") ~= nil
-  os.execute("rm -rf " .. dir)
+  output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_AR_BENCH", "build/ar_bench", "ar-bench"),
+                                  ("--validate --dead-peer --leak 200 --quick --max-bytes %d --out %%s")
+                                  :format(16 * 1048576))
 end
 
-local function need_gpus()
-  if cuda.device_count() < WORLD then
-    pending(cuda.available() and ("needs " .. WORLD .. " CUDA devices") or "no CUDA device")
-    return false
-  end
-  return true
-end
+local function need_gpus() return G.need_gpus(WORLD, pending) end
 
 describe("weft all-reduce with 2 ranks #gpu", function()
   local groups = {
@@ -129,14 +108,9 @@ describe("weft all-reduce with 2 ranks #gpu", function()
     it(name, function()
       if not need_gpus() then return end
       run_once()
-      local fails = {}
-      for line in output:gmatch("[^\n]+") do
-        if line:find("FAIL " .. name, 1, true) or line:find("FATAL", 1, true) then
-          fails[#fails + 1] = line
-        end
-      end
+      local fails, passed = G.group_result(output, name)
       assert.are.equal(0, #fails, table.concat(fails, "\n"))
-      assert.is_truthy(output:find("PASS " .. name, 1, true),
+      assert.is_truthy(passed,
                        "never reported '" .. name .. "'; output tail:\n" .. output:sub(-3000))
     end)
   end

@@ -5,16 +5,11 @@ local wffi = require "weft.ffi"
 local C = wffi.C
 
 local cuda = require "weft.cuda"
+local G = require "helpers.gpu_ranks"
 local tensor = require "weft.tensor"
 local graph = require "weft.graph"
 
-local function need_gpu()
-  if not cuda.available() then
-    pending("no CUDA device")
-    return false
-  end
-  return true
-end
+local function need_gpu() return G.need_gpus(1, pending) end
 
 describe("weft.cuda without a device", function()
   it("loads, reports 0 devices and refuses device calls clearly", function()

@@ -10,6 +10,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
+local G = require "helpers.gpu_ranks"
 local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 
@@ -76,35 +77,13 @@ end)
 local WORLD = 2
 local output, exit_ok
 
-local function harness()
-  local bench = os.getenv("WEFT_FUSED_BENCH") or "build/fused_bench"
-  if not io.open(bench, "r") then
-    local p = io.popen("make -s fused-bench 2>&1; echo rc=$?")
-    local o = p:read("*a"); p:close()
-    assert(o:match("rc=0"), "weft: cannot build " .. bench .. ":\n" .. o)
-  end
-  return bench
-end
-
 local function run_once()
   if output then return end
-  local dir = os.tmpname(); os.remove(dir); os.execute("mkdir -p " .. dir)
-  local cmd = ("NCCL_NVLS_ENABLE=0 scripts/weft-run -n %d --timeout 600 -- %s --quick --no-bench "
-               .. "--out %s 2>&1; echo \"rc=$?\""):format(WORLD, harness(), dir)
-  local p = io.popen(cmd)
-  output = p:read("*a")
-  p:close()
-  exit_ok = output:match("rc=0%s*$") ~= nil
-  os.execute("rm -rf " .. dir)
+  output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_FUSED_BENCH", "build/fused_bench", "fused-bench"),
+                                  "--quick --no-bench --out %s")
 end
 
-local function need_gpus()
-  if cuda.device_count() < WORLD then
-    pending(cuda.available() and ("needs " .. WORLD .. " CUDA devices") or "no CUDA device")
-    return false
-  end
-  return true
-end
+local function need_gpus() return G.need_gpus(WORLD, pending) end
 
 describe("weft fused all-reduce + RMSNorm with 2 ranks #gpu", function()
   local groups = { "refusal", "after refusals", "matrix", "variant", "pdl", "stress", "graph", "fault" }
@@ -112,14 +91,9 @@ describe("weft fused all-reduce + RMSNorm with 2 ranks #gpu", function()
     it(name, function()
       if not need_gpus() then return end
       run_once()
-      local fails = {}
-      for line in output:gmatch("[^\n]+") do
-        if line:find("FAIL " .. name .. ":", 1, true) or line:find("FATAL", 1, true) then
-          fails[#fails + 1] = line
-        end
-      end
+      local fails, passed = G.group_result(output, name .. ":")
       assert.are.equal(0, #fails, table.concat(fails, "\n"))
-      assert.is_truthy(output:find("PASS " .. name .. ":", 1, true),
+      assert.is_truthy(passed,
                        "never reported '" .. name .. "'; output tail:\n" .. output:sub(-3000))
     end)
   end

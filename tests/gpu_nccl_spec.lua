@@ -3,7 +3,7 @@
 -- per-mode check on the default (blocking calls, split) communicator and,
 -- suffixed "_nb", on a non-blocking one; then the checks that run once.
 -- Needs 2 CUDA devices; pending otherwise.
-local cuda = require "weft.cuda"
+local G = require "helpers.gpu_ranks"
 
 local PER_MODE = {
   "all_reduce", "all_reduce_inplace_ops", "all_gather", "all_gatherv", "reduce_scatter",
@@ -30,13 +30,7 @@ local function run_once()
   exit_ok = output:match("\nrc=0%s*$") ~= nil or output:match("^rc=0%s*$") ~= nil
 end
 
-local function need_gpus()
-  if cuda.device_count() < WORLD then
-    pending(cuda.available() and ("needs " .. WORLD .. " CUDA devices") or "no CUDA device")
-    return false
-  end
-  return true
-end
+local function need_gpus() return G.need_gpus(WORLD, pending) end
 
 describe("weft.nccl with 2 ranks #gpu", function()
   for _, name in ipairs(CHECKS) do

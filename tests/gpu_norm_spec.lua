@@ -4,15 +4,10 @@
 local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
+local G = require "helpers.gpu_ranks"
 local tensor = require "weft.tensor"
 
-local function need_gpu()
-  if not cuda.available() then
-    pending("no CUDA device")
-    return false
-  end
-  return true
-end
+local function need_gpu() return G.need_gpus(1, pending) end
 
 -- |out| stays below ~8 (normal inputs, uniform [-1, 1) weights): 2 ulp there
 -- (f32: summation order over up to 64 Ki elements).

@@ -13,24 +13,14 @@ local cpugroup = require "weft.cpugroup"
 local mq = require "weft.mq"
 local wffi = require "weft.ffi"
 local util = require "helpers.store_util"
+local spec = require "helpers.spec_util"
 
 local WORKER = "tests/helpers/mq_worker.lua"
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of, lines_of = spec.err_of, spec.lines_of
 
 local function leftovers()
-  local t = {}
-  local p = io.popen("ls /dev/shm 2>/dev/null")
-  for name in p:lines() do
-    if name:match("^weft%-mq%-") then t[#t + 1] = name end
-  end
-  p:close()
-  table.sort(t)
-  return table.concat(t, " ")
+  return spec.dev_shm(function(name) return name:match("^weft%-mq%-") end)
 end
 
 local before_all = leftovers()
@@ -92,12 +82,6 @@ describe("weft.mq in one process", function()
 end)
 
 ---------------------------------------------------------------- processes
-local function lines_of(out)
-  local t = {}
-  for l in out:gmatch("[^\n]+") do t[#t + 1] = l end
-  return t
-end
-
 -- Runs the worker on n ranks through weft-run; returns rc, per-rank lines
 -- (0-based) and the whole output.
 local function weft_run(n, env, limit)
@@ -134,12 +118,7 @@ end
 -- "<WHAT> ok=<bool> ms=<n> msg=<text>" lines of one tag, by rank
 local function reports(per, n, tag)
   local got = {}
-  for r = 0, n - 1 do
-    for _, l in ipairs(per[r]) do
-      local what, ok, ms, msg = l:match("^(%u[%u_]*) ok=(%a+) ms=(%d+) msg=(.*)$")
-      if what == tag then got[r] = { ok = ok, ms = tonumber(ms), msg = msg } end
-    end
-  end
+  for r = 0, n - 1 do got[r] = spec.report_of(per[r], tag) end
   return got
 end
 

@@ -9,33 +9,19 @@ local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local shm = require "weft.shm"
 local util = require "helpers.store_util"
+local spec = require "helpers.spec_util"
 
 local WORKER = "tests/helpers/shm_worker.lua"
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = spec.err_of
 
 -- Leaked names: ours (weft-shm-/weft-node-<pid>-<hex>) whose creator is gone.
 -- Names of live processes (another engineer's run) are in use, not leaked.
 local function leftovers()
-  local t = {}
-  local p = io.popen("ls /dev/shm 2>/dev/null")
-  for name in p:lines() do
+  return spec.dev_shm(function(name)
     local pid = name:match("^weft%-shm%-(%d+)%-%x+$") or name:match("^weft%-node%-(%d+)%-%x+$")
-    if pid and not util.alive(tonumber(pid)) then t[#t + 1] = name end
-  end
-  p:close()
-  table.sort(t)
-  return table.concat(t, " ")
-end
-
-local function lines_of(out)
-  local t = {}
-  for l in out:gmatch("[^\n]+") do t[#t + 1] = l end
-  return t
+    return pid and not util.alive(tonumber(pid))
+  end)
 end
 
 local before_all = leftovers()
@@ -149,12 +135,7 @@ describe("weft.shm across processes", function()
 
   local function failure_lines(res, n, tag)
     local got = {}
-    for r = 0, n - 1 do
-      for _, l in ipairs(lines_of(res[r].out)) do
-        local what, ok, ms, msg = l:match("^(%u[%u_]*) ok=(%a+) ms=(%d+) msg=(.*)$")
-        if what == tag then got[r] = { ok = ok, ms = tonumber(ms), msg = msg } end
-      end
-    end
+    for r = 0, n - 1 do got[r] = spec.report_of(spec.lines_of(res[r].out), tag) end
     return got
   end
 

@@ -20,11 +20,7 @@ local function client(port, opts)
   return store.open(opts)
 end
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("helpers.spec_util").err_of
 
 -- Reads the server greeting of a raw connection.
 local function hello(fd)

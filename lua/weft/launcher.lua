@@ -38,7 +38,6 @@ if not pcall(ffi.typeof, "weft_run_pollfd") then
   ffi.cdef [[
   typedef struct { int fd; short events; short revents; } weft_run_pollfd;
   typedef struct { unsigned long val[16]; } weft_run_sigset;
-  typedef struct { long tv_sec; long tv_nsec; } weft_run_timespec;
   typedef struct {
     uint32_t signo; int32_t err; int32_t code; uint32_t pid; uint32_t uid;
     int32_t fd; uint32_t tid; uint32_t band; uint32_t overrun; uint32_t trapno;
@@ -72,7 +71,6 @@ int sigaddset(void *set, int sig);
 int sigprocmask(int how, const void *set, void *old);
 int signalfd(int fd, const void *mask, int flags);
 void *signal(int sig, void *handler);
-int clock_gettime(int clk, void *ts);
 int socket(int domain, int type, int protocol);
 int bind(int fd, const void *addr, uint32_t len);
 int getsockname(int fd, void *addr, uint32_t *len);
@@ -89,7 +87,7 @@ local SIG_BLOCK, SIG_SETMASK = 0, 2
 local O_RDONLY, O_NONBLOCK, O_CLOEXEC = 0, 0x800, 0x80000
 local F_GETFD, F_GETFL, F_SETFL = 1, 3, 4
 local POLLIN, POLLOUT, POLLERR, POLLHUP, POLLNVAL = 1, 4, 8, 16, 32
-local WNOHANG, CLOCK_MONOTONIC, PR_SET_PDEATHSIG = 1, 1, 1
+local WNOHANG, PR_SET_PDEATHSIG = 1, 1
 local EINTR, EAGAIN, ESRCH = 4, 11, 3
 local AF_INET, SOCK_STREAM = 2, 1
 local SIG_DFL, SIG_IGN = ffi.cast("void *", 0), ffi.cast("void *", 1)
@@ -108,12 +106,8 @@ local function ci(x) return ffi.cast("int", x) end
 
 local function strerror(e) return ffi.string(C.strerror(e)) end
 
-local ts_now = ffi.new("weft_run_timespec")
-local function now()
-  local ts = ts_now
-  C.clock_gettime(CLOCK_MONOTONIC, vp(ts))
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now_ns = require("weft.clock").now_ns
+local function now() return now_ns() * 1e-9 end   -- monotonic seconds
 M.now = now
 
 -- write everything, even to a non-blocking or slow fd; false once the reader is gone

@@ -85,7 +85,6 @@ if not pcall(function() return C.weft_repl_poll end) then
   int weft_repl_sigaddset(void *set, int sig) __asm__("sigaddset");
   int weft_repl_sigprocmask(int how, const void *set, void *old) __asm__("sigprocmask");
   int weft_repl_signalfd(int fd, const void *mask, int flags) __asm__("signalfd");
-  int weft_repl_clock_gettime(int clk, void *ts) __asm__("clock_gettime");
   int weft_repl_gethostname(char *name, size_t len) __asm__("gethostname");
   void *weft_repl_fdopen(int fd, const char *mode) __asm__("fdopen");
   int weft_repl_fflush(void *f) __asm__("fflush");
@@ -102,11 +101,7 @@ local POLLIN = 1
 local EINTR = 4
 local TCIFLUSH = 0
 
-local ts = ffi.new("long[2]")
-local function now_ms()
-  C.weft_repl_clock_gettime(1, ts)   -- CLOCK_MONOTONIC
-  return tonumber(ts[0]) * 1000 + tonumber(ts[1]) * 1e-6
-end
+local now_ms = require("weft.clock").now_ms
 M.now_ms = now_ms
 
 local function write_fd(fd, s)

@@ -10,15 +10,14 @@ local ffi = require "ffi"
 local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local util = require "helpers.store_util"
+local W = require "helpers.rank_util"
 
-local rank = assert(tonumber(os.getenv("RANK")), "RANK")
-local n = assert(tonumber(os.getenv("WORLD_SIZE")), "WORLD_SIZE")
-local port = assert(tonumber(os.getenv("MASTER_PORT")), "MASTER_PORT")
+local rank, n, port = W.env()
 local mode = os.getenv("CPG_MODE") or "normal"
 local absent = {}
 for r in (os.getenv("CPG_ABSENT") or ""):gmatch("%d+") do absent[tonumber(r)] = true end
 
-local function say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
+local say = W.say
 local function check(cond, fmt, ...)
   if not cond then error(("rank %d: " .. fmt):format(rank, ...), 2) end
 end

@@ -1,45 +1,21 @@
 -- Test utilities for tests/launcher_spec.lua: run scripts/weft-run for real
 -- (foreground or background), read what it wrote, find stray rank processes.
 local ffi = require "ffi"
+local P = require "helpers.procs"
 
 local U = {}
 
-if not pcall(ffi.typeof, "weft_lt_timespec") then
-  ffi.cdef [[ typedef struct { long tv_sec; long tv_nsec; } weft_lt_timespec; ]]
-end
 ffi.cdef [[
-int clock_gettime(int clk, void *ts);
-int poll(void *fds, unsigned long nfds, int timeout);
 int getpid(void);
 ]]
 local C = ffi.C
 
-local src = debug.getinfo(1, "S").source:sub(2)
-U.ROOT = (src:match("^(.*)/tests/helpers/[^/]*$")) or "."
+U.ROOT = P.ROOT
 U.TOKEN = "tok" .. C.getpid()          -- marks the rank processes of this test run
 
-function U.now()
-  local ts = ffi.new("weft_lt_timespec")
-  C.clock_gettime(1, ffi.cast("void *", ts))
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-
-function U.sleep(s) C.poll(nil, 0, math.floor(s * 1000)) end
-
-function U.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a"); f:close()
-  return s
-end
-
-local function tmpdir()
-  local p = io.popen("mktemp -d /tmp/weft-launcher-test.XXXXXX")
-  local d = p:read("*l"); p:close()
-  return d
-end
+U.now, U.sleep, U.q = P.now, P.sleep, P.q
+local slurp = P.slurp
+local function tmpdir() return P.tmpdir("weft-launcher-test") end
 
 local function cleanup(dir) os.execute("rm -rf " .. U.q(dir)) end
 
@@ -90,18 +66,9 @@ end
 
 -- Rank processes of this test run still alive (the bracket keeps pgrep's own
 -- shell, whose command line holds the pattern, from matching).
-function U.strays()
-  local p = io.popen("pgrep -af 'helpers/launcher_[a-z]+[.]lua.*" .. U.TOKEN .. "'")
-  local s = p:read("*a"); p:close()
-  return s
-end
+function U.strays() return P.pgrep("helpers/launcher_[a-z]+[.]lua.*" .. U.TOKEN) end
 
 -- SIGKILL the processes listed by U.strays() (their pids only)
-function U.kill_strays(list)
-  for line in list:gmatch("[^\n]+") do
-    local pid = line:match("^(%d+) ")
-    if pid then os.execute("kill -9 " .. pid .. " 2>/dev/null") end
-  end
-end
+U.kill_strays = P.kill_listed
 
 return U

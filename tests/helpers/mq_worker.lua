@@ -14,38 +14,18 @@ local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local mq = require "weft.mq"
 local util = require "helpers.store_util"
+local W = require "helpers.rank_util"
 
-if not pcall(ffi.typeof, "mqw_marker") then
-  ffi.cdef [[
-  typedef struct { int unused; } mqw_marker;
-  int mqw_kill(int pid, int sig) __asm__("kill");
-  int mqw_getpid(void) __asm__("getpid");
-  ]]
-end
-
-local rank = assert(tonumber(os.getenv("RANK")), "RANK")
-local n = assert(tonumber(os.getenv("WORLD_SIZE")), "WORLD_SIZE")
-local port = assert(tonumber(os.getenv("MASTER_PORT")), "MASTER_PORT")
+local rank, n, port = W.env()
 local mode = os.getenv("MQ_MODE") or "order"
 local tmo = tonumber(os.getenv("MQ_TIMEOUT_MS") or "") or 30000
 local CHUNK = tonumber(os.getenv("MQ_CHUNK") or "") or 4096
 local CHUNKS = tonumber(os.getenv("MQ_CHUNKS") or "") or 4
 local COUNT = tonumber(os.getenv("MQ_COUNT") or "") or 500
 
-local function say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
-local checks, failures = 0, 0
-local function check(cond, fmt, ...)
-  checks = checks + 1
-  if not cond then
-    failures = failures + 1
-    say(("FAIL rank %d: " .. fmt):format(rank, ...))
-  end
-  return cond
-end
-local function report(what, ok, t0, msg)
-  say(("%s ok=%s ms=%d msg=%s"):format(what, tostring(ok), util.now_ms() - t0,
-                                        tostring(msg):gsub("\n", " ")))
-end
+local say, report = W.say, W.report
+local K = W.checker(rank)
+local check = K.check
 
 local s = store.open { host = "127.0.0.1", port = port, server = rank == 0, timeout_ms = 30000 }
 local all = {}
@@ -281,7 +261,7 @@ function modes.dead_reader()
   if rank == n - 1 then
     q:recv_bytes()
     say("DYING rank " .. rank)
-    ffi.C.mqw_kill(ffi.C.mqw_getpid(), 9)
+    W.kill_self()
   end
   local t0 = util.now_ms()
   local ok, e = pcall(function()
@@ -304,7 +284,7 @@ function modes.dead_writer()
   if q.is_writer then
     for k = 0, 2 do q:send_bytes(payload(k, 300)) end
     say("DYING rank " .. rank)
-    ffi.C.mqw_kill(ffi.C.mqw_getpid(), 9)
+    W.kill_self()
   end
   for k = 0, 2 do check(q:recv_bytes() == payload(k, 300), "message %d before the death", k) end
   local t0 = util.now_ms()
@@ -327,7 +307,7 @@ end
 local f = modes[mode]
 if not f then error("mq_worker: unknown MQ_MODE " .. mode) end
 f()
-if failures == 0 then say(("OK rank %d checks=%d"):format(rank, checks)) end
+K.ok_line()
 g:destroy()
 s:close()
-os.exit(failures == 0 and 0 or 1)
+K.exit()

@@ -2,49 +2,28 @@
 -- (tmux on a private socket, no user config), output read with capture-pane,
 -- every wait bounded; plus piped (non-tty) runs and stray-process checks.
 local ffi = require "ffi"
+local P = require "helpers.procs"
 
 local U = {}
 
-if not pcall(function() return ffi.C.weft_rt_poll end) then
+if not pcall(function() return ffi.C.weft_rt_getpid end) then
   ffi.cdef [[
-  int weft_rt_poll(void *fds, unsigned long n, int timeout) __asm__("poll");
   int weft_rt_getpid(void) __asm__("getpid");
-  int weft_rt_clock_gettime(int clk, void *ts) __asm__("clock_gettime");
   unsigned int weft_rt_getuid(void) __asm__("getuid");
   ]]
 end
 local C = ffi.C
 
-local src = debug.getinfo(1, "S").source:sub(2)
-U.ROOT = (src:match("^(.*)/tests/helpers/[^/]*$")) or "."
+U.ROOT = P.ROOT
 U.TOKEN = "rtok" .. C.weft_rt_getpid()
 U.SOCKET = "weft-repl-test-" .. C.weft_rt_getpid()
 U.INIT = "tests/helpers/repl_init.lua"
 
-local ts = ffi.new("long[2]")
-function U.now()
-  C.weft_rt_clock_gettime(1, ts)
-  return tonumber(ts[0]) + tonumber(ts[1]) * 1e-9
-end
-function U.sleep(s) C.weft_rt_poll(nil, 0, math.floor(s * 1000)) end
-function U.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a"); f:close()
-  return s
-end
-local function spit(path, s)
-  local f = assert(io.open(path, "wb")); f:write(s); f:close()
-end
+U.now, U.sleep, U.q = P.now, P.sleep, P.q
+local slurp, spit = P.slurp, P.spit
 U.slurp, U.spit = slurp, spit
 
-function U.tmpdir()
-  local p = io.popen("mktemp -d /tmp/weft-repl-test.XXXXXX")
-  local d = p:read("*l"); p:close()
-  return d
-end
+function U.tmpdir() return P.tmpdir("weft-repl-test") end
 function U.rmdir(d) if d and d:match("^/tmp/weft%-repl%-test%.") then os.execute("rm -rf " .. U.q(d)) end end
 
 -- environment given to a session, in shell syntax
@@ -153,11 +132,7 @@ end
 
 -- Rank processes of this run still alive (their command line holds TOKEN;
 -- the bracket keeps pgrep's own shell from matching).
-function U.strays()
-  local p = io.popen("pgrep -af 'repl_init[.]lua.*" .. U.TOKEN .. "'")
-  local s = p:read("*a"); p:close()
-  return s
-end
+function U.strays() return P.pgrep("repl_init[.]lua.*" .. U.TOKEN) end
 
 -- Waits (bounded) for the rank processes to go; kills any left, returns them.
 function U.reap(timeout)
@@ -167,10 +142,7 @@ function U.reap(timeout)
     U.sleep(0.1)
     s = U.strays()
   end
-  for line in s:gmatch("[^\n]+") do
-    local pid = line:match("^(%d+) ")
-    if pid then os.execute("kill -9 " .. pid .. " 2>/dev/null") end
-  end
+  P.kill_listed(s)
   return s
 end
 

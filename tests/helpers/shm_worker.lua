@@ -11,31 +11,17 @@ local cpugroup = require "weft.cpugroup"
 local shm = require "weft.shm"
 local wffi = require "weft.ffi"
 local util = require "helpers.store_util"
+local W = require "helpers.rank_util"
 
 local C = wffi.C
-if not pcall(ffi.typeof, "shmw_marker") then
-  ffi.cdef [[
-  typedef struct { int unused; } shmw_marker;
-  int shmw_kill(int pid, int sig) __asm__("kill");
-  int shmw_getpid(void) __asm__("getpid");
-  ]]
-end
 
-local rank = assert(tonumber(os.getenv("RANK")), "RANK")
-local n = assert(tonumber(os.getenv("WORLD_SIZE")), "WORLD_SIZE")
-local port = assert(tonumber(os.getenv("MASTER_PORT")), "MASTER_PORT")
+local rank, n, port = W.env()
 local mode = os.getenv("SHM_MODE") or "correct"
 local tmo = tonumber(os.getenv("SHM_TIMEOUT_MS") or "") or 30000
 
-local function say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
-local checks, failures = 0, 0
-local function check(cond, fmt, ...)
-  checks = checks + 1
-  if not cond then
-    failures = failures + 1
-    say(("FAIL rank %d: " .. fmt):format(rank, ...))
-  end
-end
+local say = W.say
+local K = W.checker(rank)
+local check = K.check
 
 local s = store.open { host = "127.0.0.1", port = port, server = rank == 0, timeout_ms = 30000 }
 local all = {}
@@ -195,8 +181,7 @@ end
 local function timed(what, f)
   local t0 = util.now_ms()
   local ok, err = pcall(f)
-  say(("%s ok=%s ms=%d msg=%s"):format(what, tostring(ok), util.now_ms() - t0,
-                                       tostring(err):gsub("\n", " ")))
+  W.report(what, ok, t0, err)
 end
 
 local function late()
@@ -215,7 +200,7 @@ local function kill()
   local c = shm.new(g, 4096)
   local x = ffi.new("float[?]", 64)
   c:all_reduce(x, x, 64, "f32", "sum")
-  if rank == n - 1 then C.shmw_kill(C.shmw_getpid(), 9) end
+  if rank == n - 1 then W.kill_self() end
   timed("KILLED", function() c:all_reduce(x, x, 64, "f32", "sum") end)
   c:destroy()
 end
@@ -251,5 +236,5 @@ check(ok, "%s: %s", mode, tostring(err))
 if mode ~= "late" and mode ~= "kill" and mode ~= "absent" then g:barrier() end
 g:destroy()
 s:close()
-if failures == 0 then say(("OK rank %d checks=%d"):format(rank, checks)) end
-os.exit(failures == 0 and 0 or 1)
+K.ok_line()
+K.exit()

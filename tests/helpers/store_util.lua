@@ -10,7 +10,6 @@ if not pcall(ffi.typeof, "wst_sockaddr_in") then
   ffi.cdef [[
   typedef struct { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; } wst_sockaddr_in;
   typedef struct { int fd; short events; short revents; } wst_pollfd;
-  typedef struct { long sec; long nsec; } wst_timespec;
   int wst_socket(int domain, int type, int protocol) __asm__("socket");
   int wst_connect(int fd, const void *addr, uint32_t len) __asm__("connect");
   int wst_bind(int fd, const void *addr, uint32_t len) __asm__("bind");
@@ -22,7 +21,6 @@ if not pcall(ffi.typeof, "wst_sockaddr_in") then
   long wst_recv(int fd, void *buf, unsigned long n, int flags) __asm__("recv");
   int wst_close(int fd) __asm__("close");
   int wst_poll(wst_pollfd *fds, unsigned long n, int timeout) __asm__("poll");
-  int wst_clock_gettime(int clk, wst_timespec *ts) __asm__("clock_gettime");
   int wst_setenv(const char *k, const char *v, int overwrite) __asm__("setenv");
   int wst_unsetenv(const char *k) __asm__("unsetenv");
   int wst_kill(int pid, int sig) __asm__("kill");
@@ -36,11 +34,8 @@ local LOOPBACK = 0x0100007f  -- 127.0.0.1 in network order (little-endian host)
 
 local function htons(p) return bit.bor(bit.lshift(bit.band(p, 0xff), 8), bit.rshift(p, 8)) end
 
-function M.now_ms()
-  local ts = ffi.new("wst_timespec")
-  C.wst_clock_gettime(1, ts)
-  return tonumber(ts.sec) * 1000 + math.floor(tonumber(ts.nsec) / 1e6)
-end
+local now_ns = require("weft.clock").now_ns
+function M.now_ms() return math.floor(now_ns() / 1e6) end   -- whole ms
 
 function M.sleep_ms(ms) C.wst_poll(nil, 0, ms) end
 

@@ -1,0 +1,41 @@
+-- The spec side of the multi-process tests: the message of an expected error,
+-- a process's output as lines, and the "<WHAT> ok=<bool> ms=<n> msg=<text>"
+-- reports that the rank workers print (tests/helpers/rank_util.lua).
+local S = {}
+
+-- f(...) must raise: returns its message (the calling test fails otherwise)
+function S.err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  if ok then error("expected an error", 2) end
+  return tostring(e)
+end
+
+function S.lines_of(out)
+  local t = {}
+  for l in out:gmatch("[^\n]+") do t[#t + 1] = l end
+  return t
+end
+
+-- the last report tagged `tag` among lines: { ok = "true"|"false", ms =, msg = }
+function S.report_of(lines, tag)
+  local got
+  for _, l in ipairs(lines) do
+    local what, ok, ms, msg = l:match("^(%u[%u_]*) ok=(%a+) ms=(%d+) msg=(.*)$")
+    if what == tag then got = { ok = ok, ms = tonumber(ms), msg = msg } end
+  end
+  return got
+end
+
+-- the names in /dev/shm for which keep(name) is true, sorted, space-separated
+function S.dev_shm(keep)
+  local t = {}
+  local p = io.popen("ls /dev/shm 2>/dev/null")
+  for name in p:lines() do
+    if keep(name) then t[#t + 1] = name end
+  end
+  p:close()
+  table.sort(t)
+  return table.concat(t, " ")
+end
+
+return S
