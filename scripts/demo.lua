@@ -1,11 +1,14 @@
--- weft demo: `make demo` runs it as `scripts/weft-run -n 4 scripts/demo.lua`.
+-- weft demo: `make demo` runs it as `scripts/weft-run -n 4 scripts/demo.lua`
+-- (2 ranks work too: TP=2, PP=1).
 --
 -- TP=2 x PP=2 over 4 ranks: prints the plan, runs all_reduce and the fused
 -- all-reduce + residual + RMSNorm on random data in each TP group, checks both
 -- against a reference computed in f64, hands the result to the next pipeline
 -- stage, and prints median latencies of every rank. Host tensors through
--- shared memory; device tensors when weft.cuda_available() and a device
--- backend serves them.
+-- shared memory; with CUDA and a GPU per rank, device tensors: the TP
+-- all_reduce through weft's custom all-reduce (or NCCL, as weft.policy
+-- decides) and the fused kernel (weft.device_backends), the pipeline
+-- hand-over through NCCL.
 local weft = require "weft"
 local ffi = require "ffi"
 local T = weft.tensor
@@ -14,7 +17,7 @@ local TOKENS, HIDDEN, DTYPE, EPS = 8, 4096, "bf16", 1e-6
 local CALLS = tonumber(os.getenv("WEFT_DEMO_CALLS")) or 200
 
 local world = weft.init()
-local plan = weft.initialize_model_parallel { tp = 2, pp = 2 }
+local plan = weft.initialize_model_parallel { tp = 2, pp = world.world_size >= 4 and 2 or 1 }
 local tp, pp = weft.tp(), weft.pp()
 local me = world.rank
 
@@ -23,13 +26,20 @@ if me == 0 then
   print(weft.topology.format(plan))
 end
 
--- device when a device backend serves all_reduce on it, else host
+-- device when a device backend serves all_reduce on it and every rank of
+-- this node has its own GPU (ranks sharing one would time-slice spinning
+-- kernels), else host
 local dev = "cpu"
 if weft.cuda_available() then
   local probe = T.zeros({ 1 }, DTYPE, "cuda")
-  if weft.policy.select(tp, "all_reduce", probe) ~= "no_device_backend" then dev = "cuda" end
+  local lws = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "") or world.world_size
+  if weft.policy.select(tp, "all_reduce", probe) ~= "no_device_backend" and weft.cuda.device_count() >= lws then
+    dev = "cuda"
+  end
   probe:free()
-  if dev == "cpu" and me == 0 then print("CUDA device found, but no device backend yet: host tensors") end
+  if dev == "cpu" and me == 0 then
+    print(("CUDA found, but %d ranks for %d GPUs on this node: host tensors"):format(lws, weft.cuda.device_count()))
+  end
 end
 
 local function seed_of(rank, what) return 1000 * rank + what end
@@ -74,6 +84,9 @@ local xin = T.randn({ TOKENS, HIDDEN }, DTYPE, "cpu", { seed = seed_of(me, 2) })
 local res = T.randn({ TOKENS, HIDDEN }, DTYPE, "cpu", { seed = 7 }):to(dev)
 local gamma = T.rand({ HIDDEN }, DTYPE, "cpu", { seed = 8 }):to(dev)
 local y, res_out = tp:fused_allreduce_rmsnorm(xin, res, gamma, EPS)
+if me == 0 and dev == "cuda" then
+  print(weft.policy.explain(tp, xin, "fused_allreduce_rmsnorm"))
+end
 -- f64 reference of the fused op for the TP group made of `ranks`
 local r64 = res:to("cpu"):to("f64")
 local g64 = gamma:to("cpu"):to("f64")
@@ -114,10 +127,12 @@ local y_err = close_enough(y, ref_y, 2e-2, 2e-2, "fused norm_out")
 -- 3. pipeline: stage 0 hands its normalized activations to stage 1, which
 -- checks them against the reference of the sender's TP group
 local pp_ok = "-"
-if pp.is_first_rank then
+if pp.world_size == 1 then
+  pp_ok = "(one stage)"
+elseif pp.is_first_rank then
   pp:send(y, pp.rank_in_group + 1)
 else
-  local got = pp:recv({ TOKENS, HIDDEN }, pp.rank_in_group - 1, DTYPE)
+  local got = pp:recv(T.empty({ TOKENS, HIDDEN }, DTYPE, dev), pp.rank_in_group - 1)   -- same place as the sender's
   local sender = pp.ranks[pp.rank_in_group]          -- global rank of the previous stage
   local sender_tp = {}
   for _, grp in ipairs(plan.groups.tp) do

@@ -526,6 +526,15 @@ int weft_async_result(weft_async *h, const void **data, size_t *len, const size_
 int weft_async_times(weft_async *h, int64_t *submit_ns, int64_t *start_ns, int64_t *end_ns);
 int weft_async_release(weft_async *h);   /* the caller's reference; NULL: no-op */
 
+/* ---- integration: strided device copy for the group layer (src/copy2d.c) ----
+ * cudaMemcpy2DAsync (cudaMemcpyDefault): `height` rows of `width` bytes from
+ * src (rows `spitch` apart) to dst (rows `dpitch` apart), async on stream
+ * (NULL: the thread's current stream); capturable. The dim permutes of
+ * all_gather / reduce_scatter / gather along an inner dim take one call per
+ * rank instead of one copy per row. */
+int weft_cuda_memcpy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, void *stream);
+
 /* ===== FFI END ===== */
 
 /* The FFI region above as one string (embedded at build time), so the Lua

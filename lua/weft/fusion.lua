@@ -331,7 +331,9 @@ local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
 -- opts: max_tokens (declared maximum, default 2048), algo ("auto"|"oneshot"|
 -- "twoshot"), fp32_acc (default true), gemma, pdl (default true, as the
 -- seed launches), trigger_completion_at_end, use_attn_tp_group (default
--- true), norm_out=, residual_out= (preallocated outputs), stream.
+-- true), norm_out=, residual_out= (preallocated outputs), stream (raw
+-- cudaStream_t), quant_out= with scale= (FP8 pattern: an e4m3 tensor like x
+-- and a device f32 tensor of one element; weft.device_backends checks them).
 -- Errors (raised): dtype mix, shape mismatch, hidden not a multiple of 8,
 -- tokens above max_tokens, an unsupported dtype.
 function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
@@ -386,6 +388,9 @@ function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
   p.input, p.residual, p.weight = x.ptr, residual.ptr, weight.ptr
   p.out, p.residual_out, p.norm_out = nil, res_out.ptr, norm_out.ptr
   p.quant_out, p.scale = nil, nil
+  if opts.quant_out ~= nil then   -- FP8: e4m3 of norm / *scale too (opts.scale: device f32 tensor)
+    p.pattern, p.quant_out, p.scale = PATTERN.ar_rmsnorm_fp8, opts.quant_out.ptr, opts.scale.ptr
+  end
   p.eps, p.stream = eps, opts.stream
   local ok, err = B.run(mgr.ws, p)
   if not ok then error("weft: " .. op .. ": " .. tostring(err), 2) end

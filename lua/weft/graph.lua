@@ -6,16 +6,25 @@
 --   g:destroy()
 --
 -- Semantics (as the seed's graph_capture, and as nccl-tests captures):
---  * a dedicated capture stream (non-blocking; opts.stream to reuse one)
+--  * a dedicated capture stream (non-blocking, one per process and kept;
+--    opts.stream to use another)
 --    first waits for the work already queued on the current stream, so
 --    everything initialised before the capture is visible to it;
+--  * every group is entered once, before warmup and capture
+--    (group:graph_enter(ctx) / group:graph_exit(ctx), when it has them):
+--    opts.groups, or by default the seed's set — the TP, PP, DCP, MoE EP and
+--    MoE TP groups of weft.initialize_model_parallel (distinct objects), or
+--    the world group when there are none. Entering sets up what a capture
+--    cannot (collectives): the group's NCCL communicator, its custom
+--    all-reduce workspace, and with opts.fusion = {max_tokens=, hidden=,
+--    dtype=} its fusion workspace (the seed's pre_initialize_workspaces).
+--    Every rank must capture with the same groups;
 --  * opts.warmup runs fn that many times eagerly on the capture stream
 --    before capturing (lazy setup such as NCCL connections happens then);
 --  * while fn runs, the capture stream is the thread's current stream and
 --    weft.graph.current() returns the context {stream=, mode="graph"}: the
 --    policy reads it to pick the graph column of the eager/graph backend
---    table; each distinct group in opts.groups is entered once
---    (group:graph_enter(ctx) / group:graph_exit(ctx), when it has them);
+--    table (docs/policy.md);
 --  * the capture is thread-local mode: a synchronizing call or a store
 --    collective inside fn fails with a clear error instead of corrupting
 --    the capture; the capture is always ended, even when fn raises;
@@ -62,6 +71,20 @@ local function enter_groups(groups, ctx)
   return entered
 end
 
+-- The seed's graph_capture set: TP, PP, then DCP, MoE EP, MoE TP (distinct
+-- objects), from weft.dist; the world group when model parallel is not set up.
+function M.default_groups()
+  local dist = package.loaded["weft.dist"]
+  if not dist or not dist.state or not dist.state.initialized then return {} end
+  local groups, S = {}, dist.state
+  for _, kind in ipairs { "tp", "pp", "dcp", "moe_ep", "moe_tp" } do
+    local g = S.groups and S.groups[kind]
+    if g then groups[#groups + 1] = g end
+  end
+  if #groups == 0 and S.world then groups[1] = S.world end
+  return groups
+end
+
 local function exit_groups(entered, ctx)
   for i = #entered, 1, -1 do
     local g = entered[i]
@@ -77,25 +100,38 @@ function M.capture(fn, opts)
   if current_ctx then error("weft: graph.capture: a capture is already in progress", 2) end
   local cuda = cuda_mod()
   local prev = cuda.current_stream()
-  local own_stream = opts.stream == nil
-  local stream = opts.stream or cuda.stream()
+  -- one capture stream per device, never destroyed: kernels that remember
+  -- their last stream (weft_ar_run, the fusion run) never see a dead handle
+  local stream = opts.stream
+  if stream == nil then
+    local dev = cuda.current_device()
+    M._streams = M._streams or {}
+    stream = M._streams[dev]
+    if stream == nil then stream = cuda.stream(); M._streams[dev] = stream end
+  end
+  local own_stream = false
   if stream.handle == nil then
     error("weft: graph.capture: cannot capture on the legacy default stream", 2)
   end
-  stream:wait_stream(prev)
-
-  local ctx = { stream = stream, mode = "graph", groups = opts.groups }
+  local groups = opts.groups or M.default_groups()
+  local ctx = { stream = stream, mode = "graph", groups = groups, fusion = opts.fusion }
+  local okg, entered = pcall(enter_groups, groups, ctx)
+  if not okg then
+    if own_stream then stream:destroy() end
+    error("weft: graph.capture: entering the groups failed: " .. tostring(entered), 2)
+  end
+  stream:wait_stream(prev)      -- after entering: whatever set-up queued is visible too
   cuda.set_current_stream(stream)
   for _ = 1, opts.warmup or 0 do
     local ok, err = pcall(fn, ctx)
     if not ok then
       cuda.set_current_stream(prev)
+      exit_groups(entered, ctx)
       error("weft: graph.capture: warmup failed: " .. tostring(err), 2)
     end
   end
   if (opts.warmup or 0) > 0 then stream:synchronize() end
 
-  local entered = enter_groups(opts.groups, ctx)
   local rc = C.weft_cuda_graph_begin(stream.handle)
   if rc ~= 0 then
     local msg = ffi_string(C.weft_last_error())

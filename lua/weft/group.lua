@@ -80,6 +80,14 @@ local function check_tensor(g, op, t, what)
   end
 end
 
+-- host and device tensors (or two devices) never mix in one call
+local function check_place(g, op, a, b, an, bn)
+  if a.device ~= b.device then
+    fail(3, op, "%s is on %s and %s on %s: host and device tensors (or two devices) cannot mix in one call (group %s)",
+         an, tostring(a.device), bn, tostring(b.device), gname(g))
+  end
+end
+
 local function check_peer(g, op, idx, what)
   if type(idx) ~= "number" or idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
     fail(3, op, "%s %s is out of range for group %s of %d ranks (valid: 0..%d)",
@@ -433,12 +441,23 @@ local function reduce_into(g, t, out_ptr, rop, code)
   g:_reduce_blocks(out_ptr, blocks, t.numel, t.dtype, rop)
 end
 
--- all_reduce(t [, op="sum"]) -> t, reduced in place
-function G:all_reduce(t, rop)
+-- all_reduce(t [, op="sum" [, out]]) -> t reduced in place, or out (t unchanged)
+function G:all_reduce(t, rop, out)
   check_group(self, "all_reduce")
   check_tensor(self, "all_reduce", t)
   rop = rop or "sum"
   local code = check_reduce(self, "all_reduce", t, rop)
+  if out ~= nil and out ~= t then
+    check_tensor(self, "all_reduce", out, "output")
+    check_place(self, "all_reduce", t, out, "input", "output")
+    if out.dtype ~= t.dtype or not same_shape(out.shape, t.shape) then
+      fail(2, "all_reduce", "output is %s %s, expected %s %s (group %s)", out.dtype, shape_str(out.shape),
+           t.dtype, shape_str(t.shape), gname(self))
+    end
+    if self.world_size == 1 then out:copy_(t); return out end
+    reduce_into(self, t, out.ptr, rop, code)
+    return out
+  end
   if self.world_size == 1 then return t end
   reduce_into(self, t, t.ptr, rop, code)
   return t
@@ -455,6 +474,7 @@ function G:all_gather(t, dim, out)
   oshape[dim + 1] = oshape[dim + 1] * W
   if out ~= nil then
     check_tensor(self, "all_gather", out, "output")
+    check_place(self, "all_gather", t, out, "input", "output")
     if out.dtype ~= t.dtype then
       fail(2, "all_gather", "output dtype %s differs from input dtype %s (group %s)", out.dtype, t.dtype, gname(self))
     end
@@ -513,6 +533,7 @@ function G:reduce_scatter(t, dim, out, rop)
   oshape[dim + 1] = d / W
   if out ~= nil then
     check_tensor(self, "reduce_scatter", out, "output")
+    check_place(self, "reduce_scatter", t, out, "input", "output")
     if out.dtype ~= t.dtype or not same_shape(out.shape, oshape) then
       fail(2, "reduce_scatter", "output is %s %s, expected %s %s (group %s)",
            out.dtype, shape_str(out.shape), t.dtype, shape_str(oshape), gname(self))
@@ -558,6 +579,113 @@ function G:reduce_scatter_tensor(out, t)
   return self:reduce_scatter(t, 0, out)
 end
 
+-- sizes: rows (dim 0) per rank, a Lua array of world_size counts
+local function check_sizes(g, op, sizes, rows, what)
+  if type(sizes) ~= "table" or #sizes ~= g.world_size then
+    fail(3, op, "sizes must list %d row counts, one per rank (group %s)", g.world_size, gname(g))
+  end
+  local sum = 0
+  for i = 1, #sizes do
+    local n = sizes[i]
+    if type(n) ~= "number" or n ~= floor(n) or n < 0 then
+      fail(3, op, "size %d is %s, not a row count (group %s)", i - 1, tostring(n), gname(g))
+    end
+    sum = sum + n
+  end
+  if what == "mine" and sizes[g.rank_in_group + 1] ~= rows then
+    fail(3, op, "sizes say this rank has %d rows, the input has %d (group %s)",
+         sizes[g.rank_in_group + 1], rows, gname(g))
+  elseif what == "sum" and sum ~= rows then
+    fail(3, op, "sizes sum to %d rows, the input has %d (group %s)", sum, rows, gname(g))
+  end
+  return sum
+end
+
+local function rows_shape(t, rows)
+  local s = { rows }
+  for i = 2, #t.shape do s[i] = t.shape[i] end
+  return s
+end
+
+local function check_out(g, op, t, out, shape)
+  check_tensor(g, op, out, "output")
+  check_place(g, op, t, out, "input", "output")
+  if out.dtype ~= t.dtype or not same_shape(out.shape, shape) then
+    fail(3, op, "output is %s %s, expected %s %s (group %s)", out.dtype, shape_str(out.shape), t.dtype,
+         shape_str(shape), gname(g))
+  end
+end
+
+-- all_gatherv(t, sizes [, out]) -> out: rank r contributes sizes[r+1] rows
+-- (dim 0), concatenated in rank order (the seed's all_gatherv; sizes nil:
+-- equal shares, all_gather along dim 0).
+function G:all_gatherv(t, sizes, out)
+  local op = "all_gatherv"
+  check_group(self, op)
+  check_tensor(self, op, t)
+  if #t.shape < 1 then fail(2, op, "input needs at least one dim (group %s)", gname(self)) end
+  if sizes == nil then return self:all_gather(t, 0, out) end
+  local total = check_sizes(self, op, sizes, t.shape[1], "mine")
+  local oshape = rows_shape(t, total)
+  if out ~= nil then check_out(self, op, t, out, oshape) else out = T().empty(oshape, t.dtype, t.device) end
+  if self.world_size == 1 then
+    if out.ptr ~= t.ptr then out:copy_(t) end
+    return out
+  end
+  local be = backend_for(self, op, t)
+  if be.all_gatherv then call_be(self, op, be.all_gatherv, t, sizes, out); return out end
+  -- host: pad every share to the largest, gather, compact
+  local row = DT_SIZE[t.dtype]
+  for i = 2, #t.shape do row = row * t.shape[i] end
+  local maxr = 0
+  for i = 1, #sizes do if sizes[i] > maxr then maxr = sizes[i] end end
+  local nb = maxr * row
+  if nb == 0 then return out end
+  local src = self:_scratch("agv", nb)
+  if t.nbytes > 0 then ffi_copy(src, t.ptr, t.nbytes) end
+  local buf = self:_scratch("gather", nb * self.world_size)
+  gather_bytes(self, be, op, src, nb, buf)
+  local o, pos = ffi_cast(u8p, out.ptr), 0
+  for r = 1, #sizes do
+    local n = sizes[r] * row
+    if n > 0 then ffi_copy(o + pos, buf + (r - 1) * nb, n) end
+    pos = pos + n
+  end
+  return out
+end
+
+-- reduce_scatterv(t [, out [, sizes [, op="sum"]]]) -> out: the reduction of
+-- t, of which rank r keeps sizes[r+1] rows (dim 0) (the seed's
+-- reduce_scatterv; sizes nil: equal shares, reduce_scatter along dim 0).
+function G:reduce_scatterv(t, out, sizes, rop)
+  local op = "reduce_scatterv"
+  check_group(self, op)
+  check_tensor(self, op, t)
+  rop = rop or "sum"
+  local code = check_reduce(self, op, t, rop)
+  if #t.shape < 1 then fail(2, op, "input needs at least one dim (group %s)", gname(self)) end
+  if sizes == nil then return self:reduce_scatter(t, 0, out, rop) end
+  check_sizes(self, op, sizes, t.shape[1], "sum")
+  local me = self.rank_in_group
+  local oshape = rows_shape(t, sizes[me + 1])
+  if out ~= nil then check_out(self, op, t, out, oshape) else out = T().empty(oshape, t.dtype, t.device) end
+  if self.world_size == 1 then
+    if out.ptr ~= t.ptr then out:copy_(t) end
+    return out
+  end
+  local be = backend_for(self, op, t, rop)
+  if be.reduce_scatterv then call_be(self, op, be.reduce_scatterv, t, sizes, out, rop, code); return out end
+  -- host: reduce everything, keep this rank's rows
+  if t.nbytes == 0 then return out end
+  local buf = self:_scratch("rsv", t.nbytes)
+  reduce_into(self, t, buf, rop, code)
+  local row = t.nbytes / t.shape[1]
+  local off = 0
+  for r = 1, me do off = off + sizes[r] end
+  if out.nbytes > 0 then ffi_copy(out.ptr, buf + off * row, out.nbytes) end
+  return out
+end
+
 -- broadcast(t [, src=0]) -> t, in place
 function G:broadcast(t, src)
   check_group(self, "broadcast")
@@ -579,6 +707,8 @@ function G:gather(t, dst, dim)
   check_tensor(self, "gather", t)
   dim = norm_dim(self, "gather", t, dim or -1)
   if self.world_size == 1 then return t end
+  local be = backend_for(self, "gather", t)
+  if be.gather then return call_be(self, "gather", be.gather, t, dst, dim) end
   local out = self:all_gather(t, dim)
   if self.rank_in_group == dst then return out end
   out:free()
@@ -595,6 +725,11 @@ function G:send(t, dst)
   check_tensor(self, "send", t)
   if dst == self.rank_in_group then
     fail(2, "send", "dst %d is this rank's own index in group %s", dst, gname(self))
+  end
+  if t.device ~= "cpu" then   -- device tensors: the device backend (sizes must match the recv)
+    local be = backend_for(self, "send", t)
+    call_be(self, "send", be.send, t, dst)
+    return
   end
   cpu(self, "send", "send", serialize.encode(t), dst)
 end
@@ -616,6 +751,11 @@ function G:recv(spec, src, dtype)
     into = tm.empty(spec, dtype or "f32")
   else
     fail(2, "recv", "expected a tensor or a shape table, got %s (group %s)", type(spec), gname(self))
+  end
+  if into.device ~= "cpu" then
+    local be = backend_for(self, "recv", into)
+    call_be(self, "recv", be.recv, into, src)
+    return into
   end
   local got = serialize.decode(cpu(self, "recv", "recv", src))
   if not tm.is_tensor(got) then
@@ -641,6 +781,7 @@ function G:all_to_all_single(out, inp, splits)
   check_group(self, op)
   check_tensor(self, op, out, "output")
   check_tensor(self, op, inp, "input")
+  check_place(self, op, inp, out, "input", "output")
   if out.dtype ~= inp.dtype then
     fail(2, op, "output dtype %s differs from input dtype %s (group %s)", out.dtype, inp.dtype, gname(self))
   end
@@ -686,6 +827,11 @@ function G:all_to_all_single(out, inp, splits)
       fail(2, op, "output %s cannot hold input %s (group %s)", shape_str(out.shape), shape_str(inp.shape), gname(self))
     end
     if out.ptr ~= inp.ptr then out:copy_(inp) end
+    return out
+  end
+  if inp.device ~= "cpu" then
+    local be = backend_for(self, op, inp)
+    call_be(self, op, be.all_to_all_single, out, inp, in_splits, out_splits)
     return out
   end
   if in_splits == nil then
@@ -886,7 +1032,7 @@ function G:recv_tensor_dict(src, ag)
       local t = tm.empty(m[4], m[3], device_for(m[5]))
       if t.numel > 0 then
         if ag and t.numel % agw == 0 then
-          local part = self:recv({ t.numel / agw }, src, t.dtype)
+          local part = self:recv(tm.empty({ t.numel / agw }, t.dtype, t.device), src)
           local full = ag:all_gather(part, 0)
           t:copy_(full)
           part:free(); full:free()
@@ -912,9 +1058,14 @@ local FLOATS = { f32 = true, f16 = true, bf16 = true }
 function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
   local op = "fused_allreduce_rmsnorm"
   check_group(self, op)
+  if M.device_fused and T().is_tensor(x) and x.device ~= "cpu" then
+    return M.device_fused(self, x, residual, weight, eps, opts)   -- weft.device_backends
+  end
   check_tensor(self, op, x, "input")
   check_tensor(self, op, residual, "residual")
   check_tensor(self, op, weight, "weight")
+  check_place(self, op, x, residual, "input", "residual")
+  check_place(self, op, x, weight, "input", "weight")
   if not FLOATS[x.dtype] then
     fail(2, op, "dtype %s is not supported (f32, f16, bf16) on group %s", x.dtype, gname(self))
   end
@@ -943,6 +1094,7 @@ function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
   local res_out = opts.residual_out or tm.empty(x.shape, x.dtype, x.device)
   for _, p in ipairs({ { norm_out, "norm_out" }, { res_out, "residual_out" } }) do
     check_tensor(self, op, p[1], p[2])
+    check_place(self, op, x, p[1], "input", p[2])
     if p[1].dtype ~= x.dtype or not same_shape(p[1].shape, x.shape) then
       fail(2, op, "%s is %s %s, expected %s %s (group %s)", p[2], p[1].dtype,
            shape_str(p[1].shape), x.dtype, shape_str(x.shape), gname(self))
@@ -962,5 +1114,10 @@ function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
                                  tokens, hidden, DT_CODE[x.dtype], eps, opts.gemma and 1 or 0), op, 2)
   return norm_out, res_out
 end
+
+---------------------------------------------------------------- device
+-- Device backends, their policy rules and hooks (weft.device_backends; loads
+-- nothing of CUDA until a device tensor arrives).
+require("weft.device_backends").install(M)
 
 return M

@@ -18,6 +18,7 @@ local LAZY = {
   serialize = "weft.serialize", group_module = "weft.group", ffi = "weft.ffi",
   cuda = "weft.cuda", store = "weft.store", cpugroup = "weft.cpugroup", shm = "weft.shm",
   graph = "weft.graph", fusion = "weft.fusion",
+  device_backends = "weft.device_backends", custom_ar = "weft.custom_ar", policy_file = "weft.policy_file",
 }
 
 setmetatable(M, {

@@ -113,9 +113,179 @@ local function human_bytes(n)
   if n >= 1024 then return ("%.4g KiB"):format(n / 1024) end
   return ("%d B"):format(n)
 end
+M.human_bytes = human_bytes
 
--- explain(group, tensor [, op]) -> a readable string: the backend chosen for
--- `op` (default all_reduce), why, and which rules were passed over.
+---------------------------------------------------------------- modes
+-- "graph" while this thread captures through weft.graph, else "eager": the
+-- two columns of the seed's eager/graph backend table (graph_capture).
+function M.mode()
+  local gm = package.loaded["weft.graph"]
+  if gm ~= nil and gm.current() ~= nil then return "graph" end
+  return "eager"
+end
+
+---------------------------------------------------------------- overrides
+-- policy.set{all_reduce = "nccl"|"oneshot"|"twoshot"|"oneshot_flag"|"auto"|"default",
+--            fused = "oneshot"|"twoshot"|"auto"|"unfused"|"default",
+--            group = a GroupCoordinator or its name (default: every group)}
+-- A group's own setting wins over the global one; "default" removes it.
+-- WEFT_ALLREDUCE=nccl|oneshot|twoshot|auto sets the global all_reduce one at
+-- load. Device backends register M.checkers[key](g, value) -> ok, why: a
+-- value the group cannot use is refused at set time when the group is given
+-- as an object, else the call that needs it raises, naming why.
+M.OVERRIDES = {
+  all_reduce = { nccl = true, oneshot = true, twoshot = true, oneshot_flag = true, auto = true },
+  fused = { oneshot = true, twoshot = true, auto = true, unfused = true },
+}
+M.overrides = { global = {}, groups = {} }
+M.checkers = {}
+M.override_error = nil     -- an invalid WEFT_ALLREDUCE, raised by the calls it would steer
+
+local function choices(set)
+  local l = {}
+  for k in pairs(set) do l[#l + 1] = k end
+  table.sort(l)
+  return table.concat(l, ", ")
+end
+
+do
+  local v = os.getenv("WEFT_ALLREDUCE")
+  if v ~= nil and v ~= "" and v ~= "default" then
+    if M.OVERRIDES.all_reduce[v] then
+      M.overrides.global.all_reduce, M.overrides.global.all_reduce_src = v, "WEFT_ALLREDUCE"
+    else
+      M.override_error = ("WEFT_ALLREDUCE=%q is not one of %s (or unset it)")
+        :format(v, choices(M.OVERRIDES.all_reduce))
+    end
+  end
+end
+
+function M.set(o)
+  if type(o) ~= "table" then error("weft: policy.set: expected a table like {all_reduce = \"nccl\"}", 2) end
+  local g, name = o.group, nil
+  if g ~= nil then
+    if type(g) == "table" and type(g.unique_name) == "string" then name = g.unique_name
+    elseif type(g) == "string" and g ~= "" then name = g
+    else error("weft: policy.set: group must be a GroupCoordinator or a group name, got " .. type(g), 2) end
+  end
+  for k, v in pairs(o) do
+    if k ~= "group" then
+      local allowed = M.OVERRIDES[k]
+      if not allowed then
+        error(("weft: policy.set: unknown key %q (%s, group)"):format(tostring(k), choices(M.OVERRIDES)), 2)
+      end
+      if v ~= "default" and not allowed[v] then
+        error(("weft: policy.set: %s = %s is not one of %s, default"):format(k, tostring(v), choices(allowed)), 2)
+      end
+      if v ~= "default" and type(g) == "table" and M.checkers[k] then
+        local ok, why = M.checkers[k](g, v)
+        if not ok then
+          error(("weft: policy.set: %s = %q cannot be used on group %s: %s"):format(k, v, name, tostring(why)), 2)
+        end
+      end
+    end
+  end
+  local slot = M.overrides.global
+  if name then
+    slot = M.overrides.groups[name] or {}
+    M.overrides.groups[name] = slot
+  end
+  for k, v in pairs(o) do
+    if k ~= "group" then
+      if v == "default" then slot[k], slot[k .. "_src"] = nil, nil
+      else slot[k], slot[k .. "_src"] = v, name and "policy.set{group=...}" or "policy.set" end
+      if k == "all_reduce" and not name then M.override_error = nil end
+    end
+  end
+  M.version = M.version + 1
+end
+
+-- override(g, key) -> value, source   (nil when none applies)
+function M.override(g, key)
+  local gs = M.overrides.groups[g.unique_name]
+  if gs ~= nil and gs[key] ~= nil then return gs[key], gs[key .. "_src"] end
+  local v = M.overrides.global[key]
+  if v ~= nil then return v, M.overrides.global[key .. "_src"] end
+  return nil
+end
+
+---------------------------------------------------------------- tuned policy file
+-- M.tuned: the validated table of weft.policy_file (nil: the built-in policy).
+M.tuned, M.tuned_path, M.tuned_error = nil, nil, nil
+
+-- load_file(path): validate and use it; raises (naming the file and the
+-- entry) and keeps the previous policy on any error.
+function M.load_file(path)
+  local t = require("weft.policy_file").load(path)
+  M.tuned, M.tuned_path, M.tuned_error = t, path, nil
+  M.version = M.version + 1
+  return t
+end
+
+function M.clear_file()
+  M.tuned, M.tuned_path, M.tuned_error = nil, nil, nil
+  M.version = M.version + 1
+end
+
+-- autoload([getenv [, warn]]): WEFT_POLICY_FILE, else the default location
+-- (weft.policy_file.default_path). A bad file is reported once (warn, default
+-- stderr) and kept in M.tuned_error; weft goes on with the built-in policy.
+function M.autoload(getenv, warn)
+  local pf = require "weft.policy_file"
+  local path = pf.default_path(getenv)
+  if not path then return nil end
+  local ok, err = pcall(M.load_file, path)
+  if ok then return path end
+  M.tuned_error = tostring(err)
+  warn = warn or function(msg) io.stderr:write(msg, "\n") end
+  warn(M.tuned_error .. " (ignored: weft uses the built-in policy)")
+  return nil, M.tuned_error
+end
+
+-- tuned_backend(section, world, dtype, bytes) -> backend, where-text | nil
+function M.tuned_backend(section, world, dtype, bytes)
+  local t = M.tuned
+  if t == nil then return nil end
+  local pf = package.loaded["weft.policy_file"]
+  local be, s, wk, dk, i = pf.lookup(t, section, world, dtype, bytes)
+  if be == nil then return nil end
+  return be, s, wk, dk, i
+end
+
+---------------------------------------------------------------- decisions
+-- decide(g, op, t [, rop]) -> { op=, backend=, why=, mode=, chain = { {name=,
+--   backend=, applies=, reason=, detail = {lines}} ... } }: every rule tried,
+-- in order, and why it did or did not apply. Rules may carry `why_not`
+-- (string or function(g, op, t, rop)) and `detail` (function -> list of
+-- lines: the sub-checks, e.g. should_custom_ar's).
+local function text_of(v, g, op, t, rop)
+  if type(v) == "function" then return v(g, op, t, rop) end
+  return v
+end
+
+function M.decide(g, op, t, rop)
+  op = op or "all_reduce"
+  local res = { op = op, mode = M.mode(), chain = {} }
+  for i = 1, #rules do
+    local r = rules[i]
+    if r.ops == nil or r.ops[op] then
+      local hit = r.when(g, op, t, rop) and true or false
+      local e = { name = r.name, backend = r.backend, applies = hit, device = r.device }
+      e.reason = hit and text_of(r.why, g, op, t, rop) or text_of(r.why_not, g, op, t, rop)
+      if r.detail then e.detail = r.detail(g, op, t, rop) end
+      res.chain[#res.chain + 1] = e
+      if hit then
+        res.backend, res.why = r.backend, e.reason
+        return res
+      end
+    end
+  end
+  res.why = "no rule matched"
+  return res
+end
+
+-- explain(group, tensor [, op [, rop]]) -> a readable string: the backend
+-- chosen for `op` (default all_reduce), why, the mode, and every rule tried.
 function M.explain(g, t, op, rop)
   op = op or "all_reduce"
   local what
@@ -126,18 +296,40 @@ function M.explain(g, t, op, rop)
     what = op
   end
   local head = ("%s on %s (%d ranks):"):format(what, tostring(g.unique_name), g.world_size)
-  local skipped = {}
-  for i = 1, #rules do
-    local r = rules[i]
-    local applies = r.ops == nil or r.ops[op]
-    if applies and r.when(g, op, t, rop) then
-      local s = ("%s %s — %s"):format(head, r.backend, r.why)
-      if #skipped > 0 then s = s .. "\n  (rules tried first: " .. table.concat(skipped, "; ") .. ")" end
-      return s
-    end
-    skipped[#skipped + 1] = applies and r.name or (r.name .. ": not for " .. op)
+  local d = M.decide(g, op, t, rop)
+  local out = {}
+  if d.backend then
+    out[1] = ("%s %s — %s"):format(head, d.backend, tostring(d.why))
+  else
+    out[1] = head .. " no backend (no rule matched)"
   end
-  return head .. " no backend (rules tried: " .. table.concat(skipped, "; ") .. ")"
+  out[#out + 1] = "  mode: " .. d.mode
+  out[#out + 1] = "  rules, in order:"
+  local host = not (type(t) == "table" and t.device ~= nil and t.device ~= "cpu")
+  local skipped = 0
+  for i, e in ipairs(d.chain) do
+    if e.device and host and not e.applies then
+      skipped = skipped + 1      -- device rules, not for a host tensor: one line below
+    else
+      out[#out + 1] = ("    %d. %s: %s%s"):format(i, e.name, e.applies and ("yes -> " .. e.backend) or "no",
+                                                 e.reason and (" (" .. tostring(e.reason) .. ")") or "")
+      for _, line in ipairs(e.detail or {}) do out[#out + 1] = "         " .. line end
+    end
+  end
+  if skipped > 0 then out[#out + 1] = ("    (%d device rules passed over: host tensor)"):format(skipped) end
+  local ov = {}
+  for _, k in ipairs { "all_reduce", "fused" } do
+    local v, src = M.override(g, k)
+    if v then ov[#ov + 1] = ("%s=%s (%s)"):format(k, v, tostring(src)) end
+  end
+  if #ov > 0 then out[#out + 1] = "  overrides: " .. table.concat(ov, ", ") end
+  if M.override_error then out[#out + 1] = "  override error: " .. M.override_error end
+  if M.tuned_path then out[#out + 1] = "  policy file: " .. M.tuned_path
+  elseif M.tuned_error then out[#out + 1] = "  policy file ignored: " .. M.tuned_error
+  else out[#out + 1] = "  policy file: none (built-in crossovers)" end
+  return table.concat(out, "\n")
 end
+
+pcall(M.autoload)
 
 return M

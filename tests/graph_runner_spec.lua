@@ -1,0 +1,321 @@
+-- weft.graph_runner bookkeeping on the CPU with a fake capture backend
+-- (tests/helpers/graph_runner_fake.lua): size lists, largest-first capture,
+-- padding and slicing, errors, verify against eager runs, the shared memory
+-- pool, the capture digest; and divergent captures detected across 2 real
+-- ranks (scripts/weft-run, the cpu group), with the message naming the rank.
+local runner_mod = require "weft.graph_runner"
+local tensor = require "weft.tensor"
+local fake = require "helpers.graph_runner_fake"
+local ffi = require "ffi"
+
+local ROOT = os.getenv("PWD") or "."
+
+local function err_of(fn)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+
+local function simple(o)
+  o = o or {}
+  local log = { alloc = {}, steps = {} }
+  local B = o.backend or fake.backend(o.fake)
+  local r = runner_mod.new {
+    sizes = o.sizes or { 1, 2, 4, 8 },
+    backend = B,
+    warmup = o.warmup,
+    alloc = function(max_bs)
+      log.alloc[#log.alloc + 1] = max_bs
+      return { x = tensor.zeros({ max_bs, 4 }, "f32"), y = tensor.zeros({ max_bs, 4 }, "f32") }
+    end,
+    step = o.step or function(bs, bufs, ctx)
+      log.steps[#log.steps + 1] = { bs = bs, mode = ctx.mode }
+      fake.double_rows(bufs.x, bufs.y, bs)
+      return bufs.y:narrow(0, 0, bs)
+    end,
+    groups = o.groups, fusion = o.fusion, pad = o.pad, slice = o.slice,
+  }
+  return r, log, B
+end
+
+describe("graph_runner: size lists", function()
+  it("refuses an empty, unsorted, repeated or non-integer list clearly", function()
+    local e = err_of(function() runner_mod.new { sizes = {}, step = function() end, backend = fake.backend() } end)
+    assert.matches("weft: graph_runner.new: the capture size list is empty", e, 1, true)
+    e = err_of(function() runner_mod.new { sizes = { 1, 4, 2, 8 }, step = function() end, backend = fake.backend() } end)
+    assert.matches("the capture size list {1,4,2,8} is not sorted: 2 at position 3 follows 4", e, 1, true)
+    e = err_of(function() runner_mod.new { sizes = { 1, 2, 2 }, step = function() end, backend = fake.backend() } end)
+    assert.matches("not sorted: 2 at position 3 follows 2", e, 1, true)
+    e = err_of(function() runner_mod.new { sizes = { 1, 2.5 }, step = function() end, backend = fake.backend() } end)
+    assert.matches("size 2 of the capture list is 2.5", e, 1, true)
+    e = err_of(function() runner_mod.new { sizes = { 0, 1 }, step = function() end, backend = fake.backend() } end)
+    assert.matches("positive integers", e, 1, true)
+    e = err_of(function() runner_mod.new { sizes = "1,2", step = function() end, backend = fake.backend() } end)
+    assert.matches("sizes must be a list", e, 1, true)
+    e = err_of(function() runner_mod.new { sizes = { 1 }, backend = fake.backend() } end)
+    assert.matches("step must be a function", e, 1, true)
+  end)
+
+  it("padded_size: the next captured size", function()
+    local s = { 1, 2, 4, 8, 16, 24, 32 }
+    assert.are.equal(1, runner_mod.padded_size(s, 1))
+    assert.are.equal(4, runner_mod.padded_size(s, 3))
+    assert.are.equal(16, runner_mod.padded_size(s, 9))
+    assert.are.equal(24, runner_mod.padded_size(s, 17))
+    assert.are.equal(32, runner_mod.padded_size(s, 32))
+    assert.is_nil(runner_mod.padded_size(s, 33))
+  end)
+end)
+
+describe("graph_runner: capture and replay (fake backend)", function()
+  it("allocates once for the largest size and captures largest first", function()
+    local r, log, B = simple { warmup = 2 }
+    assert.are.same({ 8 }, log.alloc)
+    assert.are.same({ 8, 4, 2, 1 }, r.order)
+    assert.are.equal(4, B.captured)
+    -- per size: 2 eager warmups, then the capture
+    local seq = {}
+    for _, s in ipairs(log.steps) do seq[#seq + 1] = s.bs .. s.mode:sub(1, 1) end
+    assert.are.equal("8e 8e 8g 4e 4e 4g 2e 2e 2g 1e 1e 1g", table.concat(seq, " "))
+    r:destroy()
+    assert.are.equal(4, B.destroyed)
+  end)
+
+  it("run pads to the next captured size and slices the outputs", function()
+    local r, _, B = simple { warmup = 0 }
+    local function fill(bufs, bs, padded)
+      assert.are.equal(3, bs); assert.are.equal(4, padded)
+      local p = ffi.cast("float *", bufs.x.ptr)
+      for i = 0, 8 * 4 - 1 do p[i] = 7 end        -- garbage beyond row 3 too
+      for i = 0, bs * 4 - 1 do p[i] = i end
+    end
+    local out, padded = r:run(3, fill)
+    assert.are.equal(4, padded)
+    assert.are.same({ 3, 4 }, out.shape)
+    assert.are.same({ { 3, 4 }, { 3, 4 } }, B.pads)   -- rows [3, 4) of x and y zeroed
+    local v = out:to_table()
+    assert.are.equal(12, #v)
+    for i = 0, 11 do assert.are.equal(2 * i + math.floor(i / 4), v[i + 1]) end
+    -- the padded row saw zeros: y[3] = 2 * 0 + 3
+    local y = ffi.cast("float *", r.bufs.y.ptr)
+    assert.are.equal(3, y[3 * 4])
+    -- an exact size needs no padding
+    local out2, p2 = r:run(8)
+    assert.are.equal(8, p2)
+    assert.are.same({ 8, 4 }, out2.shape)
+    assert.are.equal(2, #B.pads)
+    assert.are.equal(2, r.stats.runs)
+    assert.are.equal(1, r.stats.padded_runs)
+    assert.are.same({ [4] = 1, [8] = 1 }, r.stats.replays)
+    r:destroy()
+  end)
+
+  it("run refuses sizes above the largest captured one, and bad sizes", function()
+    local r = simple { warmup = 0 }
+    assert.matches("weft: graph_runner.run: batch size 9 exceeds the largest captured size 8 (captured {1,2,4,8})",
+                   err_of(function() r:run(9) end), 1, true)
+    assert.matches("batch size must be a positive integer, got 0", err_of(function() r:run(0) end), 1, true)
+    assert.matches("got 2.5", err_of(function() r:run(2.5) end), 1, true)
+    r:destroy()
+    assert.matches("runner was destroyed", err_of(function() r:run(1) end), 1, true)
+    r:destroy()   -- idempotent
+  end)
+
+  it("pad = false leaves the rows alone; pad = function is called instead", function()
+    local r, _, B = simple { warmup = 0, pad = false }
+    r:run(3)
+    assert.are.equal(0, #B.pads)
+    r:destroy()
+    local calls = {}
+    r = simple { warmup = 0, pad = function(_, bs, padded) calls[#calls + 1] = bs .. "->" .. padded end }
+    r:run(5)
+    assert.are.same({ "5->8" }, calls)
+    r:destroy()
+  end)
+
+  it("verify: replays agree with eager runs", function()
+    local r = simple { warmup = 0 }
+    local rep = r:verify()
+    assert.is_true(rep.ok)
+    assert.are.equal(0, rep.worst)
+    assert.are.equal(6, rep.checked)     -- 8, 4, 2, 1, then 7 and 3 (padded)
+    rep = r:verify(3)
+    assert.are.equal(3, rep.checked)
+    r:destroy()
+  end)
+
+  it("verify: a graph that does not recompute is caught", function()
+    local r = simple { warmup = 0, fake = { stale = true } }
+    local e = err_of(function() r:verify(2) end)
+    assert.matches("weft: graph_runner.verify: replayed outputs differ from eager runs on rank 0", e, 1, true)
+    assert.matches("batch size 8 (graph of 8): output 1 max abs error", e, 1, true)
+    r:destroy()
+  end)
+
+  it("a capture that fails drops every graph and names the size", function()
+    local B = fake.backend()
+    local e = err_of(function()
+      simple { backend = B, warmup = 0, step = function(bs, bufs, ctx)
+        if bs == 2 and ctx.mode == "graph" then error("no room for bs 2") end
+        fake.double_rows(bufs.x, bufs.y, bs)
+        return bufs.y
+      end }
+    end)
+    assert.matches("weft: graph_runner.capture: capture of batch size 2 failed on rank 0", e, 1, true)
+    assert.matches("no room for bs 2", e, 1, true)
+    assert.are.equal(2, B.captured)       -- 8 and 4
+    assert.are.equal(2, B.destroyed)
+  end)
+
+  it("counts the collectives of the groups during capture only, then restores them", function()
+    local calls = 0
+    local grp = { unique_name = "tp.0", world_size = 1,
+                  all_reduce = function(_, t) calls = calls + 1; return t end }
+    local r = simple { warmup = 1, groups = { grp }, step = function(bs, bufs, ctx)
+      grp:all_reduce(bufs.x)
+      if bs >= 4 then grp:all_reduce(bufs.y) end
+      ctx.note("norm " .. bs)
+      return bufs.y
+    end }
+    assert.are.equal(3, r.summaries[8].n)               -- two all_reduce + one note
+    assert.are.equal(2, r.summaries[1].n)
+    assert.are.same({ ["tp.0"] = 2 }, r.summaries[8].per_group)
+    assert.matches("tp.0 all_reduce f32 x32", r.summaries[8].lines[1], 1, true)
+    assert.are_not.equal(r.summaries[8].digest, r.summaries[4].digest)   -- the note differs
+    -- every call ran (one warmup and one capture per size), and the method is the table's own again
+    assert.are.equal(4 + 4 + 2 + 2, calls)
+    assert.is_function(rawget(grp, "all_reduce"))
+    r:destroy()
+  end)
+
+  it("pre-initializes fusion workspaces before the first capture", function()
+    local seen = {}
+    local ctxf = { pre_initialize_workspaces = function(_, a) seen[#seen + 1] = a; return { attn_tp = true } end }
+    local grp = { unique_name = "tp.0", world_size = 2 }
+    local B = fake.backend()
+    local captured_before
+    local r = simple { backend = B, warmup = 0, groups = { grp },
+      fusion = { ctx = ctxf, hidden = 4096, dtype = "bf16" },
+      step = function(bs, bufs)
+        if captured_before == nil then captured_before = #seen end
+        fake.double_rows(bufs.x, bufs.y, bs)
+        return bufs.y
+      end }
+    assert.are.equal(1, captured_before)
+    assert.are.equal(1, #seen)
+    assert.are.equal(8, seen[1].max_tokens)
+    assert.are.equal(4096, seen[1].hidden)
+    assert.are.equal("bf16", seen[1].dtype)
+    assert.are.equal(grp, seen[1].attn_coord)
+    r:destroy()
+  end)
+end)
+
+describe("graph_runner: one memory pool for the runner's graphs", function()
+  -- a fake cuda module: pointers are numbers cast to void*
+  local function fake_cuda()
+    local c = { next = 0x10000, allocs = 0, frees = {} }
+    function c.alloc(n)
+      c.allocs = c.allocs + 1
+      local p = ffi.cast("void *", c.next)
+      c.next = c.next + math.max(n, 512)
+      return p
+    end
+    function c.free(p) c.frees[#c.frees + 1] = tonumber(ffi.cast("uintptr_t", p)) end
+    return c
+  end
+
+  it("blocks allocated during capture are reused by later captures, never handed out elsewhere", function()
+    local cu = fake_cuda()
+    local pool = runner_mod.new_pool(cu)
+    pool:activate()
+    local a = cu.alloc(1000)
+    local b = cu.alloc(4096)
+    cu.free(a)                                -- back to the runner, not the device pool
+    assert.are.equal(0, #cu.frees)
+    local a2 = cu.alloc(900)                  -- fits a's block (<= 25 % waste)
+    assert.are.equal(tonumber(ffi.cast("uintptr_t", a)), tonumber(ffi.cast("uintptr_t", a2)))
+    assert.are.equal(1, pool.reused)
+    local c = cu.alloc(100)                   -- too small for a reuse of anything free: new
+    pool:deactivate()
+    cu.free(c)                                -- even after the capture: stays with the runner
+    assert.are.equal(0, #cu.frees)
+    local d = cu.alloc(100)                   -- outside a capture: ordinary
+    assert.are_not.equal(tonumber(ffi.cast("uintptr_t", c)), tonumber(ffi.cast("uintptr_t", d)))
+    cu.free(d)
+    assert.are.equal(1, #cu.frees)            -- d went to the device pool
+    pool:release()                            -- c goes back now; a2 and b are disowned
+    assert.are.equal(2, #cu.frees)
+    cu.free(b)
+    assert.are.equal(3, #cu.frees)
+    assert.are.equal(3, pool.allocs)
+  end)
+end)
+
+-- ---------------------------------------------------------------- 2 ranks
+
+local function run_ranks(n, script, timeout)
+  local cmd = ("WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL %d "
+               .. "%s/scripts/weft-run -n %d --timeout %d %s/tests/helpers/%s 2>&1; echo \"rc=$?\"")
+              :format(ROOT, ROOT, timeout + 10, ROOT, n, timeout, ROOT, script)
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+
+-- The GPU spec's helper (device all_reduce and fused path through a TP
+-- group, weft.device_backends, weft.fusion) on the simulated machine of
+-- tests/helpers/tune_sim.lua: its plumbing checked without a GPU.
+describe("graph_runner over device groups on a simulated machine", function()
+  local out, rc
+  local function once()
+    if out then return out end
+    local cmd = ("WEFT_TIMEOUT_MS=30000 TUNE_SIM_ROOT='%s' TUNE_SIM_SCRIPT='%s/tests/helpers/graph_runner_gpu.lua' "
+                 .. "LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL 150 %s/scripts/weft-run -n 2 "
+                 .. "--timeout 140 %s/tests/helpers/tune_sim.lua 2>&1; echo \"rc=$?\"")
+                :format(ROOT, ROOT, ROOT, ROOT, ROOT, ROOT)
+    local p = io.popen(cmd)
+    out = p:read("*a"); p:close()
+    rc = tonumber(out:match("rc=(%d+)%s*$"))
+    return out
+  end
+  for _, name in ipairs {
+    "captured 5 sizes over all_reduce and the fused path", "replays match eager runs, padded sizes included",
+    "run pads to the next captured size", "divergent capture detected on every rank",
+    "the group is usable after a refused capture",
+  } do
+    it(name, function()
+      local o = once()
+      local n = 0
+      for _ in o:gmatch("%] OK " .. name:gsub("%p", "%%%0") .. "\n") do n = n + 1 end
+      assert.are.equal(2, n, o)
+    end)
+  end
+  it("exits cleanly", function() once(); assert.are.equal(0, rc, out) end)
+end)
+
+describe("graph_runner across 2 ranks (cpu group)", function()
+  local out, rc
+  local function once()
+    if not out then out, rc = run_ranks(2, "graph_runner_ranks.lua", 90) end
+    return out
+  end
+  for _, name in ipairs {
+    "same captures agree", "verify agrees across ranks",
+    "an extra collective on rank 1 is detected", "a note that differs is detected",
+    "different size lists are refused before any capture", "a capture failing on one rank fails all",
+    "the runner is usable after a refused one",
+  } do
+    it(name, function()
+      local o = once()
+      local n = 0
+      for _ in o:gmatch("%] OK " .. name:gsub("%p", "%%%0") .. "\n") do n = n + 1 end
+      assert.are.equal(2, n, "expected 'OK " .. name .. "' from both ranks:\n" .. o)
+    end)
+  end
+  it("both ranks exit cleanly", function()
+    once()
+    assert.are.equal(0, rc, out)
+  end)
+end)

@@ -1,0 +1,468 @@
+-- A pretend GPU for running device code paths on the CPU: install() replaces
+-- weft.ffi's C library by a proxy whose device functions (CUDA runtime,
+-- graphs, NCCL, the custom all-reduce, the fusion workspace, the norm and
+-- strided-copy kernels) work on host memory, so the real Lua layers above
+-- them (weft.cuda, weft.tensor, weft.graph, weft.nccl, weft.custom_ar,
+-- weft.fusion, weft.device_backends, weft.group) run unchanged. Collectives
+-- go through the group's cpu group; "device" operations issued while a
+-- graph captures are recorded and run at each replay, in order, and a cpu
+-- group collective issued directly during a capture is refused (as the C
+-- layer does). Device i is LOCAL_RANK % 2 unless set; 2 devices.
+--
+-- It checks the plumbing (arguments, layouts, dispatch, capture and replay
+-- order), not the kernels: reductions run in f64, in rank order.
+-- Must be installed before any other weft module is loaded.
+local ffi = require "ffi"
+
+local M = {}
+
+function M.install()
+  if package.loaded["weft.fake_device"] then return end
+  local real = require "weft.ffi"
+  local R = real.C
+  local F = {}               -- the fake functions
+  local proxy = setmetatable(F, { __index = R })
+
+  local fake_err
+  local function fail(rc, msg) fake_err = msg; return rc end
+  F.weft_last_error = function()
+    if fake_err then local e = fake_err; fake_err = nil; return e end
+    return R.weft_last_error()
+  end
+
+  local mod = {}
+  for k, v in pairs(real) do mod[k] = v end
+  mod.C = proxy
+  mod.last_error = function() return ffi.string(proxy.weft_last_error()) end
+  mod.raise = function(_, op, level)
+    error(("weft: %s: %s"):format(op, mod.last_error()), (level or 1) + 1)
+  end
+  mod.check = function(rc, op, level)
+    if rc ~= 0 then error(("weft: %s: %s"):format(op, mod.last_error()), (level or 1) + 1) end
+    return rc
+  end
+  package.loaded["weft.ffi"] = mod
+  package.loaded["weft.fake_device"] = M
+
+  local ESTATE, EINVAL = -12, -1
+  local ES = { [0] = 4, 2, 2, 4, 8, 1, 8, 1 }
+  local function addr(p) return tonumber(ffi.cast("uintptr_t", p)) end
+
+  ---------------------------------------------------------------- capture
+  local capturing = nil      -- list of recorded operations while capturing
+  local graphs, next_id = {}, 4096
+  local function defer(fn)
+    if capturing then capturing[#capturing + 1] = fn else fn() end
+    return 0
+  end
+  M.capturing = function() return capturing ~= nil end
+
+  -- cpu groups: a registry by handle, collectives refused during a capture
+  local cg = require "weft.cpugroup"
+  local registry = setmetatable({}, { __mode = "v" })
+  local new = cg.new
+  cg.new = function(...)
+    local g = new(...)
+    registry[addr(g.handle)] = g
+    return g
+  end
+  local probe_store = require("weft.store").open { host = "127.0.0.1", port = 0, server = true, timeout_ms = 1000 }
+  local probe = new(probe_store, "fake_probe", { 0 }, 0, 1000)
+  local Group = getmetatable(probe)
+  probe:destroy()
+  probe_store:close()
+  for _, name in ipairs { "barrier", "broadcast", "allgather", "allreduce_i64", "send", "recv" } do
+    local f = Group[name]
+    Group[name] = function(self, ...)
+      if capturing then
+        error("weft: cpugroup " .. name .. ": refused while this thread captures a CUDA graph (fake device)", 2)
+      end
+      return f(self, ...)
+    end
+  end
+  -- the raw collectives the fake kernels use at replay (never refused)
+  local function raw(g, name, ...)
+    local saved = capturing
+    capturing = nil
+    local r = { pcall(Group[name], g, ...) }
+    capturing = saved
+    if not r[1] then error(r[2], 0) end
+    return unpack(r, 2)
+  end
+  local function group_of(h)
+    local g = registry[addr(h)]
+    if not g then error("fake device: unknown cpu group handle") end
+    return g
+  end
+
+  ---------------------------------------------------------------- devices, memory
+  local cur_dev = tonumber(os.getenv("WEFT_DEVICE") or "") or (tonumber(os.getenv("LOCAL_RANK") or "0") % 2)
+  local owner = {}           -- address -> device
+  F.weft_cuda_device_count = function(n) n[0] = 2; return 0 end
+  F.weft_cuda_get_device = function(d) d[0] = cur_dev; return 0 end
+  F.weft_cuda_set_device = function(d)
+    if capturing then return fail(ESTATE, "cuda set_device: refused while this thread captures a graph") end
+    if d < 0 or d > 1 then return fail(EINVAL, "cuda set_device: no device " .. d) end
+    cur_dev = d; return 0
+  end
+  F.weft_cuda_device_name = function(_, buf, len) ffi.copy(buf, "fake-gpu", math.min(9, tonumber(len))); return 0 end
+  F.weft_cuda_synchronize = function()
+    if capturing then return fail(ESTATE, "cuda synchronize: refused while this thread captures a CUDA graph") end
+    return 0
+  end
+  F.weft_cuda_pointer_device = function(p, d) d[0] = owner[addr(p)] or -1; return 0 end
+  F.weft_cuda_malloc = function(p, bytes, dev)
+    local q = R.weft_host_alloc(math.max(tonumber(bytes), 64))
+    if q == nil then return fail(-5, "cuda alloc: out of (host) memory") end
+    p[0] = q
+    owner[addr(q)] = dev >= 0 and dev or cur_dev
+    return 0
+  end
+  F.weft_cuda_free = function(p)
+    if p == nil then return 0 end
+    owner[addr(p)] = nil
+    R.weft_host_free(p)
+    return 0
+  end
+  F.weft_cuda_pool_stats_get = function(_, st) ffi.fill(st, ffi.sizeof("weft_cuda_pool_stats")); return 0 end
+  F.weft_cuda_pool_trim = function() return 0 end
+  F.weft_cuda_memcpy = function(dst, src, n)
+    if capturing then return fail(ESTATE, "cuda copy: refused while this thread captures a CUDA graph") end
+    ffi.copy(dst, src, n); return 0
+  end
+  F.weft_cuda_memcpy_async = function(dst, src, n) return defer(function() ffi.copy(dst, src, n) end) end
+  F.weft_cuda_memset = function(p, v, n) return defer(function() ffi.fill(p, n, v) end) end
+  F.weft_cuda_fill_random = function(p, count, dtype, seed, dist)
+    return R.weft_host_fill_random(p, count, dtype, seed, dist)
+  end
+  F.weft_cuda_memcpy2d_async = function(dst, dpitch, src, spitch, width, height)
+    if dpitch < width or spitch < width then return fail(EINVAL, "cuda copy2d: pitch below the row width") end
+    local d, s = ffi.cast("uint8_t *", dst), ffi.cast("const uint8_t *", src)
+    return defer(function()
+      for r = 0, tonumber(height) - 1 do ffi.copy(d + r * dpitch, s + r * spitch, width) end
+    end)
+  end
+  F.weft_cuda_rmsnorm = function(x, res, w, out, res_out, tokens, hidden, dtype, eps, flags)
+    local n = tonumber(tokens) * tonumber(hidden) * ES[dtype]
+    return defer(function()
+      local tx = R.weft_host_alloc(n)
+      ffi.copy(tx, x, n)
+      local tr = nil
+      if res ~= nil then tr = R.weft_host_alloc(n); ffi.copy(tr, res, n) end
+      local rc = R.weft_host_rmsnorm(tx, tr, w, out, res_out, tokens, hidden, dtype, eps, flags)
+      R.weft_host_free(tx)
+      if tr ~= nil then R.weft_host_free(tr) end
+      assert(rc == 0, "fake rmsnorm failed")
+    end)
+  end
+
+  ---------------------------------------------------------------- streams, graphs
+  local cur_stream = nil
+  F.weft_cuda_stream_create = function(_, out) next_id = next_id + 16; out[0] = ffi.cast("void *", next_id); return 0 end
+  F.weft_cuda_stream_destroy = function() return 0 end
+  F.weft_cuda_stream_synchronize = function()
+    if capturing then return fail(ESTATE, "cuda stream synchronize: refused while this thread captures a CUDA graph") end
+    return 0
+  end
+  F.weft_cuda_stream_wait_stream = function() return 0 end
+  F.weft_cuda_stream_wait_event = function() return 0 end
+  F.weft_cuda_stream_set_current = function(s) cur_stream = s; return 0 end
+  F.weft_cuda_stream_get_current = function(out) out[0] = cur_stream; return 0 end
+  F.weft_cuda_stream_capturing = function(_, c) c[0] = capturing and 1 or 0; return 0 end
+  F.weft_cuda_graph_begin = function(s)
+    if s == nil then return fail(EINVAL, "graph capture: cannot capture the legacy default stream") end
+    if capturing then return fail(ESTATE, "graph capture: the stream is already capturing") end
+    capturing = {}
+    return 0
+  end
+  F.weft_cuda_graph_end = function(_, out)
+    local ops = capturing
+    capturing = nil
+    if not ops then return fail(ESTATE, "graph end: the stream is not capturing") end
+    next_id = next_id + 16
+    graphs[next_id] = ops
+    out[0] = ffi.cast("weft_cuda_graph *", next_id)
+    return 0
+  end
+  F.weft_cuda_graph_launch = function(g)
+    local ops = graphs[addr(g)]
+    if not ops then return fail(EINVAL, "graph launch: unknown graph") end
+    for i = 1, #ops do ops[i]() end
+    return 0
+  end
+  F.weft_cuda_graph_destroy = function(g) graphs[addr(g)] = nil; return 0 end
+
+  ---------------------------------------------------------------- collective helpers
+  local F64 = 6
+  -- reduce `count` elements of dtype at byte offset `off` of every part (rank order) into dst
+  local function reduce_parts(dst, parts, off, count, dtype, op)
+    if count == 0 then return end
+    local acc = ffi.new("double[?]", count)
+    local tmp = ffi.new("double[?]", count)
+    for r = 1, #parts do
+      local src = ffi.cast("const uint8_t *", parts[r]) + off
+      assert(R.weft_host_convert(src, dtype, r == 1 and acc or tmp, F64, count) == 0)
+      if r > 1 then
+        for i = 0, count - 1 do
+          local a, b = acc[i], tmp[i]
+          if op == 0 then acc[i] = a + b elseif op == 1 then acc[i] = b > a and b or a
+          elseif op == 2 then acc[i] = b < a and b or a else acc[i] = a * b end
+        end
+      end
+    end
+    assert(R.weft_host_convert(acc, F64, dst, dtype, count) == 0)
+  end
+  local function bytes_of(p, n) if n == 0 then return "" end return ffi.string(p, n) end
+  local function put(dst, off, s) if #s > 0 then ffi.copy(ffi.cast("uint8_t *", dst) + off, s, #s) end end
+
+  ---------------------------------------------------------------- NCCL
+  local comms = {}
+  local function comm(c) local s = comms[addr(c)]; assert(s, "fake nccl: unknown communicator"); return s end
+  F.weft_nccl_version = function(v) v[0] = 22803; return 0 end
+  F.weft_nccl_create = function(gh, _, out)
+    local g = group_of(gh)
+    raw(g, "barrier")                        -- collective, like the real one
+    next_id = next_id + 16
+    comms[next_id] = { g = g, rank = g.index, size = g.size, device = cur_dev }
+    out[0] = ffi.cast("weft_nccl *", next_id)
+    return 0
+  end
+  F.weft_nccl_blocking = function(_, b) b[0] = 1; return 0 end
+  F.weft_nccl_set_timeout = function() return 0 end
+  F.weft_nccl_destroy = function(c) comms[addr(c)] = nil; return 0 end
+  F.weft_nccl_abort = function() return 0 end
+  F.weft_nccl_info = function(c, r, n, d)
+    local s = comm(c)
+    r[0], n[0], d[0] = s.rank, s.size, s.device
+    return 0
+  end
+  F.weft_nccl_synchronize = function() return 0 end
+  local function on_dev(s, name, ...)
+    for i = 1, select("#", ...) do
+      local p = select(i, ...)
+      if p ~= nil and owner[addr(p)] ~= nil and owner[addr(p)] ~= s.device then
+        return fail(EINVAL, ("nccl %s: buffer on cuda:%d, communicator on cuda:%d"):format(name, owner[addr(p)], s.device))
+      end
+    end
+    return 0
+  end
+  F.weft_nccl_all_reduce = function(c, inp, out, count, dtype, op)
+    local s = comm(c); count = tonumber(count)
+    if on_dev(s, "all_reduce", inp, out) ~= 0 then return EINVAL end
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, count * ES[dtype]))
+      reduce_parts(out, parts, 0, count, dtype, op)
+    end)
+  end
+  F.weft_nccl_all_gather = function(c, inp, out, count, dtype)
+    local s = comm(c); local nb = tonumber(count) * ES[dtype]
+    if on_dev(s, "all_gather", inp, out) ~= 0 then return EINVAL end
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, nb))
+      for r = 1, #parts do put(out, (r - 1) * nb, parts[r]) end
+    end)
+  end
+  local function counts_of(s, cp) local t = {}; for i = 0, s.size - 1 do t[i + 1] = tonumber(cp[i]) end; return t end
+  F.weft_nccl_all_gatherv = function(c, inp, out, counts, dtype)
+    local s = comm(c); local cn = counts_of(s, counts)
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, cn[s.rank + 1] * ES[dtype]))
+      local off = 0
+      for r = 1, #parts do
+        assert(#parts[r] == cn[r] * ES[dtype], "fake all_gatherv: size mismatch")
+        put(out, off, parts[r]); off = off + #parts[r]
+      end
+    end)
+  end
+  F.weft_nccl_reduce_scatter = function(c, inp, out, count_out, dtype, op)
+    local s = comm(c); local n = tonumber(count_out)
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, s.size * n * ES[dtype]))
+      reduce_parts(out, parts, s.rank * n * ES[dtype], n, dtype, op)
+    end)
+  end
+  F.weft_nccl_reduce_scatterv = function(c, inp, out, counts, dtype, op)
+    local s = comm(c); local cn = counts_of(s, counts)
+    local total, off = 0, 0
+    for i = 1, #cn do total = total + cn[i]; if i <= s.rank then off = off + cn[i] end end
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, total * ES[dtype]))
+      reduce_parts(out, parts, off * ES[dtype], cn[s.rank + 1], dtype, op)
+    end)
+  end
+  F.weft_nccl_broadcast = function(c, inp, out, count, dtype, root)
+    local s = comm(c); local nb = tonumber(count) * ES[dtype]
+    return defer(function()
+      local data = raw(s.g, "broadcast", s.rank == root and bytes_of(inp, nb) or nil, root)
+      put(out, 0, data)
+    end)
+  end
+  F.weft_nccl_gather = function(c, inp, out, count, dtype, root)
+    local s = comm(c); local nb = tonumber(count) * ES[dtype]
+    if s.rank == root and out == nil then return fail(EINVAL, "nccl gather: NULL output on the root") end
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, nb))
+      if s.rank == root then for r = 1, #parts do put(out, (r - 1) * nb, parts[r]) end end
+    end)
+  end
+  F.weft_nccl_send = function(c, buf, count, dtype, peer)
+    local s = comm(c); local nb = tonumber(count) * ES[dtype]
+    return defer(function() raw(s.g, "send", bytes_of(buf, nb), peer) end)
+  end
+  F.weft_nccl_recv = function(c, buf, count, dtype, peer)
+    local s = comm(c); local nb = tonumber(count) * ES[dtype]
+    return defer(function()
+      local data = raw(s.g, "recv", peer)
+      assert(#data == nb, ("fake recv: got %d bytes, expected %d"):format(#data, nb))
+      put(buf, 0, data)
+    end)
+  end
+  F.weft_nccl_all_to_all = function(c, inp, out, count, sc, rc, dtype)
+    local s = comm(c); local es, W = ES[dtype], s.size
+    local send, recv = {}, {}
+    if sc == nil then
+      local chunk = tonumber(count) / W
+      for i = 1, W do send[i], recv[i] = chunk, chunk end
+    else
+      send, recv = counts_of(s, sc), counts_of(s, rc)
+    end
+    local total = 0
+    for i = 1, W do total = total + send[i] end
+    return defer(function()
+      local ser = require "weft.serialize"
+      local parts = raw(s.g, "allgather", ser.encode { data = bytes_of(inp, total * es), send = send })
+      local pos = 0
+      for r = 1, W do
+        local p = ser.decode(parts[r])
+        local off = 0
+        for k = 1, s.rank do off = off + p.send[k] end
+        local n = p.send[s.rank + 1]
+        assert(n == recv[r], ("fake all_to_all: rank %d sends %d, expected %d"):format(r - 1, n, recv[r]))
+        put(out, pos, p.data:sub(off * es + 1, (off + n) * es))
+        pos = pos + n * es
+      end
+    end)
+  end
+  F.weft_nccl_group_start = function() return 0 end
+  F.weft_nccl_group_end = function() return 0 end
+
+  ---------------------------------------------------------------- custom all-reduce
+  local ars = {}
+  local function ar_of(h) local s = ars[addr(h)]; assert(s, "fake ar: unknown handle"); return s end
+  local why_text = { "fake: one-shot", "fake: two-shot", "fake: flag one-shot" }
+  F.weft_ar_create = function(gh, max_bytes, out)
+    local g = group_of(gh)
+    if not ({ [2] = true, [4] = true, [6] = true, [8] = true })[g.size] then
+      return fail(EINVAL, ("allreduce create (group '%s'): world size %d not supported (2, 4, 6, 8)"):format(g.name, g.size))
+    end
+    raw(g, "barrier")
+    next_id = next_id + 16
+    ars[next_id] = { g = g, max_bytes = tonumber(max_bytes), calls = 0 }
+    out[0] = ffi.cast("weft_ar *", next_id)
+    return 0
+  end
+  F.weft_ar_destroy = function(h) if h ~= nil then ars[addr(h)] = nil end; return 0 end
+  F.weft_ar_info = function(h, r, w, mb, lb, om)
+    local s = ar_of(h)
+    if r ~= nil then r[0] = s.g.index end
+    if w ~= nil then w[0] = s.g.size end
+    if mb ~= nil then mb[0] = s.max_bytes end
+    if lb ~= nil then lb[0] = math.min(s.max_bytes, 16 * 1048576) end
+    if om ~= nil then om[0] = 8 * 1048576 end
+    return 0
+  end
+  local function ar_check(s, count, dtype, algo)
+    local es = ({ [0] = 4, 2, 2 })[dtype]
+    if not es then return fail(EINVAL, "allreduce: dtype not supported (f32, f16, bf16)") end
+    if count == 0 then return fail(EINVAL, "allreduce: count is 0") end
+    if count * es > s.max_bytes then return fail(EINVAL, "allreduce: exceeds the workspace") end
+    if algo % 256 > 3 then return fail(EINVAL, "allreduce: unknown algorithm") end
+    return 0, es
+  end
+  F.weft_ar_resolve = function(h, count, dtype, algo, kind, why)
+    local rc = ar_check(ar_of(h), tonumber(count), dtype, algo)
+    if rc ~= 0 then return rc end
+    local k = algo % 256 == 0 and 1 or algo % 256
+    kind[0] = k
+    if why ~= nil then why[0] = why_text[k] end
+    return 0
+  end
+  F.weft_ar_run = function(h, inp, out, count, dtype, algo)
+    local s = ar_of(h)
+    count = tonumber(count)
+    local rc, es = ar_check(s, count, dtype, algo)
+    if rc ~= 0 then return rc end
+    if addr(inp) % 16 ~= 0 or addr(out) % 16 ~= 0 then return fail(EINVAL, "allreduce: buffers must be 16-byte aligned") end
+    s.calls = s.calls + 1
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, count * es))
+      reduce_parts(out, parts, 0, count, dtype, 0)
+    end)
+  end
+  F.weft_ar_check_error = function() return 0 end
+  F.weft_ar_abort = function() return 0 end
+  F.weft_ar_set_timeout = function() return 0 end
+  M.ar_calls = function() local n = 0; for _, s in pairs(ars) do n = n + s.calls end; return n end
+
+  ---------------------------------------------------------------- fusion
+  local fus = {}
+  local function fu_of(h) local s = fus[addr(h)]; assert(s, "fake fusion: unknown workspace"); return s end
+  F.weft_fusion_preflight = function(_, _, ok) ok[0] = 1; return 0 end
+  F.weft_fusion_create = function(gh, o, out)
+    local g = group_of(gh)
+    raw(g, "barrier")
+    next_id = next_id + 16
+    fus[next_id] = { g = g, max_tokens = tonumber(o.max_tokens), hidden = tonumber(o.hidden), dtype = o.dtype, runs = 0 }
+    out[0] = ffi.cast("weft_fusion *", next_id)
+    return 0
+  end
+  F.weft_fusion_destroy = function(h) if h ~= nil then fus[addr(h)] = nil end; return 0 end
+  F.weft_fusion_sufficient = function(h, tokens, hidden, dtype, _, ok)
+    local s = fu_of(h)
+    ok[0] = (tonumber(tokens) <= s.max_tokens and tonumber(hidden) <= s.hidden and ES[dtype] <= ES[s.dtype]) and 1 or 0
+    return 0
+  end
+  F.weft_fusion_check_error = function() return 0 end
+  F.weft_fusion_run = function(h, p)
+    local s = fu_of(h)
+    local tokens, hidden, dtype = tonumber(p.tokens), tonumber(p.hidden), p.dtype
+    if tokens > s.max_tokens or hidden > s.hidden then return fail(EINVAL, "fusion run: larger than the workspace") end
+    if hidden % 8 ~= 0 then return fail(EINVAL, "fusion run: hidden must be a multiple of 8") end
+    local pattern, flags, eps = p.pattern, p.flags, p.eps
+    local inp, res, w, res_out, norm_out = p.input, p.residual, p.weight, p.residual_out, p.norm_out
+    local quant, scale = p.quant_out, p.scale
+    if pattern == 2 and (quant == nil or scale == nil) then return fail(EINVAL, "fusion run: FP8 needs quant_out and scale") end
+    s.runs = s.runs + 1
+    local n, es = tokens * hidden, ES[dtype]
+    return defer(function()
+      local parts = raw(s.g, "allgather", bytes_of(inp, n * es))
+      local sum = ffi.new("double[?]", n)
+      local tmp = ffi.new("double[?]", n)
+      -- sum in f64 over ranks, + residual, rounded once to dtype
+      for r = 1, #parts do
+        assert(R.weft_host_convert(ffi.cast("const uint8_t *", parts[r]), dtype, tmp, F64, n) == 0)
+        for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
+      end
+      assert(R.weft_host_convert(res, dtype, tmp, F64, n) == 0)
+      for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
+      assert(R.weft_host_convert(sum, F64, res_out, dtype, n) == 0)
+      local nb = norm_out
+      local own = nil
+      if nb == nil then own = R.weft_host_alloc(n * es); nb = own end
+      assert(R.weft_host_rmsnorm(res_out, nil, w, nb, nil, tokens, hidden, dtype, eps, flags % 2) == 0)
+      if pattern == 2 then
+        local f = ffi.new("float[?]", n)
+        assert(R.weft_host_convert(nb, dtype, f, 0, n) == 0)
+        local inv = ffi.new("float[1]")
+        inv[0] = 1 / ffi.cast("const float *", scale)[0]
+        for i = 0, n - 1 do f[i] = f[i] * inv[0] end
+        assert(R.weft_host_convert(f, 0, quant, 7, n) == 0)
+      end
+      if own ~= nil then R.weft_host_free(own) end
+    end)
+  end
+  M.fusion_runs = function() local n = 0; for _, s in pairs(fus) do n = n + s.runs end; return n end
+  return M
+end
+
+return M
