@@ -178,7 +178,9 @@ function M.initialize_model_parallel(opts)
       for _, r in ipairs(ranks) do
         if r == S.rank then
           local name = name_prefix .. "." .. (i - 1)
-          return group.new(group_opts(name, ranks, { cpugroup_name = ("mp%d/%s"):format(gen, name) }))
+          return group.new(group_opts(name, ranks, { cpugroup_name = ("mp%d/%s"):format(gen, name),
+            -- the seed gives the TP group the message-queue broadcaster
+            use_mq_broadcaster = kind == "tp" and os.getenv("WEFT_USE_MQ_BROADCASTER") == "1" }))
         end
       end
     end

@@ -377,6 +377,14 @@ function M.new(o)
       else
         self.same_node = M.probe_same_node(self.cpu_group)
       end
+      -- The seed's mq_broadcaster: a shared-memory ring for broadcast_object
+      -- from index 0. Collective, so every rank must decide alike: the option
+      -- (dist.lua sets it for the TP group under WEFT_USE_MQ_BROADCASTER=1)
+      -- and same_node, which all ranks agreed on.
+      if o.use_mq_broadcaster and self.same_node then
+        self.mq_broadcaster = require("weft.mq").new(self.cpu_group,
+          { writer = 0, chunk_bytes = o.mq_chunk_bytes, chunks = o.mq_chunks })
+      end
     else
       self.same_node = true
     end
@@ -409,6 +417,7 @@ function G:destroy()
   self.destroyed = true
   for _, hook in ipairs(M.destroy_hooks) do hook(self) end
   if self._shm then self._shm:destroy(); self._shm = nil end
+  if self.mq_broadcaster then self.mq_broadcaster:destroy(); self.mq_broadcaster = nil end
   if self.cpu_group then self.cpu_group:destroy(); self.cpu_group = nil end
   self._scratch_bufs = {}
 end
@@ -886,6 +895,10 @@ function G:broadcast_object(obj, src)
   src = src or 0
   check_peer(self, "broadcast_object", src, "src")
   if self.world_size == 1 then return obj end
+  local q = self.mq_broadcaster
+  if q and src == 0 then   -- the ring's writer; other sources use the store
+    return rethrow(self, "broadcast_object", pcall(q.broadcast_object, q, obj))
+  end
   if self.rank_in_group == src then
     cpu(self, "broadcast_object", "broadcast", serialize.encode(obj), src)
     return obj
