@@ -167,6 +167,89 @@ static void complete(weft_async *h, int rc) {
   pthread_mutex_unlock(&h->mu);
 }
 
+/* ---------------------------------------------------------------- exit
+ * Every queue is on one list, so that exit() can stop the workers before
+ * the static destructors of the CUDA runtime and NCCL run (registered with
+ * atexit when the first worker starts, i.e. after CUDA was initialised by
+ * the process, so it runs BEFORE cudart's own handler): a worker left inside
+ * a CUDA/NCCL call while those tear down crashes the process at exit.
+ * Queued operations are failed without running; the running one is awaited
+ * for at most WEFT_ASYNC_EXIT_MS (default 10000); a worker still busy then is
+ * abandoned (its queue is never freed). */
+static pthread_mutex_t g_qmu = PTHREAD_MUTEX_INITIALIZER;
+static weft_async_queue *g_queues;
+static _Atomic pid_t g_exit_pid;   /* the process that registered the handler (fork) */
+
+static void reg_add(weft_async_queue *q) {
+  pthread_mutex_lock(&g_qmu);
+  q->reg_next = g_queues;
+  g_queues = q;
+  pthread_mutex_unlock(&g_qmu);
+}
+
+static void reg_remove(weft_async_queue *q) {
+  pthread_mutex_lock(&g_qmu);
+  for (weft_async_queue **pp = &g_queues; *pp; pp = &(*pp)->reg_next)
+    if (*pp == q) { *pp = q->reg_next; break; }
+  pthread_mutex_unlock(&g_qmu);
+}
+
+/* Caller holds q->mu: fail everything queued (it will never run). */
+static void fail_queued(weft_async_queue *q, const char *why) {
+  weft_async *h = q->head;
+  q->head = q->tail = NULL;
+  while (h) {
+    weft_async *next = h->next;
+    h->next = NULL;
+    wf_error(WEFT_ESTATE, "async %s on queue '%s': %s", kind_name(h->d.kind), q->name, why);
+    complete(h, WEFT_ESTATE);
+    q->completed++;
+    q->failed++;
+    handle_unref(h);
+    h = next;
+  }
+}
+
+static void exit_stop_workers(void) {
+  long ms = wf_env_long("WEFT_ASYNC_EXIT_MS", 10000);
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);   /* pthread_timedjoin_np: CLOCK_REALTIME */
+  dl.tv_sec += ms / 1000;
+  dl.tv_nsec += (ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+  pid_t me = getpid();
+  if (atomic_load(&g_exit_pid) != me) return;   /* inherited by a child of fork() */
+  pthread_mutex_lock(&g_qmu);   /* held throughout: a concurrent destroy waits */
+  for (weft_async_queue *q = g_queues; q; q = q->reg_next) {
+    if (q->pid != me) continue;   /* the parent's: its mutex may be held since the fork */
+    pthread_mutex_lock(&q->mu);
+    int stop = q->started && !q->joined && q->pid == me;
+    if (stop) {
+      q->closing = 1;
+      fail_queued(q, "the process is exiting");
+      pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (!stop) continue;
+    int e = pthread_timedjoin_np(q->th, NULL, &dl);
+    if (e == 0) {
+      q->joined = 1;
+    } else {
+      q->joined = 1;     /* never join it again */
+      q->abandoned = 1;  /* and never free what it still uses */
+      wf_log(0, "async queue '%s': the progress worker is still inside an operation at exit "
+             "after %ld ms; abandoned", q->name, ms);
+    }
+  }
+  pthread_mutex_unlock(&g_qmu);
+}
+
+/* Once per process (a child of fork() registers its own). */
+static void exit_register(void) {
+  pid_t me = getpid(), old = atomic_load(&g_exit_pid);
+  if (old != me && atomic_compare_exchange_strong(&g_exit_pid, &old, me)) atexit(exit_stop_workers);
+}
+
 /* ---------------------------------------------------------------- worker */
 
 static void *worker_main(void *arg) {
@@ -215,6 +298,7 @@ static int start_worker(weft_async_queue *q) {
   }
   q->started = 1;
   q->pid = getpid();
+  exit_register();
   return 0;
 }
 
@@ -230,6 +314,7 @@ int weft_async_queue_create(const char *name, weft_async_queue **out) {
   pthread_cond_init(&q->cv, NULL);
   pthread_cond_init(&q->idle, NULL);
   q->pid = getpid();
+  reg_add(q);
   *out = q;
   return 0;
 }
@@ -241,26 +326,19 @@ int weft_async_queue_destroy(weft_async_queue *q) {
      * mutex may have been held at the fork. Leak rather than touch it. */
     return 0;
   }
+  reg_remove(q);   /* waits for a running exit handler; it then sees q no more */
   pthread_mutex_lock(&q->mu);
   q->closing = 1;
-  /* Nothing queued will run: fail it now. */
-  weft_async *h = q->head;
-  q->head = q->tail = NULL;
-  while (h) {
-    weft_async *next = h->next;
-    h->next = NULL;
-    wf_error(WEFT_ESTATE, "async %s on queue '%s': the queue was destroyed before it ran",
-             kind_name(h->d.kind), q->name);
-    complete(h, WEFT_ESTATE);
-    q->completed++;
-    q->failed++;
-    handle_unref(h);
-    h = next;
-  }
+  /* Nothing queued will run: fail it now (it never touches its communicator,
+   * which may be finalised already: finalizers run in any order). */
+  fail_queued(q, "the queue was destroyed before it ran");
   pthread_cond_broadcast(&q->cv);
-  int started = q->started;
+  int join = q->started && !q->joined;
+  q->joined = 1;
+  int abandoned = q->abandoned;
   pthread_mutex_unlock(&q->mu);
-  if (started) pthread_join(q->th, NULL);  /* after the running op, bounded by its timeout */
+  if (join) pthread_join(q->th, NULL);  /* after the running op, bounded by its timeout */
+  if (abandoned) return 0;              /* its worker may still use it */
   pthread_cond_destroy(&q->idle);
   pthread_cond_destroy(&q->cv);
   pthread_mutex_destroy(&q->mu);

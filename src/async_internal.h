@@ -48,6 +48,9 @@ struct weft_async_queue {
   int closing;
   pid_t pid;                   /* process that created the worker (fork check) */
   int64_t submitted, completed, failed;
+  int joined;                  /* worker joined (by destroy or the exit handler) */
+  int abandoned;               /* the exit handler gave up waiting: never free */
+  struct weft_async_queue *reg_next;  /* the process-wide list of queues */
   char name[64];
 };
 

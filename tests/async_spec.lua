@@ -222,6 +222,49 @@ describe("weft.async", function()
     end)
   end)
 
+  describe("process exit", function()
+    -- exit() while a worker is inside an operation: the library's exit
+    -- handler stops the worker (queued work failed, the running one awaited
+    -- with a bound) before the runtime's static destructors run.
+    local prog = [[
+local ffi = require "ffi"; local C = require("weft.ffi").C
+local q = ffi.new("weft_async_queue *[1]"); assert(C.weft_async_queue_create("exitq", q) == 0)
+local d = ffi.new("weft_async_desc"); d.kind = C.WEFT_ASYNC_SLEEP; d.count = %d
+local h = ffi.new("weft_async *[1]"); assert(C.weft_async_submit(q[0], d, h) == 0)
+d.kind = C.WEFT_ASYNC_NOP; assert(C.weft_async_submit(q[0], d, h) == 0)
+ffi.cdef "int poll(void *, unsigned long, int);"; C.poll(nil, 0, 50)
+io.stdout:write("SUBMITTED\n"); io.stdout:flush()
+%s
+]]
+    local function run(ms, tail, env)
+      local f = os.tmpname()
+      local fh = io.open(f, "w"); fh:write(prog:format(ms, tail)); fh:close()
+      local out, rc = sh(("%s LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' timeout -s KILL 60 luajit %s")
+                         :format(env or "", ROOT, ROOT, f))
+      os.remove(f)
+      return out, rc
+    end
+
+    it("waits for the running operation at exit (os.exit without closing the state)", function()
+      local out, rc = run(300, "os.exit(0)")
+      assert.are.equal(0, rc, out)
+      assert.truthy(out:find("SUBMITTED", 1, true), out)
+      assert.falsy(out:find("abandoned", 1, true), out)
+    end)
+
+    it("abandons a worker still busy after WEFT_ASYNC_EXIT_MS, and exits", function()
+      local out, rc = run(20000, "os.exit(0)", "WEFT_ASYNC_EXIT_MS=100")
+      assert.are.equal(0, rc, out)
+      assert.truthy(out:find("async queue 'exitq': the progress worker is still inside an operation at exit", 1, true), out)
+    end)
+
+    it("end of script (lua_close runs the queue's finalizer, then exit)", function()
+      local out, rc = run(200, "q = nil; h = nil")
+      assert.are.equal(0, rc, out)
+      assert.falsy(out:find("abandoned", 1, true), out)
+    end)
+  end)
+
   describe("install", function()
     it("adds _async methods, keeps error levels at the caller, and is idempotent", function()
       local group = require "weft.group"

@@ -118,5 +118,13 @@ if me == 0 then
   end
 end
 say("OK async overhead")
+-- explicit teardown, in dependency order (the finalizers at lua_close run in
+-- any order): the queues' workers, then the NCCL communicator the engine
+-- made itself (the group does not own it), the message queue, the groups
+require("weft.cuda").synchronize()
+async.close(tp)
+async.close(e.world)
+if tp.device_group then tp.device_group:destroy(); tp.device_group = nil end
+if e.mq then e.mq:destroy(); e.mq = nil end
 weft.shutdown()
 say("OK done")
