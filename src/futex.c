@@ -41,11 +41,21 @@ int wf_pid_dead(int32_t pid) {
   return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
+static int cpus_usable(void) {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+int64_t wf_yield_default_ns(const char *env, int world) {
+  long us = wf_env_long(env, -1);
+  if (us >= 0) return (int64_t)us * 1000;
+  return cpus_usable() < world ? 100 * 1000 : 0;
+}
+
 int64_t wf_spin_default_ns(const char *env, int world) {
   long us = wf_env_long(env, -1);
   if (us >= 0) return (int64_t)us * 1000;
-  cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  int cpus = cpus_usable();
   /* With a core per rank a peer is usually microseconds away: spin a little.
    * Oversubscribed, spinning only steals the peer's core: sleep. */
   return cpus >= world ? 50 * 1000 : 2 * 1000;

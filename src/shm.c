@@ -5,7 +5,9 @@
  *
  * all_reduce: up to oneshot_max bytes (WEFT_SHM_ONESHOT_MAX, default 32 KiB)
  * every rank copies its input into its slot, one barrier, every rank reduces
- * all slots into its output (latency: one barrier per chunk). Above, per
+ * all slots into its output (latency: one barrier per chunk); with 2 ranks
+ * at any size (each rank reads its own part from its input, the other from
+ * the slot: one copy in, one barrier, no copy out). Above, with 3+ ranks, per
  * chunk: copy in, barrier, rank r reduces the r-th 1/N of the chunk across
  * all slots straight into its output and publishes it in its slot, barrier,
  * every rank copies the other N-1 reduced pieces out (reduce-scatter +
@@ -189,7 +191,11 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   const uint8_t *src = in;
   uint8_t *dst = out;
   const size_t per = c->slot / es, align = 64 / es;
-  if (count * es <= c->oneshot_max) { /* one barrier per chunk, every rank reduces it all */
+  /* Two ranks: every rank reducing the whole chunk is as much traffic as the
+   * split and saves a barrier and the copy out, so they take this path at any size. */
+  if (count * es <= c->oneshot_max || c->world == 2) {
+    /* one barrier per chunk, every rank reduces it all (its own part from its
+     * input, which is in cache, the others' from their slots) */
     size_t off = 0;
     do {
       size_t n = min_sz(per, count - off);
@@ -197,6 +203,7 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
       memcpy(wf_shm_slot(c, half, c->me), src + off * es, n * es);
       if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
       for (size_t j = 0; j < world; j++) c->srcs[j] = wf_shm_slot(c, half, (int)j);
+      c->srcs[c->me] = src + off * es;
       wf_reduce(dst + off * es, c->srcs, c->world, n, dtype, op);
       off += n;
     } while (off < count);

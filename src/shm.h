@@ -74,6 +74,7 @@ struct weft_shm {
   size_t oneshot_max;   /* all_reduce up to this many bytes: one barrier, N reads */
   int world, me, timeout_ms, check_pids;
   int64_t spin_ns;      /* spin this long before sleeping on a futex */
+  int64_t yield_ns;     /* then sched_yield() this long (oversubscribed), then sleep */
   uint32_t gen;         /* barriers passed */
   uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
   _Atomic int busy;     /* one operation in flight per communicator */

@@ -10,11 +10,13 @@
  * sleeper announces itself in `sleepers` before re-checking the counter, and
  * the last arrival wakes only when that count is non-zero (both sides
  * seq_cst, so one always sees the other: no lost wake-up, and no syscall when
- * nobody sleeps). Sleeps last at most SLICE_MS, to notice an abort, a rank
+ * nobody sleeps). Oversubscribed, a bounded sched_yield() phase sits between
+ * the spin and the sleep. Sleeps last at most SLICE_MS, to notice an abort, a rank
  * that destroyed its handle or a process that died. */
 #include "shm.h"
 #include "futex.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -110,6 +112,16 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
       else if (t >= t_end) break;
     }
     wf_cpu_relax();
+  }
+  /* Oversubscribed: give the core to a rank that still has to arrive, then
+   * look again; cheaper than a futex sleep plus a wake-up. Bounded by time. */
+  if (c->yield_ns > 0) {
+    const int64_t y_end = wf_now_ns() + c->yield_ns;
+    do {
+      sched_yield();
+      if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
+      if (atomic_load(&c->hdr->abort)) break; /* reported below */
+    } while (wf_now_ns() < y_end);
   }
   const int64_t deadline = wf_now_ms() + c->timeout_ms;
   for (;;) {
