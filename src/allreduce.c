@@ -7,8 +7,7 @@
  * buffer sizes) is agreed by all ranks at create (cpu group MIN), because
  * the kernels' flag protocol needs the same grid on every rank. */
 #include "ar_internal.h"
-#include "cpugroup.h"
-#include "cuda_internal.h"
+#include "devcoll.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,22 +27,9 @@ static const char *kind_name(int kind) {
   }
 }
 
-static const char *site_name(int site) {
-  switch (site) {
-    case WF_AR_SITE_LAMPORT: return "one-shot data poll";
-    case WF_AR_SITE_ONESHOT: return "one-shot round flag";
-    case WF_AR_SITE_RS: return "two-shot reduce-scatter flag";
-    case WF_AR_SITE_AG: return "two-shot all-gather flag";
-    case WF_AR_SITE_PUSHER: return "split one-shot's wait for its own pusher block";
-    default: return "unknown wait";
-  }
-}
-
 #if !WEFT_HAVE_CUDA
 
-static int nodev(const char *op) {
-  return wf_error(WEFT_ENODEV, "%s: no CUDA device (weft built without CUDA)", op);
-}
+#define nodev wf_dc_nodev
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
   (void)g; (void)max_bytes;
   if (out) *out = NULL;
@@ -60,7 +46,7 @@ int weft_ar_abort(weft_ar *ar) { (void)ar; return nodev("allreduce abort"); }
 int weft_ar_set_timeout(weft_ar *ar, int timeout_ms) { (void)ar; (void)timeout_ms; return nodev("allreduce set_timeout"); }
 int weft_ar_resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, const char **why) {
   (void)ar; (void)count; (void)dtype; (void)algo; (void)kind; (void)why;
-  (void)kind_name; (void)site_name; (void)align_up;
+  (void)kind_name; (void)align_up;
   return nodev("allreduce resolve");
 }
 int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *lamport_bytes,
@@ -79,46 +65,33 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
 
 #else
 
-/* Host-mapped words the kernels see (cudaHostAllocMapped). */
-typedef struct ar_host {
-  volatile uint32_t abort;
-  uint32_t pad;
-  volatile unsigned long long err;
-} ar_host;
+_Static_assert(WF_AR_MAX_WORLD <= WF_DC_MAX_WORLD, "devcoll holds every rank");
+#define esize wf_dc_esize
+#define dtype_name wf_dc_dtype_name
+
+static const char *site_name(unsigned site) {
+  switch (site) {
+    case WF_AR_SITE_LAMPORT: return "one-shot data poll";
+    case WF_AR_SITE_ONESHOT: return "one-shot round flag";
+    case WF_AR_SITE_RS: return "two-shot reduce-scatter flag";
+    case WF_AR_SITE_AG: return "two-shot all-gather flag";
+    case WF_AR_SITE_PUSHER: return "split one-shot's wait for its own pusher block";
+    default: return "unknown wait";
+  }
+}
+
+static const wf_dc_names AR_NAMES = {
+  .what = "allreduce", .unit = "handle", .refuse_hint = "destroy it and fall back to NCCL",
+  .timeout_hint = "destroy it and fall back to NCCL", .site = site_name,
+};
 
 struct weft_ar {
-  char group[64];
-  int n, me;
-  int ranks[WF_AR_MAX_WORLD];   /* global ranks, for messages */
-  weft_vmm *vmm;
+  wf_dc dc;                     /* group, workspace, host words, in-flight state */
   size_t ws_bytes, max_bytes, oneshot_max;
   size_t twoshot_min;           /* auto, 2 ranks, above oneshot_max: two-shot from here */
   wf_ar_args base;              /* launch arguments without the call's part */
-  ar_host *host;                /* host view */
-  int timeout_ms;
   int pdl;                      /* WEFT_AR_PDL */
-  int failed;                   /* sticky: first error code */
-  int busy;                     /* atomic: one host thread at a time */
-  cudaStream_t last;            /* stream of the previous call */
-  int have_last;
 };
-
-static int esize(int dtype) {
-  switch (dtype) {
-    case WEFT_F32: return 4;
-    case WEFT_F16: case WEFT_BF16: return 2;
-    default: return 0;
-  }
-}
-
-static const char *dtype_name(int dtype) {
-  switch (dtype) {
-    case WEFT_F32: return "f32"; case WEFT_F16: return "f16"; case WEFT_BF16: return "bf16";
-    case WEFT_I32: return "i32"; case WEFT_I64: return "i64"; case WEFT_U8: return "u8";
-    case WEFT_F64: return "f64"; case WEFT_F8E4M3: return "f8e4m3";
-    default: return "unknown";
-  }
-}
 
 static size_t env_bytes(const char *name, size_t dflt) {
   long v = wf_env_long(name, -1);
@@ -128,8 +101,7 @@ static size_t env_bytes(const char *name, size_t dflt) {
 /* Release everything local (never collective). */
 static void ar_free(weft_ar *ar) {
   if (!ar) return;
-  if (ar->vmm) weft_vmm_destroy(ar->vmm);
-  if (ar->host) cudaFreeHost(ar->host);
+  wf_dc_release(&ar->dc, "allreduce destroy");
   free(ar);
 }
 
@@ -137,11 +109,11 @@ static void ar_free(weft_ar *ar) {
 static int init_workspace(weft_ar *ar) {
   cudaStream_t s;
   WF_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  char *mine = ar->base.ws[ar->me];
+  char *mine = ar->base.ws[ar->dc.me];
   cudaError_t e = cudaMemsetAsync(mine, 0, ar->base.off_lamport, s);
-  const uint64_t lam = 3u * (uint64_t)(ar->n - 1) * ar->base.lamport_slot;
+  const uint64_t lam = 3u * (uint64_t)(ar->dc.n - 1) * ar->base.lamport_slot;
   if (e == cudaSuccess) e = (cudaError_t)wf_ar_fill_empty(mine + ar->base.off_lamport, lam, s);
-  int rc = e == cudaSuccess ? wf_cuda_wait_stream(s, ar->timeout_ms, "allreduce create: init")
+  int rc = e == cudaSuccess ? wf_cuda_wait_stream(s, ar->dc.timeout_ms, "allreduce create: init")
                             : wf_cuda_err(__FILE__, __LINE__, "workspace init", e);
   cudaStreamDestroy(s);
   return rc;
@@ -150,34 +122,23 @@ static int init_workspace(weft_ar *ar) {
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
   WF_CHECK_ARG(out, "allreduce create: NULL out-parameter");
   *out = NULL;
-  const char *gname;
-  const int *ranks;
-  int n, me, tmo;
-  int rc = wf_cpugroup_info(g, &gname, &n, &me, &ranks, &tmo);
+  wf_dc_group gi;
+  int rc = wf_dc_group_info(g, "allreduce create", &gi);
   if (rc) return rc;
-  char op[160];
-  snprintf(op, sizeof op, "allreduce create (group '%s', rank %d of %d)", gname, me, n);
+  const char *op = gi.op;
+  const int n = gi.n, me = gi.me, tmo = gi.timeout_ms;
   WF_CHECK_ARG(n == 2 || n == 4 || n == 6 || n == 8, "%s: world size %d not supported (2, 4, 6, 8)", op, n);
   WF_CHECK_ARG(max_bytes >= 16 && max_bytes <= ((size_t)1 << 40), "%s: max_bytes %zu out of range", op, max_bytes);
 
   weft_ar *ar = calloc(1, sizeof *ar);
   if (!ar) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  snprintf(ar->group, sizeof ar->group, "%s", gname);
-  ar->n = n;
-  ar->me = me;
-  for (int i = 0; i < n; i++) ar->ranks[i] = ranks[i];
   long t = wf_env_long("WEFT_AR_TIMEOUT_MS", tmo > 0 ? tmo : 300000);
-  ar->timeout_ms = t > 0 ? (int)t : 300000;
+  wf_dc_setup(&ar->dc, &AR_NAMES, &gi, t > 0 ? (int)t : 300000);
   ar->pdl = wf_env_long("WEFT_AR_PDL", 1) != 0;
 
   /* Local facts, then agreement (a rank without CUDA votes 0 SMs). */
-  int dev = -1, sms = 0, local_rc = wf_cuda_device(&dev);
-  char local_msg[512] = "";
-  if (!local_rc) {
-    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) local_rc = wf_cuda_err(__FILE__, __LINE__, "cudaDeviceGetAttribute", e);
-  }
-  if (local_rc) { snprintf(local_msg, sizeof local_msg, "%s", weft_last_error()); sms = 0; }
+  wf_dc_local local;
+  const int sms = wf_dc_sm_count(&local);
   size_t mb = align_up(max_bytes, 16);
   int64_t v[4] = {sms, wf_env_long("WEFT_AR_BLOCKS_PER_SM", 2),
                   (int64_t)align_up(env_bytes("WEFT_AR_LAMPORT_MAX", 16 * MIB), 16), (int64_t)mb};
@@ -187,8 +148,7 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
   rc = weft_cpugroup_allreduce_i64(g, v, 4, WEFT_MIN);
   if (rc) { wf_error_context(rc, "%s: agreement", op); ar_free(ar); return rc; }
   if (v[0] <= 0) {
-    rc = local_rc ? wf_error(local_rc, "%s: %s", op, local_msg)
-                  : wf_error(WEFT_ENODEV, "%s: another rank has no usable CUDA device", op);
+    rc = wf_dc_no_device(&local, op);
     ar_free(ar);
     return rc;
   }
@@ -222,39 +182,18 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
   if (ar->oneshot_max > a->lamport_slot) ar->oneshot_max = a->lamport_slot;
   ar->twoshot_min = env_bytes("WEFT_AR_TWOSHOT_MIN", 0); /* 0: two-shot right above oneshot_max */
 
-  rc = weft_vmm_create(g, ar->ws_bytes, 0, &ar->vmm);
-  if (rc) { wf_error_context(rc, "%s", op); ar_free(ar); return rc; }
-  for (int i = 0; i < n; i++) {
-    void *p;
-    weft_vmm_ptr(ar->vmm, i, &p);
-    a->ws[i] = p;
-  }
+  rc = wf_dc_workspace(&ar->dc, g, ar->ws_bytes, op);
+  if (rc) { ar_free(ar); return rc; }
+  for (int i = 0; i < n; i++) a->ws[i] = wf_dc_peer(&ar->dc, i);
 
   /* Host-mapped abort/error words, workspace init; then a vote, so that no
    * peer pushes into a workspace before its owner initialised it. */
-  local_rc = 0;
-  void *hp = NULL;
-  cudaError_t e = cudaHostAlloc(&hp, sizeof(ar_host), cudaHostAllocMapped | cudaHostAllocPortable);
-  if (e != cudaSuccess) local_rc = wf_cuda_err(__FILE__, __LINE__, "cudaHostAlloc(mapped)", e);
-  else {
-    ar->host = hp;
-    memset(hp, 0, sizeof(ar_host));
-    void *dp = NULL;
-    e = cudaHostGetDevicePointer(&dp, hp, 0);
-    if (e != cudaSuccess) local_rc = wf_cuda_err(__FILE__, __LINE__, "cudaHostGetDevicePointer", e);
-    else {
-      a->abort_host = (const uint32_t *)&((ar_host *)dp)->abort;
-      a->err_host = (unsigned long long *)&((ar_host *)dp)->err;
-    }
-  }
+  int local_rc = wf_dc_map_host(&ar->dc);
+  a->abort_host = ar->dc.abort_dev;
+  a->err_host = ar->dc.err_dev;
   if (!local_rc) local_rc = init_workspace(ar);
-  if (local_rc) snprintf(local_msg, sizeof local_msg, "%s", weft_last_error());
-  int64_t ok = local_rc == 0;
-  rc = weft_cpugroup_allreduce_i64(g, &ok, 1, WEFT_AND);
-  if (rc || !ok) {
-    if (rc) wf_error_context(rc, "%s: init vote", op);
-    else if (local_rc) rc = wf_error(local_rc, "%s: %s", op, local_msg);
-    else rc = wf_error(WEFT_ECUDA, "%s: workspace init failed on another rank", op);
+  rc = wf_dc_vote_ready(g, local_rc, op);
+  if (rc) {
     ar_free(ar);
     return rc;
   }
@@ -266,24 +205,15 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
 }
 
 int weft_ar_destroy(weft_ar *ar) {
-  if (!ar) return 0;
-  /* Let our own last call finish before its memory goes (bounded: kernels
-   * give up at their deadline). Skipped while that stream captures. */
-  if (ar->have_last) {
-    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(ar->last, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-      wf_cuda_wait_stream(ar->last, ar->timeout_ms + 5000, "allreduce destroy");
-    cudaGetLastError();
-  }
-  ar_free(ar);
+  ar_free(ar); /* waits (bounded) for our own last call first */
   return 0;
 }
 
 int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *lamport_bytes,
                  size_t *oneshot_max) {
   WF_CHECK_ARG(ar, "allreduce info: handle is NULL");
-  if (rank) *rank = ar->me;
-  if (world) *world = ar->n;
+  if (rank) *rank = ar->dc.me;
+  if (world) *world = ar->dc.n;
   if (max_bytes) *max_bytes = ar->max_bytes;
   if (lamport_bytes) *lamport_bytes = ar->base.lamport_slot;
   if (oneshot_max) *oneshot_max = ar->oneshot_max;
@@ -293,14 +223,14 @@ int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *
 int weft_ar_set_timeout(weft_ar *ar, int timeout_ms) {
   WF_CHECK_ARG(ar, "allreduce set_timeout: handle is NULL");
   WF_CHECK_ARG(timeout_ms > 0, "allreduce set_timeout (group '%s'): timeout %d ms must be > 0",
-               ar->group, timeout_ms);
-  ar->timeout_ms = timeout_ms;
+               ar->dc.group, timeout_ms);
+  ar->dc.timeout_ms = timeout_ms;
   return 0;
 }
 
 /* Validation and algorithm choice shared by run and resolve. */
 #define OPFMT "allreduce (group '%s', rank %d)"
-#define OPARGS ar->group, ar->me
+#define OPARGS ar->dc.group, ar->dc.me
 
 static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, const char **why) {
   const int es = esize(dtype);
@@ -311,12 +241,13 @@ static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, co
                dtype_name(dtype), count * (size_t)es, ar->max_bytes);
   const uint64_t bytes = (uint64_t)count * es, nvec = wf_ar_nvec(count, es);
   const int fits_l = nvec * 16 <= ar->base.lamport_slot;
-  const int fits_o = wf_ar_data_need(WF_AR_ONESHOT_FLAG, nvec, ar->n) <= ar->base.data_par;
-  const int fits_t = wf_ar_data_need(WF_AR_TWOSHOT, nvec, ar->n) <= ar->base.data_par;
+  const int n = ar->dc.n;
+  const int fits_o = wf_ar_data_need(WF_AR_ONESHOT_FLAG, nvec, n) <= ar->base.data_par;
+  const int fits_t = wf_ar_data_need(WF_AR_TWOSHOT, nvec, n) <= ar->base.data_par;
   switch (algo) {
     case WEFT_AR_AUTO:
       if (fits_l && bytes <= ar->oneshot_max) { *kind = WF_AR_LAMPORT; *why = "auto: at most the one-shot limit"; }
-      else if (ar->n == 2 && fits_o && bytes < ar->twoshot_min) { *kind = WF_AR_ONESHOT_FLAG; *why = "auto: 2 ranks, between the one-shot limit and the two-shot minimum (flag one-shot moves the same bytes as two-shot, in one phase)"; }
+      else if (n == 2 && fits_o && bytes < ar->twoshot_min) { *kind = WF_AR_ONESHOT_FLAG; *why = "auto: 2 ranks, between the one-shot limit and the two-shot minimum (flag one-shot moves the same bytes as two-shot, in one phase)"; }
       else if (fits_t) { *kind = WF_AR_TWOSHOT; *why = "auto: above the one-shot limit"; }
       else if (fits_o) { *kind = WF_AR_ONESHOT_FLAG; *why = "auto: above the one-shot limit; two-shot does not fit the workspace"; }
       else if (fits_l) { *kind = WF_AR_LAMPORT; *why = "auto: only the Lamport buffers fit"; }
@@ -328,7 +259,7 @@ static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, co
       else return wf_error(WEFT_EINVAL, OPFMT ": one-shot of %llu bytes does not fit the workspace "
                            "(Lamport %llu bytes; flag one-shot needs %llu of %llu)", OPARGS,
                            (unsigned long long)bytes, (unsigned long long)ar->base.lamport_slot,
-                           (unsigned long long)wf_ar_data_need(WF_AR_ONESHOT_FLAG, nvec, ar->n),
+                           (unsigned long long)wf_ar_data_need(WF_AR_ONESHOT_FLAG, nvec, n),
                            (unsigned long long)ar->base.data_par);
       break;
     case WEFT_AR_TWOSHOT:
@@ -340,7 +271,7 @@ static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, co
       if (!fits_o) return wf_error(WEFT_EINVAL, OPFMT ": flag one-shot of %llu bytes does not fit the "
                                    "workspace (needs %llu of %llu per parity)", OPARGS,
                                    (unsigned long long)bytes,
-                                   (unsigned long long)wf_ar_data_need(WF_AR_ONESHOT_FLAG, nvec, ar->n),
+                                   (unsigned long long)wf_ar_data_need(WF_AR_ONESHOT_FLAG, nvec, n),
                                    (unsigned long long)ar->base.data_par);
       *kind = WF_AR_ONESHOT_FLAG; *why = "flag one-shot requested";
       break;
@@ -398,100 +329,45 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
   return e ? wf_cuda_err(__FILE__, __LINE__, "allreduce shape", (cudaError_t)e) : 0;
 }
 
-static int refuse_failed(weft_ar *ar) {
-  return wf_error(WEFT_ESTATE, OPFMT ": this handle failed earlier (%s); destroy it and fall back to NCCL",
-                  OPARGS, ar->failed == WEFT_EABORT ? "aborted" : "a peer did not arrive");
-}
-
 int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype, int algo,
                 void *stream) {
   WF_CHECK_ARG(ar, "allreduce run: handle is NULL");
-  if (ar->failed || ar->host->err) {
-    if (!ar->failed) weft_ar_check_error(ar);
-    return refuse_failed(ar);
-  }
+  int rc = wf_dc_usable(&ar->dc, "allreduce");
+  if (rc) return rc;
   WF_CHECK_ARG(in && out, OPFMT ": NULL buffer", OPARGS);
   WF_CHECK_ARG(((uintptr_t)in & 15) == 0 && ((uintptr_t)out & 15) == 0,
                OPFMT ": buffers must be 16-byte aligned (in %p, out %p)", OPARGS, in, out);
   int kind;
   const char *why;
   const int pdl = ar->pdl && !(algo & WEFT_AR_NO_PDL);
-  int rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, &kind, &why);
+  rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, &kind, &why);
   if (rc) return rc;
-  if (__atomic_exchange_n(&ar->busy, 1, __ATOMIC_ACQUIRE))
-    return wf_error(WEFT_ESTATE, OPFMT ": used by another thread at the same time (one operation in flight)", OPARGS);
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
-  if (ar->have_last && s != ar->last) {
-    /* A different stream: only when the previous one is done with us.
-     * (While s itself captures, nothing runs now: no check.) */
-    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    cudaError_t e = cudaStreamIsCapturing(s, &cs);
-    int busy = 0;
-    if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-      e = cudaStreamIsCapturing(ar->last, &cs);
-    else
-      e = cudaErrorUnknown; /* s captures (or cannot tell): skip the check */
-    if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone) {
-      e = cudaStreamQuery(ar->last);
-      busy = e == cudaErrorNotReady;
-    } else if (e == cudaSuccess) {
-      busy = cs == cudaStreamCaptureStatusActive;
-    }
-    cudaGetLastError();
-    if (busy) {
-      __atomic_store_n(&ar->busy, 0, __ATOMIC_RELEASE);
-      return wf_error(WEFT_ESTATE, OPFMT ": a previous call on another stream (%p) is still in flight "
-                      "or capturing; one operation in flight per handle", OPARGS, (void *)ar->last);
-    }
-  }
+  rc = wf_dc_begin(&ar->dc, s, "allreduce");
+  if (rc) return rc;
   wf_ar_args a = ar->base;
   a.in = in;
   a.out = out;
   a.count = count;
   a.dtype = dtype;
   a.kind = kind;
-  a.timeout_ns = (uint64_t)ar->timeout_ms * 1000000u;
+  a.timeout_ns = (uint64_t)ar->dc.timeout_ms * 1000000u;
   a.pdl = pdl;
   int e = wf_ar_launch(&a, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "allreduce kernel launch", (cudaError_t)e);
-  else {
-    ar->last = s;
-    ar->have_last = 1;
-  }
-  __atomic_store_n(&ar->busy, 0, __ATOMIC_RELEASE);
+  wf_dc_end(&ar->dc, s, !e);
   if (rc) wf_error_context(rc, OPFMT ": %s, %zu x %s", OPARGS, kind_name(kind), count, dtype_name(dtype));
   return rc;
 }
 
 int weft_ar_check_error(weft_ar *ar) {
   WF_CHECK_ARG(ar, "allreduce check_error: handle is NULL");
-  const unsigned long long e = ar->host->err;
-  if (!e) {
-    if (ar->failed == WEFT_EABORT)
-      return wf_error(WEFT_EABORT, "allreduce (group '%s', rank %d): aborted", ar->group, ar->me);
-    return 0;
-  }
-  const unsigned status = (unsigned)(e >> 56) & 0xff, peer = (unsigned)(e >> 48) & 0xff,
-                 site = (unsigned)(e >> 40) & 0xff, epoch = (unsigned)(e & 0xffffffffu);
-  const int grank = peer < (unsigned)ar->n ? ar->ranks[peer] : -1;
-  if (status == 1) {
-    ar->failed = WEFT_EABORT;
-    return wf_error(WEFT_EABORT, "allreduce (group '%s', rank %d of %d): aborted while waiting for "
-                    "peer %u (global rank %d) at the %s of call %u; handle unusable", ar->group,
-                    ar->me, ar->n, peer, grank, site_name((int)site), epoch);
-  }
-  ar->failed = WEFT_ETIMEOUT;
-  return wf_error(WEFT_ETIMEOUT, "allreduce (group '%s', rank %d of %d): peer %u (global rank %d) "
-                  "did not arrive within %d ms at the %s of call %u (dead, late, or making different "
-                  "calls); handle unusable: destroy it and fall back to NCCL", ar->group, ar->me,
-                  ar->n, peer, grank, ar->timeout_ms, site_name((int)site), epoch);
+  return wf_dc_check_error(&ar->dc);
 }
 
 int weft_ar_abort(weft_ar *ar) {
   WF_CHECK_ARG(ar, "allreduce abort: handle is NULL");
-  ar->host->abort = 1;
-  __sync_synchronize();
-  if (!ar->failed) ar->failed = WEFT_EABORT;
+  wf_dc_abort(&ar->dc);
   return 0;
 }
 

@@ -7,8 +7,7 @@
  * ranks at create (cpu group MIN/MAX), because a peer waits for the block of
  * the same index. */
 #include "fusion_internal.h"
-#include "cpugroup.h"
-#include "cuda_internal.h"
+#include "devcoll.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,22 +18,8 @@
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-static int esize(int dtype) {
-  switch (dtype) {
-    case WEFT_F32: return 4;
-    case WEFT_F16: case WEFT_BF16: return 2;
-    default: return 0;
-  }
-}
-
-static const char *dtype_name(int dtype) {
-  switch (dtype) {
-    case WEFT_F32: return "f32"; case WEFT_F16: return "f16"; case WEFT_BF16: return "bf16";
-    case WEFT_I32: return "i32"; case WEFT_I64: return "i64"; case WEFT_U8: return "u8";
-    case WEFT_F64: return "f64"; case WEFT_F8E4M3: return "f8e4m3";
-    default: return "unknown";
-  }
-}
+#define esize wf_dc_esize
+#define dtype_name wf_dc_dtype_name
 
 static const char *algo_name(int algo) {
   return algo == WEFT_FUSION_ONESHOT ? "one-shot" : algo == WEFT_FUSION_TWOSHOT ? "two-shot" : "auto";
@@ -90,9 +75,7 @@ int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t 
 
 #if !WEFT_HAVE_CUDA
 
-static int nodev(const char *op) {
-  return wf_error(WEFT_ENODEV, "%s: no CUDA device (weft built without CUDA)", op);
-}
+#define nodev wf_dc_nodev
 int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
   WF_CHECK_ARG(ok, "fusion preflight: NULL out-parameter");
   *ok = 0;
@@ -103,14 +86,11 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
   WF_CHECK_ARG(out, "fusion create: NULL out-parameter");
   *out = NULL;
   (void)algo_name;
-  const char *gname;
-  int n, me;
-  int rc = wf_cpugroup_info(g, &gname, &n, &me, NULL, NULL);
+  wf_dc_group gi;
+  int rc = wf_dc_group_info(g, "fusion create", &gi);
   if (rc) return rc;
-  char op[160];
-  snprintf(op, sizeof op, "fusion create (group '%s', rank %d of %d)", gname, me, n);
-  rc = check_opts(opts, n, op);
-  return rc ? rc : nodev(op);
+  rc = check_opts(opts, gi.n, gi.op);
+  return rc ? rc : nodev(gi.op);
 }
 int weft_fusion_destroy(weft_fusion *f) { (void)f; return 0; }
 int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
@@ -141,27 +121,35 @@ int weft_fusion_abort(weft_fusion *f) { (void)f; return nodev("fusion abort"); }
 
 #else
 
-struct weft_fusion {
-  char group[64];
-  int n, me;
-  int ranks[WF_FUSED_MAX_WORLD];   /* global ranks, for messages */
-  weft_fusion_opts opts;           /* as agreed */
-  int64_t os_tokens, oneshot_max_bytes;
-  weft_vmm *vmm;
-  size_t ws_bytes;
-  wf_fused_args base;              /* launch arguments without the call's part */
-  volatile wf_fused_host *host;    /* host view of the mapped words */
-  int timeout_ms;
-  int failed;                      /* sticky: WEFT_ETIMEOUT / WEFT_EABORT */
-  int busy;                        /* atomic: one host thread at a time */
-  cudaStream_t last;               /* stream of the previous call */
-  int have_last;
+_Static_assert(WF_FUSED_MAX_WORLD <= WF_DC_MAX_WORLD, "devcoll holds every rank");
+
+static const char *site_name(unsigned site) {
+  switch (site) {
+    case WF_FUSED_SITE_LAMPORT: return "one-shot data poll";
+    case WF_FUSED_SITE_RS: return "two-shot reduce-scatter flag";
+    case WF_FUSED_SITE_AG: return "two-shot all-gather flag";
+    default: return "unknown wait";
+  }
+}
+
+static const wf_dc_names FUSION_NAMES = {
+  .what = "fusion", .unit = "workspace",
+  .refuse_hint = "destroy it and recreate it (or use the unfused path)",
+  .timeout_hint = "destroy and recreate it", .site = site_name,
 };
 
+struct weft_fusion {
+  wf_dc dc;                        /* group, workspace, host words, in-flight state */
+  weft_fusion_opts opts;           /* as agreed */
+  int64_t os_tokens, oneshot_max_bytes;
+  size_t ws_bytes;
+  wf_fused_args base;              /* launch arguments without the call's part */
+};
+
+/* Release everything local (never collective). */
 static void fusion_free(weft_fusion *f) {
   if (!f) return;
-  if (f->vmm) weft_vmm_destroy(f->vmm);
-  if (f->host) cudaFreeHost((void *)f->host);
+  wf_dc_release(&f->dc, "fusion destroy");
   free(f);
 }
 
@@ -181,9 +169,9 @@ int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
 static int init_workspace(weft_fusion *f, const layout *l) {
   cudaStream_t s;
   WF_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  int e = wf_fused_init(f->base.peer[f->me], (uint64_t)l->off_lamport, 3u * (uint64_t)l->lamport_buf,
+  int e = wf_fused_init(f->base.peer[f->dc.me], (uint64_t)l->off_lamport, 3u * (uint64_t)l->lamport_buf,
                         (uint64_t)l->off_rs, f->opts.dtype, s);
-  int rc = e == 0 ? wf_cuda_wait_stream(s, f->timeout_ms, "fusion create: workspace init")
+  int rc = e == 0 ? wf_cuda_wait_stream(s, f->dc.timeout_ms, "fusion create: workspace init")
                   : wf_cuda_err(__FILE__, __LINE__, "fusion workspace init", (cudaError_t)e);
   cudaStreamDestroy(s);
   return rc;
@@ -206,35 +194,24 @@ static int64_t default_oneshot_max(int world) {
 int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out) {
   WF_CHECK_ARG(out, "fusion create: NULL out-parameter");
   *out = NULL;
-  const char *gname;
-  const int *ranks;
-  int n, me, tmo;
-  int rc = wf_cpugroup_info(g, &gname, &n, &me, &ranks, &tmo);
+  wf_dc_group gi;
+  int rc = wf_dc_group_info(g, "fusion create", &gi);
   if (rc) return rc;
-  char op[160];
-  snprintf(op, sizeof op, "fusion create (group '%s', rank %d of %d)", gname, me, n);
+  const char *op = gi.op;
+  const int n = gi.n, me = gi.me, tmo = gi.timeout_ms;
   rc = check_opts(opts, n, op);
   if (rc) return rc;
 
   weft_fusion *f = calloc(1, sizeof *f);
   if (!f) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  snprintf(f->group, sizeof f->group, "%s", gname);
-  f->n = n;
-  f->me = me;
-  for (int i = 0; i < n; i++) f->ranks[i] = ranks[i];
   long t = opts->timeout_ms > 0 ? opts->timeout_ms
                                 : wf_env_long("WEFT_FUSION_TIMEOUT_MS", tmo > 0 ? tmo : 300000);
-  f->timeout_ms = t > 0 ? (int)t : 300000;
+  wf_dc_setup(&f->dc, &FUSION_NAMES, &gi, t > 0 ? (int)t : 300000);
 
   /* Local facts, then agreement: the smallest SM count (same grid
    * everywhere) and the same sizes (a rank without CUDA votes 0 SMs). */
-  int dev = -1, sms = 0, local_rc = wf_cuda_device(&dev);
-  char local_msg[512] = "";
-  if (!local_rc) {
-    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) local_rc = wf_cuda_err(__FILE__, __LINE__, "cudaDeviceGetAttribute", e);
-  }
-  if (local_rc) { snprintf(local_msg, sizeof local_msg, "%s", weft_last_error()); sms = 0; }
+  wf_dc_local local;
+  const int sms = wf_dc_sm_count(&local);
   const int64_t os_env = wf_env_long("WEFT_FUSION_ONESHOT_MAX", -1);
   int64_t vmin[2] = {sms, os_env > 0 ? os_env : default_oneshot_max(n)};
   int64_t vmax[4] = {opts->max_tokens, opts->hidden, esize(opts->dtype), os_tokens_of(opts)};
@@ -242,8 +219,7 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
   if (!rc) rc = weft_cpugroup_allreduce_i64(g, vmax, 4, WEFT_MAX);
   if (rc) { wf_error_context(rc, "%s: agreement", op); fusion_free(f); return rc; }
   if (vmin[0] <= 0) {
-    rc = local_rc ? wf_error(local_rc, "%s: %s", op, local_msg)
-                  : wf_error(WEFT_ENODEV, "%s: another rank has no usable CUDA device", op);
+    rc = wf_dc_no_device(&local, op);
     fusion_free(f);
     return rc;
   }
@@ -270,36 +246,19 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
   a->lamport_buf_bytes = (uint64_t)l.lamport_buf;
   f->ws_bytes = (size_t)l.total;
 
-  rc = weft_vmm_create(g, f->ws_bytes, 0, &f->vmm);
-  if (rc) { wf_error_context(rc, "%s", op); fusion_free(f); return rc; }
-  for (int i = 0; i < n; i++) weft_vmm_ptr(f->vmm, i, &a->peer[i]);
+  rc = wf_dc_workspace(&f->dc, g, f->ws_bytes, op);
+  if (rc) { fusion_free(f); return rc; }
+  for (int i = 0; i < n; i++) a->peer[i] = wf_dc_peer(&f->dc, i);
   a->err_dev = &((wf_fused_state *)((char *)a->peer[me] + l.off_state))->err_dev;
 
   /* Host-mapped words, workspace init; then a vote, so that no peer pushes
    * into a workspace before its owner initialised it. */
-  local_rc = 0;
-  void *hp = NULL;
-  cudaError_t e = cudaHostAlloc(&hp, sizeof(wf_fused_host), cudaHostAllocMapped | cudaHostAllocPortable);
-  if (e != cudaSuccess) local_rc = wf_cuda_err(__FILE__, __LINE__, "cudaHostAlloc(mapped)", e);
-  else {
-    f->host = hp;
-    memset(hp, 0, sizeof(wf_fused_host));
-    void *dp = NULL;
-    e = cudaHostGetDevicePointer(&dp, hp, 0);
-    if (e != cudaSuccess) local_rc = wf_cuda_err(__FILE__, __LINE__, "cudaHostGetDevicePointer", e);
-    else {
-      a->abort_host = &((wf_fused_host *)dp)->abort;
-      a->err_host = &((wf_fused_host *)dp)->err;
-    }
-  }
+  int local_rc = wf_dc_map_host(&f->dc);
+  a->abort_host = f->dc.abort_dev;
+  a->err_host = f->dc.err_dev;
   if (!local_rc) local_rc = init_workspace(f, &l);
-  if (local_rc) snprintf(local_msg, sizeof local_msg, "%s", weft_last_error());
-  int64_t ok = local_rc == 0;
-  rc = weft_cpugroup_allreduce_i64(g, &ok, 1, WEFT_AND);
-  if (rc || !ok) {
-    if (rc) wf_error_context(rc, "%s: init vote", op);
-    else if (local_rc) rc = wf_error(local_rc, "%s: %s", op, local_msg);
-    else rc = wf_error(WEFT_ECUDA, "%s: workspace init failed on another rank", op);
+  rc = wf_dc_vote_ready(g, local_rc, op);
+  if (rc) {
     fusion_free(f);
     return rc;
   }
@@ -315,23 +274,14 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
 }
 
 int weft_fusion_destroy(weft_fusion *f) {
-  if (!f) return 0;
-  /* Let our own last call finish before its memory goes (bounded: kernels
-   * give up at their deadline). Skipped while that stream captures. */
-  if (f->have_last) {
-    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(f->last, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-      wf_cuda_wait_stream(f->last, f->timeout_ms + 5000, "fusion destroy");
-    cudaGetLastError();
-  }
-  fusion_free(f);
+  fusion_free(f); /* waits (bounded) for our own last call first */
   return 0;
 }
 
 int weft_fusion_get_info(weft_fusion *f, weft_fusion_info *info) {
   WF_CHECK_ARG(f && info, "fusion get_info: NULL argument");
-  info->rank = f->me;
-  info->world = f->n;
+  info->rank = f->dc.me;
+  info->world = f->dc.n;
   info->dtype = f->opts.dtype;
   info->max_tokens = f->opts.max_tokens;
   info->hidden = f->opts.hidden;
@@ -451,7 +401,7 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
 int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, const char **why) {
   WF_CHECK_ARG(f && algo, "fusion resolve: NULL argument");
   char op[128];
-  snprintf(op, sizeof op, "fusion (group '%s', rank %d)", f->group, f->me);
+  snprintf(op, sizeof op, "fusion (group '%s', rank %d)", f->dc.group, f->dc.me);
   const char *w;
   int rc = validate(f, p, op, algo, &w);
   if (!rc && why) *why = w;
@@ -474,49 +424,20 @@ int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, i
   return e ? wf_cuda_err(__FILE__, __LINE__, "fusion geometry", (cudaError_t)e) : 0;
 }
 
-static int refuse_failed(weft_fusion *f, const char *op) {
-  return wf_error(WEFT_ESTATE, "%s: this workspace failed earlier (%s); destroy it and recreate it "
-                  "(or use the unfused path)", op,
-                  f->failed == WEFT_EABORT ? "aborted" : "a peer did not arrive");
-}
-
 int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   WF_CHECK_ARG(f, "fusion run: handle is NULL");
+  int rc = wf_dc_usable(&f->dc, "fusion run");
+  if (rc) return rc;
   char op[128];
-  snprintf(op, sizeof op, "fusion run (group '%s', rank %d)", f->group, f->me);
-  if (f->failed || f->host->err) {
-    if (!f->failed) weft_fusion_check_error(f);
-    return refuse_failed(f, op);
-  }
+  snprintf(op, sizeof op, "fusion run (group '%s', rank %d)", f->dc.group, f->dc.me);
   int algo;
   const char *why;
-  int rc = validate(f, p, op, &algo, &why);
+  rc = validate(f, p, op, &algo, &why);
   if (rc) return rc;
   if (p->tokens == 0) return 0; /* same on every rank: nothing launched anywhere */
-  if (__atomic_exchange_n(&f->busy, 1, __ATOMIC_ACQUIRE))
-    return wf_error(WEFT_ESTATE, "%s: used by another thread at the same time (one operation in "
-                    "flight)", op);
   cudaStream_t s = p->stream ? (cudaStream_t)p->stream : wf_cuda_current_stream();
-  if (f->have_last && s != f->last) {
-    /* A different stream: only when the previous one is done with us.
-     * (While s itself captures, nothing runs now: no check.) */
-    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    cudaError_t e = cudaStreamIsCapturing(s, &cs);
-    int busy = 0;
-    if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone) {
-      e = cudaStreamIsCapturing(f->last, &cs);
-      if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-        busy = cudaStreamQuery(f->last) == cudaErrorNotReady;
-      else if (e == cudaSuccess)
-        busy = cs == cudaStreamCaptureStatusActive;
-    }
-    cudaGetLastError();
-    if (busy) {
-      __atomic_store_n(&f->busy, 0, __ATOMIC_RELEASE);
-      return wf_error(WEFT_ESTATE, "%s: a previous call on another stream (%p) is still in flight "
-                      "or capturing; one operation in flight per workspace", op, (void *)f->last);
-    }
-  }
+  rc = wf_dc_begin(&f->dc, s, "fusion run");
+  if (rc) return rc;
   wf_fused_args a = f->base;
   a.in = p->input;
   a.res_in = p->residual;
@@ -532,57 +453,23 @@ int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   a.pattern = p->pattern;
   a.flags = p->flags;
   a.dtype = p->dtype;
-  a.timeout_ns = (uint64_t)f->timeout_ms * 1000000u;
+  a.timeout_ns = (uint64_t)f->dc.timeout_ms * 1000000u;
   int e = wf_fused_launch(&a, algo, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fused kernel launch", (cudaError_t)e);
-  else {
-    f->last = s;
-    f->have_last = 1;
-  }
-  __atomic_store_n(&f->busy, 0, __ATOMIC_RELEASE);
+  wf_dc_end(&f->dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s, %lld x %lld %s", op, algo_name(algo), (long long)p->tokens,
                            (long long)p->hidden, dtype_name(p->dtype));
   return rc;
 }
 
-static const char *site_name(unsigned site) {
-  switch (site) {
-    case WF_FUSED_SITE_LAMPORT: return "one-shot data poll";
-    case WF_FUSED_SITE_RS: return "two-shot reduce-scatter flag";
-    case WF_FUSED_SITE_AG: return "two-shot all-gather flag";
-    default: return "unknown wait";
-  }
-}
-
 int weft_fusion_check_error(weft_fusion *f) {
   WF_CHECK_ARG(f, "fusion check_error: handle is NULL");
-  const unsigned long long e = f->host->err;
-  if (!e) {
-    if (f->failed == WEFT_EABORT)
-      return wf_error(WEFT_EABORT, "fusion (group '%s', rank %d): aborted", f->group, f->me);
-    return 0;
-  }
-  const unsigned status = (unsigned)(e >> 56) & 0xff, peer = (unsigned)(e >> 48) & 0xff,
-                 site = (unsigned)(e >> 40) & 0xff, epoch = (unsigned)(e & 0xffffffffu);
-  const int grank = peer < (unsigned)f->n ? f->ranks[peer] : -1;
-  if (status == 1) {
-    f->failed = WEFT_EABORT;
-    return wf_error(WEFT_EABORT, "fusion (group '%s', rank %d of %d): aborted while waiting for "
-                    "peer %u (global rank %d) at the %s of call %u; workspace unusable", f->group,
-                    f->me, f->n, peer, grank, site_name(site), epoch);
-  }
-  f->failed = WEFT_ETIMEOUT;
-  return wf_error(WEFT_ETIMEOUT, "fusion (group '%s', rank %d of %d): peer %u (global rank %d) did "
-                  "not arrive within %d ms at the %s of call %u (dead, late, or making different "
-                  "calls); workspace unusable: destroy and recreate it", f->group, f->me, f->n, peer,
-                  grank, f->timeout_ms, site_name(site), epoch);
+  return wf_dc_check_error(&f->dc);
 }
 
 int weft_fusion_abort(weft_fusion *f) {
   WF_CHECK_ARG(f, "fusion abort: handle is NULL");
-  f->host->abort = 1;
-  __sync_synchronize();
-  if (!f->failed) f->failed = WEFT_EABORT;
+  wf_dc_abort(&f->dc);
   return 0;
 }
 

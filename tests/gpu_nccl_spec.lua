@@ -19,37 +19,10 @@ for _, name in ipairs { "store_collective_refused_in_capture", "init_timeout", "
                          "eager_timing" } do
   CHECKS[#CHECKS + 1] = name
 end
-local WORLD = 2
-
-local output, exit_ok
-local function run_once()
-  if output then return end
-  local p = io.popen("scripts/weft-run -n " .. WORLD .. " --timeout 600 tests/helpers/gpu_nccl_worker.lua 2>&1; echo \"rc=$?\"")
-  output = p:read("*a")
-  p:close()
-  exit_ok = output:match("\nrc=0%s*$") ~= nil or output:match("^rc=0%s*$") ~= nil
-end
-
-local function need_gpus() return G.need_gpus(WORLD, pending) end
 
 describe("weft.nccl with 2 ranks #gpu", function()
-  for _, name in ipairs(CHECKS) do
-    it(name, function()
-      if not need_gpus() then return end
-      run_once()
-      for r = 0, WORLD - 1 do
-        local tag = "[rank" .. r .. "] "
-        local fail = output:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
-        assert.is_nil(fail, tag .. name .. ": " .. tostring(fail))
-        assert.is_truthy(output:find(tag .. "PASS " .. name .. "\n", 1, true),
-                         tag .. "never reported " .. name .. "; output:\n" .. output)
-      end
-    end)
-  end
-
-  it("both ranks exit cleanly", function()
-    if not need_gpus() then return end
-    run_once()
-    assert.is_true(exit_ok, output)
-  end)
+  G.rank_checks({ it = it, assert = assert, pending = function(why) pending(why) end }, {
+    world = 2, worker = "tests/helpers/gpu_nccl_worker.lua", timeout = 600, checks = CHECKS,
+    pass_end = "\n",  -- "PASS <name>" alone on its line
+  })
 end)

@@ -10,6 +10,7 @@
 -- order; a member that does not arrive makes the others fail after timeout_ms.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 
 local C = wffi.C
 local ffi_new, ffi_string, ffi_gc = ffi.new, ffi.string, ffi.gc
@@ -32,9 +33,7 @@ local function handle_of(self, op)
   return h
 end
 
-local function check(rc)
-  if rc ~= 0 then error("weft: " .. last_error(), 3) end
-end
+local check = binding.check
 
 local function index_arg(self, op, what, i)
   if type(i) ~= "number" or i < 0 or i >= self.size or i % 1 ~= 0 then
@@ -152,11 +151,8 @@ end
 
 -- Idempotent and local (no collective); the store stays usable.
 function Group:destroy()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  C.weft_cpugroup_destroy(h)
+  local h = binding.release(self)
+  if h ~= nil then C.weft_cpugroup_destroy(h) end
 end
 
 function Group:__tostring()

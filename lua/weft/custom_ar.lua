@@ -17,11 +17,13 @@
 -- or every rank fails with the reason); destroy is local.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 local C = wffi.C
 
 local type, error, tonumber, tostring, setmetatable = type, error, tonumber, tostring, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
-local fmt = string.format
+local B = binding.new("custom_ar", "handle")
+local raise, code_of, live, sh = B.raise, B.code_of, B.live, binding.stream
 
 local M = {}
 
@@ -36,22 +38,6 @@ local ALGO, DTYPES = M.ALGO, M.DTYPES
 local kind1 = ffi_new("int[1]")
 local why1 = ffi_new("const char*[1]")
 
-local function raise(self, op, level)
-  error(fmt("weft: custom_ar.%s: %s", op, ffi_string(C.weft_last_error())), (level or 2) + 1)
-end
-
-local function code_of(map, v, what, op)
-  if type(v) == "number" then return v end
-  local c = map[v]
-  if c == nil then error(fmt("weft: custom_ar.%s: unknown %s %s", op, what, tostring(v)), 4) end
-  return c
-end
-
-local function sh(s)
-  if type(s) == "table" then return s.handle end
-  return s
-end
-
 local AR = {}
 AR.__index = AR
 M.AR = AR
@@ -59,15 +45,13 @@ M.AR = AR
 -- new(cpugroup, max_bytes) -> handle. Collective; raises with the C message
 -- (on every rank) when the workspace cannot be made.
 function M.new(cpugroup, max_bytes)
-  if type(cpugroup) ~= "table" or cpugroup.handle == nil then
-    error("weft: custom_ar.new: expected a live weft.cpugroup (with .handle)", 2)
-  end
+  B.need_group(cpugroup)
   if type(max_bytes) ~= "number" or max_bytes < 16 then
     error("weft: custom_ar.new: max_bytes must be a number >= 16, got " .. tostring(max_bytes), 2)
   end
   local out = ffi_new("weft_ar*[1]")
   if C.weft_ar_create(cpugroup.handle, max_bytes, out) ~= 0 then
-    error("weft: custom_ar.new: " .. ffi_string(C.weft_last_error()), 2)
+    raise("new")
   end
   local h = ffi_gc(out[0], C.weft_ar_destroy)
   local r, w = ffi_new("int[1]"), ffi_new("int[1]")
@@ -79,19 +63,13 @@ function M.new(cpugroup, max_bytes)
   }, AR)
 end
 
-local function live(self, op)
-  local h = self.handle
-  if h == nil then error(fmt("weft: custom_ar.%s: handle of group %s was destroyed", op, self.name), 3) end
-  return h
-end
-
 -- run(in, out, count, dtype, algo [, stream [, no_pdl]])
 function AR:run(inp, out, count, dtype, algo, stream, no_pdl)
   local h = live(self, "run")
   local a = code_of(ALGO, algo or 0, "algorithm", "run")
   if no_pdl then a = a + M.NO_PDL end
   if C.weft_ar_run(h, inp, out or inp, count, code_of(DTYPES, dtype, "dtype", "run"), a, sh(stream)) ~= 0 then
-    raise(self, "run")
+    raise("run")
   end
 end
 
@@ -118,11 +96,11 @@ function AR:check_error()
 end
 
 function AR:set_timeout(ms)
-  if C.weft_ar_set_timeout(live(self, "set_timeout"), ms) ~= 0 then raise(self, "set_timeout") end
+  if C.weft_ar_set_timeout(live(self, "set_timeout"), ms) ~= 0 then raise("set_timeout") end
 end
 
 function AR:set_param(name, value)
-  if C.weft_ar_set_param(live(self, "set_param"), name, value) ~= 0 then raise(self, "set_param") end
+  if C.weft_ar_set_param(live(self, "set_param"), name, value) ~= 0 then raise("set_param") end
   if name == "oneshot_max" then self.oneshot_max = value end
 end
 
@@ -132,11 +110,8 @@ end
 
 -- Local; waits (bounded) for this rank's last call, then frees everything.
 function AR:destroy()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  C.weft_ar_destroy(h)
+  local h = binding.release(self)
+  if h ~= nil then C.weft_ar_destroy(h) end
 end
 
 return M

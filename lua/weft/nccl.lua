@@ -12,11 +12,14 @@
 -- communicator is aborted and every call on it raises.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 local C = wffi.C
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
 local fmt = string.format
+local B = binding.new("nccl", "communicator")
+local raise, code_of, live, sh = B.raise, B.code_of, B.live, binding.stream
 
 local M = {}
 
@@ -27,22 +30,6 @@ local OPS = { sum = 0, max = 1, min = 2, prod = 4 }
 M.DTYPES, M.OPS = DTYPES, OPS
 
 local int1 = ffi_new("int[1]")
-
-local function raise(op, level)
-  error(fmt("weft: nccl.%s: %s", op, ffi_string(C.weft_last_error())), (level or 2) + 1)
-end
-
-local function code_of(tbl, v, what, op)
-  if type(v) == "number" then return v end
-  local c = tbl[v]
-  if c == nil then error(fmt("weft: nccl.%s: unknown %s %s", op, what, tostring(v)), 4) end
-  return c
-end
-
-local function sh(s)
-  if type(s) == "table" then return s.handle end
-  return s
-end
 
 -- ---------------------------------------------------------------- module
 
@@ -93,9 +80,7 @@ end
 -- enqueues from a helper thread: tens of µs more per eager call).
 -- c.blocking tells which one this communicator is.
 function M.new(cpugroup, opts)
-  if type(cpugroup) ~= "table" or cpugroup.handle == nil then
-    error("weft: nccl.new: expected a live weft.cpugroup (with .handle)", 2)
-  end
+  B.need_group(cpugroup)
   local blocking = -1
   if opts and opts.blocking ~= nil then blocking = opts.blocking and 1 or 0 end
   local out = ffi_new("weft_nccl*[1]")
@@ -117,12 +102,6 @@ end
 
 function Comm:set_timeout(ms)
   if C.weft_nccl_set_timeout(self.handle, ms) ~= 0 then raise("set_timeout") end
-end
-
-local function live(c, op)
-  local h = c.handle
-  if h == nil then error(fmt("weft: nccl.%s: communicator of group %s was destroyed", op, c.name), 3) end
-  return h
 end
 
 -- fills c.counts (or c.counts2) from a Lua array of size numbers
@@ -242,11 +221,8 @@ function Comm:abort()
 end
 
 function Comm:destroy()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  if C.weft_nccl_destroy(h) ~= 0 then raise("destroy") end
+  local h = binding.release(self)
+  if h ~= nil and C.weft_nccl_destroy(h) ~= 0 then raise("destroy") end
 end
 
 return M

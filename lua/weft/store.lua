@@ -8,6 +8,7 @@
 -- reply buffer is reused by the next call.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 
 local C = wffi.C
 local ffi_new, ffi_string, ffi_gc = ffi.new, ffi.string, ffi.gc
@@ -33,9 +34,7 @@ local function check_key(op, key)
   if type(key) ~= "string" then fail(op, "key must be a string, got " .. type(key), 3) end
 end
 
-local function check(rc, op)
-  if rc ~= 0 then error(("weft: %s"):format(last_error()), 3) end
-end
+local check = binding.check -- check(rc, op): the C message names op already
 
 -- A const char*[n] array of the keys; `keys` (the Lua table) anchors the strings.
 local function key_array(op, keys)
@@ -173,11 +172,8 @@ end
 -- Idempotent. Stops the server thread when this process hosts it. Cpu groups
 -- made on this store keep its memory alive but fail with "store was closed".
 function Store:close()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  C.weft_store_close(h)
+  local h = binding.release(self)
+  if h ~= nil then C.weft_store_close(h) end
 end
 Store.destroy = Store.close
 

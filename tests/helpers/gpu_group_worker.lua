@@ -12,7 +12,10 @@
 -- ranks still reach every collective of a check after a mismatch; after each
 -- check both ranks meet at a barrier.
 local ffi = require "ffi"
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/tests/?.lua;" .. package.path
 if os.getenv("WEFT_FAKE_DEVICE") == "1" then require("helpers.fake_device").install() end  -- CPU rehearsal
+local G = require "helpers.gpu_ranks"
 local weft = require "weft"
 local T = weft.tensor
 local cuda = require "weft.cuda"
@@ -31,26 +34,12 @@ local DEV = "cuda:" .. DEVI
 local MIB = 1048576
 
 local failed = 0
-local soft
-local function want(cond, msg, ...)
-  if cond then return true end
-  local text = msg:format(...)
-  if not soft then error(text, 2) end
-  soft[#soft + 1] = text
-  return false
-end
+local S = G.soft_checks()
+local want, expect_error, ints = S.want, S.expect_error, G.ints
 
 local function check(name, fn)
-  soft = {}
   local t0 = weft.now_us()
-  local ok, err = pcall(fn)
-  local errs = soft
-  soft = nil
-  if ok and #errs > 0 then
-    ok = false
-    err = table.concat(errs, "; ", 1, math.min(#errs, 4))
-    if #errs > 4 then err = err .. ("; and %d more"):format(#errs - 4) end
-  end
+  local ok, err = S.run(fn)
   policy.set { all_reduce = "default", fused = "default", group = tp }
   if ok then
     print(("PASS %s (%.1f s)"):format(name, (weft.now_us() - t0) / 1e6))
@@ -61,23 +50,6 @@ local function check(name, fn)
   io.stdout:flush()
   local okb, eb = pcall(world.barrier, world)
   if not okb then print("RESYNC after " .. name .. ": " .. tostring(eb)); io.stdout:flush() end
-end
-
-local function expect_error(pattern, fn, ...)
-  local ok, err = pcall(fn, ...)
-  if want(not ok, "expected an error matching %q, got success", pattern) then
-    want(tostring(err):match(pattern), "error %q does not match %q", tostring(err), pattern)
-  end
-end
-
--- host tensor of small integers (-16..15) as dtype, deterministic in seed
-local function ints(seed, shape, dt)
-  if type(shape) == "number" then shape = { shape } end
-  local t = T.rand(shape, "i32", "cpu", { seed = seed })
-  if dt == "i32" then return t end
-  local u = t:to(dt)
-  t:free()
-  return u
 end
 
 -- exact equality of a device (or host) tensor with a host reference tensor

@@ -24,7 +24,10 @@
 --    rank to write it decides: compare-and-set). When it is not "ok", every
 --    rank prints RESYNC and re-creates the shared communicators, which the
 --    failed check may have aborted or left mid-collective.
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/tests/?.lua;" .. package.path
 local ffi = require "ffi"
+local G = require "helpers.gpu_ranks"
 local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
@@ -44,37 +47,17 @@ local FAULT_MS = 1500   -- the timeout of the fault checks
 local STALL_MS = 5000   -- the most the late rank stays away (> 3 x FAULT_MS)
 
 local failed = 0
-local soft          -- the running check's soft failures (a list), nil outside checks
 -- hard: ends the check (for preconditions without which it cannot go on)
 local function expect(cond, msg, ...)
   if not cond then error(msg:format(...), 2) end
 end
 
--- soft: recorded, reported when the check ends; the check goes on, so every
--- rank still reaches its collectives and barriers
-local function want(cond, msg, ...)
-  if cond then return true end
-  local text = msg:format(...)
-  if not soft then error(text, 2) end
-  soft[#soft + 1] = text
-  return false
-end
-
-local function expect_error(pattern, fn, ...)
-  local ok, err = pcall(fn, ...)
-  if want(not ok, "expected an error matching %q, got success", pattern) then
-    want(tostring(err):match(pattern), "error %q does not match %q", tostring(err), pattern)
-  end
-end
-
+-- soft (want, expect_error): recorded, reported when the check ends; the
+-- check goes on, so every rank still reaches its collectives and barriers
+local S = G.soft_checks()
+local want, expect_error = S.want, S.expect_error
 -- Rank r's input for a test: n small integers (-16..15) as dtype, on the host.
-local function ints(seed, n, dt)
-  local t = tensor.rand({ n }, "i32", "cpu", { seed = seed })
-  if dt == "i32" then return t end
-  local u = t:to(dt)
-  t:free()
-  return u
-end
+local ints = G.ints
 
 local function vals(seed, n, dt) return ints(seed, n, dt):to_table() end
 
@@ -173,19 +156,11 @@ end
 -- sync point; on a verdict other than "ok" the shared communicators are
 -- re-created on every rank.
 local function check_once(name, fn)
-  soft = {}
-  local ok, err = pcall(function()
+  local ok, err = S.run(function()
     local g = cpugroup.new(st, "gpu_nccl_c/" .. name, ranks, rank, CHECK_MS)
     fn(g)
     g:destroy()
   end)
-  local errs = soft
-  soft = nil
-  if ok and #errs > 0 then
-    ok = false
-    err = table.concat(errs, "; ", 1, math.min(#errs, 4))
-    if #errs > 4 then err = err .. ("; and %d more"):format(#errs - 4) end
-  end
   if ok then
     print("PASS " .. name)
   else

@@ -1,13 +1,17 @@
--- Plumbing of the 2-GPU specs (gpu_allreduce, gpu_fusion, gpu_nccl): whether
--- enough devices are there, a harness built on demand, one run of N ranks
--- through scripts/weft-run, and the PASS/FAIL lines of one check group.
-local cuda = require "weft.cuda"
+-- Plumbing of the multi-GPU specs (gpu_allreduce, gpu_fusion, gpu_group,
+-- gpu_nccl, ...): whether enough devices are there, a harness built on
+-- demand, one run of N ranks through scripts/weft-run, the PASS/FAIL lines
+-- of one check group or of every rank; and, for the rank side
+-- (tests/helpers/gpu_*_worker.lua), soft checks and small-integer inputs.
+-- weft modules load on first use: a worker may install
+-- tests/helpers/fake_device.lua before it requires this.
 
 local G = {}
 
 -- true when there are `world` CUDA devices; else calls pending(why) (busted's,
 -- passed in by the spec) and returns false
 function G.need_gpus(world, pending)
+  local cuda = require "weft.cuda"
   if cuda.device_count() < world then
     pending(cuda.available() and ("needs " .. world .. " CUDA devices") or "no CUDA device")
     return false
@@ -50,6 +54,113 @@ function G.group_result(output, label)
     end
   end
   return fails, output:find("PASS " .. label, 1, true) ~= nil
+end
+
+-- Runs a rank script once on o.world ranks through weft-run, on the first
+-- call (the specs' tests share the run): "[o.env ]scripts/weft-run -n W
+-- --timeout o.timeout o.worker". Returns the output and whether it exited 0;
+-- with o.log and $OUT set, the output is also written to $OUT/<o.log>.
+function G.run_once(o)
+  local output, ok
+  return function()
+    if output then return output, ok end
+    local p = io.popen(("%sscripts/weft-run -n %d --timeout %d %s 2>&1; echo \"rc=$?\"")
+                       :format(o.env and o.env .. " " or "", o.world, o.timeout, o.worker))
+    output = p:read("*a")
+    p:close()
+    ok = ("\n" .. output):match("\nrc=0%s*$") ~= nil
+    local out = os.getenv("OUT")
+    if o.log and out and out ~= "" then
+      local f = io.open(out .. "/" .. o.log, "w")
+      if f then f:write(output); f:close() end
+    end
+    return output, ok
+  end
+end
+
+-- Inside a spec's describe: one test per name in o.checks (every rank of
+-- o.world printed "PASS <name><o.pass_end>" and no "FAIL <name>: ..."), and
+-- "both ranks exit cleanly"; the rank script runs once (G.run_once(o)), and
+-- every test is pending without o.world GPUs. bt: the spec's busted
+-- functions { it = it, assert = assert, pending = function(why) pending(why) end }
+-- (pending looked up inside the test: at describe level busted's `pending`
+-- declares a pending test instead of marking the running one).
+function G.rank_checks(bt, o)
+  local it, pending, assert = bt.it, bt.pending, bt.assert
+  local run = G.run_once(o)
+  for _, name in ipairs(o.checks) do
+    it(name, function()
+      if not G.need_gpus(o.world, pending) then return end
+      local output = run()
+      for r = 0, o.world - 1 do
+        local tag = "[rank" .. r .. "] "
+        local fail = output:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
+        assert.is_nil(fail, tag .. name .. ": " .. tostring(fail))
+        assert.is_truthy(output:find(tag .. "PASS " .. name .. o.pass_end, 1, true),
+                         tag .. "never reported " .. name .. "; output:\n" .. output)
+      end
+    end)
+  end
+
+  it("both ranks exit cleanly", function()
+    if not G.need_gpus(o.world, pending) then return end
+    local output, ok = run()
+    assert.is_true(ok, output)
+  end)
+end
+
+-- ---------------------------------------------------------------- rank side
+
+-- Soft checks of one rank. S.want(cond, fmt, ...) inside S.run records a
+-- failure and goes on (so every rank still reaches the check's collectives
+-- and barriers), outside it raises; S.expect_error(pattern, fn, ...) wants fn
+-- to raise an error matching pattern. S.run(fn, ...) runs one check's body:
+-- ok, or false and why (its error, or up to four soft failures).
+function G.soft_checks()
+  local S = {}
+  local soft -- the running check's soft failures (a list), nil outside checks
+
+  function S.want(cond, msg, ...)
+    if cond then return true end
+    local text = msg:format(...)
+    if not soft then error(text, 2) end
+    soft[#soft + 1] = text
+    return false
+  end
+
+  function S.expect_error(pattern, fn, ...)
+    local ok, err = pcall(fn, ...)
+    if S.want(not ok, "expected an error matching %q, got success", pattern) then
+      S.want(tostring(err):match(pattern), "error %q does not match %q", tostring(err), pattern)
+    end
+  end
+
+  function S.run(fn, ...)
+    soft = {}
+    local ok, err = pcall(fn, ...)
+    local errs = soft
+    soft = nil
+    if ok and #errs > 0 then
+      ok = false
+      err = table.concat(errs, "; ", 1, math.min(#errs, 4))
+      if #errs > 4 then err = err .. ("; and %d more"):format(#errs - 4) end
+    end
+    return ok, err
+  end
+
+  return S
+end
+
+-- A host tensor of small integers (-16..15) as dtype, deterministic in seed
+-- (sums and products stay exact in every dtype); shape: a table or a count.
+function G.ints(seed, shape, dt)
+  local T = require "weft.tensor"
+  if type(shape) == "number" then shape = { shape } end
+  local t = T.rand(shape, "i32", "cpu", { seed = seed })
+  if dt == "i32" then return t end
+  local u = t:to(dt)
+  t:free()
+  return u
 end
 
 return G

@@ -1,0 +1,74 @@
+-- weft.binding — what the thin bindings over one C handle share (weft.nccl,
+-- weft.custom_ar): errors that carry the C library's last message, names or
+-- codes for enum arguments, stream arguments, the destroyed-handle check and
+-- the local release of a handle.
+--
+--   local B = binding.new("nccl", "communicator")   -- module name, what a handle is
+--   B.raise(op [, level])        -- raises "weft: nccl.<op>: <weft_last_error()>"
+--   B.code_of(map, v, what, op)  -- v when a number, else map[v]; raises "unknown <what> <v>"
+--   B.live(obj, op)              -- obj.handle; raises "<what> of group <obj.name> was destroyed"
+--   B.need_group(cpugroup)       -- raises unless a live weft.cpugroup (for new)
+--   binding.stream(s)            -- a weft.cuda stream's handle, or s as it is
+--   binding.release(obj)         -- obj.handle without its finalizer, obj.handle = nil
+--   binding.check(rc)            -- raises "weft: <weft_last_error()>" when rc ~= 0
+-- Error levels name the caller of the binding's method (the functions here
+-- are called straight from the method).
+local ffi = require "ffi"
+local wffi = require "weft.ffi"
+local C = wffi.C
+
+local type, error, tostring = type, error, tostring
+local ffi_gc, ffi_string = ffi.gc, ffi.string
+local fmt = string.format
+
+local M = {}
+
+function M.new(mod, what)
+  local B = {}
+
+  function B.raise(op, level)
+    error(fmt("weft: %s.%s: %s", mod, op, ffi_string(C.weft_last_error())), (level or 2) + 1)
+  end
+
+  function B.code_of(map, v, kind, op)
+    if type(v) == "number" then return v end
+    local c = map[v]
+    if c == nil then error(fmt("weft: %s.%s: unknown %s %s", mod, op, kind, tostring(v)), 4) end
+    return c
+  end
+
+  function B.live(obj, op)
+    local h = obj.handle
+    if h == nil then error(fmt("weft: %s.%s: %s of group %s was destroyed", mod, op, what, obj.name), 3) end
+    return h
+  end
+
+  function B.need_group(cpugroup)
+    if type(cpugroup) ~= "table" or cpugroup.handle == nil then
+      error(fmt("weft: %s.new: expected a live weft.cpugroup (with .handle)", mod), 3)
+    end
+  end
+
+  return B
+end
+
+function M.stream(s)
+  if type(s) == "table" then return s.handle end
+  return s
+end
+
+-- (also weft.store, weft.cpugroup: close / destroy)
+function M.release(obj)
+  local h = obj.handle
+  if h == nil then return nil end
+  obj.handle = nil
+  ffi_gc(h, nil)
+  return h
+end
+
+-- For messages that name the operation already (the C library's do).
+function M.check(rc)
+  if rc ~= 0 then error("weft: " .. ffi_string(C.weft_last_error()), 3) end
+end
+
+return M
