@@ -8,10 +8,12 @@
  * all slots into its output (latency: one barrier per chunk); with 2 ranks
  * at any size (each rank reads its own part from its input, the other from
  * the slot: one copy in, one barrier, no copy out). Above, with 3+ ranks, per
- * chunk: copy in, barrier, rank r reduces the r-th 1/N of the chunk across
- * all slots straight into its output and publishes it in its slot, barrier,
- * every rank copies the other N-1 reduced pieces out (reduce-scatter +
- * all-gather: each element is reduced once, by one rank: bandwidth).
+ * chunk: copy in all but its own share, barrier, rank r reduces the r-th 1/N
+ * of the chunk (its own part from its input, the others from their slots)
+ * straight into its output and publishes it in its slot, barrier, every rank
+ * copies the other N-1 reduced pieces out (reduce-scatter + all-gather: each
+ * element is reduced once, by one rank: bandwidth); the second barrier of a
+ * chunk is the first of the next, so C chunks take C + 1 barriers.
  * Summation order is rank 0..N-1 everywhere, so all ranks get bit-identical
  * results. all_gather, reduce_scatter and broadcast take one barrier per
  * chunk; broadcast uses every slot of a half (N * slot bytes per chunk).
@@ -157,9 +159,11 @@ static int done(weft_shm *c, int rc) {
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-/* Bounds of rank j's share of an n-element chunk: cache-line-aligned pieces. */
-static inline void share(size_t n, int world, int j, size_t align, size_t *lo, size_t *hi) {
-  size_t seg = (n + (size_t)world - 1) / (size_t)world;
+/* Bounds of rank j's share of an n-element chunk split like a geo-element
+ * one (geo >= n): cache-line-aligned pieces. */
+static inline void share(size_t geo, size_t n, int world, int j, size_t align, size_t *lo,
+                         size_t *hi) {
+  size_t seg = (geo + (size_t)world - 1) / (size_t)world;
   seg = (seg + align - 1) / align * align;
   *lo = min_sz((size_t)j * seg, n);
   *hi = min_sz(*lo + seg, n);
@@ -192,7 +196,9 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   uint8_t *dst = out;
   const size_t per = c->slot / es, align = 64 / es;
   /* Two ranks: every rank reducing the whole chunk is as much traffic as the
-   * split and saves a barrier and the copy out, so they take this path at any size. */
+   * split (each rank still writes N bytes and reads N written by the other
+   * core; measured: no faster) and saves a barrier and the copy out, so they
+   * take this path at any size. */
   if (count * es <= c->oneshot_max || c->world == 2) {
     /* one barrier per chunk, every rank reduces it all (its own part from its
      * input, which is in cache, the others' from their slots) */
@@ -209,26 +215,52 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
     } while (off < count);
     return done(c, 0);
   }
-  for (size_t off = 0; off < count;) {
-    size_t n = min_sz(per, count - off), lo, hi;
-    uint64_t half = c->chunk++;
-    uint8_t *mine = wf_shm_slot(c, half, c->me);
-    memcpy(mine, src + off * es, n * es);
+  /* Reduce-scatter + all-gather, one barrier per chunk plus one: chunk k is
+   * copied in, barrier k, then chunk k-1's reduced shares are copied out
+   * (published before everyone arrived at barrier k) and chunk k is reduced
+   * and published; a last barrier, then the last chunk is copied out.
+   * Nobody reads rank r's share from r's slot before r published its result
+   * there, so r copies in only the other shares and reduces its own straight
+   * from its input. Chunk k's copy-in (other shares of half k%2) can overlap
+   * a peer's copy-out of chunk k-2 (my share of the same half): disjoint as
+   * long as both chunks split alike, so a message of several chunks splits
+   * each like a full one. */
+  const size_t blk = WF_SHM_BLOCK / es; /* publish from L1: reduce a block, copy it */
+  const size_t geo = count > per ? per : count;
+  size_t off = 0, prev_off = 0, prev_n = 0;
+  uint64_t prev_half = 0;
+  for (;;) {
+    size_t n = min_sz(per, count - off), lo = 0, hi = 0;
+    uint64_t half = c->chunk;
+    if (n) {
+      c->chunk++;
+      uint8_t *mine = wf_shm_slot(c, half, c->me);
+      share(geo, n, c->world, c->me, align, &lo, &hi);
+      memcpy(mine, src + off * es, lo * es);
+      memcpy(mine + hi * es, src + (off + hi) * es, (n - hi) * es);
+    }
     if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
-    /* Reduce my share straight into the output (this chunk of the input is
-     * already in the slot, so in place is fine), then publish it from cache. */
-    share(n, c->world, c->me, align, &lo, &hi);
-    if (hi > lo) {
-      for (size_t j = 0; j < world; j++) c->srcs[j] = wf_shm_slot(c, half, (int)j) + lo * es;
-      wf_reduce(dst + (off + lo) * es, c->srcs, c->world, hi - lo, dtype, op);
-      memcpy(mine + lo * es, dst + (off + lo) * es, (hi - lo) * es);
+    for (int j = 0; j < c->world && prev_n; j++) {
+      size_t plo, phi;
+      share(geo, prev_n, c->world, j, align, &plo, &phi);
+      if (j != c->me && phi > plo)
+        memcpy(dst + (prev_off + plo) * es, wf_shm_slot(c, prev_half, j) + plo * es,
+               (phi - plo) * es);
     }
-    if ((rc = wf_shm_sync(c, NULL, OP))) return done(c, rc);
-    for (int j = 0; j < c->world; j++) {
-      share(n, c->world, j, align, &lo, &hi);
-      if (j != c->me && hi > lo)
-        memcpy(dst + (off + lo) * es, wf_shm_slot(c, half, j) + lo * es, (hi - lo) * es);
+    if (!n) break;
+    /* In place is fine: my share of the input is read only here, each block
+     * before it is overwritten. */
+    uint8_t *mine = wf_shm_slot(c, half, c->me);
+    for (size_t b = lo; b < hi; b += blk) {
+      size_t m = min_sz(blk, hi - b);
+      for (size_t j = 0; j < world; j++) c->srcs[j] = wf_shm_slot(c, half, (int)j) + b * es;
+      c->srcs[c->me] = src + (off + b) * es;
+      wf_reduce(dst + (off + b) * es, c->srcs, c->world, m, dtype, op);
+      memcpy(mine + b * es, dst + (off + b) * es, m * es);
     }
+    prev_off = off;
+    prev_n = n;
+    prev_half = half;
     off += n;
   }
   return done(c, 0);

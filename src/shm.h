@@ -25,6 +25,7 @@
 #define WF_SHM_RANK 256u
 #define WF_SHM_MAX_WORLD 4096
 #define WF_SHM_MIN_SLOT 4096u
+#define WF_SHM_BLOCK 8192u /* all_reduce publishes its share in blocks of this many bytes */
 
 enum { WF_OP_ALL_REDUCE = 1, WF_OP_ALL_GATHER, WF_OP_REDUCE_SCATTER, WF_OP_BROADCAST,
        WF_OP_BARRIER };
