@@ -534,13 +534,16 @@ static void test_grids(weft_fusion *ws) {
   const G gs[] = {{3, 8192, WEFT_FUSION_AR_RMSNORM}, {32, 8192, WEFT_FUSION_AR_RMSNORM},
                   {77, 4096, WEFT_FUSION_AR_RMSNORM}, {5, 16384, WEFT_FUSION_AR}};
   int i = 0;
+  /* variant 0: rank 0 splits rows over 8 blocks, the others do not split;
+   * 1: every rank splits rows over 8 blocks */
+  for (int variant = 0; variant < 2; variant++)
   for (const G &c : gs) {
     HostData d;
     gen(d, c.T, c.H, WEFT_BF16, seed_of(15, (uint64_t)i++));
     Dev v;
     v.alloc(c.T, c.H, WEFT_BF16);
     v.upload(d);
-    wf_fused_set_tune(g_rank == 0 ? 8 : 1, 0);
+    wf_fused_set_tune(g_rank == 0 || variant == 1 ? 8 : 1, 0);
     weft_fusion_params p = params(v, d, c.pattern, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
     int al = 0, b = 0, t = 0, cl = 0;
     WK(wf_fusion_geometry(ws, &p, &al, &b, &t, &cl));
@@ -552,6 +555,35 @@ static void test_grids(weft_fusion *ws) {
         (long long)lo[1], (long long)mine[1], (long long)lo[2], (long long)mine[2]);
     run_and_check(ws, v, d, p, "variant");
     wf_fused_set_tune(0, 0);
+    v.release();
+  }
+}
+
+/* In place: residual_out = residual and norm_out = input (AR: out =
+ * input), at few tokens (rows split over blocks) and more, both algorithms:
+ * every vector must be read before it is written, by the same thread. */
+static void test_inplace(weft_fusion *ws) {
+  struct C { int64_t T, H; int pattern, algo; };
+  const C cs[] = {{1, 8192, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT},
+                  {3, 16384, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT},
+                  {1, 4096, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT},
+                  {32, 8192, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT},
+                  {77, 4096, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_TWOSHOT},
+                  {5, 16384, WEFT_FUSION_AR, WEFT_FUSION_ONESHOT},
+                  {2, 8192, WEFT_FUSION_AR_RMSNORM_FP8, WEFT_FUSION_ONESHOT}};
+  int i = 0;
+  for (const C &c : cs) {
+    HostData d;
+    gen(d, c.T, c.H, WEFT_BF16, seed_of(16, (uint64_t)i++));
+    Dev v;
+    v.alloc(c.T, c.H, WEFT_BF16);
+    v.upload(d);
+    Dev w = v; /* a view: the outputs are the inputs' buffers */
+    w.res_out = v.res;
+    w.norm_out = v.in;
+    w.out = v.in;
+    const weft_fusion_params p = params(w, d, c.pattern, c.algo, WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL, 1e-6f);
+    run_and_check(ws, w, d, p, "in place");
     v.release();
   }
 }
@@ -816,13 +848,17 @@ static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
                 c, c > 1 ? " (cluster)" : "");
         }
       }
-      rec("fused_ar_rmsnorm", "fused_oneshot", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, 0));
+      /* PDL on, as group:fused_allreduce_rmsnorm launches by default (and
+       * the seed: launch_with_pdl=True; weft_ar too); fused_auto_nopdl is
+       * the same call without it */
+      const int PDL = WEFT_FUSION_PDL;
+      rec("fused_ar_rmsnorm", "fused_oneshot", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, PDL));
       if (T >= g_world)
-        rec("fused_ar_rmsnorm", "fused_twoshot", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_TWOSHOT, 0));
-      rec("fused_ar_rmsnorm", "fused_auto", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, 0));
-      rec("fused_ar_rmsnorm", "fused_auto_pdl", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, WEFT_FUSION_PDL));
-      rec("all_reduce", "fused_ar_oneshot", fused(WEFT_FUSION_AR, WEFT_FUSION_ONESHOT, 0));
-      if (T >= g_world) rec("all_reduce", "fused_ar_twoshot", fused(WEFT_FUSION_AR, WEFT_FUSION_TWOSHOT, 0));
+        rec("fused_ar_rmsnorm", "fused_twoshot", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_TWOSHOT, PDL));
+      rec("fused_ar_rmsnorm", "fused_auto", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, PDL));
+      rec("fused_ar_rmsnorm", "fused_auto_nopdl", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, 0));
+      rec("all_reduce", "fused_ar_oneshot", fused(WEFT_FUSION_AR, WEFT_FUSION_ONESHOT, PDL));
+      if (T >= g_world) rec("all_reduce", "fused_ar_twoshot", fused(WEFT_FUSION_AR, WEFT_FUSION_TWOSHOT, PDL));
       if (nccl) {
         rec("all_reduce", "nccl", time_graph([&] {
               WK(weft_nccl_all_reduce(nccl, v.in, v.copy, (size_t)n, WEFT_BF16, WEFT_SUM, g_stream));
@@ -885,11 +921,11 @@ static double timed(weft_fusion *ws, const weft_fusion_params &p, int probe, int
 static void sweep(int quick) {
   weft_fusion_opts o;
   memset(&o, 0, sizeof o);
-  o.max_tokens = 128; o.hidden = 16384; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
+  o.max_tokens = 2048; o.hidden = 16384; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
   weft_fusion *ws = nullptr;
   WK(weft_fusion_create(g_cg, &o, &ws));
   Dev v;
-  v.alloc(128, 16384, WEFT_BF16);
+  v.alloc(2048, 16384, WEFT_BF16);
   unsigned long long *trace = nullptr;
   CU(cudaMalloc((void **)&trace, WF_FUSED_TR_SLOTS * sizeof(unsigned long long)));
   const int R = quick ? 10 : 30;
@@ -903,25 +939,31 @@ static void sweep(int quick) {
     WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 25, 0, g_stream));
     HostData d;
     d.T = T; d.H = H; d.dtype = WEFT_BF16;
-    const weft_fusion_params pf = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
-    const weft_fusion_params pa = params(v, d, WEFT_FUSION_AR, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
+    /* PDL on: the default launch */
+    const int fl = WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL;
+    const weft_fusion_params pf = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, fl, 1e-6f);
+    const weft_fusion_params pa = params(v, d, WEFT_FUSION_AR, WEFT_FUSION_ONESHOT, fl, 1e-6f);
     int auto_c = 1;
-    for (int c : {0, 1, 2, 4, 8}) {
-      wf_fused_set_tune(c, 0);
-      int al = 0, b = 0, t = 0, cl = 0;
-      /* a launch this configuration cannot make is skipped (on every rank) */
-      int64_t bad = wf_fusion_geometry(ws, &pf, &al, &b, &t, &cl) != 0 || weft_fusion_run(ws, &pf) != 0;
-      if (bad) say("  sweep  C=%d %lld x %lld: %s\n", c, (long long)T, (long long)H, weft_last_error());
-      WK(weft_cpugroup_allreduce_i64(g_cg, &bad, 1, WEFT_MAX));
-      if (bad) continue;
-      if (c == 0) auto_c = cl;
-      const double us = timed(ws, pf, 0, R);
-      char be[32];
-      snprintf(be, sizeof be, c == 0 ? "oneshot_auto" : "oneshot_c%d", c);
-      g_recs.push_back({"fused_ar_rmsnorm", be, T, H, T * H * 2, us});
-      say("  sweep  %-14s %6lld x %-5lld %10.2f us   (%d blocks x %d threads, %d per row group)\n", be,
-          (long long)T, (long long)H, us, b, t, cl);
-    }
+    /* exchange 0: st.async on transaction barriers (the kernel's own);
+     * 1: the old plain remote stores + barrier.cluster (probe) */
+    for (int xch : {0, 1})
+      for (int c : {0, 1, 2, 4, 8}) {
+        if (xch == 1 && c < 2) continue; /* no exchange without a split */
+        wf_fused_set_tune(c, 0);
+        int al = 0, b = 0, t = 0, cl = 0;
+        /* a launch this configuration cannot make is skipped (on every rank) */
+        int64_t bad = wf_fusion_geometry(ws, &pf, &al, &b, &t, &cl) != 0 || weft_fusion_run(ws, &pf) != 0;
+        if (bad) say("  sweep  C=%d %lld x %lld: %s\n", c, (long long)T, (long long)H, weft_last_error());
+        WK(weft_cpugroup_allreduce_i64(g_cg, &bad, 1, WEFT_MAX));
+        if (bad) continue;
+        if (c == 0) auto_c = cl;
+        const double us = timed(ws, pf, xch ? WF_FUSED_PROBE_CLUSTER_BARRIER : 0, R);
+        char be[32];
+        snprintf(be, sizeof be, c == 0 ? "oneshot_auto" : xch ? "oneshot_bar_c%d" : "oneshot_c%d", c);
+        g_recs.push_back({"fused_ar_rmsnorm", be, T, H, T * H * 2, us});
+        say("  sweep  %-16s %6lld x %-5lld %10.2f us   (%d blocks x %d threads, %d per row group)\n", be,
+            (long long)T, (long long)H, us, b, t, cl);
+      }
     wf_fused_set_tune(0, 0);
     /* where the time goes, at the automatic geometry */
     struct Ab { const char *be, *op; const weft_fusion_params *p; int probe; };
@@ -929,6 +971,7 @@ static void sweep(int quick) {
         {"oneshot_auto_noreduce", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_REDUCE},
         {"oneshot_auto_resadd", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_NORM},
         {"oneshot_auto_late", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_INPUT},
+        {"oneshot_auto_latetrig", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_TRIGGER},
         {"fused_ar_oneshot_auto", "all_reduce", &pa, 0},
         {"fused_ar_oneshot_late", "all_reduce", &pa, WF_FUSED_PROBE_LATE_INPUT},
     };
@@ -949,6 +992,27 @@ static void sweep(int quick) {
           tc.what.c_str(), (long long)T, (long long)H, tc.us, tc.ns[1], tc.ns[2], tc.ns[3], tc.ns[4],
           tc.ns[5], tc.ns[6], tc.ns[7], tc.ns[0], clock_ghz());
     }
+  }
+  /* push-ahead distance (rows a block pushes before consuming its first)
+   * where blocks own several rows */
+  for (const Pt &pt : {Pt{4096, 512}, Pt{8192, 512}, Pt{4096, 2048}, Pt{8192, 2048}}) {
+    const int64_t H = pt.H, T = pt.T, n = T * H;
+    WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(26, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
+    WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(27, (uint64_t)n), 0, g_stream));
+    WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 28, 0, g_stream));
+    HostData d;
+    d.T = T; d.H = H; d.dtype = WEFT_BF16;
+    const weft_fusion_params pf = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT,
+                                         WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL, 1e-6f);
+    for (int ahead : {1, 2, 4, 8, 64}) {
+      wf_fused_set_push_ahead(ahead);
+      const double us = timed(ws, pf, 0, R);
+      char be[32];
+      snprintf(be, sizeof be, "oneshot_ahead%d", ahead);
+      g_recs.push_back({"fused_ar_rmsnorm", be, T, H, T * H * 2, us});
+      say("  sweep  %-16s %6lld x %-5lld %10.2f us\n", be, (long long)T, (long long)H, us);
+    }
+    wf_fused_set_push_ahead(0);
   }
   sync_and_check_error(ws, "sweep");
   cudaFree(trace);
@@ -1047,10 +1111,12 @@ static void write_results(const char *dir, const char *machine, const char *comm
   const int64_t toks[] = {1, 8, 32, 128, 512, 2048, 8192};
   fprintf(m, "# Fused all-reduce + residual + RMSNorm — %s, %s, world %d, bf16\n\n", machine, date, g_world);
   fprintf(m, "CUDA-graph replay, median µs per call (the slower rank's), fresh random data; "
-          "commit %s; correctness checks: %d passed, %d failed.\n", commit, g_pass, g_fail);
+          "commit %s; correctness checks: %d passed, %d failed. Fused and weft_ar rows: launched with "
+          "programmatic dependent launch (the default of group:fused_allreduce_rmsnorm and of weft_ar); "
+          "fused_auto_nopdl: without. unfused: NCCL all-reduce, then weft's norm kernel.\n", commit, g_pass, g_fail);
   const char *backs[][2] = {
       {"fused_ar_rmsnorm", "fused_oneshot"}, {"fused_ar_rmsnorm", "fused_twoshot"},
-      {"fused_ar_rmsnorm", "fused_auto"},    {"fused_ar_rmsnorm", "fused_auto_pdl"},
+      {"fused_ar_rmsnorm", "fused_auto"},    {"fused_ar_rmsnorm", "fused_auto_nopdl"},
       {"fused_ar_rmsnorm", "unfused"},       {"all_reduce", "fused_ar_oneshot"},
       {"all_reduce", "fused_ar_twoshot"},    {"all_reduce", "weft_ar"},
       {"all_reduce", "nccl"}};
@@ -1124,8 +1190,11 @@ static void write_results(const char *dir, const char *machine, const char *comm
                                   {8192, 32}, {8192, 128}, {5120, 1}, {5120, 32}, {7168, 1}, {7168, 32},
                                   {16384, 1}, {16384, 32}};
   if (any_sweep) {
-    fprintf(m, "\n## One-shot blocks per row (cluster sweep), µs\n\n| hidden | tokens | auto (C) | 1 | 2 | 4 | 8 |\n"
-               "|---|---|---|---|---|---|---|\n");
+    fprintf(m, "\n## One-shot blocks per row (sweep, PDL on), µs\n\nC blocks per row (a cluster), exchanging the "
+               "chunk partials of the sum of squares through distributed shared memory: by st.async on "
+               "transaction barriers (the kernel), or *barrier*: plain remote stores + "
+               "barrier.cluster.arrive.release/wait (the earlier exchange, a probe).\n\n| hidden | tokens | auto (C) | "
+               "1 | 2 | 4 | 8 | barrier 2 | barrier 4 | barrier 8 |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (auto &pt : sweep_pts) {
       const int64_t H = pt[0], T = pt[1];
       if (find("fused_ar_rmsnorm", "oneshot_auto", T, H) <= 0) continue;
@@ -1133,7 +1202,8 @@ static void write_results(const char *dir, const char *machine, const char *comm
       for (auto &tr : g_traces)
         if (tr.T == T && tr.H == H) ac = tr.cluster;
       fprintf(m, "| %lld | %lld |", (long long)H, (long long)T);
-      for (const char *be : {"oneshot_auto", "oneshot_c1", "oneshot_c2", "oneshot_c4", "oneshot_c8"}) {
+      for (const char *be : {"oneshot_auto", "oneshot_c1", "oneshot_c2", "oneshot_c4", "oneshot_c8",
+                             "oneshot_bar_c2", "oneshot_bar_c4", "oneshot_bar_c8"}) {
         const double us = find("fused_ar_rmsnorm", be, T, H);
         if (us <= 0) fprintf(m, " |");
         else if (!strcmp(be, "oneshot_auto") && ac) fprintf(m, " %.2f (%d) |", us, ac);
@@ -1144,10 +1214,10 @@ static void write_results(const char *dir, const char *machine, const char *comm
     fprintf(m, "\n## Where the time goes (one-shot, automatic geometry), µs per call\n\n"
                "Probes leave work out (outputs not valid): *no reduce* skips the sum-of-squares exchange "
                "and its barrier, *residual only* stops after residual_out. *late input*: the old prologue "
-               "(input loaded after the epoch/error check). weft_ar: the plain all-reduce of the same bytes "
+               "(input loaded after the epoch/error check). *late PDL trigger*: launch_dependents after the pushes, not at entry. weft_ar: the plain all-reduce of the same bytes "
                "(bench part).\n\n"
                "| hidden | tokens | fused | no reduce | residual only | AR pattern | fused, late input | "
-               "AR, late input | weft_ar |\n|---|---|---|---|---|---|---|---|---|\n");
+               "AR, late input | fused, late PDL trigger | weft_ar |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (auto &pt : sweep_pts) {
       const int64_t H = pt[0], T = pt[1];
       if (find("fused_ar_rmsnorm", "oneshot_auto", T, H) <= 0) continue;
@@ -1156,9 +1226,20 @@ static void write_results(const char *dir, const char *machine, const char *comm
           {"fused_ar_rmsnorm", "oneshot_auto"},     {"fused_ar_rmsnorm", "oneshot_auto_noreduce"},
           {"fused_ar_rmsnorm", "oneshot_auto_resadd"}, {"all_reduce", "fused_ar_oneshot_auto"},
           {"fused_ar_rmsnorm", "oneshot_auto_late"}, {"all_reduce", "fused_ar_oneshot_late"},
-          {"all_reduce", "weft_ar"}};
+          {"fused_ar_rmsnorm", "oneshot_auto_latetrig"}, {"all_reduce", "weft_ar"}};
       for (auto &c : cols) {
         const double us = find(c.first, c.second, T, H);
+        if (us > 0) fprintf(m, " %.2f |", us); else fprintf(m, " |");
+      }
+      fprintf(m, "\n");
+    }
+    fprintf(m, "\n## One-shot push-ahead (rows a block pushes before consuming its first; default %d), µs\n\n"
+               "| hidden | tokens | 1 | 2 | 4 | 8 | 64 |\n|---|---|---|---|---|---|---|\n", 1);
+    for (auto &pt : {std::pair<int64_t, int64_t>{4096, 512}, {8192, 512}, {4096, 2048}, {8192, 2048}}) {
+      if (find("fused_ar_rmsnorm", "oneshot_ahead1", pt.second, pt.first) <= 0) continue;
+      fprintf(m, "| %lld | %lld |", (long long)pt.first, (long long)pt.second);
+      for (const char *be : {"oneshot_ahead1", "oneshot_ahead2", "oneshot_ahead4", "oneshot_ahead8", "oneshot_ahead64"}) {
+        const double us = find("fused_ar_rmsnorm", be, pt.second, pt.first);
         if (us > 0) fprintf(m, " %.2f |", us); else fprintf(m, " |");
       }
       fprintf(m, "\n");
@@ -1264,7 +1345,12 @@ int main(int argc, char **argv) {
         info.oneshot_max_bytes == INT64_MAX ? "any number of" : std::to_string(info.oneshot_max_bytes).c_str());
     if (part("refusals")) { say("-- refusals (%.0f s)\n", secs()); test_refusals(ws); }
     if (part("matrix")) { say("-- matrix (%.0f s)\n", secs()); test_matrix(ws, quick); }
-    if (part("variants")) { say("-- variants (%.0f s)\n", secs()); test_variants(ws); test_grids(ws); }
+    if (part("variants")) {
+      say("-- variants (%.0f s)\n", secs());
+      test_variants(ws);
+      test_grids(ws);
+      test_inplace(ws);
+    }
     if (part("stress")) { say("-- stress (%.0f s)\n", secs()); test_stress(ws, quick ? 40 : 150); }
     if (part("graph")) {
       say("-- graph (%.0f s)\n", secs());

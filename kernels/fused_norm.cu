@@ -44,14 +44,23 @@
  * one SM per row would push and poll the whole row by itself, while the
  * plain all-reduce spreads the same bytes over several SMs. Each block
  * pushes, polls and normalises its slice; the chunk partials go to every
- * block of the cluster (distributed shared memory stores), then one cluster
- * barrier per row. The cluster starts with barrier.cluster.arrive at entry
- * and waits on it before its first remote store (a block must have started
- * before its shared memory is written); after the last row's barrier nobody
- * touches another block's shared memory, so blocks exit freely. A wait that
- * fails is ORed into the partials (a flag beside each), so all blocks of a
- * cluster see the failure at the same row and leave together; no block
- * skips a cluster barrier its siblings wait at. The early exit of a
+ * block of the cluster by st.async, each completing 8 bytes on the
+ * receiver's transaction barrier (mbarrier, one per row parity), which the
+ * receiver waits on: no cluster-wide barrier, and nothing waits for this
+ * block's global or NVLink stores to be flushed (barrier.cluster with
+ * release semantics did; residual_out of the kept vectors is stored only
+ * after the exchange as well). The cluster starts with barrier.cluster.arrive
+ * at entry (after the mbarrier inits and their fence) and waits on it before
+ * its first remote store (a block must have started, and initialised its
+ * barriers, before its shared memory is written); a block finishes a row
+ * only after every sibling's partials for it landed, so none exits while a
+ * sibling may still write into it. A sibling a row ahead writes the other
+ * parity's buffer, and cannot be two rows ahead (that needs this block's
+ * partials of the row in between). A wait that fails is ORed into the
+ * partials (a flag beside each), so all blocks of a cluster see the failure
+ * at the same row and leave together; every block sends its partials of
+ * every row it starts, so a receiver's wait ends once its siblings' own
+ * (bounded) waits are over. The early exit of a
  * poisoned workspace is cluster-uniform because the error word changes
  * only through this grid's own timeouts (>= 20 us after its co-scheduled
  * blocks started) and griddep_wait precedes the read. The AR pattern needs
@@ -76,10 +85,11 @@
  * Programmatic dependent launch: every kernel starts with
  * griddepcontrol.wait (a no-op without the PDL launch attribute), so it may
  * be launched before its predecessor ends. trigger_completion_at_end = 0:
- * each block executes griddepcontrol.launch_dependents right after its
- * pushes, so the next kernel in the stream may be scheduled (and run its
- * prologue up to its own wait) while we wait for peers; = 1: only after the
- * block's last store. Either way the dependent's griddepcontrol.wait sees
+ * each block executes griddepcontrol.launch_dependents at once (one-shot:
+ * right after its own griddepcontrol.wait, as the plain all-reduce does;
+ * two-shot: after its pushes), so the next kernel in the stream is
+ * scheduled (and runs its prologue up to its own wait) while we wait for
+ * peers; = 1: only after the block's last store. Either way the dependent's griddepcontrol.wait sees
  * all of this kernel's writes (it waits for the whole grid to complete and
  * flush); only the overlap differs. */
 #include <cuda_runtime.h>
@@ -280,6 +290,53 @@ __device__ __forceinline__ void st_shared_cluster(const void *p, uint32_t rank, 
 #endif
 }
 
+/* Distributed shared memory with transaction barriers (sm_90): a block's
+ * mbarrier completes its phase once its own thread 0 arrived (announcing
+ * the bytes it expects) and that many bytes of st.async stores from the
+ * cluster landed. Unlike barrier.cluster.arrive.release, nothing orders
+ * this block's earlier global or NVLink stores: the exchange costs a
+ * shared-memory round trip, not a flush. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(m)) : "memory");
+#endif
+}
+/* makes the inits visible to the cluster before barrier.cluster.arrive.relaxed */
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *m, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{ .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
+               ::"r"(smem_addr(m)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ bool mbar_done(uint64_t *m, uint32_t parity) {
+  uint32_t ok = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{ .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+               " selp.u32 %0, 1, 0, p; }"
+               : "=r"(ok) : "r"(smem_addr(m)), "r"(parity) : "memory");
+#endif
+  return ok != 0;
+}
+/* v to the same offset as p in block `rank`, completing 8 bytes there on
+ * the mbarrier at the same offset as m */
+__device__ __forceinline__ void st_async_cluster(const void *p, const uint64_t *m, uint32_t rank, uint2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rp, rm;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rp) : "r"(smem_addr(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rm) : "r"(smem_addr(m)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%0], {%1, %2}, [%3];"
+               ::"r"(rp), "r"(v.x), "r"(v.y), "r"(rm) : "memory");
+#endif
+}
+
 /* ------------------------------------------- sum of squares, one order */
 
 /* Sum of squares of a packed vector (in f32, elements in order). */
@@ -297,8 +354,10 @@ template <typename T> __device__ __forceinline__ float sumsq(uint4 yv) {
  * or a lane whose wait failed). Their xor-butterfly sum (the same bits in
  * every lane, whatever the geometry), with the OR of the lanes' failures,
  * goes to red[chunk] of this block (C == 1) or of every block of the
- * cluster. Whole warps only. */
-__device__ __forceinline__ void put_chunk(uint2 *red, int chunk, float s, bool fail, int C) {
+ * cluster (C > 1: st.async completing on each block's mbarrier mb, or,
+ * mb == NULL, plain remote stores for barrier.cluster). Whole warps only. */
+__device__ __forceinline__ void put_chunk(uint2 *red, int chunk, float s, bool fail, int C,
+                                          const uint64_t *mb = nullptr) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   const uint32_t f = __any_sync(0xffffffffu, fail) ? 1u : 0u;
@@ -306,8 +365,9 @@ __device__ __forceinline__ void put_chunk(uint2 *red, int chunk, float s, bool f
   const uint2 v = make_uint2(__float_as_uint(s), f);
   if (C == 1) {
     if (lane == 0) red[chunk] = v;
-  } else if (lane < C) {
-    st_shared_cluster(&red[chunk], (uint32_t)lane, v); /* lane r writes block r's copy */
+  } else if (lane < C) { /* lane r writes block r's copy */
+    if (mb) st_async_cluster(&red[chunk], mb, (uint32_t)lane, v);
+    else st_shared_cluster(&red[chunk], (uint32_t)lane, v);
   }
 }
 
@@ -368,6 +428,11 @@ __device__ __forceinline__ float load_inv_scale(const wf_fused_args &a) {
   return a.pattern == WF_FUSED_ARN_FP8 ? 1.f / *a.scale : 1.f;
 }
 
+/* ceil(a / b) with a 32-bit division when a allows it (b >= 1) */
+__device__ __forceinline__ uint64_t cdiv_fast(uint64_t a, uint32_t b) {
+  return a < (1ull << 31) ? (uint64_t)(((uint32_t)a + b - 1u) / b) : (a + b - 1u) / b;
+}
+
 /* ------------------------------------------------------------- one-shot */
 
 template <typename T, int W>
@@ -375,6 +440,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   using G = OneGeo<T, W>;
   constexpr int EPV = G::EPV, VMAX = G::VMAX, YK = G::YK, NCM = G::NCMAX;
   __shared__ uint2 red[2][NCM];
+  __shared__ uint64_t mbar[2];        /* clustered: red[i]'s transaction barrier */
   __shared__ unsigned long long gate; /* host abort word: this block's next turn */
   __shared__ long long t0;            /* fused_bench's phase clock: entry */
   const bool norm = a.pattern != WF_FUSED_AR;
@@ -384,21 +450,32 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   const int c = (int)blockIdx.x & (C - 1), q = (int)blockIdx.x >> lc, Q = (int)gridDim.x >> lc;
   const bool clustered = norm && C > 1;
   const int NV = a.hidden / EPV, NC = (NV + 31) / 32, rank = a.rank;
-  const int CT = (int)blockDim.x << lc, gt = c * (int)blockDim.x + (int)threadIdx.x;
-  const int wbase = gt & ~31; /* the warp's first vector (blockDim.x is a multiple of 32) */
+  /* this thread's vectors of a row: j0, j0 + CT, ... (block c of the group
+   * takes every C-th run of blockDim.x vectors) */
+  const int CT = (int)blockDim.x << lc, j0 = c * (int)blockDim.x + (int)threadIdx.x;
+  const int wbase = j0 & ~31; /* the warp's first vector (blockDim.x is a multiple of 32) */
   const size_t RB = (size_t)a.hidden * sizeof(T);
   const char *const in = (const char *)a.in;
   const int probe = a.probe;
   const bool reduce = norm && !(probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM));
+  /* the chunk partials travel by st.async on transaction barriers, or
+   * (probe) by plain remote stores and barrier.cluster.arrive.release */
+  const bool use_mbar = clustered && !(probe & WF_FUSED_PROBE_CLUSTER_BARRIER);
   griddep_wait();
+  /* Dependents may be scheduled now: every block of this grid is resident
+   * (the grid is at most what is), and their griddepcontrol.wait still
+   * waits for this whole grid to complete and flush. (Probe: after the
+   * pushes, as before.) */
+  const bool late_trigger = (probe & WF_FUSED_PROBE_LATE_TRIGGER) != 0;
+  if (!(a.flags & WF_FUSED_TRIGGER_AT_END) && !late_trigger) griddep_launch();
   const bool tr = a.trace && blockIdx.x == 0 && threadIdx.x == 0;
   if (tr) t0 = clock64();
-  /* The first vector of this thread's first row (row q exists: Q <= tokens)
-   * is loaded before anything else: it does not depend on the epoch, so its
+  /* The first vector this thread pushes (row q exists: Q <= tokens) is
+   * loaded before anything else: it does not depend on the epoch, so its
    * latency overlaps that of the state loads and the error check below (one
    * memory latency before the first remote store, not two). */
-  const bool pre = !(probe & WF_FUSED_PROBE_LATE_INPUT) && gt < NV;
-  const uint4 x0 = pre ? ld_vec(in + (size_t)q * RB + (size_t)gt * 16) : make_uint4(0, 0, 0, 0);
+  const bool pre = !(probe & WF_FUSED_PROBE_LATE_INPUT) && j0 < NV;
+  const uint4 x0 = pre ? ld_vec(in + (size_t)q * RB + (size_t)j0 * 16) : make_uint4(0, 0, 0, 0);
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
   /* Everything else that does not depend on the epoch goes out at once: the
@@ -406,32 +483,46 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
    * the first vector (it then stays in registers for every row). */
   const uint32_t E = epoch_load(st->lamport_epoch);
   const uint64_t lb0 = st->lamport_bytes[0], lb1 = st->lamport_bytes[1], lb2 = st->lamport_bytes[2];
-  const uint4 g0 = norm && gt < NV ? ld_vec((const char *)a.gamma + (size_t)gt * 16)
+  /* a plain (L1-cached) load: one L2 request per block, not one per warp
+   * on the same line from every SM (a hot spot at 128+ blocks) */
+  const unsigned long long err0 = *a.err_dev;
+  const uint4 g0 = norm && j0 < NV ? ld_vec((const char *)a.gamma + (size_t)j0 * 16)
                                    : make_uint4(0, 0, 0, 0);
   if (threadIdx.x == 0) gate = 0;
   /* Poisoned by an earlier failure (epochs may disagree now): push nothing,
-   * leave (a block- and cluster-uniform decision), so the peers time out. */
-  if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull))
-    return;
+   * leave, so the peers time out. Every thread reads the word itself (no
+   * barrier on the latency path; the L1 copy is this kernel's: L1 holds no
+   * global data across launches): it changes only through this grid's own
+   * timeouts, >= 20 us after its blocks started, so the decision is
+   * uniform over the block and the cluster. (gate is read only by a wait
+   * older than 100 us, long after thread 0's store above.) */
+  if (err0 != 0ull) return;
   stamp(a, tr, WF_FUSED_TR_CHECKED, t0);
-  if (clustered) cluster_arrive_relaxed(); /* "started"; waited on before the first remote store */
+  if (use_mbar && threadIdx.x == 0) {
+    mbar_init(&mbar[0]);
+    mbar_init(&mbar[1]);
+    mbar_init_fence();
+  }
+  /* "started" (and the mbarriers initialised): waited on before the first
+   * remote store into a sibling */
+  if (clustered) cluster_arrive_relaxed();
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const int cur = (int)(E % 3u), clr = (int)((E + 2u) % 3u);
   const size_t slot = (size_t)a.tokens * RB;
   const uint64_t lam = a.off_lamport + (uint64_t)cur * a.lamport_buf_bytes;
 
   /* Rows of this group: row(i) = q + i * Q, i < n (n >= 1 since Q <=
-   * tokens). Streaming: row i + D is pushed before row i is consumed, so
+   * tokens). Streaming: row i + D (D: push_ahead) is pushed before row i is consumed, so
    * the link keeps carrying this block's data while it waits, reduces and
    * normalises, and the re-read of its own input row hits L2. */
-  constexpr int D = 2;
+  const int D = a.push_ahead;
   const int n = (a.tokens - q + Q - 1) / Q;
   const uint64_t mine = lam + (uint64_t)rank * slot;
   auto push_row = [&](int i) {
     const size_t row = (size_t)q + (size_t)i * Q;
 #pragma unroll
     for (int k = 0; k < VMAX; k++) {
-      const int j = gt + k * CT;
+      const int j = j0 + k * CT;
       if (j < NV) {
         const size_t off = row * RB + (size_t)j * 16;
         const uint4 v = lamport_sanitize<T>(pre && i == 0 && k == 0 ? x0 : ld_vec(in + off));
@@ -441,24 +532,30 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
     }
   };
   for (int i = 0; i < n && i < D; i++) push_row(i);
-  if (!(a.flags & WF_FUSED_TRIGGER_AT_END)) griddep_launch();
+  if (late_trigger && !(a.flags & WF_FUSED_TRIGGER_AT_END)) griddep_launch();
   stamp(a, tr, WF_FUSED_TR_PUSHED, t0);
 
   /* What call E - 1 wrote into buffer clr (the peers' slots, cb bytes each)
-   * is cleared along the way: this block's share of the vectors, in n parts. */
+   * is cleared along the way: this block's share of the vectors, in n
+   * parts. Two divisions per call, 32-bit whenever the counts allow (always,
+   * in practice): a 64-bit division costs hundreds of cycles on the latency
+   * path. */
   const uint64_t cb = clr == 0 ? lb0 : clr == 1 ? lb1 : lb2;
   char *const cbase = local + a.off_lamport + (uint64_t)clr * a.lamport_buf_bytes;
-  const size_t cvec = cb / 16, ctotal = (size_t)(W - 1) * cvec;
-  const size_t clo = ctotal * blockIdx.x / gridDim.x, chi = ctotal * (blockIdx.x + 1) / gridDim.x;
+  const uint64_t cvec = cb / 16, ctotal = (uint64_t)(W - 1) * cvec;
+  const uint64_t cper = cdiv_fast(ctotal, gridDim.x);
+  const uint64_t clo = (uint64_t)blockIdx.x * cper, chi = clo + cper < ctotal ? clo + cper : ctotal;
+  const uint64_t cpart = cdiv_fast(cper, (uint32_t)n);
   auto clear_part = [&](int i) {
-    const size_t lo = clo + (chi - clo) * i / n, hi = clo + (chi - clo) * (i + 1) / n;
+    const uint64_t b0 = clo + (uint64_t)i * cpart, b1 = b0 + cpart < chi ? b0 + cpart : chi;
+    if (b0 >= b1) return;
     const uint4 nz = lamport_empty_vec();
 #pragma unroll 1
     for (int p = 0; p < W - 1; p++) { /* peer slot (rank + 1 + p) % W owns [p*cvec, (p+1)*cvec) */
-      const size_t a0 = lo > p * cvec ? lo : p * cvec;
-      const size_t a1 = hi < (p + 1) * cvec ? hi : (p + 1) * cvec;
-      char *const sb = cbase + (size_t)((rank + 1 + p) % W) * cb - p * cb;
-      for (size_t v = a0 + threadIdx.x; v < a1; v += blockDim.x) st_vec(sb + v * 16, nz);
+      const uint64_t s0 = (uint64_t)p * cvec;
+      const uint64_t a0 = b0 > s0 ? b0 : s0, a1 = b1 < s0 + cvec ? b1 : s0 + cvec;
+      char *const sb = cbase + (size_t)((rank + 1 + p) % W) * cb - s0 * 16;
+      for (uint64_t v = a0 + threadIdx.x; v < a1; v += blockDim.x) st_vec(sb + v * 16, nz);
     }
   };
 
@@ -467,6 +564,9 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   const bool fp32_acc = (a.flags & WF_FUSED_FP32_ACC) != 0;
   const bool old_spin = (probe & WF_FUSED_PROBE_OLD_SPIN) != 0;
   const float inv_scale = load_inv_scale(a);
+  /* residual_out of the kept vectors is stored after the norm's exchange
+   * (nothing on the way to it waits for those stores) */
+  const bool defer = norm && !(probe & WF_FUSED_PROBE_NO_NORM);
   bool failed = false;
   int parity = 0;
   for (int i = 0; i < n; i++, parity ^= 1) {
@@ -475,10 +575,13 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
     if (clustered && i == 0) cluster_wait_acquire(); /* every block of the cluster has started */
     if (i == 0) stamp(a, tr, WF_FUSED_TR_CLEARED, t0);
     const size_t row = (size_t)q + (size_t)i * Q;
+    /* this block's chunk partials arrive in red[parity] from every block:
+     * NC of them, 8 bytes each */
+    if (use_mbar && reduce && threadIdx.x == 0) mbar_expect(&mbar[parity], (uint32_t)NC * 8u);
     uint4 y[YK];
 #pragma unroll
     for (int k = 0; k < VMAX; k++) {
-      const int j = gt + k * CT;
+      const int j = j0 + k * CT;
       float s = 0.f;
       if (j < NV && !failed) {
         const size_t off = row * RB + (size_t)j * 16;
@@ -511,18 +614,31 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
             const uint4 yv = Pack<T>::from_f32(f);
             if (k < YK) y[k < YK ? k : 0] = yv;
             s = sumsq<T>(yv);
-            st_vec((char *)a.res_out + off, yv);
+            /* the kept vectors are stored with the norm, after the exchange */
+            if (k >= YK || !defer) st_vec((char *)a.res_out + off, yv);
           }
         }
       }
       /* warp-uniform: the warp's chunk exists */
-      if (reduce && wbase + k * CT < NV) put_chunk(red[parity], (wbase + k * CT) / 32, s, failed, C);
+      if (reduce && wbase + k * CT < NV)
+        put_chunk(red[parity], (wbase + k * CT) / 32, s, failed, clustered ? C : 1,
+                  use_mbar ? &mbar[parity] : nullptr);
     }
     if (norm && !(probe & WF_FUSED_PROBE_NO_NORM)) {
       float tot = (float)a.hidden; /* NO_REDUCE probe: any value (rstd ~ 1) */
       if (reduce) {
-        if (clustered) { cluster_arrive_release(); cluster_wait_acquire(); }
-        else __syncthreads();
+        if (use_mbar) {
+          /* every block of the group sends its partials (failed ones too,
+           * flagged), so this completes once the slowest sibling's bounded
+           * waits are over; the (i >> 1)-th use of mbar[parity] */
+          while (!mbar_done(&mbar[parity], (uint32_t)(i >> 1) & 1u)) {
+          }
+        } else if (clustered) {
+          cluster_arrive_release();
+          cluster_wait_acquire();
+        } else {
+          __syncthreads();
+        }
         bool any_fail;
         tot = row_total<NCM>(red[parity], NC, &any_fail);
         if (any_fail) { failed = true; break; } /* uniform over the block and the cluster */
@@ -533,9 +649,10 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
       const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
 #pragma unroll
       for (int k = 0; k < VMAX; k++) {
-        const int j = gt + k * CT;
+        const int j = j0 + k * CT;
         if (j < NV) {
           const size_t off = row * RB + (size_t)j * 16;
+          if (k < YK) st_vec((char *)a.res_out + off, y[k < YK ? k : 0]);
           store_norm<T>(a, off, k == 0 ? g0 : ld_vec((const char *)a.gamma + (size_t)j * 16),
                         kept<YK>(y, k, (char *)a.res_out + off), rstd, inv_scale);
         }
@@ -798,11 +915,25 @@ int occupancy(kernel_fn k, int threads, int clusters, int *out) {
  * automatic choice splits a long row down to. Process-wide. Ranks may even
  * differ: the one-shot's data are indexed by row, not by block, so each rank
  * may use its own grid (fused_bench checks it). Probes: fused_bench only. */
-int g_force_cluster = -1, g_min_threads = 128;
+int g_force_cluster = -1, g_min_threads = 128, g_push_ahead = -1;
 int g_probe = 0;
 unsigned long long *g_trace = nullptr;
-/* Rows of at most this many vectors stay in one block (8 KiB of bf16). */
-constexpr int kSplitAboveVectors = 512;
+/* Rows of at most this many vectors stay in one block (4 KiB of bf16). */
+constexpr int kSplitAboveVectors = 256;
+/* the default push-ahead distance in rows: 1 measured best (2 x H200, 512 and
+ * 2048 tokens: 512 x 8192 32.3 us against 35.7 at 2, 38.8 at 4; 2048 x 4096
+ * 58.2 against 62.7 / 72.5): more rows in flight per block only crowd the link */
+constexpr int kPushAhead = 1;
+
+/* One-shot rows a block pushes before it consumes its first (WEFT_FUSION_PUSH_AHEAD, read once) */
+int push_ahead() {
+  if (g_push_ahead < 1) {
+    const char *e = getenv("WEFT_FUSION_PUSH_AHEAD");
+    const int v = e ? atoi(e) : 0;
+    g_push_ahead = v >= 1 && v <= 1 << 20 ? v : kPushAhead;
+  }
+  return g_push_ahead;
+}
 
 int force_cluster() {
   if (g_force_cluster < 0) {
@@ -838,11 +969,8 @@ int threads_for(int nv, int C, int maxt, int vmax, int *t) {
  *    vectors, at most 8), as long as tokens * C blocks fit two per SM and
  *    tokens clusters are co-resident (norm patterns:
  *    cudaOccupancyMaxActiveClusters), else the next smaller C. Measured on
- *    2 x H200 (bench/results/fused-nvidia-h200-x2-2026-11-30.md, sweep):
- *    hidden 8192 at 1-32 tokens, C = 8 (4.42/4.60/5.74 us) against C = 1
- *    (5.67/5.79/6.40); hidden 4096, C = 1 the best or within 0.1 us at
- *    every token count (C = 2/4 up to 0.4 us slower); 128 tokens: C = 1/2.
- *    The grid never exceeds what is resident at once (clusters included). */
+ *    2 x H200: bench/results/fused-nvidia-h200-x2-*.md (sweep). The grid
+ *    never exceeds what is resident at once (clusters included). */
 int geometry(const wf_fused_args *a, int algo, Shape *sh) {
   const int esz = a->dtype == WEFT_F32 ? 4 : 2;
   const bool one = algo == WF_FUSED_ONESHOT;
@@ -908,6 +1036,8 @@ extern "C" void wf_fused_set_tune(int cluster, int min_threads) {
   g_min_threads = min_threads > 0 ? min_threads : 128;
 }
 
+extern "C" void wf_fused_set_push_ahead(int rows) { g_push_ahead = rows >= 1 ? rows : -1; }
+
 extern "C" void wf_fused_set_probe(int probe, unsigned long long *trace) {
   g_probe = probe;
   g_trace = trace;
@@ -931,6 +1061,7 @@ extern "C" int wf_fused_launch(const wf_fused_args *a, int algo, void *stream) {
   wf_fused_args args = *a;
   args.cluster = sh.cluster;
   args.probe = g_probe;
+  args.push_ahead = push_ahead();
   args.trace = g_trace;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2];

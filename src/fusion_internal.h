@@ -31,14 +31,6 @@ typedef struct wf_fused_state {
   unsigned long long err_dev; /* first failure (packed, kernels/common.cuh err_pack) */
 } wf_fused_state;
 
-/* Host-mapped words (cudaHostAllocMapped): the host raises abort, the
- * kernels mirror their first failure into err. */
-typedef struct wf_fused_host {
-  uint32_t abort;
-  uint32_t pad;
-  unsigned long long err;
-} wf_fused_host;
-
 /* Error "site" codes in the packed error word: which wait failed. */
 enum { WF_FUSED_SITE_LAMPORT = 1, WF_FUSED_SITE_RS = 2, WF_FUSED_SITE_AG = 3 };
 
@@ -75,7 +67,7 @@ typedef struct wf_fused_args {
   int32_t num_sms;      /* agreed (min over the group) SM count: same grid everywhere */
   int32_t cluster;      /* set by the launch: one-shot blocks per row group (1: none) */
   int32_t probe;        /* set by the launch: WF_FUSED_PROBE_* (0 outside fused_bench) */
-  int32_t pad_;
+  int32_t push_ahead;   /* set by the launch: one-shot rows pushed before the first is consumed */
   unsigned long long *trace; /* set by the launch: NULL, or fused_bench's phase clock sums */
 } wf_fused_args;
 
@@ -87,7 +79,12 @@ enum {
                                     (kernels/common.cuh bounded_spin), not one per block per 100 us */
   WF_FUSED_PROBE_LATE_INPUT = 2, /* one-shot: load the input after the epoch/error check */
   WF_FUSED_PROBE_NO_REDUCE = 4,  /* one-shot norm: no sum-of-squares exchange/barrier (wrong norm) */
-  WF_FUSED_PROBE_NO_NORM = 8     /* one-shot norm: residual add and residual_out only */
+  WF_FUSED_PROBE_NO_NORM = 8,    /* one-shot norm: residual add and residual_out only */
+  WF_FUSED_PROBE_CLUSTER_BARRIER = 16, /* one-shot, rows split over a cluster: the chunk partials by
+                                         plain remote stores + barrier.cluster.arrive.release (the
+                                         old exchange), not st.async on transaction barriers */
+  WF_FUSED_PROBE_LATE_TRIGGER = 32    /* one-shot: griddepcontrol.launch_dependents after the pushes
+                                         (the earlier place), not at entry */
 };
 /* trace[] slots (block 0, thread 0, one-shot, first row; SM clock cycles
  * since the kernel's entry, summed over calls): */
@@ -116,6 +113,9 @@ int wf_fused_grid(const wf_fused_args *a, int algo, int *blocks, int *threads, i
  * choice splits a long row down to. The one-shot's result does not depend on
  * its grid, even when ranks differ (no block pairing across ranks). */
 void wf_fused_set_tune(int cluster, int min_threads);
+/* One-shot push-ahead distance in rows (process-wide; < 1: the default, or
+ * WEFT_FUSION_PUSH_AHEAD): fused_bench's sweep. */
+void wf_fused_set_push_ahead(int rows);
 /* Probes (process-wide, same on every rank): WF_FUSED_PROBE_* bits for every
  * later launch, and trace (device memory, WF_FUSED_TR_SLOTS zeroed u64, or
  * NULL) for the one-shot's phase clock. 0 / NULL: production behaviour. */
