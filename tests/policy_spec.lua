@@ -118,6 +118,30 @@ describe("weft.policy device rules", function()
     assert.are.equal("custom_ar", sel(group(), dev({ 7 })))                  -- any count: tails handled
   end)
 
+  it("never moves one rank alone to NCCL after a custom kernel failed on it", function()
+    local g = group()
+    local runs = 0
+    g._dev.ar = setmetatable({ run = function()
+      runs = runs + 1
+      error("weft: allreduce (group tp.0): timed out after 2000 ms; peer 1 did not arrive", 0)
+    end }, { __index = fake_ar })
+    local x = dev({ 8, 4096 })
+    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", x, x.ptr, "sum", 0)
+    assert.is_false(ok)
+    assert.matches("peer 1 did not arrive", err)
+    assert.are.equal("broken", g._dev.ar_state)
+    -- the choice stays what the peers make; the call raises instead of running
+    assert.are.equal("custom_ar", sel(g, x))
+    assert.matches("kernel failed earlier", policy.explain(g, x))
+    ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", x, x.ptr, "sum", 0)
+    assert.is_false(ok)
+    assert.matches("failed earlier %(weft: allreduce %(group tp%.0%): timed out", err)
+    assert.matches("re%-create the group", err)
+    assert.are.equal(1, runs)
+    -- sizes the policy gives NCCL anyway still go there, on every rank alike
+    assert.are.equal("nccl", sel(g, dev({ 64 * MIB / 2 + 8 })))
+  end)
+
   it("distinguishes eager and graph mode (the seed's eager/graph table)", function()
     local x = dev({ 8, 4096 })
     local g = group(); g._dev.ar_state, g._dev.ar = nil, nil   -- no workspace yet

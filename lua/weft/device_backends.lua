@@ -132,7 +132,7 @@ end
 ---------------------------------------------------------------- device state
 -- g._dev = { device, nccl (weft.nccl comm or nil), nccl_why, shared (text or
 --   nil), own_nccl, ar (weft.custom_ar or nil), ar_state (nil: not tried,
---   "ready", "failed", "off"), ar_why, scratch = {}, retired = {} }
+--   "ready", "failed" (creation, on every rank), "off", "broken" (a kernel failed on this rank)), ar_why, scratch = {}, retired = {} }
 
 local function graph_refusal(g, op)
   error(fmt("weft: %s: group %s has not set up its device communicators, and a graph capture "
@@ -625,6 +625,9 @@ M.custom_ar_checks = {
     check = function(_, _, _, d, mode, v)
       local st = d and d.ar_state
       if st == "ready" then return true, v and d.ar_why or "ready" end
+      -- a kernel failed earlier: the calls this backend would serve raise
+      -- (see car.all_reduce), they never move to NCCL on one rank alone
+      if st == "broken" then return true, v and ("kernel failed earlier: " .. tostring(d.ar_why)) or st end
       if st == "failed" or st == "off" then return false, v and tostring(d.ar_why) or st end
       if mode == "graph" then
         return false, "no workspace yet, and a capture cannot make one (groups passed to weft.graph.capture are prepared before it begins)"
@@ -756,6 +759,11 @@ function car.all_reduce(g, op, t, out_ptr, rop, code)
   local algo = g._ar_pick or 0
   local d = dev_of(g, op, t)
   if d.ar_state == nil then d = M.ensure_ar(g) end
+  if d.ar_state == "broken" then
+    error(fmt("weft: all_reduce: the custom all-reduce of group %s failed earlier (%s); its ranks may "
+              .. "now disagree on the backend, so the calls it would serve raise rather than go to NCCL "
+              .. "on this rank alone: destroy and re-create the group", gname(g), tostring(d.ar_why)), 0)
+  end
   local ar = d.ar
   local forced = policy.override(g, "all_reduce")
   local why
@@ -770,9 +778,13 @@ function car.all_reduce(g, op, t, out_ptr, rop, code)
   end
   local ok, err = pcall(ar.run, ar, t.ptr, out_ptr, t.numel, t.dtype, algo)
   if not ok then
-    -- a kernel failed (a peer late past the timeout, an abort): the handle
-    -- refuses further calls; later calls go to NCCL, this one raises
-    d.ar_state, d.ar_why = "failed", tostring(err)
+    -- a kernel failed (a peer late past the timeout, an abort) on this rank,
+    -- maybe not on the others (a late peer's own call may succeed). Moving
+    -- this rank's later calls to NCCL would pair them with the peers' custom
+    -- calls (or their NCCL calls of another size): this call raises, and so
+    -- does every later call this backend would serve; sizes the policy sends
+    -- to NCCL anyway still go there (the same choice on every rank).
+    d.ar_state, d.ar_why = "broken", tostring(err)
     g._dispatch = nil
     error(err, 0)
   end
