@@ -322,6 +322,13 @@ struct Dev {
     CU(cudaMalloc(&out, bytes)); CU(cudaMalloc(&res_out, bytes)); CU(cudaMalloc(&norm_out, bytes));
     CU(cudaMalloc(&quant, qbytes)); CU(cudaMalloc(&copy, bytes)); CU(cudaMalloc((void **)&scale, 256));
   }
+  /* allocated for d's shape and loaded with its data */
+  static Dev with(const HostData &d) {
+    Dev v;
+    v.alloc(d.T, d.H, d.dtype);
+    v.upload(d);
+    return v;
+  }
   void release() {
     for (void *p : {in, res, gamma, out, res_out, norm_out, quant, copy, (void *)scale}) cudaFree(p);
     *this = Dev();
@@ -496,9 +503,7 @@ static void test_variants(weft_fusion *ws) {
       for (int algo : {WEFT_FUSION_ONESHOT, WEFT_FUSION_TWOSHOT}) {
         HostData d;
         gen(d, 128, 4096, WEFT_BF16, seed_of(13, (uint64_t)(graph * 4 + at_end * 2 + algo)));
-        Dev v;
-        v.alloc(d.T, d.H, d.dtype);
-        v.upload(d);
+        Dev v = Dev::with(d);
         const int flags = WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL | (at_end ? WEFT_FUSION_TRIGGER_AT_END : 0);
         weft_fusion_params p = params(v, d, WEFT_FUSION_AR_RMSNORM, algo, flags, 1e-6f);
         const size_t b = (size_t)(d.T * d.H * 2);
@@ -540,9 +545,7 @@ static void test_grids(weft_fusion *ws) {
   for (const G &c : gs) {
     HostData d;
     gen(d, c.T, c.H, WEFT_BF16, seed_of(15, (uint64_t)i++));
-    Dev v;
-    v.alloc(c.T, c.H, WEFT_BF16);
-    v.upload(d);
+    Dev v = Dev::with(d);
     wf_fused_set_tune(g_rank == 0 || variant == 1 ? 8 : 1, 0);
     weft_fusion_params p = params(v, d, c.pattern, WEFT_FUSION_ONESHOT, WEFT_FUSION_FP32_ACC, 1e-6f);
     int al = 0, b = 0, t = 0, cl = 0;
@@ -575,9 +578,7 @@ static void test_inplace(weft_fusion *ws) {
   for (const C &c : cs) {
     HostData d;
     gen(d, c.T, c.H, WEFT_BF16, seed_of(16, (uint64_t)i++));
-    Dev v;
-    v.alloc(c.T, c.H, WEFT_BF16);
-    v.upload(d);
+    Dev v = Dev::with(d);
     Dev w = v; /* a view: the outputs are the inputs' buffers */
     w.res_out = v.res;
     w.norm_out = v.in;
@@ -722,9 +723,7 @@ static void test_faults(weft_cpugroup *cg) {
     WK(weft_fusion_create(cg, &o, &f));
     HostData d;
     gen(d, 16, 4096, WEFT_BF16, 17);
-    Dev v;
-    v.alloc(16, 4096, WEFT_BF16);
-    v.upload(d);
+    Dev v = Dev::with(d);
     CU(cudaStreamSynchronize(g_stream));
     int rc = 0;
     double ms = 0;
@@ -806,6 +805,18 @@ template <class F> static double time_graph(F enqueue, int K, int R, uint64_t sk
   return (double)v / 1000.0;
 }
 
+/* Fresh random device data for one benchmark point (bf16; the input
+ * differs per rank): seeds a (input), a + 1 (residual), a + 2 (weight). */
+static HostData fresh_point(const Dev &v, int64_t T, int64_t H, uint64_t a) {
+  const int64_t n = T * H;
+  WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(a, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
+  WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(a + 1, (uint64_t)n), 0, g_stream));
+  WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, a + 2, 0, g_stream));
+  HostData d;
+  d.T = T; d.H = H; d.dtype = WEFT_BF16;
+  return d;
+}
+
 static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
   const int64_t toks[] = {1, 8, 32, 128, 512, 2048, 8192};
   const int64_t hids[] = {4096, 8192};
@@ -820,15 +831,11 @@ static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
     for (int64_t T : toks) {
       const int64_t bytes = T * H * 2, n = T * H;
       /* fresh random data for every point (device fill: fast) */
-      WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(20, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
-      WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(21, (uint64_t)n), 0, g_stream));
-      WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 22, 0, g_stream));
+      const HostData pd = fresh_point(v, T, H, 20);
       const int K = n <= 128 * 8192 ? 40 : n <= 2048 * 8192 ? 10 : 4;
       const int R = quick ? 10 : 30;
       auto fused = [&](int pattern, int algo, int flags) {
-        HostData d;
-        d.T = T; d.H = H; d.dtype = WEFT_BF16;
-        weft_fusion_params p = params(v, d, pattern, algo, WEFT_FUSION_FP32_ACC | flags, 1e-6f);
+        weft_fusion_params p = params(v, pd, pattern, algo, WEFT_FUSION_FP32_ACC | flags, 1e-6f);
         return time_graph([&] { WK(weft_fusion_run(ws, &p)); }, K, R);
       };
       auto rec = [&](const char *op, const char *backend, double us) {
@@ -836,17 +843,13 @@ static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
         say("  %-18s %-18s %6lld x %-5lld %10.2f us  %7.1f GB/s\n", op, backend, (long long)T,
             (long long)H, us, (double)bytes / us / 1e3);
       };
-      {
-        HostData d;
-        d.T = T; d.H = H; d.dtype = WEFT_BF16;
-        for (int algo : {WEFT_FUSION_ONESHOT, WEFT_FUSION_TWOSHOT}) {
-          weft_fusion_params p = params(v, d, WEFT_FUSION_AR_RMSNORM, algo, WEFT_FUSION_FP32_ACC, 1e-6f);
-          int al = 0, b = 0, t = 0, c = 0;
-          if (weft_fusion_resolve(ws, &p, &al, nullptr) == 0 && wf_fusion_geometry(ws, &p, &al, &b, &t, &c) == 0)
-            say("  geometry %-8s %6lld x %-5lld %4d blocks x %4d threads, %d per row group%s\n",
-                algo == WEFT_FUSION_ONESHOT ? "one-shot" : "two-shot", (long long)T, (long long)H, b, t,
-                c, c > 1 ? " (cluster)" : "");
-        }
+      for (int algo : {WEFT_FUSION_ONESHOT, WEFT_FUSION_TWOSHOT}) {
+        weft_fusion_params p = params(v, pd, WEFT_FUSION_AR_RMSNORM, algo, WEFT_FUSION_FP32_ACC, 1e-6f);
+        int al = 0, b = 0, t = 0, c = 0;
+        if (weft_fusion_resolve(ws, &p, &al, nullptr) == 0 && wf_fusion_geometry(ws, &p, &al, &b, &t, &c) == 0)
+          say("  geometry %-8s %6lld x %-5lld %4d blocks x %4d threads, %d per row group%s\n",
+              algo == WEFT_FUSION_ONESHOT ? "one-shot" : "two-shot", (long long)T, (long long)H, b, t,
+              c, c > 1 ? " (cluster)" : "");
       }
       /* PDL on, as group:fused_allreduce_rmsnorm launches by default (and
        * the seed: launch_with_pdl=True; weft_ar too); fused_auto_nopdl is
@@ -933,12 +936,8 @@ static void sweep(int quick) {
   const Pt pts[] = {{4096, 1}, {4096, 8}, {4096, 32}, {4096, 128}, {8192, 1},  {8192, 8},  {8192, 32},
                     {8192, 128}, {5120, 1}, {5120, 32}, {7168, 1}, {7168, 32}, {16384, 1}, {16384, 32}};
   for (const Pt &pt : pts) {
-    const int64_t H = pt.H, T = pt.T, n = T * H;
-    WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(23, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
-    WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(24, (uint64_t)n), 0, g_stream));
-    WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 25, 0, g_stream));
-    HostData d;
-    d.T = T; d.H = H; d.dtype = WEFT_BF16;
+    const int64_t H = pt.H, T = pt.T;
+    const HostData d = fresh_point(v, T, H, 23);
     /* PDL on: the default launch */
     const int fl = WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL;
     const weft_fusion_params pf = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT, fl, 1e-6f);
@@ -996,12 +995,8 @@ static void sweep(int quick) {
   /* push-ahead distance (rows a block pushes before consuming its first)
    * where blocks own several rows */
   for (const Pt &pt : {Pt{4096, 512}, Pt{8192, 512}, Pt{4096, 2048}, Pt{8192, 2048}}) {
-    const int64_t H = pt.H, T = pt.T, n = T * H;
-    WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(26, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
-    WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(27, (uint64_t)n), 0, g_stream));
-    WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 28, 0, g_stream));
-    HostData d;
-    d.T = T; d.H = H; d.dtype = WEFT_BF16;
+    const int64_t H = pt.H, T = pt.T;
+    const HostData d = fresh_point(v, T, H, 26);
     const weft_fusion_params pf = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_ONESHOT,
                                          WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL, 1e-6f);
     for (int ahead : {1, 2, 4, 8, 64}) {
@@ -1037,12 +1032,8 @@ static void skew_test(int quick) {
   const int R = quick ? 5 : 15;
   struct Pt { int64_t T, H; };
   for (const Pt &pt : {Pt{32, 4096}, Pt{128, 4096}, Pt{128, 8192}}) {
-    const int64_t T = pt.T, H = pt.H, n = T * H;
-    WK(weft_cuda_fill_random(v.in, (size_t)n, WEFT_BF16, seed_of(26, (uint64_t)g_rank, (uint64_t)n), 0, g_stream));
-    WK(weft_cuda_fill_random(v.res, (size_t)n, WEFT_BF16, seed_of(27, (uint64_t)n), 0, g_stream));
-    WK(weft_cuda_fill_random(v.gamma, (size_t)H, WEFT_BF16, 28, 0, g_stream));
-    HostData d;
-    d.T = T; d.H = H; d.dtype = WEFT_BF16;
+    const int64_t T = pt.T, H = pt.H;
+    const HostData d = fresh_point(v, T, H, 26);
     const weft_fusion_params p = params(v, d, WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, WEFT_FUSION_FP32_ACC, 1e-6f);
     int al = 0, b = 0, t = 0, cl = 0;
     WK(wf_fusion_geometry(ws, &p, &al, &b, &t, &cl));
