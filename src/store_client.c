@@ -1,0 +1,251 @@
+/* store_client.c — a handle's connection to the server: one blocking socket,
+ * guarded by the handle's mutex, with a deadline on every read and write;
+ * connect with backoff, framed send and receive, one reconnect per call.
+ * Every handle (the server's own included) is such a client. */
+#include "store_internal.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define WAIT_GRACE_MS 5000          /* client waits this much past a server-side deadline */
+
+void wf_store_cl_drop(weft_store *s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+static int64_t ms_left(int64_t deadline) {
+  int64_t l = deadline - wf_now_ms();
+  return l < 0 ? 0 : l;
+}
+
+/* 1 ready, 0 deadline passed, -1 error (errno). */
+static int wait_fd(int fd, short ev, int64_t deadline) {
+  for (;;) {
+    struct pollfd p = {.fd = fd, .events = ev};
+    int64_t left = ms_left(deadline);
+    int r = poll(&p, 1, left > 600000 ? 600000 : (int)left);
+    if (r > 0) return 1;
+    if (r == 0 && wf_now_ms() >= deadline) return 0;
+    if (r < 0 && errno != EINTR) return -1;
+  }
+}
+
+static int io_error(weft_store *s, const char *op, int saved_errno, int timed_out) {
+  wf_store_cl_drop(s);
+  if (timed_out)
+    return wf_error(WEFT_ETIMEOUT, "%s: no reply from the server at %s within %lld ms",
+                    op, s->where, (long long)(wf_now_ms() - s->t0));
+  if (saved_errno == 0 || saved_errno == ECONNRESET || saved_errno == EPIPE ||
+      saved_errno == ENOTCONN || saved_errno == ESHUTDOWN)
+    return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection (store gone?)",
+                    op, s->where);
+  errno = saved_errno;
+  return wf_error_errno(WEFT_ESYS, "%s: connection to %s", op, s->where);
+}
+
+static int cl_recv_all(weft_store *s, const char *op, void *buf, size_t n, int64_t deadline) {
+  uint8_t *p = buf;
+  while (n > 0) {
+    int w = wait_fd(s->fd, POLLIN, deadline);
+    if (w <= 0) return io_error(s, op, errno, w == 0);
+    ssize_t r = recv(s->fd, p, n, MSG_DONTWAIT);
+    if (r > 0) { p += r; n -= (size_t)r; continue; }
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    return io_error(s, op, r == 0 ? 0 : errno, 0);
+  }
+  return 0;
+}
+
+/* Reads one frame into s->resp; *op and a reader over the payload. */
+int wf_store_cl_read_frame(weft_store *s, const char *op, int64_t deadline, int *fop, wf_rd *rd) {
+  uint8_t h[WF_ST_HDR];
+  int rc = cl_recv_all(s, op, h, sizeof h, deadline);
+  if (rc) return rc;
+  if (wf_get_u32(h) != WF_ST_MAGIC || h[4] != WF_ST_VERSION) {
+    wf_store_cl_drop(s);
+    return wf_error(WEFT_EPROTO, "%s: %s is not a weft store of protocol version %d",
+                    op, s->where, WF_ST_VERSION);
+  }
+  uint64_t len = wf_get_u64(h + 8);
+  if (len > SIZE_MAX / 4) {
+    wf_store_cl_drop(s);
+    return wf_error(WEFT_EPROTO, "%s: reply of %llu bytes from %s", op, (unsigned long long)len, s->where);
+  }
+  s->resp.len = 0;
+  s->resp.err = 0;
+  wf_store_wb_reserve(&s->resp, (size_t)len);
+  if (s->resp.err) {
+    wf_store_cl_drop(s);
+    return wf_error(WEFT_ENOMEM, "%s: no memory for a reply of %llu bytes", op, (unsigned long long)len);
+  }
+  rc = cl_recv_all(s, op, s->resp.p, (size_t)len, deadline);
+  if (rc) return rc;
+  s->resp.len = (size_t)len;
+  *fop = h[5];
+  *rd = (wf_rd){s->resp.p, s->resp.len, 0, 0};
+  return 0;
+}
+
+/* Request building: small fields go into s->rq, large values are referenced
+ * in place (no copy of a 256 MiB value). */
+void wf_store_rq_begin(weft_store *s) {
+  wf_store_wb_trim(&s->rq);
+  wf_store_wb_reserve(&s->rq, WF_ST_HDR);
+  s->rq.len = s->rq.err ? 0 : WF_ST_HDR;
+  s->nseg = 0;
+  s->mark = 0;
+  s->ext_total = 0;
+}
+static void rq_cut(weft_store *s) {
+  if (s->rq.len > s->mark) s->segs[s->nseg++] = (wf_store_seg){NULL, s->mark, s->rq.len - s->mark};
+  s->mark = s->rq.len;
+}
+void wf_store_rq_ext(weft_store *s, const void *p, size_t n) {
+  if (n == 0) return;
+  rq_cut(s);
+  s->segs[s->nseg++] = (wf_store_seg){p, 0, n};
+  s->ext_total += n;
+}
+
+int wf_store_cl_send(weft_store *s, const char *op, int fop, unsigned flags, int64_t deadline) {
+  rq_cut(s);
+  if (s->rq.err) return wf_error(WEFT_ENOMEM, "%s: out of memory for a request", op);
+  wf_store_hdr_fill(s->rq.p, fop, flags, s->rq.len - WF_ST_HDR + s->ext_total);
+  struct iovec iov[8];
+  int n = s->nseg, i0 = 0;
+  for (int i = 0; i < n; i++)
+    iov[i] = (struct iovec){(void *)(s->segs[i].ext ? s->segs[i].ext : s->rq.p + s->segs[i].off),
+                            s->segs[i].len};
+  while (i0 < n) {
+    int w = wait_fd(s->fd, POLLOUT, deadline);
+    if (w <= 0) return io_error(s, op, errno, w == 0);
+    struct msghdr mh = {.msg_iov = iov + i0, .msg_iovlen = (size_t)(n - i0)};
+    ssize_t r = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return io_error(s, op, errno, 0);
+    }
+    size_t done = (size_t)r;
+    while (i0 < n && done >= iov[i0].iov_len) done -= iov[i0++].iov_len;
+    if (i0 < n) { iov[i0].iov_base = (uint8_t *)iov[i0].iov_base + done; iov[i0].iov_len -= done; }
+  }
+  return 0;
+}
+
+/* One connection attempt (all resolved addresses); 0 or an errno. */
+static int cl_try_connect(weft_store *s, int64_t deadline, const char **detail) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", s->port);
+  int g = getaddrinfo(s->host, portstr, &hints, &ai);
+  if (g) { *detail = gai_strerror(g); return EHOSTUNREACH; }
+  int err = ECONNREFUSED;
+  *detail = NULL;
+  for (struct addrinfo *a = ai; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) { err = errno; continue; }
+    int r = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r < 0 && errno == EINPROGRESS) {
+      int w = wait_fd(fd, POLLOUT, deadline);
+      socklen_t el = sizeof err;
+      if (w <= 0) { err = w == 0 ? ETIMEDOUT : errno; r = -1; }
+      else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) r = -1;
+      else r = 0;
+    } else if (r < 0) err = errno;
+    if (r == 0) {
+      int one = 1, fl = fcntl(fd, F_GETFL);
+      fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);  /* blocking; every wait polls first */
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      freeaddrinfo(ai);
+      s->fd = fd;
+      return 0;
+    }
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return err;
+}
+
+/* retry: keep trying with backoff until the deadline (open); otherwise one
+ * attempt (a reconnect after a lost connection: a refusal means gone). */
+int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int retry) {
+  int us = 0, attempts = 0;
+  for (;;) {
+    const char *detail = NULL;
+    int err = cl_try_connect(s, deadline, &detail);
+    attempts++;
+    if (err == 0) {
+      int rc = wf_store_cl_handshake(s, op, deadline);
+      if (rc == 0) return 0;
+      if (rc != WEFT_ECLOSED || !retry) return rc;  /* auth/protocol: final */
+      detail = "closed during the handshake";
+    }
+    char why[160];
+    snprintf(why, sizeof why, "%s", detail ? detail : strerror(err));
+    if (!retry)
+      return wf_error(WEFT_ECLOSED, "%s: cannot reach the store at %s (%s)", op, s->where, why);
+    if (wf_now_ms() >= deadline)
+      return wf_error(WEFT_ETIMEOUT, "%s: could not connect to the store at %s within %lld ms "
+                                     "after %d attempts (last error: %s)",
+                      op, s->where, (long long)(deadline - s->t0), attempts, why);
+    int max_us = (int)(ms_left(deadline) * 1000 < 200000 ? ms_left(deadline) * 1000 + 1 : 200000);
+    wf_backoff(&us, max_us);
+  }
+}
+
+/* Sends the built request and reads the reply. Returns 0 with *status and a
+ * reader positioned after it for status 0, ETIMEOUT and EAGAIN; other server
+ * statuses become errors carrying the server's message. */
+static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64_t deadline,
+                   int32_t *status, wf_rd *r) {
+  if (s->fd < 0) {
+    int rc = wf_store_cl_connect(s, op, deadline, 0);
+    if (rc) return rc;
+    /* handshake may have used rq: the caller's request is rebuilt by retrying */
+    return 1;
+  }
+  int rc = wf_store_cl_send(s, op, fop, flags, deadline);
+  if (rc) return rc;
+  int rop;
+  if ((rc = wf_store_cl_read_frame(s, op, deadline, &rop, r))) return rc;
+  *status = (int32_t)wf_rd_u32(r);
+  if (rop != WF_OP_RESP || r->bad) {
+    wf_store_cl_drop(s);
+    return wf_error(WEFT_EPROTO, "%s: unexpected reply from %s", op, s->where);
+  }
+  if (*status == 0 || *status == WEFT_ETIMEOUT || *status == WEFT_EAGAIN) return 0;
+  uint32_t ml = wf_rd_u32(r);
+  const uint8_t *m = wf_rd_take(r, ml);
+  return wf_error(*status < 0 ? *status : WEFT_EPROTO, "%s: %.*s (store at %s)", op,
+                  m ? (int)(ml > 400 ? 400 : ml) : 0, m ? (const char *)m : "", s->where);
+}
+
+static int64_t deadline_for(weft_store *s, int wait_ms) {
+  s->t0 = wf_now_ms();
+  return s->t0 + (wait_ms > 0 ? (int64_t)wait_ms + WAIT_GRACE_MS : s->timeout_ms);
+}
+
+/* Builds, sends and reads one request; retried once after a reconnect. */
+int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, int wait_ms,
+                        wf_store_build_fn build, const void *ctx, int32_t *status, wf_rd *r) {
+  int64_t deadline = deadline_for(s, wait_ms);
+  wf_store_wb_trim(&s->resp);
+  for (int attempt = 0;; attempt++) {
+    wf_store_rq_begin(s);
+    build(s, ctx);
+    int rc = cl_call(s, op, fop, flags, deadline, status, r);
+    if (rc != 1) return rc;
+    if (attempt > 0) return wf_error(WEFT_ECLOSED, "%s: lost the store at %s", op, s->where);
+  }
+}

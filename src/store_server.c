@@ -1,0 +1,702 @@
+/* store_server.c — the store's server: one background pthread in the process
+ * that opens with is_server=1. Non-blocking sockets, one poll() over the
+ * listener, a self-pipe and every connection; the key table lives here.
+ * Waits are server-side: a GET for absent keys parks the connection until
+ * the keys are set or its deadline passes, so clients never poll in loops. */
+#include "store_internal.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define DEFAULT_READ_TIMEOUT_MS 10000
+
+typedef struct entry {
+  struct entry *next;
+  uint64_t h;
+  uint8_t *key;
+  uint32_t klen;
+  uint32_t reads;     /* >0: consume-reads left before the key is deleted */
+  uint8_t *val;
+  size_t vlen;
+} entry;
+
+enum { C_AUTH, C_READY, C_PARKED };
+
+typedef struct conn {
+  int fd, state, dead, close_after;
+  uint8_t hdr[WF_ST_HDR];
+  size_t hgot;
+  int have_hdr;
+  int op;
+  unsigned flags;
+  uint64_t plen;
+  wf_store_wbuf in;    /* payload of the frame being read (kept while parked) */
+  int64_t rdeadline;   /* incomplete frame / handshake must progress by then */
+  wf_store_wbuf out;
+  size_t out_off;
+  int64_t wdeadline;
+  wf_store_kref *keys; /* GET keys, pointing into in */
+  int nkeys, capkeys;
+  int cursor;          /* keys before it were present at the last look */
+  unsigned gflags;
+  int64_t pdeadline;   /* parked GET answers ETIMEOUT then */
+  uint8_t snonce[WF_ST_NONCE];
+} conn;
+
+/* The server's state; wf_store_srv outside this file. */
+typedef struct wf_store_srv {
+  int lfd, wake[2];
+  pthread_t th;
+  int started;
+  int stop;                     /* atomic */
+  entry **tab;
+  size_t nb, nent;
+  conn **c;
+  int nc, capc;
+  struct pollfd *pfd;
+  int cap_pfd;
+  size_t max_value;
+  int64_t read_to;
+  const char *secret;           /* owned by the weft_store */
+  size_t slen;
+  int64_t accept_pause_until;
+  char where[300];
+} srv;
+
+static uint64_t key_hash(const uint8_t *k, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; i++) { h ^= k[i]; h *= 1099511628211ULL; }
+  return h;
+}
+
+static entry **tab_slot(srv *v, const uint8_t *k, uint32_t n, uint64_t h) {
+  entry **pp = &v->tab[h & (v->nb - 1)];
+  for (; *pp; pp = &(*pp)->next)
+    if ((*pp)->h == h && (*pp)->klen == n && memcmp((*pp)->key, k, n) == 0) break;
+  return pp;
+}
+
+static entry *tab_find(srv *v, wf_store_kref k) {
+  return *tab_slot(v, k.p, k.len, key_hash(k.p, k.len));
+}
+
+static void entry_free(entry *e) {
+  free(e->key);
+  free(e->val);
+  free(e);
+}
+
+static int tab_grow(srv *v) {
+  size_t nb = v->nb * 2;
+  entry **t = calloc(nb, sizeof *t);
+  if (!t) return -1;
+  for (size_t i = 0; i < v->nb; i++)
+    for (entry *e = v->tab[i], *nx; e; e = nx) {
+      nx = e->next;
+      e->next = t[e->h & (nb - 1)];
+      t[e->h & (nb - 1)] = e;
+    }
+  free(v->tab);
+  v->tab = t;
+  v->nb = nb;
+  return 0;
+}
+
+/* Sets key to a copy of val; 0 ok, -1 out of memory. */
+static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32_t reads) {
+  uint64_t h = key_hash(k.p, k.len);
+  entry **pp = tab_slot(v, k.p, k.len, h);
+  uint8_t *copy = malloc(vlen ? vlen : 1);
+  if (!copy) return -1;
+  if (vlen) memcpy(copy, val, vlen);
+  if (*pp) {
+    free((*pp)->val);
+    (*pp)->val = copy;
+    (*pp)->vlen = vlen;
+    (*pp)->reads = reads;
+    return 0;
+  }
+  entry *e = calloc(1, sizeof *e);
+  uint8_t *kc = malloc(k.len);
+  if (!e || !kc) { free(e); free(kc); free(copy); return -1; }
+  memcpy(kc, k.p, k.len);
+  e->h = h; e->key = kc; e->klen = k.len; e->val = copy; e->vlen = vlen; e->reads = reads;
+  e->next = NULL;
+  *pp = e;
+  v->nent++;
+  if (v->nent > v->nb) tab_grow(v);  /* failure only costs speed */
+  return 0;
+}
+
+static int tab_del(srv *v, wf_store_kref k) {
+  entry **pp = tab_slot(v, k.p, k.len, key_hash(k.p, k.len));
+  if (!*pp) return 0;
+  entry *e = *pp;
+  *pp = e->next;
+  entry_free(e);
+  v->nent--;
+  return 1;
+}
+
+static void conn_close(conn *c, const char *why) {
+  if (c->dead) return;
+  if (why) wf_log(1, "store server: closing a connection: %s", why);
+  close(c->fd);
+  c->fd = -1;
+  c->dead = 1;
+}
+
+static void conn_flush(srv *v, conn *c) {
+  while (!c->dead && c->out_off < c->out.len) {
+    ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) { c->out_off += (size_t)n; c->wdeadline = wf_now_ms() + v->read_to; continue; }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    conn_close(c, "send failed");
+    return;
+  }
+  if (c->dead) return;
+  wf_store_wb_trim(&c->out);
+  c->out_off = 0;
+  c->wdeadline = 0;
+  if (c->close_after) conn_close(c, NULL);
+}
+
+/* Response framing: begin reserves the header, end fills it and sends. */
+static void resp_begin(conn *c, int32_t status) {
+  c->out.len = 0;
+  c->out.err = 0;
+  wf_store_wb_reserve(&c->out, WF_ST_HDR);
+  c->out.len = c->out.err ? 0 : WF_ST_HDR;
+  wf_store_wb_u32(&c->out, (uint32_t)status);
+}
+
+static void frame_end(srv *v, conn *c, int op) {
+  if (c->out.err) { conn_close(c, "out of memory for a reply"); return; }
+  wf_store_hdr_fill(c->out.p, op, 0, c->out.len - WF_ST_HDR);
+  c->out_off = 0;
+  conn_flush(v, c);
+}
+
+static void resp_error(srv *v, conn *c, int32_t status, const char *msg) {
+  resp_begin(c, status);
+  wf_store_wb_key(&c->out, msg, strlen(msg));
+  frame_end(v, c, WF_OP_RESP);
+}
+
+static void resp_ok(srv *v, conn *c) { resp_begin(c, 0); frame_end(v, c, WF_OP_RESP); }
+
+/* ---- GET: answer now, or park until the keys exist ---- */
+
+static int get_missing(srv *v, conn *c) {
+  int m = 0;
+  for (int i = 0; i < c->nkeys; i++) if (!tab_find(v, c->keys[i])) m++;
+  return m;
+}
+
+/* Whether every key is present. The cursor makes re-checks on each wake-up
+ * O(1) amortized per waiter (a barrier of n ranks costs O(n) per set, not
+ * O(n^2)); a full pass confirms before answering, as keys can be deleted. */
+static int get_complete(srv *v, conn *c) {
+  while (c->cursor < c->nkeys && tab_find(v, c->keys[c->cursor])) c->cursor++;
+  if (c->cursor < c->nkeys) return 0;
+  for (int i = 0; i < c->nkeys; i++)
+    if (!tab_find(v, c->keys[i])) { c->cursor = i; return 0; }
+  return 1;
+}
+
+static void get_answer(srv *v, conn *c) {
+  resp_begin(c, 0);
+  if (!(c->gflags & WF_GET_NOVALUES)) {
+    wf_store_wb_u32(&c->out, (uint32_t)c->nkeys);
+    for (int i = 0; i < c->nkeys; i++) {
+      entry *e = tab_find(v, c->keys[i]);
+      wf_store_wb_val(&c->out, e->val, e->vlen);
+    }
+  }
+  if (c->gflags & WF_GET_CONSUME)
+    for (int i = 0; i < c->nkeys; i++) {
+      entry *e = tab_find(v, c->keys[i]);
+      if (e && e->reads > 0 && --e->reads == 0) tab_del(v, c->keys[i]);
+    }
+  c->state = C_READY;
+  frame_end(v, c, WF_OP_RESP);
+}
+
+static void get_missing_answer(srv *v, conn *c, int32_t status) {
+  resp_begin(c, status);
+  wf_store_wb_u32(&c->out, (uint32_t)get_missing(v, c));
+  for (int i = 0; i < c->nkeys; i++) if (!tab_find(v, c->keys[i])) wf_store_wb_u32(&c->out, (uint32_t)i);
+  c->state = C_READY;
+  frame_end(v, c, WF_OP_RESP);
+}
+
+/* A key appeared: answer every parked GET that is now complete. */
+static void wake_waiters(srv *v) {
+  for (int i = 0; i < v->nc; i++) {
+    conn *c = v->c[i];
+    if (!c->dead && c->state == C_PARKED && get_complete(v, c)) get_answer(v, c);
+  }
+}
+
+static int handle_get(srv *v, conn *c, wf_rd *r) {
+  int32_t timeout = (int32_t)wf_rd_u32(r);
+  int put = (c->flags & WF_GET_PUT) != 0;
+  wf_store_kref pk = {0};
+  const uint8_t *pv = NULL;
+  size_t pn = 0;
+  uint32_t preads = 0;
+  if (put) {
+    preads = wf_rd_u32(r);
+    if (wf_store_rd_key(r, &pk) || wf_store_rd_val(r, v->max_value, &pv, &pn)) return -1;
+  }
+  uint32_t n = wf_rd_u32(r);
+  if (r->bad || n == 0 || n > WF_ST_MAX_NKEYS) return -1;
+  if ((int)n > c->capkeys) {
+    wf_store_kref *k = realloc(c->keys, n * sizeof *k);
+    if (!k) return -1;
+    c->keys = k;
+    c->capkeys = (int)n;
+  }
+  for (uint32_t i = 0; i < n; i++) if (wf_store_rd_key(r, &c->keys[i])) return -1;
+  if (r->pos != r->len) return -1;
+  c->nkeys = (int)n;
+  c->cursor = 0;
+  c->gflags = c->flags;
+  if (put) {
+    if (tab_set(v, pk, pv, pn, preads)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    wake_waiters(v);
+  }
+  if (get_complete(v, c)) get_answer(v, c);
+  else if (timeout <= 0) get_missing_answer(v, c, WEFT_EAGAIN);
+  else {
+    c->state = C_PARKED;
+    c->pdeadline = wf_now_ms() + timeout;
+  }
+  return 0;
+}
+
+static int parse_i64(const uint8_t *p, size_t n, int64_t *out) {
+  if (n == 0 || n > 20) return -1;
+  char buf[24];
+  memcpy(buf, p, n);
+  buf[n] = '\0';
+  char *end;
+  errno = 0;
+  long long x = strtoll(buf, &end, 10);
+  if (errno || *end || end == buf) return -1;
+  *out = x;
+  return 0;
+}
+
+static int handle_frame(srv *v, conn *c) {
+  wf_rd r = {c->in.p, c->in.len, 0, 0};
+  wf_store_kref k;
+  const uint8_t *a, *b;
+  size_t an, bn;
+  switch (c->op) {
+  case WF_OP_AUTH: {
+    uint8_t proof[32];
+    int a = wf_store_auth_check(v->secret, v->slen, c->snonce, &r, proof);
+    if (a < 0) return -1;
+    if (a > 0) {
+      wf_log(1, "store server: rejected a client with a wrong secret");
+      c->close_after = 1;
+      resp_error(v, c, WEFT_EAUTH, "the secrets differ");
+      return 0;
+    }
+    c->state = C_READY;
+    c->rdeadline = 0;
+    c->out.len = 0;
+    wf_store_wb_reserve(&c->out, WF_ST_HDR);
+    c->out.len = c->out.err ? 0 : WF_ST_HDR;
+    wf_store_wb_put(&c->out, proof, 32);
+    frame_end(v, c, WF_OP_AUTH_OK);
+    return 0;
+  }
+  case WF_OP_SET: {
+    uint32_t reads = wf_rd_u32(&r);
+    if (wf_store_rd_key(&r, &k) || wf_store_rd_val(&r, v->max_value, &a, &an) || r.pos != r.len) return -1;
+    if (tab_set(v, k, a, an, reads)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    resp_ok(v, c);
+    wake_waiters(v);
+    return 0;
+  }
+  case WF_OP_GET:
+    return handle_get(v, c, &r);
+  case WF_OP_ADD: {
+    if (wf_store_rd_key(&r, &k)) return -1;
+    int64_t delta = (int64_t)wf_rd_u64(&r), cur = 0;
+    if (r.bad || r.pos != r.len) return -1;
+    entry *e = tab_find(v, k);
+    if (e && parse_i64(e->val, e->vlen, &cur)) {
+      resp_error(v, c, WEFT_EINVAL, "the key holds a value that is not an integer");
+      return 0;
+    }
+    if ((delta > 0 && cur > INT64_MAX - delta) || (delta < 0 && cur < INT64_MIN - delta)) {
+      resp_error(v, c, WEFT_EINVAL, "int64 overflow");
+      return 0;
+    }
+    cur += delta;
+    char num[24];
+    int len = snprintf(num, sizeof num, "%lld", (long long)cur);
+    if (tab_set(v, k, num, (size_t)len, 0)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    resp_begin(c, 0);
+    wf_store_wb_u64(&c->out, (uint64_t)cur);
+    frame_end(v, c, WF_OP_RESP);
+    if (!e) wake_waiters(v);
+    return 0;
+  }
+  case WF_OP_CHECK: {
+    uint32_t n = wf_rd_u32(&r);
+    if (r.bad || n > WF_ST_MAX_NKEYS) return -1;
+    int all = 1;
+    for (uint32_t i = 0; i < n; i++) {
+      if (wf_store_rd_key(&r, &k)) return -1;
+      if (!tab_find(v, k)) all = 0;
+    }
+    if (r.pos != r.len) return -1;
+    resp_begin(c, 0);
+    wf_store_wb_u8(&c->out, (uint8_t)all);
+    frame_end(v, c, WF_OP_RESP);
+    return 0;
+  }
+  case WF_OP_CAS: {
+    if (wf_store_rd_key(&r, &k) || wf_store_rd_val(&r, v->max_value, &a, &an) ||
+        wf_store_rd_val(&r, v->max_value, &b, &bn) || r.pos != r.len)
+      return -1;
+    entry *e = tab_find(v, k);
+    int swap = e ? (e->vlen == an && memcmp(e->val, a, an) == 0) : an == 0;
+    if (swap) {
+      if (tab_set(v, k, b, bn, 0)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+      e = tab_find(v, k);
+    }
+    resp_begin(c, 0);
+    if (e) wf_store_wb_val(&c->out, e->val, e->vlen);
+    else wf_store_wb_val(&c->out, NULL, 0);  /* absent and not created: empty */
+    frame_end(v, c, WF_OP_RESP);
+    if (swap) wake_waiters(v);
+    return 0;
+  }
+  case WF_OP_DELETE: {
+    if (wf_store_rd_key(&r, &k) || r.pos != r.len) return -1;
+    int d = tab_del(v, k);
+    resp_begin(c, 0);
+    wf_store_wb_u8(&c->out, (uint8_t)d);
+    frame_end(v, c, WF_OP_RESP);
+    return 0;
+  }
+  case WF_OP_NUM_KEYS:
+    if (r.len != 0) return -1;
+    resp_begin(c, 0);
+    wf_store_wb_u64(&c->out, (uint64_t)v->nent);
+    frame_end(v, c, WF_OP_RESP);
+    return 0;
+  }
+  return -1;
+}
+
+/* Largest payload each op may declare; anything above closes the connection
+ * before a byte of it is buffered. */
+static uint64_t op_limit(srv *v, int state, int op) {
+  uint64_t key = 4 + WF_ST_MAX_KEY, keys = 4 + WF_ST_MAX_KEYBYTES + 4ull * WF_ST_MAX_NKEYS;
+  if (state == C_AUTH) return op == WF_OP_AUTH ? 2 * WF_ST_NONCE : 0;
+  switch (op) {
+  case WF_OP_SET: return 4 + key + 8 + v->max_value;
+  case WF_OP_GET: return 4 + 4 + key + 8 + v->max_value + keys;
+  case WF_OP_ADD: return key + 8;
+  case WF_OP_CHECK: return keys;
+  case WF_OP_CAS: return key + 16 + 2ull * v->max_value;
+  case WF_OP_DELETE: return key;
+  case WF_OP_NUM_KEYS: return 0;
+  default: return UINT64_MAX;  /* not a request op */
+  }
+}
+
+static void conn_read(srv *v, conn *c) {
+  if (c->out.len) return;  /* a reply is still going out */
+  if (c->state == C_PARKED) {
+    /* A parked client only waits; bytes or EOF here end the connection. */
+    uint8_t b;
+    ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    conn_close(c, n > 0 ? "data from a client that is waiting" : NULL);
+    return;
+  }
+  size_t budget = 8u << 20;  /* fairness between connections */
+  while (!c->dead && budget > 0) {
+    if (!c->have_hdr) {
+      ssize_t n = recv(c->fd, c->hdr + c->hgot, WF_ST_HDR - c->hgot, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) { conn_close(c, c->hgot ? "connection ended inside a frame" : NULL); return; }
+      c->hgot += (size_t)n;
+      if (c->state == C_READY) c->rdeadline = wf_now_ms() + v->read_to;
+      if (c->hgot < WF_ST_HDR) continue;
+      c->op = c->hdr[5];
+      c->flags = (unsigned)c->hdr[6] << 8 | c->hdr[7];
+      c->plen = wf_get_u64(c->hdr + 8);
+      if (wf_get_u32(c->hdr) != WF_ST_MAGIC || c->hdr[4] != WF_ST_VERSION) {
+        conn_close(c, "bad magic or version (not a weft store client?)");
+        return;
+      }
+      uint64_t lim = op_limit(v, c->state, c->op);
+      if (lim == UINT64_MAX || (c->state == C_AUTH && c->op != WF_OP_AUTH)) {
+        conn_close(c, "unexpected frame type");
+        return;
+      }
+      if (c->plen > lim) {
+        wf_log(1, "store server: frame of %llu bytes over the limit of %llu (WEFT_STORE_MAX_VALUE)",
+               (unsigned long long)c->plen, (unsigned long long)lim);
+        conn_close(c, "oversized frame");
+        return;
+      }
+      c->have_hdr = 1;
+      c->in.len = 0;
+      c->in.err = 0;
+    }
+    if (c->in.len < c->plen) {
+      size_t want = (size_t)c->plen - c->in.len;
+      if (c->in.cap - c->in.len < want) {
+        /* Grow with what arrives, not with what the header claims. */
+        size_t step = c->in.cap > (64u << 10) ? c->in.cap : (64u << 10);
+        wf_store_wb_reserve(&c->in, want < step ? want : step);
+        if (c->in.err) { conn_close(c, "out of memory for a frame"); return; }
+      }
+      size_t room = c->in.cap - c->in.len;
+      if (room > want) room = want;
+      if (room > budget) room = budget;
+      ssize_t n = recv(c->fd, c->in.p + c->in.len, room, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) { conn_close(c, "connection ended inside a frame"); return; }
+      c->in.len += (size_t)n;
+      budget -= (size_t)n;
+      if (c->state == C_READY) c->rdeadline = wf_now_ms() + v->read_to;
+      if (c->in.len < c->plen) continue;
+    }
+    c->have_hdr = 0;
+    c->hgot = 0;
+    if (c->state == C_READY) c->rdeadline = 0;
+    if (handle_frame(v, c) < 0) { conn_close(c, "malformed frame"); return; }
+    if (c->state != C_PARKED) wf_store_wb_trim(&c->in);
+    if (c->dead || c->state == C_PARKED || c->out.len) return;
+  }
+}
+
+static void srv_accept(srv *v) {
+  for (;;) {
+    int fd = accept4(v->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        wf_log(1, "store server: accept: %s; pausing accepts", strerror(errno));
+        v->accept_pause_until = wf_now_ms() + 100;
+      }
+      return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    conn *c = calloc(1, sizeof *c);
+    if (c && v->nc == v->capc) {
+      int cap = v->capc ? v->capc * 2 : 16;
+      conn **nc = realloc(v->c, (size_t)cap * sizeof *nc);
+      if (nc) { v->c = nc; v->capc = cap; }
+    }
+    if (!c || v->nc == v->capc) { free(c); close(fd); continue; }
+    c->fd = fd;
+    c->state = v->slen ? C_AUTH : C_READY;
+    if (v->slen) c->rdeadline = wf_now_ms() + v->read_to;  /* handshake must finish */
+    wf_store_random_bytes(c->snonce, sizeof c->snonce);
+    v->c[v->nc++] = c;
+    wf_store_wb_reserve(&c->out, WF_ST_HDR);
+    c->out.len = c->out.err ? 0 : WF_ST_HDR;
+    wf_store_wb_u8(&c->out, v->slen ? 1 : 0);
+    wf_store_wb_put(&c->out, c->snonce, WF_ST_NONCE);
+    frame_end(v, c, WF_OP_HELLO);
+  }
+}
+
+static void conn_free(conn *c) {
+  if (!c->dead) close(c->fd);
+  wf_store_wb_free(&c->in);
+  wf_store_wb_free(&c->out);
+  free(c->keys);
+  free(c);
+}
+
+static void srv_expire(srv *v, int64_t now) {
+  for (int i = 0; i < v->nc; i++) {
+    conn *c = v->c[i];
+    if (c->dead) continue;
+    if (c->state == C_PARKED && c->pdeadline <= now) get_missing_answer(v, c, WEFT_ETIMEOUT);
+    else if (c->rdeadline && c->rdeadline <= now)
+      conn_close(c, c->state == C_AUTH ? "handshake timed out" : "incomplete frame timed out");
+    else if (c->wdeadline && c->wdeadline <= now) conn_close(c, "client is not reading");
+  }
+  int j = 0;
+  for (int i = 0; i < v->nc; i++) {
+    if (v->c[i]->dead) conn_free(v->c[i]);
+    else v->c[j++] = v->c[i];
+  }
+  v->nc = j;
+}
+
+static int64_t earliest(int64_t a, int64_t b) { return (a == 0 || (b != 0 && b < a)) ? b : a; }
+
+static void *srv_main(void *arg) {
+  srv *v = arg;
+  while (!__atomic_load_n(&v->stop, __ATOMIC_ACQUIRE)) {
+    if (v->cap_pfd < v->nc + 2) {
+      int cap = (v->nc + 2) * 2;
+      struct pollfd *p = realloc(v->pfd, (size_t)cap * sizeof *p);
+      if (!p) { wf_backoff(&(int){100000}, 100000); continue; }
+      v->pfd = p;
+      v->cap_pfd = cap;
+    }
+    int64_t now = wf_now_ms(), next = 0;
+    v->pfd[0] = (struct pollfd){.fd = v->wake[0], .events = POLLIN};
+    int paused = v->accept_pause_until > now;
+    v->pfd[1] = (struct pollfd){.fd = paused ? -1 : v->lfd, .events = POLLIN};
+    if (paused) next = v->accept_pause_until;
+    int n = v->nc;
+    for (int i = 0; i < n; i++) {
+      conn *c = v->c[i];
+      int sending = c->out.len > 0;
+      v->pfd[i + 2] = (struct pollfd){.fd = c->fd, .events = sending ? POLLOUT : POLLIN};
+      if (c->state == C_PARKED) next = earliest(next, c->pdeadline);
+      next = earliest(next, c->rdeadline);
+      if (sending) next = earliest(next, c->wdeadline);
+    }
+    int timeout = next == 0 ? -1 : (next <= now ? 0 : (int)(next - now > 60000 ? 60000 : next - now));
+    int r = poll(v->pfd, (nfds_t)n + 2, timeout);
+    if (r < 0 && errno != EINTR) {
+      wf_log(1, "store server: poll: %s", strerror(errno));
+      wf_backoff(&(int){10000}, 10000);
+      continue;
+    }
+    if (r > 0) {
+      if (v->pfd[0].revents) {
+        char buf[64];
+        while (read(v->wake[0], buf, sizeof buf) > 0) {}
+      }
+      for (int i = 0; i < n; i++) {
+        conn *c = v->c[i];
+        short re = v->pfd[i + 2].revents;
+        if (!re || c->dead) continue;
+        if ((re & POLLOUT) || c->out.len) conn_flush(v, c);  /* errors surface in send */
+        else conn_read(v, c);
+      }
+      if (v->pfd[1].revents) srv_accept(v);
+    }
+    srv_expire(v, wf_now_ms());
+  }
+  return NULL;
+}
+
+static void srv_free(srv *v) {
+  if (!v) return;
+  for (int i = 0; i < v->nc; i++) conn_free(v->c[i]);
+  free(v->c);
+  free(v->pfd);
+  if (v->tab)
+    for (size_t i = 0; i < v->nb; i++)
+      for (entry *e = v->tab[i], *nx; e; e = nx) { nx = e->next; entry_free(e); }
+  free(v->tab);
+  if (v->lfd >= 0) close(v->lfd);
+  if (v->wake[0] >= 0) close(v->wake[0]);
+  if (v->wake[1] >= 0) close(v->wake[1]);
+  free(v);
+}
+
+void wf_store_srv_stop(wf_store_srv *v) {
+  if (!v) return;
+  if (v->started) {
+    __atomic_store_n(&v->stop, 1, __ATOMIC_RELEASE);
+    char b = 1;
+    while (write(v->wake[1], &b, 1) < 0 && errno == EINTR) {}
+    pthread_join(v->th, NULL);
+  }
+  srv_free(v);
+}
+
+int wf_store_srv_start(const char *bind_host, int port, const char *secret, wf_store_srv **out,
+                       int *actual_port) {
+  char where[300], portstr[16];
+  wf_store_fmt_where(where, sizeof where, bind_host, port);
+  srv *v = calloc(1, sizeof *v);
+  if (!v) return wf_error(WEFT_ENOMEM, "store open: out of memory for the server");
+  v->lfd = v->wake[0] = v->wake[1] = -1;
+  v->nb = 64;
+  v->tab = calloc(v->nb, sizeof *v->tab);
+  v->max_value = wf_store_env_max_value();
+  v->read_to = wf_env_long("WEFT_STORE_READ_TIMEOUT_MS", DEFAULT_READ_TIMEOUT_MS);
+  if (v->read_to <= 0) v->read_to = DEFAULT_READ_TIMEOUT_MS;
+  v->secret = secret;
+  v->slen = secret ? strlen(secret) : 0;
+  if (!v->tab) { srv_free(v); return wf_error(WEFT_ENOMEM, "store open: out of memory for the server"); }
+
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+  snprintf(portstr, sizeof portstr, "%d", port);
+  int g = getaddrinfo(bind_host, portstr, &hints, &ai);
+  if (g) {
+    srv_free(v);
+    return wf_error(WEFT_ESYS, "store open: cannot resolve bind address %s: %s", where, gai_strerror(g));
+  }
+  int err = 0;
+  for (struct addrinfo *a = ai; a && v->lfd < 0; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) { err = errno; continue; }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) { v->lfd = fd; break; }
+    err = errno;
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  if (v->lfd < 0) {
+    srv_free(v);
+    errno = err;
+    if (err == EADDRINUSE)
+      return wf_error(WEFT_ESYS, "store open: cannot listen on %s: address already in use "
+                                 "(another store running? choose another port)", where);
+    return wf_error_errno(WEFT_ESYS, "store open: cannot listen on %s", where);
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (getsockname(v->lfd, (struct sockaddr *)&ss, &sl) == 0)
+    *actual_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                  : ((struct sockaddr_in *)&ss)->sin_port);
+  wf_store_fmt_where(v->where, sizeof v->where, bind_host, *actual_port);
+  if (pipe2(v->wake, O_NONBLOCK | O_CLOEXEC) < 0) {
+    srv_free(v);
+    return wf_error_errno(WEFT_ESYS, "store open: self-pipe for the server");
+  }
+  /* The server thread takes no signals: they stay with the application. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int pe = pthread_create(&v->th, NULL, srv_main, v);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (pe) {
+    srv_free(v);
+    errno = pe;
+    return wf_error_errno(WEFT_ESYS, "store open: cannot start the server thread");
+  }
+  v->started = 1;
+  wf_log(1, "store server: listening on %s", v->where);
+  *out = v;
+  return 0;
+}
