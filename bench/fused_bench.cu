@@ -1008,6 +1008,22 @@ static void sweep(int quick) {
       say("  sweep  %-16s %6lld x %-5lld %10.2f us\n", be, (long long)T, (long long)H, us);
     }
     wf_fused_set_push_ahead(0);
+    /* rows split over a cluster here too (the automatic rule keeps one block
+     * per row once tokens x C blocks exceed two per SM) */
+    for (int c : {2, 4}) {
+      wf_fused_set_tune(c, 0);
+      int al = 0, b = 0, t = 0, cl = 0;
+      int64_t bad = wf_fusion_geometry(ws, &pf, &al, &b, &t, &cl) != 0;
+      WK(weft_cpugroup_allreduce_i64(g_cg, &bad, 1, WEFT_MAX));
+      if (bad) continue;
+      const double us = timed(ws, pf, 0, R);
+      char be[32];
+      snprintf(be, sizeof be, "oneshot_c%d", c);
+      g_recs.push_back({"fused_ar_rmsnorm", be, T, H, T * H * 2, us});
+      say("  sweep  %-16s %6lld x %-5lld %10.2f us   (%d blocks x %d threads, %d per row group)\n", be,
+          (long long)T, (long long)H, us, b, t, cl);
+    }
+    wf_fused_set_tune(0, 0);
   }
   sync_and_check_error(ws, "sweep");
   cudaFree(trace);
