@@ -60,19 +60,19 @@ function stage.all_reduce(g, op, t, out_ptr, rop)
   dst:copy_(h)
   h:free()
 end
-function stage.all_gather(g, op, t, dim, out)
+-- t staged on the host, host_op(h) -> a new host tensor, copied into out
+local function via_host(g, op, t, out, host_op)
   stage_check(g, op, t, out)
   local h = host_clone(t)
-  local ho = g:all_gather(h, dim)
+  local ho = host_op(h)
   out:copy_(ho)
   h:free(); ho:free()
 end
+function stage.all_gather(g, op, t, dim, out)
+  via_host(g, op, t, out, function(h) return g:all_gather(h, dim) end)
+end
 function stage.reduce_scatter(g, op, t, dim, out, rop)
-  stage_check(g, op, t, out)
-  local h = host_clone(t)
-  local ho = g:reduce_scatter(h, dim, nil, rop)
-  out:copy_(ho)
-  h:free(); ho:free()
+  via_host(g, op, t, out, function(h) return g:reduce_scatter(h, dim, nil, rop) end)
 end
 function stage.broadcast_tensor(g, op, t, src)
   stage_check(g, op, t)
@@ -114,18 +114,10 @@ function stage.all_to_all_single(g, op, out, inp, in_splits, out_splits)
   hi:free(); ho:free()
 end
 function stage.all_gatherv(g, op, t, sizes, out)
-  stage_check(g, op, t, out)
-  local h = host_clone(t)
-  local ho = g:all_gatherv(h, sizes)
-  out:copy_(ho)
-  h:free(); ho:free()
+  via_host(g, op, t, out, function(h) return g:all_gatherv(h, sizes) end)
 end
 function stage.reduce_scatterv(g, op, t, sizes, out, rop)
-  stage_check(g, op, t, out)
-  local h = host_clone(t)
-  local ho = g:reduce_scatterv(h, nil, sizes, rop)
-  out:copy_(ho)
-  h:free(); ho:free()
+  via_host(g, op, t, out, function(h) return g:reduce_scatterv(h, nil, sizes, rop) end)
 end
 M.stage = stage
 

@@ -944,12 +944,7 @@ local function split_dict(g, op, dict)
   local meta, tensors = {}, {}
   local keys = {}
   for k in pairs(dict) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b)
-    local ta, tb = type(a), type(b)
-    if ta ~= tb then return ta < tb end
-    if ta == "number" or ta == "string" then return a < b end
-    return tostring(a) < tostring(b)
-  end)
+  table.sort(keys, serialize.key_less)
   for _, k in ipairs(keys) do
     local v = dict[k]
     if tm.is_tensor(v) then

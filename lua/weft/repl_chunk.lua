@@ -8,6 +8,7 @@
 local concat, format = table.concat, string.format
 local now_ms = require("weft.clock").now_ms
 local drain = require("weft.repl_input").drain
+local key_less = require("weft.serialize").key_less
 
 local M = {}
 
@@ -183,12 +184,7 @@ local function show_table(t, depth, seen)
   for k in pairs(t) do
     if not (type(k) == "number" and k >= 1 and k <= len and k % 1 == 0) then keys[#keys + 1] = k end
   end
-  table.sort(keys, function(a, b)
-    local ta, tb = type(a), type(b)
-    if ta ~= tb then return ta < tb end
-    if ta == "number" or ta == "string" then return a < b end
-    return tostring(a) < tostring(b)
-  end)
+  table.sort(keys, key_less)
   for _, k in ipairs(keys) do
     n = n + 1
     if shown < M.SHOW_ITEMS then

@@ -211,6 +211,16 @@ function encode_value(b, v, depth, visiting, path, max_depth, index, is_key)
   end
 end
 
+-- A total order over table keys of mixed types (by type name, then value;
+-- other types by their text): the same key order on every rank, for
+-- tensor dicts and for the REPL's listings.
+function M.key_less(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta < tb end
+  if ta == "number" or ta == "string" then return a < b end
+  return tostring(a) < tostring(b)
+end
+
 -- encode(value [, {max_depth=}]) -> string
 function M.encode(v, opts)
   local max_depth = opts and opts.max_depth or M.MAX_DEPTH
