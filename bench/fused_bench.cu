@@ -1008,6 +1008,20 @@ static void sweep(int quick) {
       say("  sweep  %-16s %6lld x %-5lld %10.2f us\n", be, (long long)T, (long long)H, us);
     }
     wf_fused_set_push_ahead(0);
+    /* where the time goes at these sizes too (probes leave work out) */
+    {
+      const weft_fusion_params pa = params(v, d, WEFT_FUSION_AR, WEFT_FUSION_ONESHOT,
+                                           WEFT_FUSION_FP32_ACC | WEFT_FUSION_PDL, 1e-6f);
+      struct Ab { const char *be, *op; const weft_fusion_params *p; int probe; };
+      const Ab abs[] = {{"oneshot_auto_noreduce", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_REDUCE},
+                        {"oneshot_auto_resadd", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_NORM},
+                        {"fused_ar_oneshot_auto", "all_reduce", &pa, 0}};
+      for (const Ab &x : abs) {
+        const double us = timed(ws, *x.p, x.probe, R);
+        g_recs.push_back({x.op, x.be, T, H, T * H * 2, us});
+        say("  sweep  %-22s %6lld x %-5lld %10.2f us\n", x.be, (long long)T, (long long)H, us);
+      }
+    }
     /* rows split over a cluster here too (the automatic rule keeps one block
      * per row once tokens x C blocks exceed two per SM) */
     for (int c : {2, 4}) {
