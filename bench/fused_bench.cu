@@ -805,6 +805,16 @@ template <class F> static double time_graph(F enqueue, int K, int R, uint64_t sk
   return (double)v / 1000.0;
 }
 
+/* A bf16 workspace for the timing parts (10 s timeout). */
+static weft_fusion *bench_workspace(int64_t max_tokens, int64_t hidden) {
+  weft_fusion_opts o;
+  memset(&o, 0, sizeof o);
+  o.max_tokens = max_tokens; o.hidden = hidden; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
+  weft_fusion *ws = nullptr;
+  WK(weft_fusion_create(g_cg, &o, &ws));
+  return ws;
+}
+
 /* Fresh random device data for one benchmark point (bf16; the input
  * differs per rank): seeds a (input), a + 1 (residual), a + 2 (weight). */
 static HostData fresh_point(const Dev &v, int64_t T, int64_t H, uint64_t a) {
@@ -820,11 +830,7 @@ static HostData fresh_point(const Dev &v, int64_t T, int64_t H, uint64_t a) {
 static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
   const int64_t toks[] = {1, 8, 32, 128, 512, 2048, 8192};
   const int64_t hids[] = {4096, 8192};
-  weft_fusion_opts o;
-  memset(&o, 0, sizeof o);
-  o.max_tokens = 8192; o.hidden = 8192; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
-  weft_fusion *ws = nullptr;
-  WK(weft_fusion_create(g_cg, &o, &ws));
+  weft_fusion *ws = bench_workspace(8192, 8192);
   Dev v;
   v.alloc(8192, 8192, WEFT_BF16);
   for (int64_t H : hids)
@@ -922,11 +928,7 @@ static double timed(weft_fusion *ws, const weft_fusion_params &p, int probe, int
  * AR pattern, and with the input loaded late (the old prologue), timed; and
  * the phase clock of the fused and the AR call. */
 static void sweep(int quick) {
-  weft_fusion_opts o;
-  memset(&o, 0, sizeof o);
-  o.max_tokens = 2048; o.hidden = 16384; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
-  weft_fusion *ws = nullptr;
-  WK(weft_fusion_create(g_cg, &o, &ws));
+  weft_fusion *ws = bench_workspace(2048, 16384);
   Dev v;
   v.alloc(2048, 16384, WEFT_BF16);
   unsigned long long *trace = nullptr;
@@ -1052,11 +1054,7 @@ static void sweep(int quick) {
  * OLD_SPIN) each call instead lasted about (waiting threads) x 31 ns and kept
  * the peer late for the next call: the stuck state of the 2026-11-30 run. */
 static void skew_test(int quick) {
-  weft_fusion_opts o;
-  memset(&o, 0, sizeof o);
-  o.max_tokens = 128; o.hidden = 8192; o.dtype = WEFT_BF16; o.timeout_ms = 10000;
-  weft_fusion *ws = nullptr;
-  WK(weft_fusion_create(g_cg, &o, &ws));
+  weft_fusion *ws = bench_workspace(128, 8192);
   Dev v;
   v.alloc(128, 8192, WEFT_BF16);
   const int R = quick ? 5 : 15;

@@ -270,10 +270,6 @@ typedef struct {
   char name[64];
 } create_msg;
 
-typedef struct {
-  int32_t rc, pid;
-  char err[200];
-} attach_status;
 
 int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks, weft_mq **out) {
   static const char op[] = "weft_mq_create";
@@ -345,44 +341,12 @@ int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks,
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
 
-  /* 2. everyone reports; index 0 then removes the name whatever happened, so
-   * nothing is left in /dev/shm even if a rank dies later. */
-  attach_status st;
-  memset(&st, 0, sizeof st);
-  st.rc = my_rc;
-  st.pid = (int32_t)getpid();
-  snprintf(st.err, sizeof st.err, "%s", my_err);
-  const void *all;
-  const size_t *lens;
-  rc = weft_cpugroup_allgather(g, &st, sizeof st, &all, &lens);
-  if (index == 0 && m.ok) wf_shm_unlink(m.name);
+  /* 2. everyone reports; index 0 removes the name whatever happened */
+  rc = wf_shm_confirm_attach(g, index, size, granks, my_rc, my_err, m.ok ? m.name : NULL, op,
+                             gname);
   if (rc) {
     mq_close(q);
-    return wf_error_context(rc, "%s: group '%s': confirming the attachment", op, gname);
-  }
-  char msg[900], prefix[128];
-  int plen = snprintf(prefix, sizeof prefix, "%s: group '%s': ", op, gname);
-  if (plen < 0 || plen >= (int)sizeof prefix) plen = 0;
-  size_t k = 0;
-  int first_rc = 0;
-  msg[0] = '\0';
-  for (int i = 0; i < size; i++) {
-    attach_status s;
-    if (lens[i] != sizeof s) { if (!first_rc) first_rc = WEFT_EPROTO; continue; }
-    memcpy(&s, (const uint8_t *)all + sizeof s * (size_t)i, sizeof s);
-    if (s.rc == 0 || k + 1 >= sizeof msg) continue;
-    s.err[sizeof s.err - 1] = '\0';
-    if (!first_rc) first_rc = s.rc;
-    const char *e = s.err;
-    if (plen && !strncmp(e, prefix, (size_t)plen)) e += plen; /* said once, in front */
-    int w = snprintf(msg + k, sizeof msg - k, "%srank %d (global %d): %s", k ? "; " : "", i,
-                     granks ? granks[i] : i, e);
-    if (w > 0) k += (size_t)w;
-  }
-  if (first_rc) {
-    mq_close(q);
-    return wf_error(my_rc ? my_rc : first_rc, "%s: group '%s': %s", op, gname,
-                    msg[0] ? msg : "bad attach report");
+    return rc;
   }
   /* Same pid namespace everywhere: liveness checks are meaningful. */
   q->check_pids = 1;

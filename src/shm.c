@@ -39,12 +39,6 @@ int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op) {
   return 0;
 }
 
-/* What each rank reports after trying to attach. */
-typedef struct {
-  int32_t rc;
-  int32_t pid;
-  char err[120];
-} attach_status;
 
 typedef struct {
   int32_t ok;
@@ -68,7 +62,7 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
   create_msg m;
   memset(&m, 0, sizeof m);
   int my_rc = 0;
-  char my_err[120] = "";
+  char my_err[200] = "";
   if (gi.index == 0) {
     wf_shm_sweep(2 * (gi.timeout_ms / 1000) + 60);
     my_rc = wf_shm_random_name("shm", m.name, sizeof m.name);
@@ -105,38 +99,12 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
 
-  /* 2. everyone reports; then index 0 removes the name whatever happened, so
-   * nothing is left in /dev/shm even if a rank dies later. */
-  attach_status st;
-  memset(&st, 0, sizeof st);
-  st.rc = my_rc;
-  st.pid = (int32_t)getpid();
-  snprintf(st.err, sizeof st.err, "%s", my_err);
-  const void *all;
-  const size_t *lens;
-  rc = weft_cpugroup_allgather(g, &st, sizeof st, &all, &lens);
-  if (gi.index == 0 && m.ok) wf_shm_unlink(m.name);
+  /* 2. everyone reports; index 0 removes the name whatever happened */
+  rc = wf_shm_confirm_attach(g, gi.index, gi.size, gi.ranks, my_rc, my_err, m.ok ? m.name : NULL,
+                             op, gname);
   if (rc) {
     wf_shm_close(c);
-    return wf_error_context(rc, "%s: group '%s': confirming the attachment", op, gname);
-  }
-  char msg[700];
-  size_t k = 0;
-  int first_rc = 0;
-  msg[0] = '\0';
-  for (int i = 0; i < gi.size; i++) {
-    attach_status s;
-    memcpy(&s, (const uint8_t *)all + sizeof s * (size_t)i, sizeof s);
-    if (s.rc == 0 || k + 1 >= sizeof msg) continue;
-    s.err[sizeof s.err - 1] = '\0';
-    if (!first_rc) first_rc = s.rc;
-    int w = snprintf(msg + k, sizeof msg - k, "%srank %d (global %d): %s", k ? "; " : "", i,
-                     gi.ranks ? gi.ranks[i] : i, s.err);
-    if (w > 0) k += (size_t)w;
-  }
-  if (first_rc) {
-    wf_shm_close(c);
-    return wf_error(my_rc ? my_rc : first_rc, "%s: group '%s': %s", op, gname, msg);
+    return rc;
   }
   c->name[0] = '\0'; /* unlinked */
   *out = c;

@@ -96,6 +96,15 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
 /* Creator side without a cpu group: wait until every rank attached. */
 int wf_shm_wait_attached(weft_shm *c);
 int wf_shm_unlink(const char *name);
+/* Step 2 of creating a segment shared by a group: every rank reports how its
+ * attach went (my_rc, and my_err when it failed); group index 0 then unlinks
+ * name (NULL: nothing was created) whatever happened, so nothing is left in
+ * /dev/shm even if a rank dies later. 0 when every rank attached, else the
+ * error naming each rank that did not (its code: mine, or the first one's).
+ * shm.c and mq.c. */
+int wf_shm_confirm_attach(weft_cpugroup *g, int index, int size, const int *granks, int my_rc,
+                          const char *my_err, const char *name, const char *op,
+                          const char *gname);
 /* "/weft-<prefix>-<pid>-<32 hex from getrandom>" (needs 64 bytes at most for
  * a short prefix) */
 int wf_shm_random_name(const char *prefix, char *buf, size_t n);

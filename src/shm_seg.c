@@ -85,6 +85,50 @@ size_t wf_shm_segment_bytes(int world, size_t slot) {
   return data_off + 2 * (size_t)world * slot;
 }
 
+/* What each rank reports after trying to attach. */
+typedef struct {
+  int32_t rc, pid;
+  char err[200];
+} attach_status;
+
+int wf_shm_confirm_attach(weft_cpugroup *g, int index, int size, const int *granks, int my_rc,
+                          const char *my_err, const char *name, const char *op,
+                          const char *gname) {
+  attach_status st;
+  memset(&st, 0, sizeof st);
+  st.rc = my_rc;
+  st.pid = (int32_t)getpid();
+  snprintf(st.err, sizeof st.err, "%s", my_err);
+  const void *all;
+  const size_t *lens;
+  int rc = weft_cpugroup_allgather(g, &st, sizeof st, &all, &lens);
+  if (index == 0 && name) wf_shm_unlink(name);
+  if (rc) return wf_error_context(rc, "%s: group '%s': confirming the attachment", op, gname);
+  char msg[900], prefix[128];
+  int plen = snprintf(prefix, sizeof prefix, "%s: group '%s': ", op, gname);
+  if (plen < 0 || plen >= (int)sizeof prefix) plen = 0;
+  size_t k = 0;
+  int first_rc = 0;
+  msg[0] = '\0';
+  for (int i = 0; i < size; i++) {
+    attach_status s;
+    if (lens[i] != sizeof s) { if (!first_rc) first_rc = WEFT_EPROTO; continue; }
+    memcpy(&s, (const uint8_t *)all + sizeof s * (size_t)i, sizeof s);
+    if (s.rc == 0 || k + 1 >= sizeof msg) continue;
+    s.err[sizeof s.err - 1] = '\0';
+    if (!first_rc) first_rc = s.rc;
+    const char *e = s.err;
+    if (plen && !strncmp(e, prefix, (size_t)plen)) e += plen; /* said once, in front */
+    int w = snprintf(msg + k, sizeof msg - k, "%srank %d (global %d): %s", k ? "; " : "", i,
+                     granks ? granks[i] : i, e);
+    if (w > 0) k += (size_t)w;
+  }
+  if (first_rc)
+    return wf_error(my_rc ? my_rc : first_rc, "%s: group '%s': %s", op, gname,
+                    msg[0] ? msg : "bad attach report");
+  return 0;
+}
+
 int wf_shm_unlink(const char *name) {
   if (shm_unlink(name) != 0 && errno != ENOENT)
     return wf_error_errno(WEFT_ESYS, "shm: shm_unlink(%s)", name);

@@ -89,35 +89,22 @@ local WORLD = 2
 local output, exit_ok
 
 local function run_once()
-  if output then return end
-  output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_AR_BENCH", "build/ar_bench", "ar-bench"),
-                                  ("--validate --dead-peer --leak 200 --quick --max-bytes %d --out %%s")
-                                  :format(16 * 1048576))
+  if not output then
+    output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_AR_BENCH", "build/ar_bench", "ar-bench"),
+                                    ("--validate --dead-peer --leak 200 --quick --max-bytes %d --out %%s")
+                                    :format(16 * 1048576))
+  end
+  return output, exit_ok
 end
 
-local function need_gpus() return G.need_gpus(WORLD, pending) end
-
 describe("weft all-reduce with 2 ranks #gpu", function()
-  local groups = {
-    "eager", "shape", "set_param rejects bad values", "size", "burst", "graph replay",
-    "graph 7 replays", "eager-after-graph",
-    "bad input rejected", "dead peer reported", "failed handle refuses", "abort ends",
-    "vmm 200 create/destroy cycles leak nothing", "allreduce 20 create/run/destroy",
-  }
-  for _, name in ipairs(groups) do
-    it(name, function()
-      if not need_gpus() then return end
-      run_once()
-      local fails, passed = G.group_result(output, name)
-      assert.are.equal(0, #fails, table.concat(fails, "\n"))
-      assert.is_truthy(passed,
-                       "never reported '" .. name .. "'; output tail:\n" .. output:sub(-3000))
-    end)
-  end
-
-  it("both ranks exit cleanly", function()
-    if not need_gpus() then return end
-    run_once()
-    assert.is_true(exit_ok, output:sub(-3000))
-  end)
+  G.harness_checks({ it = it, assert = assert, pending = function(why) pending(why) end }, {
+    world = WORLD, run = run_once,
+    groups = {
+      "eager", "shape", "set_param rejects bad values", "size", "burst", "graph replay",
+      "graph 7 replays", "eager-after-graph",
+      "bad input rejected", "dead peer reported", "failed handle refuses", "abort ends",
+      "vmm 200 create/destroy cycles leak nothing", "allreduce 20 create/run/destroy",
+    },
+  })
 end)

@@ -78,30 +78,18 @@ local WORLD = 2
 local output, exit_ok
 
 local function run_once()
-  if output then return end
-  output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_FUSED_BENCH", "build/fused_bench", "fused-bench"),
-                                  "--quick --no-bench --out %s")
+  if not output then
+    output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_FUSED_BENCH", "build/fused_bench", "fused-bench"),
+                                    "--quick --no-bench --out %s")
+  end
+  return output, exit_ok
 end
 
-local function need_gpus() return G.need_gpus(WORLD, pending) end
-
 describe("weft fused all-reduce + RMSNorm with 2 ranks #gpu", function()
-  local groups = { "refusal", "after refusals", "matrix", "variant", "pdl", "stress", "graph", "fault" }
-  for _, name in ipairs(groups) do
-    it(name, function()
-      if not need_gpus() then return end
-      run_once()
-      -- the harness prints "<group>: ..." except the PDL lines ("pdl eager ...")
-      local fails, passed = G.group_result(output, name == "pdl" and "pdl " or name .. ":")
-      assert.are.equal(0, #fails, table.concat(fails, "\n"))
-      assert.is_truthy(passed,
-                       "never reported '" .. name .. "'; output tail:\n" .. output:sub(-3000))
-    end)
-  end
-
-  it("both ranks exit cleanly", function()
-    if not need_gpus() then return end
-    run_once()
-    assert.is_true(exit_ok, output:sub(-3000))
-  end)
+  G.harness_checks({ it = it, assert = assert, pending = function(why) pending(why) end }, {
+    world = WORLD, run = run_once,
+    groups = { "refusal", "after refusals", "matrix", "variant", "pdl", "stress", "graph", "fault" },
+    -- the harness prints "<group>: ..." except the PDL lines ("pdl eager ...")
+    label = function(name) return name == "pdl" and "pdl " or name .. ":" end,
+  })
 end)

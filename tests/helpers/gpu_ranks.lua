@@ -109,6 +109,31 @@ function G.rank_checks(bt, o)
   end)
 end
 
+-- Inside a spec's describe, for a harness whose check groups print PASS/FAIL
+-- lines (G.group_result): one test per name in o.groups (its label in the
+-- output: o.label(name), default the name) and "both ranks exit cleanly".
+-- o.run() -> output, exit ok (the harness runs once); o.world GPUs needed.
+-- bt: as for G.rank_checks.
+function G.harness_checks(bt, o)
+  local it, pending, assert = bt.it, bt.pending, bt.assert
+  local label = o.label or function(name) return name end
+  for _, name in ipairs(o.groups) do
+    it(name, function()
+      if not G.need_gpus(o.world, pending) then return end
+      local output = o.run()
+      local fails, passed = G.group_result(output, label(name))
+      assert.are.equal(0, #fails, table.concat(fails, "\n"))
+      assert.is_truthy(passed, "never reported '" .. name .. "'; output tail:\n" .. output:sub(-3000))
+    end)
+  end
+
+  it("both ranks exit cleanly", function()
+    if not G.need_gpus(o.world, pending) then return end
+    local output, ok = o.run()
+    assert.is_true(ok, output:sub(-3000))
+  end)
+end
+
 -- ---------------------------------------------------------------- rank side
 
 -- Soft checks of one rank. S.want(cond, fmt, ...) inside S.run records a
