@@ -2,6 +2,7 @@
  * dtype conversion and error comparison (the CPU side of every reference). */
 #include "internal.h"
 #include "fpconv.h"
+#include "host_arena.h"
 
 #include <float.h>
 #include <math.h>
@@ -14,7 +15,10 @@ void *weft_host_alloc(size_t bytes) {
   size_t n = (bytes + 63u) & ~(size_t)63u;
   if (n < bytes) { wf_error(WEFT_ENOMEM, "host_alloc: %zu bytes overflows", bytes); return NULL; }
   if (n == 0) n = 64; /* a valid, freeable pointer even for empty tensors */
-  void *p = NULL;
+  /* large tensors live in the shared arena (zeroed): peers can read them in
+   * place (zero-copy host collectives) */
+  void *p = wf_arena_alloc(n);
+  if (p) return p;
   if (posix_memalign(&p, 64, n) != 0 || !p) {
     wf_error(WEFT_ENOMEM, "host_alloc: cannot allocate %zu bytes", bytes);
     return NULL;
@@ -23,7 +27,14 @@ void *weft_host_alloc(size_t bytes) {
   return p;
 }
 
-void weft_host_free(void *p) { free(p); }
+void weft_host_free(void *p) {
+  if (p && !wf_arena_free(p)) free(p);
+}
+
+int weft_host_is_shared(const void *p, size_t bytes) {
+  uint64_t off;
+  return p && wf_arena_lookup(p, bytes, &off);
+}
 
 /* ---- dtype classes ---- */
 

@@ -107,9 +107,24 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
     return rc;
   }
   c->name[0] = '\0'; /* unlinked */
+  if ((rc = wf_shm_zc_setup(c, g))) {
+    wf_shm_close(c);
+    return rc;
+  }
   *out = c;
-  wf_log(1, "shm: group '%s': %d ranks, %zu bytes per slot, segment %zu bytes", gname,
-         gi.size, slot, c->map_len);
+  wf_log(1, "shm: group '%s': %d ranks, %zu bytes per slot, segment %zu bytes, zero-copy %s",
+         gname, gi.size, slot, c->map_len, c->zc ? "on" : "off");
+  return 0;
+}
+
+int weft_shm_get_info(weft_shm *c, weft_shm_info *out) {
+  WF_CHECK_ARG(c && out, "weft_shm_get_info: NULL communicator or out pointer");
+  memset(out, 0, sizeof *out);
+  out->world = c->world;
+  out->zero_copy = c->zc;
+  out->zero_copy_min = c->zc_min;
+  out->zero_copy_calls = c->zc_calls;
+  out->segment_calls = c->seg_calls;
   return 0;
 }
 
@@ -126,16 +141,6 @@ static int done(weft_shm *c, int rc) {
 }
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
-
-/* Bounds of rank j's share of an n-element chunk split like a geo-element
- * one (geo >= n): cache-line-aligned pieces. */
-static inline void share(size_t geo, size_t n, int world, int j, size_t align, size_t *lo,
-                         size_t *hi) {
-  size_t seg = (geo + (size_t)world - 1) / (size_t)world;
-  seg = (seg + align - 1) / align * align;
-  *lo = min_sz((size_t)j * seg, n);
-  *hi = min_sz(*lo + seg, n);
-}
 
 /* A rank with bad arguments still takes part in the first barrier with a
  * descriptor nobody else has, so every rank fails now instead of timing out. */
@@ -163,6 +168,19 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   const uint8_t *src = in;
   uint8_t *dst = out;
   const size_t per = c->slot / es, align = 64 / es;
+  /* Zero-copy when every rank's buffers are arena memory (shm_zc.c). The
+   * offers go with the call's first barrier, so the decision is the same
+   * everywhere; when it is no, that barrier was the segment path's
+   * descriptor check and its own first barrier carries none. */
+  int checked = 0;
+  if (c->zc && count * es >= c->zc_min) {
+    wf_shm_zc_offer(c, d.call, in, out, count * es);
+    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
+    if (wf_shm_zc_agreed(c, d.call, count * es))
+      return done(c, wf_shm_zc_all_reduce(c, d.call, in, out, count, dtype, op, OP));
+    checked = 1;
+  }
+  c->seg_calls++;
   /* Two ranks: every rank reducing the whole chunk is as much traffic as the
    * split (each rank still writes N bytes and reads N written by the other
    * core; measured: no faster) and saves a barrier and the copy out, so they
@@ -175,7 +193,7 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
       size_t n = min_sz(per, count - off);
       uint64_t half = c->chunk++;
       memcpy(wf_shm_slot(c, half, c->me), src + off * es, n * es);
-      if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+      if ((rc = wf_shm_sync(c, off == 0 && !checked ? &d : NULL, OP))) return done(c, rc);
       for (size_t j = 0; j < world; j++) c->srcs[j] = wf_shm_slot(c, half, (int)j);
       c->srcs[c->me] = src + off * es;
       wf_reduce(dst + off * es, c->srcs, c->world, n, dtype, op);
@@ -203,14 +221,14 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
     if (n) {
       c->chunk++;
       uint8_t *mine = wf_shm_slot(c, half, c->me);
-      share(geo, n, c->world, c->me, align, &lo, &hi);
+      wf_shm_share(geo, n, c->world, c->me, align, &lo, &hi);
       memcpy(mine, src + off * es, lo * es);
       memcpy(mine + hi * es, src + (off + hi) * es, (n - hi) * es);
     }
-    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    if ((rc = wf_shm_sync(c, off == 0 && !checked ? &d : NULL, OP))) return done(c, rc);
     for (int j = 0; j < c->world && prev_n; j++) {
       size_t plo, phi;
-      share(geo, prev_n, c->world, j, align, &plo, &phi);
+      wf_shm_share(geo, prev_n, c->world, j, align, &plo, &phi);
       if (j != c->me && phi > plo)
         memcpy(dst + (prev_off + plo) * es, wf_shm_slot(c, prev_half, j) + plo * es,
                (phi - plo) * es);

@@ -47,7 +47,13 @@ typedef struct {
   uint64_t pidns;           /* pid namespace inode: liveness checks only if equal */
   char why[104];            /* reason, written before this rank sets the abort word */
   wf_shm_desc desc[2];      /* by call parity (a peer is at most one call ahead) */
-  uint8_t pad[128 - 2 * sizeof(wf_shm_desc)];
+  int32_t arena_fd;         /* this rank's host arena (memfd; host_arena.c), -1: none */
+  uint32_t reserved2;
+  uint64_t arena_bytes;
+  /* by call parity: the arena offsets of this call's input and output, or
+   * WF_ZC_NONE (zero-copy all_reduce, shm_zc.c) */
+  uint64_t zc_in[2], zc_out[2];
+  uint8_t pad[128 - 2 * sizeof(wf_shm_desc) - 48];
 } wf_shm_rank;
 _Static_assert(sizeof(wf_shm_rank) == WF_SHM_RANK, "rank block is 256 bytes");
 
@@ -79,11 +85,28 @@ struct weft_shm {
   uint32_t gen;         /* barriers passed */
   uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
   _Atomic int busy;     /* one operation in flight per communicator */
+  /* zero-copy (shm_zc.c): the peers' host arenas, mapped read-only */
+  const uint8_t **arena;   /* [world], NULL for this rank */
+  uint64_t *arena_bytes;   /* [world] */
+  int zc;                  /* every rank mapped every peer's arena */
+  size_t zc_min;           /* all_reduce from this many bytes (agreed) */
+  size_t zc_round;         /* bytes of the message per round (agreed; 0: by size) */
+  uint64_t zc_calls, seg_calls;
   int *ranks;           /* global ranks, for messages */
   const void **srcs;    /* scratch: one source pointer per rank */
   char group[64];
   char name[64];        /* segment name (already unlinked after create) */
 };
+
+/* Bounds of rank j's share of an n-element chunk split like a geo-element
+ * one (geo >= n): cache-line-aligned pieces. */
+static inline void wf_shm_share(size_t geo, size_t n, int world, int j, size_t align,
+                                size_t *lo, size_t *hi) {
+  size_t seg = (geo + (size_t)world - 1) / (size_t)world;
+  seg = (seg + align - 1) / align * align;
+  *lo = (size_t)j * seg < n ? (size_t)j * seg : n;
+  *hi = *lo + seg < n ? *lo + seg : n;
+}
 
 static inline uint8_t *wf_shm_slot(weft_shm *c, uint64_t half, int rank) {
   return c->data + ((size_t)(half & 1) * (size_t)c->world + (size_t)rank) * c->slot;
@@ -133,6 +156,26 @@ typedef struct {
   const int *ranks;
 } wf_group_info;
 int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op);
+
+/* Zero-copy all_reduce (shm_zc.c). setup: after the segment is confirmed,
+ * every rank publishes its arena and maps the peers' (all or nothing,
+ * agreed through the cpu group: a peer that cannot be mapped only means
+ * the segment path serves every call; an error only when the cpu group
+ * itself fails). wf_shm_close unmaps. */
+#define WF_ZC_NONE UINT64_MAX
+int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g);
+/* Whether this rank can take the zero-copy path for this call (its buffers
+ * are arena memory, the size is at least zc_min); publishes its offsets in
+ * its control block either way (before the call's first barrier). */
+int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, const void *out, size_t bytes);
+/* After the first barrier: 1 when every rank offered (then the caller runs
+ * wf_shm_zc_all_reduce), 0 when not. */
+int wf_shm_zc_agreed(weft_shm *c, uint64_t call, size_t bytes);
+/* The zero-copy all_reduce proper, after the first barrier: reduce my share
+ * from every rank's input, barrier, copy the others' shares from their
+ * outputs, barrier. */
+int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, size_t count,
+                         int dtype, int op, const char *opname);
 
 /* Reductions (shm_reduce.c): dst[i] = src[0][i] op src[1][i] op ... in that
  * order (identical results on every rank); dst may alias a source.

@@ -138,6 +138,10 @@ int wf_shm_unlink(const char *name) {
 void wf_shm_close(weft_shm *c) {
   if (!c) return;
   if (c->base) munmap(c->base, c->map_len);
+  for (int j = 0; c->arena && j < c->world; j++) /* peers' host arenas (shm_zc.c) */
+    if (c->arena[j]) munmap((void *)c->arena[j], c->arena_bytes[j]);
+  free(c->arena);
+  free(c->arena_bytes);
   free(c->ranks);
   free(c->srcs);
   free(c);

@@ -124,12 +124,27 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes);
 int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out,
                             size_t count_out, int dtype, int op);
 int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
+/* Zero-copy: when every rank's buffers of an all_reduce are weft host memory
+ * (weft_host_alloc, weft_host_is_shared) and the message is at least
+ * zero_copy_min bytes, ranks read each other's buffers in place (no copy
+ * through the segment). zero_copy: the peers' arenas are mapped (all ranks
+ * agree; WEFT_SHM_ZEROCOPY=0 turns it off). Counters: calls on each path. */
+typedef struct {
+  int32_t world, zero_copy;
+  uint64_t zero_copy_min, zero_copy_calls, segment_calls;
+} weft_shm_info;
+int weft_shm_get_info(weft_shm *c, weft_shm_info *out);
 /* in_the_same_node_as: flags[i] = 1 when group rank i shares memory with root */
 int weft_same_node(weft_cpugroup *g, int root, uint8_t *flags);
 
 /* ---- host tensor helpers (src/hostops.c, src/norm_host.c) ---- */
-void *weft_host_alloc(size_t bytes);      /* 64-byte aligned, zeroed; NULL on failure */
+/* 64-byte aligned, zeroed; NULL on failure. From 64 KiB on, the memory comes
+ * from the process's shared host arena (src/host_arena.c): peers of a shm
+ * communicator can read it in place. */
+void *weft_host_alloc(size_t bytes);
 void weft_host_free(void *p);
+/* 1 when [p, p + bytes) is shared host arena memory, else 0 */
+int weft_host_is_shared(const void *p, size_t bytes);
 /* dist 0: uniform [-1, 1); 1: standard normal. Deterministic in seed. */
 int weft_host_fill_random(void *p, size_t count, int dtype, uint64_t seed, int dist);
 int weft_host_convert(const void *src, int src_dtype, void *dst, int dst_dtype,

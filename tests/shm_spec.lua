@@ -121,6 +121,13 @@ describe("weft.shm across processes", function()
     end)
   end
 
+  for _, n in ipairs { 1, 2, 3, 4, 8 } do
+    it(("all_reduce of shared host buffers reads the peers in place, bit-identical to the segment (%d rank(s))")
+       :format(n), function()
+      all_ok(n, run(n, "zerocopy"))
+    end)
+  end
+
   for _, n in ipairs { 2, 4 } do
     it(("ranks that disagree all get an error and stay usable (%d ranks)"):format(n), function()
       all_ok(n, run(n, "mismatch"))

@@ -6,7 +6,10 @@
 --   c:all_gather(in_ptr, out_ptr, bytes)            -- out holds world * bytes
 --   c:reduce_scatter(in_ptr, out_ptr, count_out, dtype_code, op_code)
 --   c:broadcast(ptr, bytes, root_index)
+--   c:info() -> { world, zero_copy, zero_copy_min, zero_copy_calls, segment_calls }
 --   c:destroy()                                     -- local, idempotent
+--   shm.is_shared(ptr, bytes) -> true when the range is weft's shared host
+--                                memory (weft_host_alloc from 64 KiB on)
 --   shm.same_node(cpugroup, root_index) -> { true/false per group index }
 -- dtype/op may also be given by name ("bf16", "sum"). bytes_per_rank is the
 -- chunk each rank moves per step (rounded up to whole pages, double-buffered:
@@ -15,6 +18,10 @@
 -- timeout, a dead or departed rank aborts the communicator on every rank.
 -- Ranks that call different collectives or sizes all get an error (the
 -- communicator stays usable).
+-- Zero-copy: an all_reduce of at least zero_copy_min bytes (256 KiB) whose
+-- buffers are shared host memory on every rank (weft host tensors of 64 KiB
+-- and more are) reads the peers' buffers in place instead of copying through
+-- the segment (src/shm_zc.c); info() counts the calls on each path.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 
@@ -105,6 +112,24 @@ end
 function Comm:broadcast(ptr, bytes, root)
   local h = handle_of(self, "broadcast")
   if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
+end
+
+local info_buf = ffi_new("weft_shm_info")
+
+function Comm:info()
+  local h = handle_of(self, "info")
+  if C.weft_shm_get_info(h, info_buf) ~= 0 then error("weft: " .. last_error(), 2) end
+  return {
+    world = info_buf.world,
+    zero_copy = info_buf.zero_copy ~= 0,
+    zero_copy_min = tonumber(info_buf.zero_copy_min),
+    zero_copy_calls = tonumber(info_buf.zero_copy_calls),
+    segment_calls = tonumber(info_buf.segment_calls),
+  }
+end
+
+function M.is_shared(ptr, bytes)
+  return C.weft_host_is_shared(ptr, bytes) ~= 0
 end
 
 -- Local teardown only (never a collective); idempotent.

@@ -28,6 +28,14 @@ int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const 
   (void)g; (void)in; (void)len; (void)out; (void)lens;
   return WEFT_ESTATE;
 }
+int weft_cpugroup_barrier(weft_cpugroup *g) {
+  (void)g;
+  return wf_error(WEFT_ESTATE, "no cpu group in this test");
+}
+int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+  (void)g; (void)vals; (void)n; (void)op;
+  return wf_error(WEFT_ESTATE, "no cpu group in this test");
+}
 
 static size_t minb = 1024, maxb = 64u << 20;
 static int dtype = WEFT_F32;

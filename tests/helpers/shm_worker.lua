@@ -1,5 +1,5 @@
 -- One rank of tests/shm_spec.lua. Environment: RANK, WORLD_SIZE, MASTER_PORT,
--- SHM_MODE = correct | mismatch | late | kill | absent | same_node, SHM_TIMEOUT_MS.
+-- SHM_MODE = correct | mismatch | late | kill | absent | same_node | zerocopy, SHM_TIMEOUT_MS.
 -- Prints "FAIL ..." lines for failed checks, "<WHAT> ok=<bool> ms=<n> msg=<text>"
 -- lines for the failure scenarios, and "OK rank N checks=K" last on success.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -148,6 +148,87 @@ local function correct()
   check(not ok and tostring(err):find("destroyed", 1, true), "use after destroy: %s", tostring(err))
 end
 
+-- Shared host memory (weft_host_alloc: the arena from 64 KiB on), freed by the GC.
+local function abuf(count, dt)
+  local p = C.weft_host_alloc(math.max(1, count * tonumber(C.weft_dtype_size(DT[dt]))))
+  assert(p ~= nil, "weft_host_alloc failed")
+  return ffi.gc(ffi.cast("uint8_t *", p), C.weft_host_free)
+end
+
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
+
+-- all_reduce through shared buffers: every rank's buffers in its arena take the
+-- zero-copy path (src/shm_zc.c) from zero_copy_min bytes on, bit-identical to
+-- the segment path; one rank with heap buffers sends everyone through the segment.
+local function zerocopy()
+  local c = shm.new(g)
+  local info = c:info()
+  local zc = n > 1
+  check(info.zero_copy == zc, "zero_copy is %s with %d ranks", tostring(info.zero_copy), n)
+  check(info.zero_copy_min == 262144, "zero_copy_min %s", tostring(info.zero_copy_min))
+  local want_zc, want_seg, base = 0, 0, 5000
+  local function case(comm, dt, op, count, inplace, heap)
+    local mk = heap and buf or abuf
+    local inp = mk(count, dt)
+    fill(inp, count, dt, seed_of(base, rank))
+    local out = inplace and inp or mk(count, dt)
+    local what = ("zero-copy all_reduce %s %s count %d world %d%s%s"):format(dt, op, count, n,
+      inplace and " in place" or "", heap and " (heap buffers on the last rank)" or "")
+    local ok, err = pcall(comm.all_reduce, comm, inp, out, count, DT[dt], C["WEFT_" .. op:upper()])
+    check(ok, "%s: %s", what, tostring(err))
+    if ok then compare(what, dt, op, out, count, reference(dt, op, count, base, count, 0)) end
+    base = base + 1
+    return out
+  end
+  local function expect(comm, what)
+    local i = comm:info()
+    check(i.zero_copy_calls == want_zc and i.segment_calls == want_seg,
+          "%s: %d zero-copy / %d segment calls, want %d / %d", what, i.zero_copy_calls,
+          i.segment_calls, want_zc, want_seg)
+  end
+  -- at and just below the threshold (f32: 65536 elements = 256 KiB)
+  case(c, "f32", "sum", 65536, true)
+  if zc then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  case(c, "f32", "sum", 65535, false)
+  want_seg = want_seg + 1
+  expect(c, "threshold")
+  -- every dtype, in place and not, odd counts (shares end mid cache line)
+  local k = 0
+  for _, t in ipairs { { "f32", "sum" }, { "f16", "max" }, { "bf16", "sum" }, { "f64", "min" },
+                       { "i32", "sum" }, { "i64", "max" } } do
+    k = k + 1
+    case(c, t[1], t[2], 150001, k % 2 == 0)
+    if zc then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  end
+  expect(c, "dtypes")
+  -- one rank's buffers on the heap: everybody takes the segment path
+  case(c, "bf16", "sum", 200003, true, rank == n - 1)
+  want_seg = want_seg + 1
+  expect(c, "mixed")
+  -- bit-identical to the segment path: the same data through heap buffers
+  local count = 131075
+  local seg_base = base
+  local zc_out = case(c, "f32", "sum", count, false)
+  if zc then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  base = seg_base
+  local seg_out = case(c, "f32", "sum", count, false, true)
+  want_seg = want_seg + 1
+  check(C.memcmp(zc_out, seg_out, count * 4) == 0, "zero-copy and segment results differ (f32 sum, %d)", count)
+  expect(c, "identical")
+  c:destroy()
+  -- many rounds (64 KiB of the message each) on a second communicator
+  ffi.C.setenv("WEFT_SHM_ZEROCOPY_ROUND", "65536", 1)
+  local c2 = shm.new(g)
+  ffi.C.setenv("WEFT_SHM_ZEROCOPY_ROUND", "0", 1)
+  want_zc, want_seg = 0, 0
+  case(c2, "f32", "sum", 300007, true)
+  case(c2, "bf16", "min", 300007, false)
+  if zc then want_zc = want_zc + 2 else want_seg = want_seg + 2 end
+  expect(c2, "rounds")
+  c2:destroy()
+end
+
 local function expect_error(what, f, needle)
   local ok, err = pcall(f)
   err = tostring(err)
@@ -230,7 +311,7 @@ local function same_node()
 end
 
 local modes = { correct = correct, mismatch = mismatch, late = late, kill = kill, same_node = same_node,
-                absent = absent }
+                absent = absent, zerocopy = zerocopy }
 local ok, err = pcall(assert(modes[mode], "unknown SHM_MODE"))
 check(ok, "%s: %s", mode, tostring(err))
 if mode ~= "late" and mode ~= "kill" and mode ~= "absent" then g:barrier() end

@@ -1,0 +1,281 @@
+/* host_arena.c — the shared host arena (see host_arena.h).
+ *
+ * One memfd per process, sized once to a large sparse reserve (default
+ * 256 GiB of address space, WEFT_HOST_ARENA_GB; nothing is committed until
+ * touched) and mapped MAP_SHARED | MAP_NORESERVE. Blocks are multiples of
+ * WF_ARENA_GRAIN, first fit over an offset-ordered free list, else bumped
+ * from the top. A freed block's pages are punched out (fallocate), so memory
+ * goes back to the system and every block handed out reads as zeros.
+ *
+ * Peers map the arena through /proc/<pid>/fd/<fd> (same user; the link must
+ * name our memfd and its size must match), read-only: a peer can read this
+ * process's large tensors, never write them. The memfd has no name in any
+ * file system, so nothing outlives the processes.
+ *
+ * fork(): a child shares (does not copy) the blocks it inherited. It never
+ * allocates from, frees into or exports the parent's arena (that would
+ * corrupt the parent's bookkeeping or zero its data); it makes its own on
+ * first use, and frees of inherited blocks are ignored. */
+#include "host_arena.h"
+#include "internal.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ARENA_NAME "weft-host-arena"
+#define MAX_INHERITED 8
+
+typedef struct { uint64_t off, len; } extent;
+
+typedef struct {
+  extent *v;
+  size_t n, cap;
+} extents;
+
+static struct {
+  pthread_mutex_t mu;
+  int state;    /* 0: not tried, 1: ready, -1: off or failed (heap only) */
+  int fd;
+  uint8_t *base;
+  uint64_t size, top;
+  extents free_, live; /* both ordered by offset */
+  /* arenas inherited through fork(): frees of their blocks are ignored */
+  struct { uint8_t *base; uint64_t size; } old[MAX_INHERITED];
+  int nold;
+} A = {PTHREAD_MUTEX_INITIALIZER, 0, -1, NULL, 0, 0, {NULL, 0, 0}, {NULL, 0, 0}, {{NULL, 0}}, 0};
+
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void before_fork(void) { pthread_mutex_lock(&A.mu); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&A.mu); }
+static void after_fork_child(void) {
+  if (A.state == 1) {
+    if (A.nold < MAX_INHERITED) {
+      A.old[A.nold].base = A.base;
+      A.old[A.nold].size = A.size;
+      A.nold++;
+    }
+    close(A.fd);
+    free(A.free_.v);
+    free(A.live.v);
+    memset(&A.free_, 0, sizeof A.free_);
+    memset(&A.live, 0, sizeof A.live);
+    A.fd = -1;
+    A.base = NULL;
+    A.size = A.top = 0;
+    A.state = 0;
+  }
+  pthread_mutex_unlock(&A.mu);
+}
+static void register_atfork(void) { pthread_atfork(before_fork, after_fork_parent, after_fork_child); }
+
+/* ---- offset-ordered extent lists ---- */
+
+/* index of the first extent with off >= key */
+static size_t lower_bound(const extents *e, uint64_t key) {
+  size_t lo = 0, hi = e->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (e->v[mid].off < key) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+static int insert_at(extents *e, size_t i, extent x) {
+  if (e->n == e->cap) {
+    size_t cap = e->cap ? 2 * e->cap : 64;
+    extent *v = realloc(e->v, cap * sizeof *v);
+    if (!v) return -1;
+    e->v = v;
+    e->cap = cap;
+  }
+  memmove(&e->v[i + 1], &e->v[i], (e->n - i) * sizeof *e->v);
+  e->v[i] = x;
+  e->n++;
+  return 0;
+}
+
+static void remove_at(extents *e, size_t i) {
+  memmove(&e->v[i], &e->v[i + 1], (e->n - i - 1) * sizeof *e->v);
+  e->n--;
+}
+
+/* ---- creation ---- */
+
+static int create_locked(void) {
+  pthread_once(&g_atfork_once, register_atfork);
+  long gb = wf_env_long("WEFT_HOST_ARENA_GB", 256);
+  if (wf_env_long("WEFT_HOST_ARENA", 1) == 0 || gb <= 0) { A.state = -1; return -1; }
+  int fd = memfd_create(ARENA_NAME, MFD_CLOEXEC);
+  if (fd < 0) {
+    wf_log(1, "host arena: memfd_create: %s (large tensors stay on the heap)", strerror(errno));
+    A.state = -1;
+    return -1;
+  }
+  /* the largest reserve the system lets us map, down to 1 GiB */
+  for (uint64_t size = (uint64_t)gb << 30; size >= (1ull << 30); size /= 2) {
+    if (ftruncate(fd, (off_t)size) != 0) continue;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED) continue;
+    A.fd = fd;
+    A.base = p;
+    A.size = size;
+    A.top = 0;
+    A.state = 1;
+    wf_log(1, "host arena: %llu GiB reserved (memfd %d)", (unsigned long long)(size >> 30), fd);
+    return 0;
+  }
+  wf_log(1, "host arena: cannot map a reserve (large tensors stay on the heap)");
+  close(fd);
+  A.state = -1;
+  return -1;
+}
+
+static int ready_locked(void) {
+  if (A.state == 0) create_locked();
+  return A.state == 1;
+}
+
+/* ---- allocation ---- */
+
+void *wf_arena_alloc(size_t bytes) {
+  if (bytes < WF_ARENA_MIN || bytes > UINT64_MAX - WF_ARENA_GRAIN) return NULL;
+  const uint64_t n = ((uint64_t)bytes + WF_ARENA_GRAIN - 1) / WF_ARENA_GRAIN * WF_ARENA_GRAIN;
+  void *p = NULL;
+  pthread_mutex_lock(&A.mu);
+  if (!ready_locked()) goto out;
+  uint64_t off = UINT64_MAX;
+  for (size_t i = 0; i < A.free_.n; i++) { /* first fit */
+    extent *f = &A.free_.v[i];
+    if (f->len < n) continue;
+    off = f->off;
+    f->off += n;
+    f->len -= n;
+    if (f->len == 0) remove_at(&A.free_, i);
+    break;
+  }
+  int bumped = 0;
+  if (off == UINT64_MAX) {
+    if (n > A.size - A.top) goto out;
+    off = A.top;
+    A.top += n;
+    bumped = 1;
+  }
+  if (insert_at(&A.live, lower_bound(&A.live, off), (extent){off, n}) != 0) {
+    /* no room to remember it: give the block back */
+    if (bumped) A.top -= n;
+    else insert_at(&A.free_, lower_bound(&A.free_, off), (extent){off, n});
+    goto out;
+  }
+  p = A.base + off;
+out:
+  pthread_mutex_unlock(&A.mu);
+  return p;
+}
+
+static int inherited(const uint8_t *p) {
+  for (int i = 0; i < A.nold; i++)
+    if (p >= A.old[i].base && p < A.old[i].base + A.old[i].size) return 1;
+  return 0;
+}
+
+int wf_arena_free(void *ptr) {
+  const uint8_t *p = ptr;
+  int mine = 0;
+  pthread_mutex_lock(&A.mu);
+  if (A.state == 1 && p >= A.base && p < A.base + A.size) {
+    mine = 1;
+    const uint64_t off = (uint64_t)(p - A.base);
+    size_t i = lower_bound(&A.live, off);
+    if (i < A.live.n && A.live.v[i].off == off) {
+      extent x = A.live.v[i];
+      remove_at(&A.live, i);
+      /* the pages go back to the system and read as zeros when reused */
+      if (fallocate(A.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)x.off, (off_t)x.len) != 0)
+        memset(A.base + x.off, 0, x.len);
+      size_t j = lower_bound(&A.free_, x.off);
+      if (j > 0 && A.free_.v[j - 1].off + A.free_.v[j - 1].len == x.off) { /* merge left */
+        x.off = A.free_.v[j - 1].off;
+        x.len += A.free_.v[j - 1].len;
+        remove_at(&A.free_, --j);
+      }
+      if (j < A.free_.n && x.off + x.len == A.free_.v[j].off) { /* merge right */
+        x.len += A.free_.v[j].len;
+        remove_at(&A.free_, j);
+      }
+      if (x.off + x.len == A.top) A.top = x.off; /* the top block: shrink */
+      else if (insert_at(&A.free_, j, x) != 0) { /* lost track of it: leak, safely */ }
+    }
+  } else if (inherited(p)) {
+    mine = 1; /* the parent's block (fork): not ours to free */
+  }
+  pthread_mutex_unlock(&A.mu);
+  return mine;
+}
+
+int wf_arena_lookup(const void *ptr, size_t len, uint64_t *off) {
+  const uint8_t *p = ptr;
+  int in = 0;
+  pthread_mutex_lock(&A.mu);
+  if (A.state == 1 && p >= A.base && (uint64_t)(p - A.base) <= A.top &&
+      len <= A.top - (uint64_t)(p - A.base)) {
+    *off = (uint64_t)(p - A.base);
+    in = 1;
+  }
+  pthread_mutex_unlock(&A.mu);
+  return in;
+}
+
+int wf_arena_export(int32_t *fd, uint64_t *bytes) {
+  pthread_mutex_lock(&A.mu);
+  const int ok = ready_locked();
+  *fd = ok ? A.fd : -1;
+  *bytes = ok ? A.size : 0;
+  pthread_mutex_unlock(&A.mu);
+  if (!ok) return wf_error(WEFT_ESTATE, "host arena: not available (WEFT_HOST_ARENA=0, or the "
+                           "system refused a memfd mapping)");
+  return 0;
+}
+
+/* ---- peers ---- */
+
+const uint8_t *wf_arena_map_peer(int32_t pid, int32_t fd, uint64_t bytes) {
+  char path[64], link[128];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, (int)fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < 0) {
+    wf_error_errno(WEFT_ESYS, "host arena of process %d: readlink %s", (int)pid, path);
+    return NULL;
+  }
+  link[n] = '\0';
+  if (strncmp(link, "/memfd:" ARENA_NAME, strlen("/memfd:" ARENA_NAME)) != 0) {
+    wf_error(WEFT_EPROTO, "host arena of process %d: %s is '%s', not a weft arena", (int)pid,
+             path, link);
+    return NULL;
+  }
+  int f = open(path, O_RDONLY | O_CLOEXEC);
+  if (f < 0) {
+    wf_error_errno(WEFT_ESYS, "host arena of process %d: open %s", (int)pid, path);
+    return NULL;
+  }
+  struct stat st;
+  void *p = MAP_FAILED;
+  if (fstat(f, &st) != 0 || (uint64_t)st.st_size != bytes)
+    wf_error(WEFT_EPROTO, "host arena of process %d: size %lld, announced %llu", (int)pid,
+             (long long)st.st_size, (unsigned long long)bytes);
+  else if ((p = mmap(NULL, bytes, PROT_READ, MAP_SHARED | MAP_NORESERVE, f, 0)) == MAP_FAILED)
+    wf_error_errno(WEFT_ESYS, "host arena of process %d: mmap of %llu bytes", (int)pid,
+                   (unsigned long long)bytes);
+  close(f);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void wf_arena_unmap_peer(const uint8_t *base, uint64_t bytes) {
+  if (base) munmap((void *)base, bytes);
+}
