@@ -18,6 +18,10 @@
  * results. all_gather, reduce_scatter and broadcast take one barrier per
  * chunk; broadcast uses every slot of a half (N * slot bytes per chunk).
  *
+ * Zero-copy (shm_zc.c): when the buffers peers read are arena memory on
+ * every rank (weft host tensors of 64 KiB and more) and the call moves at
+ * least zc_min bytes, ranks read each other's buffers in place instead.
+ *
  * Every call starts by publishing a descriptor (kind, dtype, op, count,
  * root, call number) at its first barrier; ranks that disagree all fail with
  * the list of what each rank called, and the communicator stays usable. A
@@ -174,9 +178,11 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
    * descriptor check and its own first barrier carries none. */
   int checked = 0;
   if (c->zc && count * es >= c->zc_min) {
-    wf_shm_zc_offer(c, d.call, in, out, count * es);
+    const size_t b = count * es;
+    const int ok = src == dst || src + b <= dst || dst + b <= src; /* not partly overlapping */
+    wf_shm_zc_offer(c, d.call, ok ? in : NULL, b, ok ? out : NULL, b);
     if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
-    if (wf_shm_zc_agreed(c, d.call, count * es))
+    if (wf_shm_zc_agreed(c, d.call, -1, b, b))
       return done(c, wf_shm_zc_all_reduce(c, d.call, in, out, count, dtype, op, OP));
     checked = 1;
   }
@@ -260,12 +266,24 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes) {
   if (bytes && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   const uint8_t *src = in;
   uint8_t *dst = out;
+  /* zero-copy: every rank's input is arena memory (shm_zc.c) */
+  int checked = 0;
+  if (c->zc && bytes * (size_t)c->world >= c->zc_min && bytes <= SIZE_MAX / (size_t)c->world) {
+    const size_t all = bytes * (size_t)c->world;
+    const int ok = src == dst + (size_t)c->me * bytes || src + bytes <= dst || dst + all <= src;
+    wf_shm_zc_offer(c, d.call, ok ? in : NULL, bytes, NULL, 0);
+    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
+    if (wf_shm_zc_agreed(c, d.call, -1, bytes, 0))
+      return done(c, wf_shm_zc_all_gather(c, d.call, in, out, bytes, OP));
+    checked = 1;
+  }
+  c->seg_calls++;
   size_t off = 0;
   do {
     size_t n = min_sz(c->slot, bytes - off);
     uint64_t half = c->chunk++;
     memcpy(wf_shm_slot(c, half, c->me), src + off, n);
-    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    if ((rc = wf_shm_sync(c, off == 0 && !checked ? &d : NULL, OP))) return done(c, rc);
     for (int j = 0; j < c->world; j++) {
       uint8_t *to = dst + (size_t)j * bytes + off;
       if (j == c->me && to == src + off) continue; /* in place */
@@ -291,6 +309,19 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
     return refuse(c, &d, OP, WEFT_EINVAL, "count too large");
   const uint8_t *src = in;
   uint8_t *dst = out;
+  /* zero-copy: every rank's input is arena memory (shm_zc.c) */
+  int checked = 0;
+  const size_t all = count_out * world * es;
+  if (c->zc && all >= c->zc_min) {
+    const size_t piece = count_out * es;
+    const int ok = dst == src + (size_t)c->me * piece || dst + piece <= src || src + all <= dst;
+    wf_shm_zc_offer(c, d.call, ok ? in : NULL, all, NULL, 0);
+    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
+    if (wf_shm_zc_agreed(c, d.call, -1, all, 0))
+      return done(c, wf_shm_zc_reduce_scatter(c, d.call, in, out, count_out, dtype, op, OP));
+    checked = 1;
+  }
+  c->seg_calls++;
   /* A slot holds one piece per destination rank; pieces start on cache lines. */
   size_t per = c->slot / (world * es);
   if (per >= 64 / es) per -= per % (64 / es);
@@ -301,7 +332,7 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
     uint8_t *mine = wf_shm_slot(c, half, c->me);
     for (size_t j = 0; j < world; j++)
       memcpy(mine + j * per * es, src + (j * count_out + off) * es, n * es);
-    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    if ((rc = wf_shm_sync(c, off == 0 && !checked ? &d : NULL, OP))) return done(c, rc);
     for (size_t j = 0; j < world; j++)
       c->srcs[j] = wf_shm_slot(c, half, (int)j) + (size_t)c->me * per * es;
     wf_reduce(dst + off * es, c->srcs, c->world, n, dtype, op);
@@ -318,6 +349,16 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
   if (root < 0 || root >= c->world) return refuse(c, &d, OP, WEFT_EINVAL, "root out of range");
   if (bytes && !buf) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   uint8_t *p = buf;
+  /* zero-copy: the root's buffer is arena memory (shm_zc.c) */
+  int checked = 0;
+  if (c->zc && bytes >= c->zc_min) {
+    wf_shm_zc_offer(c, d.call, c->me == root ? buf : NULL, bytes, NULL, 0);
+    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
+    if (wf_shm_zc_agreed(c, d.call, root, bytes, 0))
+      return done(c, wf_shm_zc_broadcast(c, d.call, buf, bytes, root, OP));
+    checked = 1;
+  }
+  c->seg_calls++;
   const size_t region = c->slot * (size_t)c->world; /* the root fills a whole half */
   size_t off = 0;
   do {
@@ -325,7 +366,7 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
     uint64_t half = c->chunk++;
     uint8_t *shared = wf_shm_slot(c, half, 0);
     if (c->me == root) memcpy(shared, p + off, n);
-    if ((rc = wf_shm_sync(c, off == 0 ? &d : NULL, OP))) return done(c, rc);
+    if ((rc = wf_shm_sync(c, off == 0 && !checked ? &d : NULL, OP))) return done(c, rc);
     if (c->me != root) memcpy(p + off, shared, n);
     off += n;
   } while (off < bytes);

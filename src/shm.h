@@ -164,18 +164,26 @@ int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op);
  * itself fails). wf_shm_close unmaps. */
 #define WF_ZC_NONE UINT64_MAX
 int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g);
-/* Whether this rank can take the zero-copy path for this call (its buffers
- * are arena memory, the size is at least zc_min); publishes its offsets in
- * its control block either way (before the call's first barrier). */
-int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, const void *out, size_t bytes);
-/* After the first barrier: 1 when every rank offered (then the caller runs
- * wf_shm_zc_all_reduce), 0 when not. */
-int wf_shm_zc_agreed(weft_shm *c, uint64_t call, size_t bytes);
-/* The zero-copy all_reduce proper, after the first barrier: reduce my share
- * from every rank's input, barrier, copy the others' shares from their
- * outputs, barrier. */
+/* Publishes this rank's arena offsets of in (in_bytes) and out (out_bytes;
+ * out may be NULL: not needed) for the call, WF_ZC_NONE where a buffer is
+ * not arena memory; before the call's first barrier. 1 when both are. */
+int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, size_t in_bytes, const void *out,
+                    size_t out_bytes);
+/* After the first barrier: 1 when every rank (only >= 0: that rank alone)
+ * offered its input (and its output, out_bytes > 0), inside its mapping. */
+int wf_shm_zc_agreed(weft_shm *c, uint64_t call, int only, size_t in_bytes, size_t out_bytes);
+/* The zero-copy collectives proper, after the first barrier. all_reduce:
+ * reduce my share from every rank's input, barrier, copy the others'
+ * shares from their outputs, barrier (in rounds: shm_zc.c). The others read
+ * straight from the owners' inputs, then one barrier. */
 int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, size_t count,
                          int dtype, int op, const char *opname);
+int wf_shm_zc_all_gather(weft_shm *c, uint64_t call, const void *in, void *out, size_t bytes,
+                         const char *opname);
+int wf_shm_zc_reduce_scatter(weft_shm *c, uint64_t call, const void *in, void *out,
+                             size_t count_out, int dtype, int op, const char *opname);
+int wf_shm_zc_broadcast(weft_shm *c, uint64_t call, void *buf, size_t bytes, int root,
+                        const char *opname);
 
 /* Reductions (shm_reduce.c): dst[i] = src[0][i] op src[1][i] op ... in that
  * order (identical results on every rank); dst may alias a source.

@@ -19,11 +19,13 @@
  * WEFT_SHM_ZEROCOPY_MIN). All or nothing: no call needs to know which peer
  * could map which.
  *
- * A call (all_reduce of at least zc_min bytes): before its first barrier,
- * every rank publishes the arena offsets of its input and output (or
- * WF_ZC_NONE: heap memory, a wrapped pointer, partly overlapping buffers);
- * after it, every rank sees the same offers, so either all take this path
- * or all take the segment path. Then:
+ * A call (moving at least zc_min bytes): before its first barrier, every
+ * rank publishes the arena offsets of its buffers (or WF_ZC_NONE: heap
+ * memory, a wrapped pointer); after it, every rank sees the same offers, so
+ * either all take this path or all take the segment path. all_gather,
+ * reduce_scatter and broadcast then read what they need straight from the
+ * owners' inputs (broadcast: the root's only) and end with one barrier
+ * (nobody returns while its input may still be read). all_reduce:
  *   1. rank r reduces share r of the message (a cache-line-aligned 1/W),
  *      every rank's part read from that rank's input, in rank order, into
  *      share r of its own output;
@@ -109,16 +111,19 @@ int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g) {
   return 0;
 }
 
-int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, const void *out, size_t bytes) {
-  uint64_t io = WF_ZC_NONE, oo = WF_ZC_NONE;
-  const uint8_t *i8 = in, *o8 = out;
-  const int disjoint = i8 + bytes <= o8 || o8 + bytes <= i8;
-  const int ok = c->zc && bytes >= c->zc_min && (in == out || disjoint) &&
-                 wf_arena_lookup(in, bytes, &io) && wf_arena_lookup(out, bytes, &oo);
+/* The arena offset of [p, p + bytes), or WF_ZC_NONE. */
+static uint64_t offset_of(const void *p, size_t bytes) {
+  uint64_t off;
+  return p && wf_arena_lookup(p, bytes, &off) ? off : WF_ZC_NONE;
+}
+
+int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, size_t in_bytes, const void *out,
+                    size_t out_bytes) {
+  const uint64_t io = offset_of(in, in_bytes), oo = out ? offset_of(out, out_bytes) : WF_ZC_NONE;
   wf_shm_rank *me = &c->rk[c->me];
-  me->zc_in[call & 1] = ok ? io : WF_ZC_NONE; /* published by the barrier */
-  me->zc_out[call & 1] = ok ? oo : WF_ZC_NONE;
-  return ok;
+  me->zc_in[call & 1] = io; /* published by the barrier */
+  me->zc_out[call & 1] = oo;
+  return io != WF_ZC_NONE && (!out || oo != WF_ZC_NONE);
 }
 
 /* a peer's offer must lie inside the part of its arena mapped here */
@@ -126,13 +131,51 @@ static int fits(const weft_shm *c, int j, uint64_t off, uint64_t bytes) {
   return off != WF_ZC_NONE && (j == c->me || (off <= c->arena_bytes[j] && bytes <= c->arena_bytes[j] - off));
 }
 
-int wf_shm_zc_agreed(weft_shm *c, uint64_t call, size_t bytes) {
+int wf_shm_zc_agreed(weft_shm *c, uint64_t call, int only, size_t in_bytes, size_t out_bytes) {
   if (!c->zc) return 0;
   for (int j = 0; j < c->world; j++) {
+    if (only >= 0 && j != only) continue;
     const wf_shm_rank *r = &c->rk[j];
-    if (!fits(c, j, r->zc_in[call & 1], bytes) || !fits(c, j, r->zc_out[call & 1], bytes)) return 0;
+    if (!fits(c, j, r->zc_in[call & 1], in_bytes)) return 0;
+    if (out_bytes && !fits(c, j, r->zc_out[call & 1], out_bytes)) return 0;
   }
   return 1;
+}
+
+/* rank j's input (this rank's own: in) */
+static const uint8_t *input_of(weft_shm *c, uint64_t call, int j, const void *in) {
+  return j == c->me ? (const uint8_t *)in : c->arena[j] + c->rk[j].zc_in[call & 1];
+}
+
+int wf_shm_zc_all_gather(weft_shm *c, uint64_t call, const void *in, void *out, size_t bytes,
+                         const char *opname) {
+  for (int k = 0; k < c->world; k++) { /* staggered, own piece first */
+    const int j = (c->me + k) % c->world;
+    uint8_t *to = (uint8_t *)out + (size_t)j * bytes;
+    const uint8_t *from = input_of(c, call, j, in);
+    if (to != from) memcpy(to, from, bytes);
+  }
+  int rc = wf_shm_sync(c, NULL, opname); /* nobody reads my input any more */
+  if (!rc) c->zc_calls++;
+  return rc;
+}
+
+int wf_shm_zc_reduce_scatter(weft_shm *c, uint64_t call, const void *in, void *out,
+                             size_t count_out, int dtype, int op, const char *opname) {
+  const size_t piece = count_out * weft_dtype_size(dtype) * (size_t)c->me;
+  for (int j = 0; j < c->world; j++) c->srcs[j] = input_of(c, call, j, in) + piece;
+  if (count_out) wf_reduce(out, c->srcs, c->world, count_out, dtype, op);
+  int rc = wf_shm_sync(c, NULL, opname);
+  if (!rc) c->zc_calls++;
+  return rc;
+}
+
+int wf_shm_zc_broadcast(weft_shm *c, uint64_t call, void *buf, size_t bytes, int root,
+                        const char *opname) {
+  if (c->me != root) memcpy(buf, input_of(c, call, root, NULL), bytes);
+  int rc = wf_shm_sync(c, NULL, opname);
+  if (!rc) c->zc_calls++;
+  return rc;
 }
 
 /* Rounds: rank r's share of round k is reduced (step 1), then after the

@@ -124,10 +124,10 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes);
 int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out,
                             size_t count_out, int dtype, int op);
 int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
-/* Zero-copy: when every rank's buffers of an all_reduce are weft host memory
- * (weft_host_alloc, weft_host_is_shared) and the message is at least
- * zero_copy_min bytes, ranks read each other's buffers in place (no copy
- * through the segment). zero_copy: the peers' arenas are mapped (all ranks
+/* Zero-copy: when the buffers a collective reads from peers are weft host
+ * memory (weft_host_alloc, weft_host_is_shared) on every rank (broadcast:
+ * the root's) and it moves at least zero_copy_min bytes, ranks read each
+ * other's buffers in place (no copy through the segment). zero_copy: the peers' arenas are mapped (all ranks
  * agree; WEFT_SHM_ZEROCOPY=0 turns it off). Counters: calls on each path. */
 typedef struct {
   int32_t world, zero_copy;

@@ -216,6 +216,60 @@ local function zerocopy()
   want_seg = want_seg + 1
   check(C.memcmp(zc_out, seg_out, count * 4) == 0, "zero-copy and segment results differ (f32 sum, %d)", count)
   expect(c, "identical")
+  -- all_gather, reduce_scatter, broadcast straight from the owners' buffers
+  local bytes = 150001
+  local agin = abuf(bytes, "f32")
+  local agout = abuf(bytes * n / 4 + n, "f32") -- n * bytes bytes at least
+  local ap = ffi.cast("uint8_t *", agin)
+  for i = 0, bytes - 1 do ap[i] = byte_at(rank, i, 77) end
+  c:all_gather(agin, agout, bytes)
+  local op8 = ffi.cast("uint8_t *", agout)
+  local bad = 0
+  for r = 0, n - 1 do
+    for i = 0, bytes - 1 do if op8[r * bytes + i] ~= byte_at(r, i, 77) then bad = bad + 1 end end
+  end
+  check(bad == 0, "zero-copy all_gather %d bytes world %d: %d wrong bytes", bytes, n, bad)
+  if zc and bytes * n >= 262144 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  -- in place: my piece already sits at out + rank * bytes
+  for i = 0, bytes - 1 do op8[rank * bytes + i] = byte_at(rank, i, 78) end
+  c:all_gather(op8 + rank * bytes, op8, bytes)
+  bad = 0
+  for r = 0, n - 1 do
+    for i = 0, bytes - 1 do if op8[r * bytes + i] ~= byte_at(r, i, 78) then bad = bad + 1 end end
+  end
+  check(bad == 0, "zero-copy all_gather in place world %d: %d wrong bytes", n, bad)
+  if zc and bytes * n >= 262144 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  for _, t in ipairs { { "f32", "sum" }, { "bf16", "max" } } do
+    local cout = 70001
+    local total = cout * n
+    local inp, out = abuf(total, t[1]), abuf(cout, t[1])
+    fill(inp, total, t[1], seed_of(base, rank))
+    c:reduce_scatter(inp, out, cout, t[1], t[2])
+    compare(("zero-copy reduce_scatter %s %s world %d"):format(t[1], t[2], n), t[1], t[2], out, cout,
+            reference(t[1], t[2], cout, base, total, rank * cout))
+    base = base + 1
+    if zc and total * tonumber(C.weft_dtype_size(DT[t[1]])) >= 262144 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  end
+  for _, from in ipairs { 0, n - 1 } do
+    local bb = 300001
+    -- the root's buffer is shared; the others' may be anything (here: heap on odd ranks)
+    local p = (rank == from or rank % 2 == 0) and ffi.cast("uint8_t *", abuf(bb, "f32")) or ffi.new("uint8_t[?]", bb)
+    for i = 0, bb - 1 do p[i] = rank == from and byte_at(from, i, 79) or 0 end
+    c:broadcast(p, bb, from)
+    bad = 0
+    for i = 0, bb - 1 do if p[i] ~= byte_at(from, i, 79) then bad = bad + 1 end end
+    check(bad == 0, "zero-copy broadcast root %d world %d: %d wrong bytes", from, n, bad)
+    want_zc = want_zc + (zc and 1 or 0); want_seg = want_seg + (zc and 0 or 1)
+  end
+  -- a root with a heap buffer: the segment path
+  local hb = ffi.new("uint8_t[?]", 300001)
+  for i = 0, 300000 do hb[i] = rank == 0 and byte_at(0, i, 80) or 0 end
+  c:broadcast(hb, 300001, 0)
+  bad = 0
+  for i = 0, 300000 do if hb[i] ~= byte_at(0, i, 80) then bad = bad + 1 end end
+  check(bad == 0, "broadcast from a heap buffer world %d: %d wrong bytes", n, bad)
+  want_seg = want_seg + 1
+  expect(c, "other collectives")
   c:destroy()
   -- many rounds (64 KiB of the message each) on a second communicator
   ffi.C.setenv("WEFT_SHM_ZEROCOPY_ROUND", "65536", 1)
