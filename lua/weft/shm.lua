@@ -18,7 +18,7 @@
 -- timeout, a dead or departed rank aborts the communicator on every rank.
 -- Ranks that call different collectives or sizes all get an error (the
 -- communicator stays usable).
--- Zero-copy: a collective of at least zero_copy_min bytes (256 KiB) whose
+-- Zero-copy: a collective of at least zero_copy_min bytes (64 KiB) whose
 -- buffers are shared host memory on every rank (broadcast: the root's; weft
 -- host tensors of 64 KiB and more are) reads the peers' buffers in place
 -- instead of copying through the segment (src/shm_zc.c); info() counts the

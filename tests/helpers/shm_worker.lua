@@ -166,7 +166,7 @@ local function zerocopy()
   local info = c:info()
   local zc = n > 1
   check(info.zero_copy == zc, "zero_copy is %s with %d ranks", tostring(info.zero_copy), n)
-  check(info.zero_copy_min == 262144, "zero_copy_min %s", tostring(info.zero_copy_min))
+  check(info.zero_copy_min == 65536, "zero_copy_min %s", tostring(info.zero_copy_min))
   local want_zc, want_seg, base = 0, 0, 5000
   local function case(comm, dt, op, count, inplace, heap)
     local mk = heap and buf or abuf
@@ -187,10 +187,10 @@ local function zerocopy()
           "%s: %d zero-copy / %d segment calls, want %d / %d", what, i.zero_copy_calls,
           i.segment_calls, want_zc, want_seg)
   end
-  -- at and just below the threshold (f32: 65536 elements = 256 KiB)
-  case(c, "f32", "sum", 65536, true)
+  -- at and just below the threshold (f32: 16384 elements = 64 KiB)
+  case(c, "f32", "sum", 16384, true)
   if zc then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
-  case(c, "f32", "sum", 65535, false)
+  case(c, "f32", "sum", 16383, false)
   want_seg = want_seg + 1
   expect(c, "threshold")
   -- every dtype, in place and not, odd counts (shares end mid cache line)
@@ -229,7 +229,7 @@ local function zerocopy()
     for i = 0, bytes - 1 do if op8[r * bytes + i] ~= byte_at(r, i, 77) then bad = bad + 1 end end
   end
   check(bad == 0, "zero-copy all_gather %d bytes world %d: %d wrong bytes", bytes, n, bad)
-  if zc and bytes * n >= 262144 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  if zc and bytes * n >= 65536 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
   -- in place: my piece already sits at out + rank * bytes
   for i = 0, bytes - 1 do op8[rank * bytes + i] = byte_at(rank, i, 78) end
   c:all_gather(op8 + rank * bytes, op8, bytes)
@@ -238,7 +238,7 @@ local function zerocopy()
     for i = 0, bytes - 1 do if op8[r * bytes + i] ~= byte_at(r, i, 78) then bad = bad + 1 end end
   end
   check(bad == 0, "zero-copy all_gather in place world %d: %d wrong bytes", n, bad)
-  if zc and bytes * n >= 262144 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+  if zc and bytes * n >= 65536 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
   for _, t in ipairs { { "f32", "sum" }, { "bf16", "max" } } do
     local cout = 70001
     local total = cout * n
@@ -248,7 +248,7 @@ local function zerocopy()
     compare(("zero-copy reduce_scatter %s %s world %d"):format(t[1], t[2], n), t[1], t[2], out, cout,
             reference(t[1], t[2], cout, base, total, rank * cout))
     base = base + 1
-    if zc and total * tonumber(C.weft_dtype_size(DT[t[1]])) >= 262144 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
+    if zc and total * tonumber(C.weft_dtype_size(DT[t[1]])) >= 65536 then want_zc = want_zc + 1 else want_seg = want_seg + 1 end
   end
   for _, from in ipairs { 0, n - 1 } do
     local bb = 300001
