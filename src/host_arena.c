@@ -15,7 +15,8 @@
  * fork(): a child shares (does not copy) the blocks it inherited. It never
  * allocates from, frees into or exports the parent's arena (that would
  * corrupt the parent's bookkeeping or zero its data); it makes its own on
- * first use, and frees of inherited blocks are ignored. */
+ * first use, and frees of inherited blocks are ignored. Unlike heap memory,
+ * the inherited blocks are shared with the parent, not copied on write. */
 #include "host_arena.h"
 #include "internal.h"
 
@@ -29,7 +30,6 @@
 #include <unistd.h>
 
 #define ARENA_NAME "weft-host-arena"
-#define MAX_INHERITED 8
 
 typedef struct { uint64_t off, len; } extent;
 
@@ -45,21 +45,25 @@ static struct {
   uint8_t *base;
   uint64_t size, top;
   extents free_, live; /* both ordered by offset */
-  /* arenas inherited through fork(): frees of their blocks are ignored */
-  struct { uint8_t *base; uint64_t size; } old[MAX_INHERITED];
-  int nold;
-} A = {PTHREAD_MUTEX_INITIALIZER, 0, -1, NULL, 0, 0, {NULL, 0, 0}, {NULL, 0, 0}, {{NULL, 0}}, 0};
+  /* arenas inherited through fork() (every generation's): frees of their
+   * blocks are ignored */
+  extents old;
+} A = {PTHREAD_MUTEX_INITIALIZER, 0, -1, NULL, 0, 0, {NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
 
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 
 static void before_fork(void) { pthread_mutex_lock(&A.mu); }
 static void after_fork_parent(void) { pthread_mutex_unlock(&A.mu); }
+static int insert_at(extents *e, size_t i, extent x);
+
 static void after_fork_child(void) {
   if (A.state == 1) {
-    if (A.nold < MAX_INHERITED) {
-      A.old[A.nold].base = A.base;
-      A.old[A.nold].size = A.size;
-      A.nold++;
+    /* remembered for as many generations as there are (malloc works in the
+     * child of fork); if even that fails, this child keeps using the
+     * parent's bookkeeping rather than risk free() on arena memory */
+    if (insert_at(&A.old, A.old.n, (extent){(uint64_t)(uintptr_t)A.base, A.size}) != 0) {
+      pthread_mutex_unlock(&A.mu);
+      return;
     }
     close(A.fd);
     free(A.free_.v);
@@ -180,8 +184,10 @@ out:
 }
 
 static int inherited(const uint8_t *p) {
-  for (int i = 0; i < A.nold; i++)
-    if (p >= A.old[i].base && p < A.old[i].base + A.old[i].size) return 1;
+  for (size_t i = 0; i < A.old.n; i++) {
+    const uint8_t *b = (const uint8_t *)(uintptr_t)A.old.v[i].off;
+    if (p >= b && p < b + A.old.v[i].len) return 1;
+  }
   return 0;
 }
 
@@ -219,14 +225,21 @@ int wf_arena_free(void *ptr) {
   return mine;
 }
 
+/* inside one live block (a freed one is not shared memory any more) */
 int wf_arena_lookup(const void *ptr, size_t len, uint64_t *off) {
   const uint8_t *p = ptr;
   int in = 0;
   pthread_mutex_lock(&A.mu);
-  if (A.state == 1 && p >= A.base && (uint64_t)(p - A.base) <= A.top &&
-      len <= A.top - (uint64_t)(p - A.base)) {
-    *off = (uint64_t)(p - A.base);
-    in = 1;
+  if (A.state == 1 && p >= A.base && p < A.base + A.top) {
+    const uint64_t o = (uint64_t)(p - A.base);
+    const size_t i = lower_bound(&A.live, o + 1); /* the block starting at or before o */
+    if (i > 0) {
+      const extent *b = &A.live.v[i - 1];
+      if (o < b->off + b->len && len <= b->off + b->len - o) {
+        *off = o;
+        in = 1;
+      }
+    }
   }
   pthread_mutex_unlock(&A.mu);
   return in;

@@ -17,7 +17,7 @@ void *weft_host_alloc(size_t bytes) {
   if (n == 0) n = 64; /* a valid, freeable pointer even for empty tensors */
   /* large tensors live in the shared arena (zeroed): peers can read them in
    * place (zero-copy host collectives) */
-  void *p = wf_arena_alloc(n);
+  void *p = bytes >= WF_ARENA_MIN ? wf_arena_alloc(n) : NULL;
   if (p) return p;
   if (posix_memalign(&p, 64, n) != 0 || !p) {
     wf_error(WEFT_ENOMEM, "host_alloc: cannot allocate %zu bytes", bytes);
