@@ -162,20 +162,25 @@ describe("weft.shm across processes", function()
     assert.is_truthy(self and self.msg:find("communicator aborted by rank", 1, true), res[n - 1].out)
   end)
 
-  it("a killed rank: the survivors fail within the timeout + 2 s, naming it", function()
+  for _, zc in ipairs { false, true } do
+  it(("a killed rank%s: the survivors fail within the timeout + 2 s, naming it")
+     :format(zc and " (zero-copy calls)" or ""), function()
     local n, tmo = 4, 5000
-    local res = run(n, "kill", tmo, 60)
+    local res = util.run_ranks(n, WORKER, { SHM_MODE = "kill", SHM_TIMEOUT_MS = tmo,
+                                            SHM_KILL_ZC = zc and "1" or "0" }, 60)
     assert.are_not.equal(0, res[n - 1].rc)
     local got = failure_lines(res, n, "KILLED")
     for r = 0, n - 2 do
       local g = got[r]
       assert.is_truthy(g, ("rank %d reported nothing:\n%s"):format(r, res[r].out))
+      assert.is_falsy(res[r].out:find("FAIL", 1, true), res[r].out)
       assert.are.equal("false", g.ok)
       assert.is_true(g.ms < tmo + 2000, ("rank %d failed after %d ms"):format(r, g.ms))
       assert.is_truthy(g.msg:find("rank 3 (global 3, pid", 1, true), g.msg)
       assert.is_truthy(g.msg:find("died", 1, true), g.msg)
     end
   end)
+  end
 
   it("a rank that never creates: the others fail within the timeout, nothing is left behind", function()
     local n, tmo = 3, 3000
