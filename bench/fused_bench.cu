@@ -973,6 +973,15 @@ static void sweep(int quick) {
         {"oneshot_auto_resadd", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_NO_NORM},
         {"oneshot_auto_late", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_INPUT},
         {"oneshot_auto_latetrig", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_TRIGGER},
+        {"oneshot_auto_earlywait", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_EARLY_CLUSTER_WAIT},
+        {"oneshot_auto_resadd_nosync", "fused_ar_rmsnorm", &pf,
+         WF_FUSED_PROBE_NO_NORM | WF_FUSED_PROBE_NO_CLUSTER_SYNC},
+        {"oneshot_auto_resadd_nores", "fused_ar_rmsnorm", &pf,
+         WF_FUSED_PROBE_NO_NORM | WF_FUSED_PROBE_NO_RESIDUAL_LOAD},
+        {"oneshot_auto_resadd_nosync_nores", "fused_ar_rmsnorm", &pf,
+         WF_FUSED_PROBE_NO_NORM | WF_FUSED_PROBE_NO_CLUSTER_SYNC | WF_FUSED_PROBE_NO_RESIDUAL_LOAD},
+        {"oneshot_auto_noreduce_nosync", "fused_ar_rmsnorm", &pf,
+         WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_CLUSTER_SYNC},
         {"fused_ar_oneshot_auto", "all_reduce", &pa, 0},
         {"fused_ar_oneshot_late", "all_reduce", &pa, WF_FUSED_PROBE_LATE_INPUT},
     };
@@ -980,7 +989,8 @@ static void sweep(int quick) {
       const double us = timed(ws, *x.p, x.probe, R);
       g_recs.push_back({x.op, x.be, T, H, T * H * 2, us});
       say("  sweep  %-22s %6lld x %-5lld %10.2f us%s\n", x.be, (long long)T, (long long)H, us,
-          x.probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM) ? "   (probe: outputs not valid)" : "");
+          x.probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM | WF_FUSED_PROBE_NO_RESIDUAL_LOAD)
+              ? "   (probe: outputs not valid)" : "");
     }
     for (int which = 0; which < 2; which++) {
       Trace tc;

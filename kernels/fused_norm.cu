@@ -504,8 +504,12 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
     mbar_init_fence();
   }
   /* "started" (and the mbarriers initialised): waited on before the first
-   * remote store into a sibling */
-  if (clustered) cluster_arrive_relaxed();
+   * remote store into a sibling (probe: no cluster barrier at all, where no
+   * such store happens) */
+  const bool csync = clustered && !((probe & WF_FUSED_PROBE_NO_CLUSTER_SYNC) &&
+                                    (probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM)));
+  const bool early_wait = (probe & WF_FUSED_PROBE_EARLY_CLUSTER_WAIT) != 0;
+  if (csync) cluster_arrive_relaxed();
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const int cur = (int)(E % 3u), clr = (int)((E + 2u) % 3u);
   const size_t slot = (size_t)a.tokens * RB;
@@ -572,7 +576,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   for (int i = 0; i < n; i++, parity ^= 1) {
     if (i + D < n) push_row(i + D);
     clear_part(i);
-    if (clustered && i == 0) cluster_wait_acquire(); /* every block of the cluster has started */
+    if (csync && i == 0 && early_wait) cluster_wait_acquire(); /* probe: the earlier place */
     if (i == 0) stamp(a, tr, WF_FUSED_TR_CLEARED, t0);
     const size_t row = (size_t)q + (size_t)i * Q;
     /* this block's chunk partials arrive in red[parity] from every block:
@@ -586,7 +590,8 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
       if (j < NV && !failed) {
         const size_t off = row * RB + (size_t)j * 16;
         /* the residual's load goes out before the wait, not after it */
-        const uint4 rv = norm ? ld_vec((const char *)a.res_in + off) : make_uint4(0, 0, 0, 0);
+        const uint4 rv = norm && !(probe & WF_FUSED_PROBE_NO_RESIDUAL_LOAD)
+                             ? ld_vec((const char *)a.res_in + off) : make_uint4(0, 0, 0, 0);
         float f[EPV];
         failed = !sum_ranks<T, W>(
             [&](int r) {
@@ -619,6 +624,11 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
           }
         }
       }
+      /* Every block of the cluster has started (and initialised its
+       * barriers) before the first partials go to it. Waited on here, after
+       * this thread's first poll, not before it: the barrier's latency hides
+       * behind the wait for the peer's data. Every thread gets here at k == 0. */
+      if (csync && i == 0 && k == 0 && !early_wait) cluster_wait_acquire();
       /* warp-uniform: the warp's chunk exists */
       if (reduce && wbase + k * CT < NV)
         put_chunk(red[parity], (wbase + k * CT) / 32, s, failed, clustered ? C : 1,

@@ -83,8 +83,14 @@ enum {
   WF_FUSED_PROBE_CLUSTER_BARRIER = 16, /* one-shot, rows split over a cluster: the chunk partials by
                                          plain remote stores + barrier.cluster.arrive.release (the
                                          old exchange), not st.async on transaction barriers */
-  WF_FUSED_PROBE_LATE_TRIGGER = 32    /* one-shot: griddepcontrol.launch_dependents after the pushes
+  WF_FUSED_PROBE_LATE_TRIGGER = 32,   /* one-shot: griddepcontrol.launch_dependents after the pushes
                                          (the earlier place), not at entry */
+  WF_FUSED_PROBE_EARLY_CLUSTER_WAIT = 64, /* one-shot, clustered: wait for the cluster's blocks to
+                                             have started before the first poll (the earlier place),
+                                             not just before the first partials are sent */
+  WF_FUSED_PROBE_NO_RESIDUAL_LOAD = 128,  /* one-shot norm: the residual is taken as 0 (wrong) */
+  WF_FUSED_PROBE_NO_CLUSTER_SYNC = 256    /* one-shot, with NO_NORM or NO_REDUCE only (no remote
+                                             shared-memory writes): no barrier.cluster at all */
 };
 /* trace[] slots (block 0, thread 0, one-shot, first row; SM clock cycles
  * since the kernel's entry, summed over calls): */
