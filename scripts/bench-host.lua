@@ -184,7 +184,8 @@ local function driver()
     machine = ("%s-%dcpu"):format(machine, nproc)
   end
   local date = os.date("%Y-%m-%d")
-  local commit = (sh("git -C " .. root .. " rev-parse --short HEAD"):gsub("%s+$", ""))
+  -- WEFT_COMMIT: the tree's commit where the copy's own git is stale (device runs)
+  local commit = os.getenv("WEFT_COMMIT") or (sh("git -C " .. root .. " rev-parse --short HEAD"):gsub("%s+$", ""))
   if not commit:match("^%x+$") then commit = "unknown" end
   local common = ("--min %d --max %d --factor %d --iters %d"):format(opts.min, opts.max, opts.factor, opts.iters)
   local records, failed = {}, false
