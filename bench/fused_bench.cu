@@ -974,6 +974,7 @@ static void sweep(int quick) {
         {"oneshot_auto_late", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_INPUT},
         {"oneshot_auto_latetrig", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_LATE_TRIGGER},
         {"oneshot_auto_earlywait", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_EARLY_CLUSTER_WAIT},
+        {"oneshot_auto_earlyinit", "fused_ar_rmsnorm", &pf, WF_FUSED_PROBE_EARLY_MBAR_INIT},
         {"oneshot_auto_resadd_nosync", "fused_ar_rmsnorm", &pf,
          WF_FUSED_PROBE_NO_NORM | WF_FUSED_PROBE_NO_CLUSTER_SYNC},
         {"oneshot_auto_resadd_nores", "fused_ar_rmsnorm", &pf,

@@ -49,10 +49,12 @@
  * receiver waits on: no cluster-wide barrier, and nothing waits for this
  * block's global or NVLink stores to be flushed (barrier.cluster with
  * release semantics did; residual_out of the kept vectors is stored only
- * after the exchange as well). The cluster starts with barrier.cluster.arrive
- * at entry (after the mbarrier inits and their fence) and waits on it before
- * its first remote store (a block must have started, and initialised its
- * barriers, before its shared memory is written); a block finishes a row
+ * after the exchange as well). Each block arrives on barrier.cluster after
+ * its first pushes (and after its mbarrier inits and their fence) and waits
+ * on it after its first poll, just before its first remote store (a block
+ * must have started, and initialised its barriers, before its shared memory
+ * is written; neither side of that barrier delays the pushes the peer waits
+ * for, and its latency hides behind the poll); a block finishes a row
  * only after every sibling's partials for it landed, so none exits while a
  * sibling may still write into it. A sibling a row ahead writes the other
  * parity's buffer, and cannot be two rows ahead (that needs this block's
@@ -498,18 +500,23 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
    * older than 100 us, long after thread 0's store above.) */
   if (err0 != 0ull) return;
   stamp(a, tr, WF_FUSED_TR_CHECKED, t0);
-  if (use_mbar && threadIdx.x == 0) {
-    mbar_init(&mbar[0]);
-    mbar_init(&mbar[1]);
-    mbar_init_fence();
-  }
-  /* "started" (and the mbarriers initialised): waited on before the first
-   * remote store into a sibling (probe: no cluster barrier at all, where no
-   * such store happens) */
+  /* "started" (and the mbarriers initialised): arrived on after this
+   * block's first pushes (nothing the peer waits for waits for the fence),
+   * waited on before the first remote store into a sibling (probe: no
+   * cluster barrier at all, where no such store happens) */
   const bool csync = clustered && !((probe & WF_FUSED_PROBE_NO_CLUSTER_SYNC) &&
                                     (probe & (WF_FUSED_PROBE_NO_REDUCE | WF_FUSED_PROBE_NO_NORM)));
   const bool early_wait = (probe & WF_FUSED_PROBE_EARLY_CLUSTER_WAIT) != 0;
-  if (csync) cluster_arrive_relaxed();
+  const bool early_init = (probe & WF_FUSED_PROBE_EARLY_MBAR_INIT) != 0;
+  auto cluster_start = [&] {
+    if (use_mbar && threadIdx.x == 0) {
+      mbar_init(&mbar[0]);
+      mbar_init(&mbar[1]);
+      mbar_init_fence();
+    }
+    if (csync) cluster_arrive_relaxed();
+  };
+  if (early_init) cluster_start();
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const int cur = (int)(E % 3u), clr = (int)((E + 2u) % 3u);
   const size_t slot = (size_t)a.tokens * RB;
@@ -536,6 +543,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
     }
   };
   for (int i = 0; i < n && i < D; i++) push_row(i);
+  if (!early_init) cluster_start();
   if (late_trigger && !(a.flags & WF_FUSED_TRIGGER_AT_END)) griddep_launch();
   stamp(a, tr, WF_FUSED_TR_PUSHED, t0);
 

@@ -89,8 +89,11 @@ enum {
                                              have started before the first poll (the earlier place),
                                              not just before the first partials are sent */
   WF_FUSED_PROBE_NO_RESIDUAL_LOAD = 128,  /* one-shot norm: the residual is taken as 0 (wrong) */
-  WF_FUSED_PROBE_NO_CLUSTER_SYNC = 256    /* one-shot, with NO_NORM or NO_REDUCE only (no remote
+  WF_FUSED_PROBE_NO_CLUSTER_SYNC = 256,   /* one-shot, with NO_NORM or NO_REDUCE only (no remote
                                              shared-memory writes): no barrier.cluster at all */
+  WF_FUSED_PROBE_EARLY_MBAR_INIT = 512    /* one-shot, clustered: initialise the transaction
+                                             barriers and arrive on the cluster barrier before the
+                                             first pushes (the earlier place), not after them */
 };
 /* trace[] slots (block 0, thread 0, one-shot, first row; SM clock cycles
  * since the kernel's entry, summed over calls): */
