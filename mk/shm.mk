@@ -7,7 +7,7 @@ SHM_TEST_SRCS := tests/c/shm_fork_test.c src/shm.c src/shm_seg.c src/shm_sync.c 
 
 $(BUILD)/shm_fork_test: $(SHM_TEST_SRCS) $(wildcard src/shm*.h) src/internal.h src/weft.h src/fpconv.h
 	@mkdir -p $(BUILD)
-	$(CC) -O2 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Isrc -o $@ $(SHM_TEST_SRCS) -lrt -lm
+	$(CC) -O2 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Isrc -Itests/c -o $@ $(SHM_TEST_SRCS) -lrt -lm
 
 .PHONY: shm-test-c
 shm-test-c: $(BUILD)/shm_fork_test
@@ -20,7 +20,7 @@ SHM_BENCH_SRCS := tests/c/shm_bench.c src/shm.c src/shm_seg.c src/shm_sync.c src
 
 $(BUILD)/shm_bench: $(SHM_BENCH_SRCS) $(wildcard src/shm*.h) src/internal.h src/weft.h
 	@mkdir -p $(BUILD)
-	$(CC) -O2 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Isrc -o $@ $(SHM_BENCH_SRCS) -lrt -lm
+	$(CC) -O2 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Isrc -Itests/c -o $@ $(SHM_BENCH_SRCS) -lrt -lm
 
 .PHONY: shm-bench-c
 shm-bench-c: $(BUILD)/shm_bench

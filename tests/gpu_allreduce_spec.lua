@@ -3,6 +3,7 @@
 -- the harness bench/ar_bench.cu validates every algorithm (f64 reference,
 -- NCCL, graphs, bursts, bad input), a dead peer, an abort and leaks, under
 -- scripts/weft-run; each of its PASS/FAIL lines becomes a check here.
+local spec = require "helpers.spec_util"
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
@@ -63,11 +64,7 @@ end)
 describe("vmm descriptor exchange (tests/c/ar_fdx_test.c)", function()
   local out
   local function run()
-    if out then return out end
-    local dir = os.tmpname(); os.remove(dir)
-    local p = io.popen(("make -s BUILD=%s %s/ar_fdx_test 2>&1 && timeout 120 %s/ar_fdx_test 2>&1; "
-                        .. "echo rc=$?; rm -rf %s"):format(dir, dir, dir, dir))
-    out = p:read("*a"); p:close()
+    out = out or spec.run_c_test("ar_fdx_test", 120)
     return out
   end
   for _, name in ipairs {

@@ -5,6 +5,7 @@
 --    built and run with make into a temporary folder;
 --  * through the FFI: weft_host_alloc / weft_host_is_shared, and weft.tensor
 --    host tensors (from 64 KiB on they are arena memory; wrapped memory is not).
+local spec = require "helpers.spec_util"
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
@@ -20,11 +21,7 @@ local function addr(p) return tonumber(ffi.cast("uintptr_t", p)) end
 describe("host arena C test (tests/c/host_arena_test.c)", function()
   local out
   local function run()
-    if out then return out end
-    local dir = os.tmpname(); os.remove(dir)
-    local p = io.popen(("make -s BUILD=%s %s/host_arena_test 2>&1 && timeout 60 %s/host_arena_test 2>&1; "
-                        .. "echo rc=$?; rm -rf %s"):format(dir, dir, dir, dir))
-    out = p:read("*a"); p:close()
+    out = out or spec.run_c_test("host_arena_test", 60)
     return out
   end
 

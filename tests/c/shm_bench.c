@@ -14,28 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int wf_cpugroup_info(weft_cpugroup *g, const char **n, int *s, int *i, const int **r, int *t) {
-  (void)g; (void)n; (void)s; (void)i; (void)r; (void)t;
-  return WEFT_ESTATE;
-}
-int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
-                            const void **out, size_t *out_len) {
-  (void)g; (void)root; (void)in; (void)len; (void)out; (void)out_len;
-  return WEFT_ESTATE;
-}
-int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
-                            const size_t **lens) {
-  (void)g; (void)in; (void)len; (void)out; (void)lens;
-  return WEFT_ESTATE;
-}
-int weft_cpugroup_barrier(weft_cpugroup *g) {
-  (void)g;
-  return wf_error(WEFT_ESTATE, "no cpu group in this test");
-}
-int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
-  (void)g; (void)vals; (void)n; (void)op;
-  return wf_error(WEFT_ESTATE, "no cpu group in this test");
-}
+#include "cpugroup_stubs.h" /* shm.c's create path needs the cpu group; not linked here */
 
 static size_t minb = 1024, maxb = 64u << 20;
 static int dtype = WEFT_F32;

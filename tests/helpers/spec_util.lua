@@ -16,6 +16,17 @@ function S.lines_of(out)
   return t
 end
 
+-- Builds the C test binary `target` (a make target under BUILD) into a fresh
+-- temporary folder, runs it with a time limit and removes the folder; returns
+-- everything it printed followed by "rc=<exit status>".
+function S.run_c_test(target, timeout_s)
+  local dir = os.tmpname(); os.remove(dir)
+  local p = io.popen(("make -s BUILD=%s %s/%s 2>&1 && timeout %d %s/%s 2>&1; echo rc=$?; rm -rf %s")
+                     :format(dir, dir, target, timeout_s, dir, target, dir))
+  local out = p:read("*a"); p:close()
+  return out
+end
+
 -- the last report tagged `tag` among lines: { ok = "true"|"false", ms =, msg = }
 function S.report_of(lines, tag)
   local got

@@ -1,0 +1,35 @@
+/* cpugroup_stubs.h — the cpu-group entry points src/shm*.c call, for C tests
+ * that link the shm core without the cpu group (ranks are fork()ed and attach
+ * by segment name): every one refuses, so the set-up that needs a group
+ * (weft_shm_create, zero-copy) is never reached. Include once, in the test. */
+#ifndef WF_TEST_CPUGROUP_STUBS_H
+#define WF_TEST_CPUGROUP_STUBS_H
+
+#include "internal.h"
+
+#define WF_NO_GROUP() wf_error(WEFT_ESTATE, "no cpu group in this test")
+
+int wf_cpugroup_info(weft_cpugroup *g, const char **n, int *s, int *i, const int **r, int *t) {
+  (void)g; (void)n; (void)s; (void)i; (void)r; (void)t;
+  return WF_NO_GROUP();
+}
+int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
+                            const void **out, size_t *out_len) {
+  (void)g; (void)root; (void)in; (void)len; (void)out; (void)out_len;
+  return WF_NO_GROUP();
+}
+int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
+                            const size_t **lens) {
+  (void)g; (void)in; (void)len; (void)out; (void)lens;
+  return WF_NO_GROUP();
+}
+int weft_cpugroup_barrier(weft_cpugroup *g) {
+  (void)g;
+  return WF_NO_GROUP();
+}
+int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+  (void)g; (void)vals; (void)n; (void)op;
+  return WF_NO_GROUP();
+}
+
+#endif
