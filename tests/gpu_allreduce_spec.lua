@@ -62,11 +62,7 @@ end)
 -- The descriptor exchange under the VMM workspaces (src/vmm_fdx.c), with
 -- real processes and memfds: runs everywhere.
 describe("vmm descriptor exchange (tests/c/ar_fdx_test.c)", function()
-  local out
-  local function run()
-    out = out or spec.run_c_test("ar_fdx_test", 120)
-    return out
-  end
+  local run = spec.c_test("ar_fdx_test", 120)
   for _, name in ipairs {
     "exchange among 2 processes", "exchange among 4 processes", "exchange among 8 processes",
     "an intruder with a wrong nonce is dropped", "a peer that never sends: timeout names it",

@@ -19,11 +19,7 @@ local function shared(p, n) return C.weft_host_is_shared(p, n) == 1 end
 local function addr(p) return tonumber(ffi.cast("uintptr_t", p)) end
 
 describe("host arena C test (tests/c/host_arena_test.c)", function()
-  local out
-  local function run()
-    out = out or spec.run_c_test("host_arena_test", 60)
-    return out
-  end
+  local run = spec.c_test("host_arena_test", 60)
 
   it("passes every check", function()
     local o = run()

@@ -16,15 +16,21 @@ function S.lines_of(out)
   return t
 end
 
--- Builds the C test binary `target` (a make target under BUILD) into a fresh
--- temporary folder, runs it with a time limit and removes the folder; returns
--- everything it printed followed by "rc=<exit status>".
-function S.run_c_test(target, timeout_s)
-  local dir = os.tmpname(); os.remove(dir)
-  local p = io.popen(("make -s BUILD=%s %s/%s 2>&1 && timeout %d %s/%s 2>&1; echo rc=$?; rm -rf %s")
-                     :format(dir, dir, target, timeout_s, dir, target, dir))
-  local out = p:read("*a"); p:close()
-  return out
+-- A function that, on its first call, builds the C test binary `target` (a
+-- make target under BUILD) into a fresh temporary folder, runs it with a time
+-- limit and removes the folder; every call returns what it printed followed
+-- by "rc=<exit status>" (one run shared by a describe block's checks).
+function S.c_test(target, timeout_s)
+  local out
+  return function()
+    if not out then
+      local dir = os.tmpname(); os.remove(dir)
+      local p = io.popen(("make -s BUILD=%s %s/%s 2>&1 && timeout %d %s/%s 2>&1; echo rc=$?; rm -rf %s")
+                         :format(dir, dir, target, timeout_s, dir, target, dir))
+      out = p:read("*a"); p:close()
+    end
+    return out
+  end
 end
 
 -- the last report tagged `tag` among lines: { ok = "true"|"false", ms =, msg = }
