@@ -4,8 +4,11 @@
  * 256 GiB of address space, WEFT_HOST_ARENA_GB; nothing is committed until
  * touched) and mapped MAP_SHARED | MAP_NORESERVE. Blocks are multiples of
  * WF_ARENA_GRAIN, first fit over an offset-ordered free list, else bumped
- * from the top. A freed block's pages are punched out (fallocate), so memory
- * goes back to the system and every block handed out reads as zeros.
+ * from the top. Freed blocks stay resident up to WEFT_HOST_ARENA_KEEP_MB
+ * (default 64 MiB: a loop that frees and allocates a tensor does not fault
+ * its pages in again every time; such a block is zeroed when handed out
+ * again); beyond that every freed page is punched out (fallocate) and goes
+ * back to the system. Every block handed out reads as zeros.
  *
  * Peers map the arena through /proc/<pid>/fd/<fd> (same user; the link must
  * name our memfd and its size must match), read-only: a peer can read this
@@ -31,7 +34,10 @@
 
 #define ARENA_NAME "weft-host-arena"
 
-typedef struct { uint64_t off, len; } extent;
+typedef struct {
+  uint64_t off, len;
+  uint32_t dirty; /* free list: written since its pages were last punched */
+} extent;
 
 typedef struct {
   extent *v;
@@ -44,11 +50,13 @@ static struct {
   int fd;
   uint8_t *base;
   uint64_t size, top;
+  uint64_t clean_from; /* nothing at or above was written since the last release */
+  uint64_t kept, keep_max; /* freed bytes still resident (an estimate), and the cap */
   extents free_, live; /* both ordered by offset */
   /* arenas inherited through fork() (every generation's): frees of their
    * blocks are ignored */
   extents old;
-} A = {PTHREAD_MUTEX_INITIALIZER, 0, -1, NULL, 0, 0, {NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
+} A = {PTHREAD_MUTEX_INITIALIZER, 0, -1, NULL, 0, 0, 0, 0, 0, {NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
 
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 
@@ -61,7 +69,7 @@ static void after_fork_child(void) {
     /* remembered for as many generations as there are (malloc works in the
      * child of fork); if even that fails, this child keeps using the
      * parent's bookkeeping rather than risk free() on arena memory */
-    if (insert_at(&A.old, A.old.n, (extent){(uint64_t)(uintptr_t)A.base, A.size}) != 0) {
+    if (insert_at(&A.old, A.old.n, (extent){(uint64_t)(uintptr_t)A.base, A.size, 0}) != 0) {
       pthread_mutex_unlock(&A.mu);
       return;
     }
@@ -72,7 +80,7 @@ static void after_fork_child(void) {
     memset(&A.live, 0, sizeof A.live);
     A.fd = -1;
     A.base = NULL;
-    A.size = A.top = 0;
+    A.size = A.top = A.clean_from = A.kept = 0;
     A.state = 0;
   }
   pthread_mutex_unlock(&A.mu);
@@ -130,7 +138,9 @@ static int create_locked(void) {
     A.fd = fd;
     A.base = p;
     A.size = size;
-    A.top = 0;
+    A.top = A.clean_from = A.kept = 0;
+    const long keep = wf_env_long("WEFT_HOST_ARENA_KEEP_MB", 64);
+    A.keep_max = keep > 0 ? (uint64_t)keep << 20 : 0;
     A.state = 1;
     wf_log(1, "host arena: %llu GiB reserved (memfd %d)", (unsigned long long)(size >> 30), fd);
     return 0;
@@ -152,13 +162,17 @@ void *wf_arena_alloc(size_t bytes) {
   if (bytes < WF_ARENA_MIN || bytes > UINT64_MAX - WF_ARENA_GRAIN) return NULL;
   const uint64_t n = ((uint64_t)bytes + WF_ARENA_GRAIN - 1) / WF_ARENA_GRAIN * WF_ARENA_GRAIN;
   void *p = NULL;
+  uint64_t zero_off = 0, zero_len = 0; /* written before: zeroed once we hold it */
   pthread_mutex_lock(&A.mu);
   if (!ready_locked()) goto out;
   uint64_t off = UINT64_MAX;
+  extent taken = {0, 0, 0};
   for (size_t i = 0; i < A.free_.n; i++) { /* first fit */
     extent *f = &A.free_.v[i];
     if (f->len < n) continue;
     off = f->off;
+    taken = (extent){f->off, n, f->dirty};
+    if (f->dirty) { zero_off = off; zero_len = n; }
     f->off += n;
     f->len -= n;
     if (f->len == 0) remove_at(&A.free_, i);
@@ -169,18 +183,44 @@ void *wf_arena_alloc(size_t bytes) {
     if (n > A.size - A.top) goto out;
     off = A.top;
     A.top += n;
+    if (off < A.clean_from) { /* below the high-water mark: written before */
+      zero_off = off;
+      zero_len = (A.top < A.clean_from ? A.top : A.clean_from) - off;
+    }
     bumped = 1;
   }
-  if (insert_at(&A.live, lower_bound(&A.live, off), (extent){off, n}) != 0) {
+  if (insert_at(&A.live, lower_bound(&A.live, off), (extent){off, n, 0}) != 0) {
     /* no room to remember it: give the block back */
     if (bumped) A.top -= n;
-    else insert_at(&A.free_, lower_bound(&A.free_, off), (extent){off, n});
+    else insert_at(&A.free_, lower_bound(&A.free_, off), taken);
+    zero_len = 0;
     goto out;
   }
+  if (A.top > A.clean_from) A.clean_from = A.top;
+  A.kept = A.kept > zero_len ? A.kept - zero_len : 0;
   p = A.base + off;
 out:
   pthread_mutex_unlock(&A.mu);
+  if (zero_len) memset(A.base + zero_off, 0, zero_len); /* the block is ours alone now */
   return p;
+}
+
+static void punch(uint64_t off, uint64_t len) {
+  if (len && fallocate(A.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) != 0)
+    memset(A.base + off, 0, len); /* cannot punch: zero, so it reads as holes do */
+}
+
+/* Everything freed goes back to the system: the free blocks and what lies
+ * between the top and the high-water mark. */
+static void release_locked(void) {
+  for (size_t i = 0; i < A.free_.n; i++)
+    if (A.free_.v[i].dirty) {
+      punch(A.free_.v[i].off, A.free_.v[i].len);
+      A.free_.v[i].dirty = 0;
+    }
+  punch(A.top, A.clean_from - A.top);
+  A.clean_from = A.top;
+  A.kept = 0;
 }
 
 static int inherited(const uint8_t *p) {
@@ -202,9 +242,8 @@ int wf_arena_free(void *ptr) {
     if (i < A.live.n && A.live.v[i].off == off) {
       extent x = A.live.v[i];
       remove_at(&A.live, i);
-      /* the pages go back to the system and read as zeros when reused */
-      if (fallocate(A.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)x.off, (off_t)x.len) != 0)
-        memset(A.base + x.off, 0, x.len);
+      x.dirty = 1; /* resident until released; zeroed when handed out again */
+      A.kept += x.len;
       size_t j = lower_bound(&A.free_, x.off);
       if (j > 0 && A.free_.v[j - 1].off + A.free_.v[j - 1].len == x.off) { /* merge left */
         x.off = A.free_.v[j - 1].off;
@@ -215,8 +254,10 @@ int wf_arena_free(void *ptr) {
         x.len += A.free_.v[j].len;
         remove_at(&A.free_, j);
       }
-      if (x.off + x.len == A.top) A.top = x.off; /* the top block: shrink */
+      /* the top block: shrink (its pages stay below the high-water mark) */
+      if (x.off + x.len == A.top) A.top = x.off;
       else if (insert_at(&A.free_, j, x) != 0) { /* lost track of it: leak, safely */ }
+      if (A.kept > A.keep_max) release_locked();
     }
   } else if (inherited(p)) {
     mine = 1; /* the parent's block (fork): not ours to free */
