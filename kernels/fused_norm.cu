@@ -648,8 +648,19 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
         if (use_mbar) {
           /* every block of the group sends its partials (failed ones too,
            * flagged), so this completes once the slowest sibling's bounded
-           * waits are over; the (i >> 1)-th use of mbar[parity] */
-          while (!mbar_done(&mbar[parity], (uint32_t)(i >> 1) & 1u)) {
+           * waits are over; the (i >> 1)-th use of mbar[parity]. Bounded all
+           * the same (a sibling that never sends is a bug, not a hang). */
+          const uint32_t ph = (uint32_t)(i >> 1) & 1u;
+          if (!mbar_done(&mbar[parity], ph)) {
+            const uint64_t w0 = globaltimer_ns();
+            bool late = false;
+            while (!mbar_done(&mbar[parity], ph))
+              if (globaltimer_ns() - w0 > env.timeout_ns) { late = true; break; }
+            if (late) {
+              report_error(env, SPIN_TIMEOUT, (uint32_t)rank, WF_FUSED_SITE_ROW, E);
+              failed = true;
+              break;
+            }
           }
         } else if (clustered) {
           cluster_arrive_release();

@@ -128,6 +128,7 @@ static const char *site_name(unsigned site) {
     case WF_FUSED_SITE_LAMPORT: return "one-shot data poll";
     case WF_FUSED_SITE_RS: return "two-shot reduce-scatter flag";
     case WF_FUSED_SITE_AG: return "two-shot all-gather flag";
+    case WF_FUSED_SITE_ROW: return "one-shot row exchange among this rank's blocks";
     default: return "unknown wait";
   }
 }
