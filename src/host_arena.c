@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,7 +125,14 @@ static int create_locked(void) {
   pthread_once(&g_atfork_once, register_atfork);
   long gb = wf_env_long("WEFT_HOST_ARENA_GB", 256);
   if (wf_env_long("WEFT_HOST_ARENA", 1) == 0 || gb <= 0) { A.state = -1; return -1; }
-  int fd = memfd_create(ARENA_NAME, MFD_CLOEXEC);
+  /* a name of its own: a peer's mapping cache tells this arena from one of
+   * a later process that got the same pid and descriptor number */
+  char name[64];
+  uint64_t id = 0;
+  if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+    id = (uint64_t)wf_now_ns() ^ ((uint64_t)getpid() << 32);
+  snprintf(name, sizeof name, ARENA_NAME "-%016llx", (unsigned long long)id);
+  int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) {
     wf_log(1, "host arena: memfd_create: %s (large tensors stay on the heap)", strerror(errno));
     A.state = -1;
@@ -297,22 +305,27 @@ int wf_arena_export(int32_t *fd, uint64_t *bytes) {
   return 0;
 }
 
-/* ---- peers ---- */
+/* ---- peers ----
+ * A process maps each peer's arena once, whatever the number of
+ * communicators it shares with that peer (every one would otherwise hold
+ * its own mapping of the whole reserve): mappings are shared and counted,
+ * keyed by the peer's pid and its arena's name (unique per arena). */
 
-const uint8_t *wf_arena_map_peer(int32_t pid, int32_t fd, uint64_t bytes) {
-  char path[64], link[128];
-  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, (int)fd);
-  ssize_t n = readlink(path, link, sizeof link - 1);
-  if (n < 0) {
-    wf_error_errno(WEFT_ESYS, "host arena of process %d: readlink %s", (int)pid, path);
-    return NULL;
-  }
-  link[n] = '\0';
-  if (strncmp(link, "/memfd:" ARENA_NAME, strlen("/memfd:" ARENA_NAME)) != 0) {
-    wf_error(WEFT_EPROTO, "host arena of process %d: %s is '%s', not a weft arena", (int)pid,
-             path, link);
-    return NULL;
-  }
+typedef struct {
+  int32_t pid;
+  char link[128];
+  uint64_t bytes;
+  const uint8_t *base;
+  int refs;
+} peer_map;
+
+static struct {
+  pthread_mutex_t mu;
+  peer_map *v;
+  size_t n, cap;
+} P = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+static const uint8_t *map_new(int32_t pid, const char *path, uint64_t bytes) {
   int f = open(path, O_RDONLY | O_CLOEXEC);
   if (f < 0) {
     wf_error_errno(WEFT_ESYS, "host arena of process %d: open %s", (int)pid, path);
@@ -330,6 +343,58 @@ const uint8_t *wf_arena_map_peer(int32_t pid, int32_t fd, uint64_t bytes) {
   return p == MAP_FAILED ? NULL : p;
 }
 
+const uint8_t *wf_arena_map_peer(int32_t pid, int32_t fd, uint64_t bytes) {
+  char path[64], link[128];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, (int)fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < 0) {
+    wf_error_errno(WEFT_ESYS, "host arena of process %d: readlink %s", (int)pid, path);
+    return NULL;
+  }
+  link[n] = '\0';
+  if (strncmp(link, "/memfd:" ARENA_NAME "-", strlen("/memfd:" ARENA_NAME "-")) != 0) {
+    wf_error(WEFT_EPROTO, "host arena of process %d: %s is '%s', not a weft arena", (int)pid,
+             path, link);
+    return NULL;
+  }
+  const uint8_t *base = NULL;
+  pthread_mutex_lock(&P.mu);
+  for (size_t i = 0; i < P.n && !base; i++)
+    if (P.v[i].pid == pid && P.v[i].bytes == bytes && !strcmp(P.v[i].link, link)) {
+      P.v[i].refs++;
+      base = P.v[i].base;
+    }
+  if (!base && (base = map_new(pid, path, bytes)) != NULL) {
+    if (P.n == P.cap) {
+      size_t cap = P.cap ? 2 * P.cap : 16;
+      peer_map *v = realloc(P.v, cap * sizeof *v);
+      if (v) { P.v = v; P.cap = cap; }
+    }
+    if (P.n < P.cap) { /* else: mapped, just not shared with later users */
+      peer_map *m = &P.v[P.n++];
+      m->pid = pid;
+      snprintf(m->link, sizeof m->link, "%s", link);
+      m->bytes = bytes;
+      m->base = base;
+      m->refs = 1;
+    }
+  }
+  pthread_mutex_unlock(&P.mu);
+  return base;
+}
+
 void wf_arena_unmap_peer(const uint8_t *base, uint64_t bytes) {
-  if (base) munmap((void *)base, bytes);
+  if (!base) return;
+  pthread_mutex_lock(&P.mu);
+  for (size_t i = 0; i < P.n; i++)
+    if (P.v[i].base == base) {
+      if (--P.v[i].refs == 0) {
+        munmap((void *)base, bytes);
+        P.v[i] = P.v[--P.n];
+      }
+      pthread_mutex_unlock(&P.mu);
+      return;
+    }
+  pthread_mutex_unlock(&P.mu);
+  munmap((void *)base, bytes);
 }

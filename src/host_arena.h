@@ -27,7 +27,8 @@ int wf_arena_lookup(const void *p, size_t len, uint64_t *off);
 int wf_arena_export(int32_t *fd, uint64_t *bytes);
 /* Map process pid's arena (its descriptor fd, size bytes) read-only into
  * this process, through /proc/<pid>/fd/<fd>; NULL and an error when it
- * cannot be opened or is not a weft arena of that size. */
+ * cannot be opened or is not a weft arena of that size. Mappings of the same
+ * arena are shared and counted: each map is undone by one unmap. */
 const uint8_t *wf_arena_map_peer(int32_t pid, int32_t fd, uint64_t bytes);
 void wf_arena_unmap_peer(const uint8_t *base, uint64_t bytes);
 

@@ -2,6 +2,7 @@
  * create/attach/map, unlink, and local teardown. No collectives here: the
  * cpu group (shm.c) or a test harness decides who creates and when to unlink. */
 #include "shm.h"
+#include "host_arena.h"
 #include "futex.h"
 
 #include <dirent.h>
@@ -139,7 +140,7 @@ void wf_shm_close(weft_shm *c) {
   if (!c) return;
   if (c->base) munmap(c->base, c->map_len);
   for (int j = 0; c->arena && j < c->world; j++) /* peers' host arenas (shm_zc.c) */
-    if (c->arena[j]) munmap((void *)c->arena[j], c->arena_bytes[j]);
+    wf_arena_unmap_peer(c->arena[j], c->arena_bytes[j]);
   free(c->arena);
   free(c->arena_bytes);
   free(c->ranks);

@@ -567,6 +567,13 @@ static void child_peer(void *arg) {
   wr(a->to_parent[1], 'r');
   CHECK(rd(a->to_child[0], 5000) == 'f', "peer: no 'freed' from the parent");
   CHECK(all_zero(m + a->off, a->bytes), "peer: a freed block still shows data");
+  /* a second user of the same arena shares the mapping; each unmaps once */
+  const uint8_t *m2 = wf_arena_map_peer(pp, a->fd, a->size);
+  CHECK(m2 == m, "peer: a second map of the same arena is %p, want the shared %p", (void *)m2,
+        (void *)m);
+  wf_arena_unmap_peer(m2, a->size);
+  /* (reading it would fault if the second unmap had taken it away) */
+  CHECK(all_zero(m + a->off, 4096), "peer: the first user's mapping changed after the second's unmap");
   wf_arena_unmap_peer(m, a->size);
 
   /* refusals */
