@@ -104,7 +104,9 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
   _Atomic uint32_t *arr = &c->hdr->arrivals;
   const uint32_t target = g * (uint32_t)c->world;
   int64_t t_end = 0;
-  for (uint32_t it = 0;; it++) {
+  /* no spin phase at all when spin_ns is 0 (oversubscribed): even the 32
+   * polls before the first clock check burn the slice the late rank needs */
+  for (uint32_t it = 0; c->spin_ns > 0; it++) {
     if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
     if ((it & 31) == 0) {
       int64_t t = wf_now_ns();
@@ -118,9 +120,10 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
   if (c->yield_ns > 0) {
     const int64_t y_end = wf_now_ns() + c->yield_ns;
     do {
-      sched_yield();
+      /* looked at before yielding: the last to arrive never yields */
       if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
       if (atomic_load(&c->hdr->abort)) break; /* reported below */
+      sched_yield();
     } while (wf_now_ns() < y_end);
   }
   const int64_t deadline = wf_now_ms() + c->timeout_ms;
