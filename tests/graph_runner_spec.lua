@@ -7,6 +7,7 @@ local runner_mod = require "weft.graph_runner"
 local tensor = require "weft.tensor"
 local fake = require "helpers.graph_runner_fake"
 local ffi = require "ffi"
+local spec = require "helpers.spec_util"
 
 local ROOT = os.getenv("PWD") or "."
 
@@ -255,13 +256,21 @@ end)
 -- ---------------------------------------------------------------- 2 ranks
 
 local function run_ranks(n, script, timeout)
-  local cmd = ("WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL %d "
-               .. "%s/scripts/weft-run -n %d --timeout %d %s/tests/helpers/%s 2>&1; echo \"rc=$?\"")
-              :format(ROOT, ROOT, timeout + 10, ROOT, n, timeout, ROOT, script)
-  local p = io.popen(cmd)
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
+  return spec.shell(("WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL %d "
+                     .. "%s/scripts/weft-run -n %d --timeout %d %s/tests/helpers/%s")
+                    :format(ROOT, ROOT, timeout + 10, ROOT, n, timeout, ROOT, script))
+end
+
+-- one it() per check name: both ranks printed "OK <name>"
+local function both_ok(once, names)
+  for _, name in ipairs(names) do
+    it(name, function()
+      local o = once()
+      local n = 0
+      for _ in o:gmatch("%] OK " .. name:gsub("%p", "%%%0") .. "\n") do n = n + 1 end
+      assert.are.equal(2, n, "expected 'OK " .. name .. "' from both ranks:\n" .. o)
+    end)
+  end
 end
 
 -- The GPU spec's helper (device all_reduce and fused path through a TP
@@ -271,27 +280,17 @@ describe("graph_runner over device groups on a simulated machine", function()
   local out, rc
   local function once()
     if out then return out end
-    local cmd = ("WEFT_TIMEOUT_MS=30000 TUNE_SIM_ROOT='%s' TUNE_SIM_SCRIPT='%s/tests/helpers/graph_runner_gpu.lua' "
-                 .. "LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL 150 %s/scripts/weft-run -n 2 "
-                 .. "--timeout 140 %s/tests/helpers/tune_sim.lua 2>&1; echo \"rc=$?\"")
-                :format(ROOT, ROOT, ROOT, ROOT, ROOT, ROOT)
-    local p = io.popen(cmd)
-    out = p:read("*a"); p:close()
-    rc = tonumber(out:match("rc=(%d+)%s*$"))
+    out, rc = spec.shell(("WEFT_TIMEOUT_MS=30000 TUNE_SIM_ROOT='%s' TUNE_SIM_SCRIPT='%s/tests/helpers/graph_runner_gpu.lua' "
+                          .. "LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL 150 %s/scripts/weft-run -n 2 "
+                          .. "--timeout 140 %s/tests/helpers/tune_sim.lua")
+                         :format(ROOT, ROOT, ROOT, ROOT, ROOT, ROOT))
     return out
   end
-  for _, name in ipairs {
+  both_ok(once, {
     "captured 5 sizes over all_reduce and the fused path", "replays match eager runs, padded sizes included",
     "run pads to the next captured size", "divergent capture detected on every rank",
     "the group is usable after a refused capture",
-  } do
-    it(name, function()
-      local o = once()
-      local n = 0
-      for _ in o:gmatch("%] OK " .. name:gsub("%p", "%%%0") .. "\n") do n = n + 1 end
-      assert.are.equal(2, n, o)
-    end)
-  end
+  })
   it("exits cleanly", function() once(); assert.are.equal(0, rc, out) end)
 end)
 
@@ -301,19 +300,12 @@ describe("graph_runner across 2 ranks (cpu group)", function()
     if not out then out, rc = run_ranks(2, "graph_runner_ranks.lua", 90) end
     return out
   end
-  for _, name in ipairs {
+  both_ok(once, {
     "same captures agree", "verify agrees across ranks",
     "an extra collective on rank 1 is detected", "a note that differs is detected",
     "different size lists are refused before any capture", "a capture failing on one rank fails all",
     "the runner is usable after a refused one",
-  } do
-    it(name, function()
-      local o = once()
-      local n = 0
-      for _ in o:gmatch("%] OK " .. name:gsub("%p", "%%%0") .. "\n") do n = n + 1 end
-      assert.are.equal(2, n, "expected 'OK " .. name .. "' from both ranks:\n" .. o)
-    end)
-  end
+  })
   it("both ranks exit cleanly", function()
     once()
     assert.are.equal(0, rc, out)

@@ -7,6 +7,7 @@
 -- Device tensors here are host memory wrapped as "cuda:0" and groups are
 -- stand-ins with a prepared device state: nothing reaches a GPU.
 local weft = require "weft"
+local spec = require "helpers.spec_util"
 local policy = require "weft.policy"
 local pf = require "weft.policy_file"
 local db = require "weft.device_backends"
@@ -541,11 +542,8 @@ describe("weft groups: host/device mixing, all_gatherv, reduce_scatterv (host)",
   end)
 
   it("all_gatherv, reduce_scatterv, out-of-place all_reduce and explain with 3 real ranks", function()
-    local cmd = ("cd %s && WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 100 scripts/weft-run -n 3 --timeout 90 "
-                 .. "tests/helpers/policy_ranks.lua 2>&1; echo \"rc=$?\""):format(ROOT, ROOT)
-    local p = io.popen(cmd)
-    local out = p:read("*a")
-    p:close()
+    local out = spec.shell(("cd %s && WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 100 "
+                            .. "scripts/weft-run -n 3 --timeout 90 tests/helpers/policy_ranks.lua"):format(ROOT, ROOT))
     assert.matches("rc=0%s*$", out)
     local n = 0
     for _ in out:gmatch("%] OK ") do n = n + 1 end
@@ -559,11 +557,9 @@ end)
 -- checked on the CPU before it reaches a GPU.
 describe("device paths on a pretend GPU (2 ranks)", function()
   it("passes every check of the GPU worker", function()
-    local cmd = ("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 200 "
-                 .. "scripts/weft-run -n 2 --timeout 190 tests/helpers/gpu_group_worker.lua 2>&1; echo \"rc=$?\""):format(ROOT, ROOT)
-    local p = io.popen(cmd)
-    local out = p:read("*a")
-    p:close()
+    local out = spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' "
+                            .. "timeout -s KILL 200 scripts/weft-run -n 2 --timeout 190 tests/helpers/gpu_group_worker.lua")
+                           :format(ROOT, ROOT))
     assert.is_nil(out:match("FAIL [^\n]*"), out)
     assert.matches("%[rank0%] DONE 0 failed", out)
     assert.matches("%[rank1%] DONE 0 failed", out)

@@ -52,26 +52,24 @@ end
 
 ---------------------------------------------------------------- what is measured
 
--- All-reduce sizes in bytes: 1 KiB .. 256 MiB, powers of 2 (quick: of 4).
-function M.ar_sizes(quick, lo, hi)
-  lo, hi = lo or 2 ^ 10, hi or 2 ^ 28
-  local t, b = {}, lo
-  while b <= hi do
-    t[#t + 1] = b
-    b = b * (quick and 4 or 2)
+-- lo, 2 lo, 4 lo, ... up to hi (quick: lo, 4 lo, 16 lo, ...)
+local function ladder(quick, lo, hi)
+  local t, v = {}, lo
+  while v <= hi do
+    t[#t + 1] = v
+    v = v * (quick and 4 or 2)
   end
   return t
 end
 
+-- All-reduce sizes in bytes: 1 KiB .. 256 MiB, powers of 2 (quick: of 4).
+function M.ar_sizes(quick, lo, hi)
+  return ladder(quick, lo or 2 ^ 10, hi or 2 ^ 28)
+end
+
 -- Fused shapes: hidden {4096, 8192} x tokens 1 .. 8192 (powers of 2; quick: of 4).
 function M.fused_tokens(quick, hi)
-  hi = hi or 8192
-  local t, n = {}, 1
-  while n <= hi do
-    t[#t + 1] = n
-    n = n * (quick and 4 or 2)
-  end
-  return t
+  return ladder(quick, 1, hi or 8192)
 end
 
 function M.fused_shapes(quick, hiddens)

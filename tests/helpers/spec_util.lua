@@ -16,6 +16,14 @@ function S.lines_of(out)
   return t
 end
 
+-- Runs a shell command line; returns everything it printed (stderr too)
+-- followed by "rc=<exit status>", and that status as a number.
+function S.shell(cmd)
+  local p = io.popen(cmd .. ' 2>&1; echo "rc=$?"')
+  local out = p:read("*a"); p:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+
 -- A function that, on its first call, builds the C test binary `target` (a
 -- make target under BUILD) into a fresh temporary folder, runs it with a time
 -- limit and removes the folder; every call returns what it printed followed
@@ -25,9 +33,8 @@ function S.c_test(target, timeout_s)
   return function()
     if not out then
       local dir = os.tmpname(); os.remove(dir)
-      local p = io.popen(("make -s BUILD=%s %s/%s 2>&1 && timeout %d %s/%s 2>&1; echo rc=$?; rm -rf %s")
-                         :format(dir, dir, target, timeout_s, dir, target, dir))
-      out = p:read("*a"); p:close()
+      out = S.shell(("(make -s BUILD=%s %s/%s && timeout %d %s/%s; r=$?; rm -rf %s; exit $r)")
+                    :format(dir, dir, target, timeout_s, dir, target, dir))
     end
     return out
   end
