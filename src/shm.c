@@ -157,6 +157,28 @@ static int refuse(weft_shm *c, wf_shm_desc *d, const char *op, int code, const c
   return done(c, wf_error(code, "%s: group '%s': %s", op, c->group, msg));
 }
 
+/* The zero-copy decision (shm_zc.c), taken at the call's first barrier:
+ * with eligible (same on every rank: the communicator can and the call is
+ * large enough), every rank offers its buffers (in/out, NULL: not arena
+ * memory or not needed) and syncs with the call's descriptor; 1 when every
+ * rank (only >= 0: that rank) offered, so the caller runs the zero-copy
+ * collective. 0: the segment path, and *checked says whether the
+ * descriptors were already compared. < 0: the barrier failed. */
+static int zc_decide(weft_shm *c, const wf_shm_desc *d, const char *op, int eligible, int only,
+                     const void *in, size_t in_bytes, const void *out, size_t out_bytes,
+                     int *checked) {
+  *checked = 0;
+  if (eligible) {
+    wf_shm_zc_offer(c, d->call, in, in_bytes, out, out_bytes);
+    int rc = wf_shm_sync(c, d, op);
+    if (rc) return rc;
+    if (wf_shm_zc_agreed(c, d->call, only, in_bytes, out ? out_bytes : 0)) return 1;
+    *checked = 1;
+  }
+  c->seg_calls++;
+  return 0;
+}
+
 int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, int dtype,
                         int op) {
   static const char OP[] = "weft_shm_all_reduce";
@@ -176,17 +198,13 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
    * offers go with the call's first barrier, so the decision is the same
    * everywhere; when it is no, that barrier was the segment path's
    * descriptor check and its own first barrier carries none. */
-  int checked = 0;
-  if (c->zc && count * es >= c->zc_min) {
-    const size_t b = count * es;
-    const int ok = src == dst || src + b <= dst || dst + b <= src; /* not partly overlapping */
-    wf_shm_zc_offer(c, d.call, ok ? in : NULL, b, ok ? out : NULL, b);
-    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
-    if (wf_shm_zc_agreed(c, d.call, -1, b, b))
-      return done(c, wf_shm_zc_all_reduce(c, d.call, in, out, count, dtype, op, OP));
-    checked = 1;
-  }
-  c->seg_calls++;
+  const size_t b = count * es;
+  const int apart = src == dst || src + b <= dst || dst + b <= src; /* not partly overlapping */
+  int checked;
+  rc = zc_decide(c, &d, OP, c->zc && b >= c->zc_min, -1, apart ? in : NULL, b,
+                 apart ? out : NULL, b, &checked);
+  if (rc < 0) return done(c, rc);
+  if (rc == 1) return done(c, wf_shm_zc_all_reduce(c, d.call, in, out, count, dtype, op, OP));
   /* Two ranks: every rank reducing the whole chunk is as much traffic as the
    * split (each rank still writes N bytes and reads N written by the other
    * core; measured: no faster) and saves a barrier and the copy out, so they
@@ -267,17 +285,14 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes) {
   const uint8_t *src = in;
   uint8_t *dst = out;
   /* zero-copy: every rank's input is arena memory (shm_zc.c) */
-  int checked = 0;
-  if (c->zc && bytes * (size_t)c->world >= c->zc_min && bytes <= SIZE_MAX / (size_t)c->world) {
-    const size_t all = bytes * (size_t)c->world;
-    const int ok = src == dst + (size_t)c->me * bytes || src + bytes <= dst || dst + all <= src;
-    wf_shm_zc_offer(c, d.call, ok ? in : NULL, bytes, NULL, 0);
-    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
-    if (wf_shm_zc_agreed(c, d.call, -1, bytes, 0))
-      return done(c, wf_shm_zc_all_gather(c, d.call, in, out, bytes, OP));
-    checked = 1;
-  }
-  c->seg_calls++;
+  const int fits = bytes <= SIZE_MAX / (size_t)c->world;
+  const size_t all = fits ? bytes * (size_t)c->world : SIZE_MAX;
+  const int apart = src == dst + (size_t)c->me * bytes || src + bytes <= dst || dst + all <= src;
+  int checked;
+  rc = zc_decide(c, &d, OP, c->zc && fits && all >= c->zc_min, -1, apart ? in : NULL, bytes, NULL, 0,
+                 &checked);
+  if (rc < 0) return done(c, rc);
+  if (rc == 1) return done(c, wf_shm_zc_all_gather(c, d.call, in, out, bytes, OP));
   size_t off = 0;
   do {
     size_t n = min_sz(c->slot, bytes - off);
@@ -310,18 +325,13 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   const uint8_t *src = in;
   uint8_t *dst = out;
   /* zero-copy: every rank's input is arena memory (shm_zc.c) */
-  int checked = 0;
-  const size_t all = count_out * world * es;
-  if (c->zc && all >= c->zc_min) {
-    const size_t piece = count_out * es;
-    const int ok = dst == src + (size_t)c->me * piece || dst + piece <= src || src + all <= dst;
-    wf_shm_zc_offer(c, d.call, ok ? in : NULL, all, NULL, 0);
-    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
-    if (wf_shm_zc_agreed(c, d.call, -1, all, 0))
-      return done(c, wf_shm_zc_reduce_scatter(c, d.call, in, out, count_out, dtype, op, OP));
-    checked = 1;
-  }
-  c->seg_calls++;
+  const size_t all = count_out * world * es, piece = count_out * es;
+  const int apart = dst == src + (size_t)c->me * piece || dst + piece <= src || src + all <= dst;
+  int checked;
+  rc = zc_decide(c, &d, OP, c->zc && all >= c->zc_min, -1, apart ? in : NULL, all, NULL, 0,
+                 &checked);
+  if (rc < 0) return done(c, rc);
+  if (rc == 1) return done(c, wf_shm_zc_reduce_scatter(c, d.call, in, out, count_out, dtype, op, OP));
   /* A slot holds one piece per destination rank; pieces start on cache lines. */
   size_t per = c->slot / (world * es);
   if (per >= 64 / es) per -= per % (64 / es);
@@ -350,15 +360,11 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
   if (bytes && !buf) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   uint8_t *p = buf;
   /* zero-copy: the root's buffer is arena memory (shm_zc.c) */
-  int checked = 0;
-  if (c->zc && bytes >= c->zc_min) {
-    wf_shm_zc_offer(c, d.call, c->me == root ? buf : NULL, bytes, NULL, 0);
-    if ((rc = wf_shm_sync(c, &d, OP))) return done(c, rc);
-    if (wf_shm_zc_agreed(c, d.call, root, bytes, 0))
-      return done(c, wf_shm_zc_broadcast(c, d.call, buf, bytes, root, OP));
-    checked = 1;
-  }
-  c->seg_calls++;
+  int checked;
+  rc = zc_decide(c, &d, OP, c->zc && bytes >= c->zc_min, root, c->me == root ? buf : NULL, bytes,
+                 NULL, 0, &checked);
+  if (rc < 0) return done(c, rc);
+  if (rc == 1) return done(c, wf_shm_zc_broadcast(c, d.call, buf, bytes, root, OP));
   const size_t region = c->slot * (size_t)c->world; /* the root fills a whole half */
   size_t off = 0;
   do {

@@ -1,4 +1,4 @@
-/* shm_zc.c — zero-copy all_reduce of the shm communicator: when every rank's
+/* shm_zc.c — zero-copy collectives of the shm communicator: when every rank's
  * buffers are weft host memory (the shared arena of src/host_arena.c), the
  * ranks read each other's buffers in place instead of copying through the
  * segment.
