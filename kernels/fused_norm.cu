@@ -98,6 +98,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "common.cuh"
@@ -969,6 +970,12 @@ int force_cluster() {
     const char *e = getenv("WEFT_FUSION_CLUSTER");
     const int v = e ? atoi(e) : 0;
     g_force_cluster = v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
+    /* Shared-GPU test mode (ranks in MPS slices of one GPU): the cluster
+     * occupancy counts the whole GPU, not the slice, so a split row's
+     * clusters may not all be resident (seen at world 8: 14-SM slices, a
+     * one-shot that never finished). Rows stay in one block there. */
+    const char *s = getenv("WEFT_ALLOW_SHARED_GPU");
+    if (g_force_cluster == 0 && s && !strcmp(s, "1")) g_force_cluster = 1;
   }
   return g_force_cluster;
 }

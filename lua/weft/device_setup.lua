@@ -129,6 +129,52 @@ local function graph_refusal(g, op)
             op, gname(g)), 0)
 end
 
+---------------------------------------------------------------- shared-GPU test mode
+-- WEFT_ALLOW_SHARED_GPU=1 (never on by default) lets ranks share a GPU so the
+-- kernels' logic runs at worlds 4-8 on a machine with fewer GPUs. NCCL is not
+-- created (it refuses duplicate GPUs); weft's kernels run only when every
+-- rank has its own MPS slice (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, at most
+-- 100 / ranks per GPU): the SM count a rank sees is then its slice, so every
+-- grid is co-resident with the other ranks' (a one-shot spinning on a peer
+-- whose blocks cannot be scheduled would only time out). scripts/weft-mps
+-- starts MPS and sets both. Timings in this mode mean nothing.
+local function shared_gpu_vote()
+  local allow = os.getenv("WEFT_ALLOW_SHARED_GPU") == "1" and "1" or "0"
+  return allow .. "/" .. (os.getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or "")
+end
+
+local function rank_list(g, idx)
+  local r = {}
+  for _, i in ipairs(idx) do r[#r + 1] = tostring(g.ranks[i]) end
+  return table.concat(r, ",")
+end
+
+local function shared_gpu_mode(g, d, sharers, votes, op)
+  local on, off, most = {}, {}, 1
+  for i, v in ipairs(votes) do
+    if v:sub(1, 1) == "1" then on[#on + 1] = i else off[#off + 1] = i end
+  end
+  if #on == 0 then return end
+  if #off > 0 then
+    error(fmt("weft: %s: group %s: WEFT_ALLOW_SHARED_GPU=1 on ranks %s but not on ranks %s "
+              .. "(set it for every rank or none)", op, gname(g), rank_list(g, on), rank_list(g, off)), 0)
+  end
+  for _, n in pairs(sharers) do if n > most then most = n end end
+  local slice = {}
+  for i, v in ipairs(votes) do
+    local pct = tonumber(v:sub(3))
+    if not pct or pct <= 0 or pct * most > 100 then slice[#slice + 1] = i end
+  end
+  d.shared_mode = fmt("shared-GPU test mode (WEFT_ALLOW_SHARED_GPU=1): up to %d ranks per GPU", most)
+  if #slice > 0 then
+    d.kernel_block = fmt("%s; ranks %s have no MPS slice of at most %d %% "
+                         .. "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; scripts/weft-mps sets it)",
+                         d.shared, rank_list(g, slice), floor(100 / most))
+  else
+    d.kernel_block = nil
+  end
+end
+
 -- setup(g [, op]) -> d. Collective on the first call for a group of more than one rank.
 function M.setup(g, op)
   local d = g._dev
@@ -146,18 +192,23 @@ function M.setup(g, op)
   local nccl = mod("weft.nccl")
   local have_nccl, nccl_msg = nccl.version()
   local host = hostname()
-  local list = g.cpu_group:allgather(fmt("%s\t%d\t%d", host, dev, have_nccl and 1 or 0))
+  local list = g.cpu_group:allgather(fmt("%s\t%d\t%d\t%s", host, dev, have_nccl and 1 or 0, shared_gpu_vote()))
   local seen, shared, missing = {}, nil, nil
+  local sharers, votes = {}, {}
   for i, s in ipairs(list) do
-    local h, dv, nk = s:match("^(.*)\t(%-?%d+)\t(%d)$")
+    local h, dv, nk, vote = s:match("^(.*)\t(%-?%d+)\t(%d)\t(.*)$")
     local key = tostring(h) .. "\t" .. tostring(dv)
     if seen[key] and not shared then
       shared = fmt("ranks %d and %d share cuda:%s on %s", g.ranks[seen[key]], g.ranks[i], tostring(dv), tostring(h))
     end
     seen[key] = seen[key] or i
+    sharers[key] = (sharers[key] or 0) + 1
+    votes[i] = vote
     if nk ~= "1" and not missing then missing = g.ranks[i] end
   end
   d = { device = dev, scratch = {}, retired = {}, shared = shared }
+  d.kernel_block = shared
+  if shared then shared_gpu_mode(g, d, sharers, votes, op) end
   local existing = g.device_group
   if existing ~= nil and type(existing) == "table" and existing.handle ~= nil then
     d.nccl, d.device = existing, existing.device or dev        -- made by the caller (scripts/serve)
@@ -188,7 +239,7 @@ end
 local function ar_static_block(g, d)
   if not AR_WORLDS[g.world_size] then return fmt("world size %d (kernels for 2, 4, 6, 8)", g.world_size) end
   if not g.same_node then return "ranks on several nodes (NCCL is the path across nodes)" end
-  if d.shared then return d.shared end
+  if d.kernel_block then return d.kernel_block end
   return nil
 end
 
@@ -227,7 +278,7 @@ function M.prepare(g, o)
   local on = ar_enabled(g)
   if d.ar_state == nil and ov ~= "nccl" and (on or ov ~= nil) then M.ensure_ar(g) end
   local fz = o and o.fusion
-  if fz and not d.shared and g.same_node and g.world_size <= 8 then
+  if fz and not d.kernel_block and g.same_node and g.world_size <= 8 then
     local ctx = M.fusion_ctx(g)
     ctx:pre_initialize_workspaces { attn_coord = g, max_tokens = fz.max_tokens or M.config.fused_max_tokens,
                                     hidden = fz.hidden or 4096, dtype = fz.dtype or "bf16" }
@@ -242,7 +293,7 @@ function M.info(g)
   if d == nil then return { setup = false } end
   local f = g._fusion
   return {
-    setup = true, device = d.device, nccl = d.nccl ~= nil, nccl_why = d.nccl_why, shared = d.shared,
+    setup = true, device = d.device, nccl = d.nccl ~= nil, nccl_why = d.nccl_why, shared = d.shared, shared_mode = d.shared_mode,
     custom_ar = d.ar_state, custom_ar_why = d.ar_why, custom_ar_max_bytes = d.ar and d.ar.max_bytes,
     fusion = f and { initialized = f.attn.initialized, disabled = f.attn.disabled,
                      reason = f.attn.disabled_reason, creates = f.attn.creates } or nil,

@@ -353,60 +353,9 @@ check("graph_capture_replay", function()
 end)
 
 -- ---------------------------------------------------------------- fused
-local function f64(t) local c = t:to("cpu"); local d = c:to("f64"); if c ~= t then c:free() end; return d end
-
--- reference of the fused op for tokens x hidden: inputs of both ranks from
--- their seeds; returns f64 tensors residual_out, norm_out
-local function fused_ref(xseed, shape, dt, res, w, eps, gemma, ranks)
-  local tokens, hidden = shape[1], shape[2]
-  local n = tokens * hidden
-  local sum = T.zeros(shape, "f64")
-  local sp = ffi.cast("double *", sum.ptr)
-  for _, r in ipairs(ranks or { 0, 1 }) do
-    local x = f64(T.randn(shape, dt, "cpu", { seed = xseed + r }))
-    local xp = ffi.cast("double *", x.ptr)
-    for i = 0, n - 1 do sp[i] = sp[i] + xp[i] end
-    x:free()
-  end
-  local r64, w64 = f64(res), f64(w)
-  local rp, wp = ffi.cast("double *", r64.ptr), ffi.cast("double *", w64.ptr)
-  local ro, no = T.zeros(shape, "f64"), T.zeros(shape, "f64")
-  local rop, nop = ffi.cast("double *", ro.ptr), ffi.cast("double *", no.ptr)
-  for t = 0, tokens - 1 do
-    local ss = 0
-    for h = 0, hidden - 1 do
-      local i = t * hidden + h
-      local v = sp[i] + rp[i]
-      rop[i] = v
-      ss = ss + v * v
-    end
-    local inv = 1 / math.sqrt(ss / hidden + eps)
-    for h = 0, hidden - 1 do
-      local i = t * hidden + h
-      nop[i] = rop[i] * inv * (gemma and (1 + wp[h]) or wp[h])
-    end
-  end
-  sum:free(); r64:free(); w64:free()
-  return ro, no
-end
-
-local TOL = { bf16 = { 0.06, 0.02 }, f16 = { 0.01, 0.005 }, f32 = { 2e-4, 1e-4 } }
-
-local function close(got, ref, dt, what)
-  local g = f64(got)
-  local gp, rp = ffi.cast("double *", g.ptr), ffi.cast("double *", ref.ptr)
-  local atol, rtol = TOL[dt][1], TOL[dt][2]
-  local bad, at = 0, -1
-  for i = 0, ref.numel - 1 do
-    local e = math.abs(gp[i] - rp[i])
-    if not (e <= atol + rtol * math.abs(rp[i])) then
-      bad = bad + 1
-      if at < 0 then at = i end
-    end
-  end
-  if bad > 0 then want(false, "%s: %d elements off, first [%d] = %g, want %g", what, bad, at, gp[at], rp[at]) end
-  g:free()
-end
+local f64 = G.f64
+local fused_ref = G.fused_ref
+local function close(got, ref, dt, what) return G.close(want, got, ref, dt, what) end
 
 -- one fused call on device data; checks against the reference and the path taken
 local function fused_case(name, tokens, hidden, dt, opts, want_path, ranks, grp)

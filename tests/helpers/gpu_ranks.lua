@@ -188,4 +188,70 @@ function G.ints(seed, shape, dt)
   return u
 end
 
+-- ---------------------------------------------------------------- fused reference (f64)
+local ffi = require "ffi"
+
+-- an f64 host copy of a (host or device) tensor
+function G.f64(t) local c = t:to("cpu"); local d = c:to("f64"); if c ~= t then c:free() end; return d end
+
+-- Reference of the fused op for tokens x hidden: the inputs of every rank in
+-- `ranks` (default {0, 1}) from their seeds (T.randn(shape, dt, "cpu",
+-- {seed = xseed + r})), summed in f64, + res, RMSNorm with w (gemma: 1 + w).
+-- Returns f64 host tensors residual_out, norm_out.
+function G.fused_ref(xseed, shape, dt, res, w, eps, gemma, ranks)
+  local T = require "weft.tensor"
+  local f64 = G.f64
+  local tokens, hidden = shape[1], shape[2]
+  local n = tokens * hidden
+  local sum = T.zeros(shape, "f64")
+  local sp = ffi.cast("double *", sum.ptr)
+  for _, r in ipairs(ranks or { 0, 1 }) do
+    local x = f64(T.randn(shape, dt, "cpu", { seed = xseed + r }))
+    local xp = ffi.cast("double *", x.ptr)
+    for i = 0, n - 1 do sp[i] = sp[i] + xp[i] end
+    x:free()
+  end
+  local r64, w64 = f64(res), f64(w)
+  local rp, wp = ffi.cast("double *", r64.ptr), ffi.cast("double *", w64.ptr)
+  local ro, no = T.zeros(shape, "f64"), T.zeros(shape, "f64")
+  local rop, nop = ffi.cast("double *", ro.ptr), ffi.cast("double *", no.ptr)
+  for t = 0, tokens - 1 do
+    local ss = 0
+    for h = 0, hidden - 1 do
+      local i = t * hidden + h
+      local v = sp[i] + rp[i]
+      rop[i] = v
+      ss = ss + v * v
+    end
+    local inv = 1 / math.sqrt(ss / hidden + eps)
+    for h = 0, hidden - 1 do
+      local i = t * hidden + h
+      nop[i] = rop[i] * inv * (gemma and (1 + wp[h]) or wp[h])
+    end
+  end
+  sum:free(); r64:free(); w64:free()
+  return ro, no
+end
+
+-- absolute + relative tolerance per dtype of the fused outputs against G.fused_ref
+G.FUSED_TOL = { bf16 = { 0.06, 0.02 }, f16 = { 0.01, 0.005 }, f32 = { 2e-4, 1e-4 } }
+
+-- want(false, ...) (a soft check) when got differs from the f64 reference
+-- beyond G.FUSED_TOL[dt] at any element
+function G.close(want, got, ref, dt, what)
+  local g = G.f64(got)
+  local gp, rp = ffi.cast("double *", g.ptr), ffi.cast("double *", ref.ptr)
+  local atol, rtol = G.FUSED_TOL[dt][1], G.FUSED_TOL[dt][2]
+  local bad, at = 0, -1
+  for i = 0, ref.numel - 1 do
+    local e = math.abs(gp[i] - rp[i])
+    if not (e <= atol + rtol * math.abs(rp[i])) then
+      bad = bad + 1
+      if at < 0 then at = i end
+    end
+  end
+  if bad > 0 then want(false, "%s: %d elements off, first [%d] = %g, want %g", what, bad, at, gp[at], rp[at]) end
+  g:free()
+end
+
 return G
