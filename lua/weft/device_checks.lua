@@ -64,7 +64,8 @@ M.custom_ar_checks = {
   { name = "one GPU per rank",
     check = function(_, _, _, d)
       if d == nil then return true, "checked when the group first uses the device" end
-      if d.kernel_block then return false, d.kernel_block end
+      local why = S.kernel_block(d)
+      if why then return false, why end
       return true, d.shared_mode or "yes"
     end },
   { name = "peer access (workspace)",
@@ -228,7 +229,8 @@ M.fused_checks = {
   { name = "one GPU per rank",
     check = function(_, _, _, _, _, d)
       if d == nil then return true, "checked when the group first uses the device" end
-      if d.kernel_block then return false, d.kernel_block end
+      local why = S.kernel_block(d)
+      if why then return false, why end
       return true, d.shared_mode or "yes"
     end },
   { name = "hidden <= 16384",
@@ -338,7 +340,7 @@ local function check_all_reduce(g, v)
   end
   if not AR_WORLDS[g.world_size] then return false, fmt("%d ranks: the custom kernels exist for 2, 4, 6, 8", g.world_size) end
   if not g.same_node then return false, "ranks on several nodes" end
-  if d and d.kernel_block then return false, d.kernel_block end
+  if S.kernel_block(d) then return false, S.kernel_block(d) end
   if d and d.ar_state == "failed" then return false, tostring(d.ar_why) end
   return true
 end
@@ -348,7 +350,7 @@ local function check_fused(g, v)
   if not g.same_node then return false, "ranks on several nodes" end
   if g.world_size > 8 then return false, "more than 8 ranks" end
   local d = g._dev
-  if d and d.kernel_block then return false, d.kernel_block end
+  if S.kernel_block(d) then return false, S.kernel_block(d) end
   local f = g._fusion
   if f and f.attn.disabled then return false, "fusion disabled: " .. tostring(f.attn.disabled_reason) end
   return true

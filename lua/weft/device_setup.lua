@@ -171,8 +171,15 @@ local function shared_gpu_mode(g, d, sharers, votes, op)
                          .. "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; scripts/weft-mps sets it)",
                          d.shared, rank_list(g, slice), floor(100 / most))
   else
-    d.kernel_block = nil
+    d.kernels_shared_ok = true
   end
+end
+
+-- why weft's kernels cannot serve the group's device state d (ranks sharing
+-- a GPU outside the shared-GPU test mode), or nil
+function M.kernel_block(d)
+  if d == nil or d.shared == nil or d.kernels_shared_ok then return nil end
+  return d.kernel_block or d.shared
 end
 
 -- setup(g [, op]) -> d. Collective on the first call for a group of more than one rank.
@@ -207,7 +214,6 @@ function M.setup(g, op)
     if nk ~= "1" and not missing then missing = g.ranks[i] end
   end
   d = { device = dev, scratch = {}, retired = {}, shared = shared }
-  d.kernel_block = shared
   if shared then shared_gpu_mode(g, d, sharers, votes, op) end
   local existing = g.device_group
   if existing ~= nil and type(existing) == "table" and existing.handle ~= nil then
@@ -239,8 +245,7 @@ end
 local function ar_static_block(g, d)
   if not AR_WORLDS[g.world_size] then return fmt("world size %d (kernels for 2, 4, 6, 8)", g.world_size) end
   if not g.same_node then return "ranks on several nodes (NCCL is the path across nodes)" end
-  if d.kernel_block then return d.kernel_block end
-  return nil
+  return M.kernel_block(d)
 end
 
 -- ensure_ar(g) -> d. Collective the first time the custom all-reduce is tried.
@@ -278,7 +283,7 @@ function M.prepare(g, o)
   local on = ar_enabled(g)
   if d.ar_state == nil and ov ~= "nccl" and (on or ov ~= nil) then M.ensure_ar(g) end
   local fz = o and o.fusion
-  if fz and not d.kernel_block and g.same_node and g.world_size <= 8 then
+  if fz and not M.kernel_block(d) and g.same_node and g.world_size <= 8 then
     local ctx = M.fusion_ctx(g)
     ctx:pre_initialize_workspaces { attn_coord = g, max_tokens = fz.max_tokens or M.config.fused_max_tokens,
                                     hidden = fz.hidden or 4096, dtype = fz.dtype or "bf16" }
