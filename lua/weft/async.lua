@@ -29,7 +29,8 @@ local serialize = require "weft.serialize"
 
 local C = wffi.C
 local ffi_new, ffi_gc, ffi_string, ffi_cast, ffi_copy = ffi.new, ffi.gc, ffi.string, ffi.cast, ffi.copy
-local type, tostring, error, setmetatable, pairs, ipairs = type, tostring, error, setmetatable, pairs, ipairs
+local type, tostring, error, setmetatable, getmetatable, pairs, ipairs =
+  type, tostring, error, setmetatable, getmetatable, pairs, ipairs
 local floor = math.floor
 
 local M = {}
@@ -98,9 +99,31 @@ function H:times()
   return { submit = tonumber(t3[0]) / 1e3, start = tonumber(t3[1]) / 1e3, finish = tonumber(t3[2]) / 1e3 }
 end
 
+---------------------------------------------------------------- pins
+-- The tensors of an anchor (a tensor, or a table holding tensors or such
+-- tables) are pinned while the operation is pending: their free() raises and
+-- the GC keeps their storage (lua/weft/tensor.lua PINNED).
+local function T() return mod("weft.tensor") end
+
+local function pin_anchor(a, op, group, pin, depth)
+  if type(a) ~= "table" then return end
+  local tm = T()
+  if getmetatable(a) == tm.Tensor then
+    if pin then tm._pin(a, op, group) else tm._unpin(a) end
+  elseif depth < 3 and getmetatable(a) == nil then
+    for i = 1, #a do pin_anchor(a[i], op, group, pin, depth + 1) end
+  end
+end
+
 -- Moves a finished handle to done/failed (once): runs its finisher (copying
--- results out of the C handle), drops the anchors and the C handle.
+-- results out of the C handle), drops the anchors (unpinning their tensors)
+-- and the C handle. rc == EAGAIN (a queue closed under a worker that still
+-- runs): the anchors stay pinned, leaked rather than freed under it.
 local function settle(h, rc)
+  if h._pinned and rc ~= EAGAIN then
+    h._pinned = nil
+    pin_anchor(h._anchor, h.op, h.group, false, 0)
+  end
   local q = h._q
   if q then q.live[h] = nil; q.npending = q.npending - 1; h._q = nil end
   if rc ~= 0 then
@@ -228,6 +251,10 @@ local function submit(g, op, anchor, finish, result)
     op = op, group = gname(g), state = "pending",
     timeout_ms = (g.timeout_ms or M.DEFAULT_TIMEOUT_MS) + M.WAIT_MARGIN_MS,
   }, H)
+  if anchor ~= nil then
+    pin_anchor(anchor, op, h.group, true, 0)
+    h._pinned = true
+  end
   q.live[h] = true
   q.npending = q.npending + 1
   -- forget settled handles at the front (they finish in order), so the
@@ -364,7 +391,6 @@ function M.poll_all(list, yield_fn, timeout_ms)
 end
 
 ---------------------------------------------------------------- checks
-local function T() return mod("weft.tensor") end
 
 local function check_group(g, op)
   if type(g) ~= "table" then fail(3, op, "expected a GroupCoordinator, got %s", type(g)) end

@@ -8,10 +8,16 @@
 --  * host storage: weft_host_alloc (64-byte aligned, zeroed) under ffi.gc;
 --    device storage: weft.cuda, required lazily in the device branch only,
 --    so host-only use never loads it.
---  * views (view/reshape/narrow/transpose) share storage with their base;
---    t:free() releases that storage for the base and all its views (using one
---    afterwards raises "storage was freed"). free() on a wrapped tensor only
---    drops the owner reference. free() is idempotent.
+--  * views (view/reshape/narrow/transpose) share storage, and its liveness,
+--    with their base: base:free() releases the storage and invalidates the
+--    base and every view of it (their t.ptr becomes nil, so every use, a
+--    collective's included, raises "storage was freed"); view:free() only
+--    drops that view, never the storage under the base. free() on a wrapped
+--    tensor only drops the owner reference. free() is idempotent.
+--  * a storage used by a pending async operation (weft.async) is pinned
+--    until the operation settles: free() of it (or of a view) raises "in use
+--    by a pending <op>", and the GC cannot collect it (PINNED holds it), so
+--    its finalizer never frees memory under the worker thread.
 --  * random fills are deterministic in the seed; without {seed=} a per-process
 --    counter is used (deterministic per program run). The device generator
 --    (kernels/devops.cu) is the host one: uniform fills are bit-identical on
@@ -20,7 +26,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
 
-local type, tonumber, tostring = type, tonumber, tostring
+local type, tonumber, tostring, pairs = type, tonumber, tostring, pairs
 local floor, huge = math.floor, math.huge
 local ffi_cast, ffi_copy, ffi_gc = ffi.cast, ffi.copy, ffi.gc
 local concat, fmt = table.concat, string.format
@@ -166,7 +172,9 @@ M.Tensor = Tensor
 local function is_tensor(x) return getmetatable(x) == Tensor end
 M.is_tensor = is_tensor
 
--- storage: { ptr=, kind="host"|"cuda"|"wrap", dev=, owner=, freed= }
+-- storage: { ptr=, kind="host"|"cuda"|"wrap", dev=, owner=, freed=,
+--            views= (weak set of the views made of it, made on the first),
+--            pins=, pin_op=, pin_group= (while pending async operations use it) }
 local function make(ptr, shape, strides, numel, info, device, dev_index, storage, contig)
   return setmetatable({
     ptr = ptr, dtype = info.name, shape = shape, strides = strides, numel = numel,
@@ -175,6 +183,12 @@ local function make(ptr, shape, strides, numel, info, device, dev_index, storage
     _contig = contig,
   }, Tensor)
 end
+
+local WEAK_KEYS = { __mode = "k" }
+
+-- Storages in use by pending async operations: held here, so neither they
+-- nor their finalizers go while a worker thread may still touch the memory.
+local PINNED = {}
 
 local function alloc_storage(nbytes, dev_index, op)
   if dev_index == nil then
@@ -192,12 +206,15 @@ end
 
 local function alloc(shape, numel, info, device, dev_index, op)
   local st = alloc_storage(numel * info.size, dev_index, op)
-  return make(ffi_cast("void*", st.ptr), shape, contiguous_strides(shape), numel, info,
-              device, dev_index, st, true)
+  local t = make(ffi_cast("void*", st.ptr), shape, contiguous_strides(shape), numel, info,
+                 device, dev_index, st, true)
+  t._owns = true
+  return t
 end
 
 local function check_live(t, op)
   if t._storage.freed then fail(op, "storage was freed (tensor or a view of it had :free() called)", 3) end
+  if t._dropped then fail(op, "storage was freed for this view (it had :free() called; its base is untouched)", 3) end
 end
 
 -- ---------------------------------------------------------------- strided runs
@@ -432,7 +449,9 @@ function M.wrap(ptr, shape, dtype, device, owner)
   end
   if ptr == nil and numel > 0 then fail("wrap", "NULL pointer for " .. numel .. " elements") end
   local st = { ptr = ptr, kind = "wrap", dev = idx, owner = owner }
-  return make(ffi_cast("void*", ptr), s, contiguous_strides(s), numel, info, dev, idx, st, true)
+  local t = make(ffi_cast("void*", ptr), s, contiguous_strides(s), numel, info, dev, idx, st, true)
+  t._owns = true
+  return t
 end
 
 -- ---------------------------------------------------------------- accessors
@@ -583,27 +602,68 @@ function Tensor:compare(ref)
   return cmp_out[0], cmp_out[1]
 end
 
+-- base:free() releases the storage and invalidates every view of it;
+-- view:free() drops the view only. Raises while a pending async operation
+-- uses the storage (nothing changes then).
 function Tensor:free()
   local st = self._storage
-  if st and not st.freed then
-    st.freed = true
-    if st.kind == "host" then
-      ffi_gc(st.ptr, nil)
-      C.weft_host_free(st.ptr)
-    elseif st.kind == "cuda" then
-      ffi_gc(st.ptr, nil)
-      cuda_module("free").free(st.ptr, st.dev)
-    end
-    st.ptr, st.owner = nil, nil
+  if not st or st.freed or self._dropped then self.ptr = nil; return end
+  if st.pins then
+    fail("free", fmt("storage is in use by a pending %s on group %s; wait for its handle "
+                     .. "(h:wait()) or drain the group (g:async_drain()) first",
+                     tostring(st.pin_op), tostring(st.pin_group)))
   end
+  if not self._owns then -- a view: drop it, keep the storage
+    if st.views and st.views[self] then st.views[self] = nil end
+    self.ptr, self._dropped = nil, true
+    return
+  end
+  st.freed = true
+  local views = st.views
+  if views then
+    for v in pairs(views) do v.ptr = nil end
+    st.views = nil
+  end
+  if st.kind == "host" then
+    ffi_gc(st.ptr, nil)
+    C.weft_host_free(st.ptr)
+  elseif st.kind == "cuda" then
+    ffi_gc(st.ptr, nil)
+    cuda_module("free").free(st.ptr, st.dev)
+  end
+  st.ptr, st.owner = nil, nil
   self.ptr = nil
 end
+
+-- Pins t's storage for a pending operation `op` of group `group` (weft.async).
+function M._pin(t, op, group)
+  local st = t._storage
+  st.pins = (st.pins or 0) + 1
+  st.pin_op, st.pin_group = op, group
+  PINNED[st] = true
+end
+
+-- Undoes one _pin when that operation has settled.
+function M._unpin(t)
+  local st = t._storage
+  local n = (st.pins or 1) - 1
+  if n > 0 then st.pins = n
+  else st.pins, st.pin_op, st.pin_group, PINNED[st] = nil, nil, nil, nil end
+end
+
+-- true while t's storage is pinned by a pending async operation.
+function M.is_pinned(t) return t._storage.pins ~= nil end
 
 -- ---------------------------------------------------------------- views
 
 local function view_of(t, ptr, shape, strides, numel)
-  return make(ptr, shape, strides, numel, t._info, t.device, t.device_index, t._storage,
-              compute_contig(shape, strides))
+  local st = t._storage
+  local v = make(ptr, shape, strides, numel, t._info, t.device, t.device_index, st,
+                 compute_contig(shape, strides))
+  local views = st.views
+  if not views then views = setmetatable({}, WEAK_KEYS); st.views = views end
+  views[v] = true
+  return v
 end
 
 function Tensor:view(shape)
@@ -662,7 +722,7 @@ local SHOW = 8
 function Tensor:__tostring()
   local head = fmt("tensor(%s, %s, %s%s)", self.dtype, shape_str(self.shape), self.device,
                    self._contig and "" or ", non-contiguous")
-  if self._storage.freed then return head .. " <freed>" end
+  if self._storage.freed or self._dropped then return head .. " <freed>" end
   if self.numel == 0 then return head .. "[]" end
   local k = self.numel < SHOW and self.numel or SHOW
   local ok, vals = pcall(function()
