@@ -206,7 +206,12 @@ int weft_cuda_pointer_device(const void *p, int *dev) {
   return 0;
 }
 
-/* ---- bounded waits ---- */
+/* ---- bounded waits ----
+ * The host waits of the API (synchronize, copy, stream/event waits) also
+ * read the error words of weft's own kernels once the work is done
+ * (wf_dc_poll_all), as the waits poll NCCL's async errors: a custom
+ * all-reduce or fusion kernel that gave up on a peer is reported where its
+ * wrong output would be read, not at the next call. */
 
 static int capturing_refusal(const char *op) {
   return wf_error(WEFT_ESTATE, "%s: refused while this thread captures a CUDA graph "
@@ -266,7 +271,7 @@ int weft_cuda_synchronize(void) {
   rc = wf_cuda_wait_stream(NULL, wf_cuda_timeout_ms(), "cuda synchronize");
   if (rc) return rc;
   WF_CUDA_CHECK(cudaDeviceSynchronize());
-  return 0;
+  return wf_dc_poll_all("cuda synchronize");
 }
 
 /* ---- copies ---- */
@@ -281,7 +286,8 @@ int weft_cuda_memcpy(void *dst, const void *src, size_t bytes) {
   rc = wf_cuda_wait_stream(s, wf_cuda_timeout_ms(), "cuda copy");
   if (rc) return rc;
   WF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-  return wf_cuda_wait_stream(s, wf_cuda_timeout_ms(), "cuda copy");
+  rc = wf_cuda_wait_stream(s, wf_cuda_timeout_ms(), "cuda copy");
+  return rc ? rc : wf_dc_poll_all("cuda copy");
 }
 
 int weft_cuda_memcpy_async(void *dst, const void *src, size_t bytes, void *stream) {
@@ -328,7 +334,8 @@ int weft_cuda_stream_destroy(void *stream) {
 int weft_cuda_stream_synchronize(void *stream) {
   int rc = ensure();
   if (rc) return rc;
-  return wf_cuda_wait_stream(pick(stream), wf_cuda_timeout_ms(), "cuda stream synchronize");
+  rc = wf_cuda_wait_stream(pick(stream), wf_cuda_timeout_ms(), "cuda stream synchronize");
+  return rc ? rc : wf_dc_poll_all("cuda stream synchronize");
 }
 
 int weft_cuda_stream_wait_stream(void *stream, void *other) {
@@ -390,7 +397,8 @@ int weft_cuda_event_synchronize(void *event) {
   WF_CHECK_ARG(event, "cuda event_synchronize: NULL event");
   int rc = ensure();
   if (rc) return rc;
-  return wait_event((cudaEvent_t)event, "cuda event synchronize");
+  rc = wait_event((cudaEvent_t)event, "cuda event synchronize");
+  return rc ? rc : wf_dc_poll_all("cuda event synchronize");
 }
 
 int weft_cuda_event_elapsed(void *start, void *end, float *ms) {
@@ -398,6 +406,7 @@ int weft_cuda_event_elapsed(void *start, void *end, float *ms) {
   int rc = ensure();
   if (rc) return rc;
   rc = wait_event((cudaEvent_t)end, "cuda event elapsed");
+  if (!rc) rc = wf_dc_poll_all("cuda event elapsed");
   if (rc) return rc;
   WF_CUDA_CHECK(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
   return 0;

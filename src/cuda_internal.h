@@ -109,6 +109,11 @@ extern __thread int wf_tl_capture_depth;
 /* Poll every live NCCL communicator for an asynchronous error (src/nccl.c);
  * a failed one is aborted and its error returned. 0 when all are fine. */
 int wf_nccl_poll_all(const char *op);
+/* Read the error words of every live weft device-collective handle (the
+ * custom all-reduce, fusion workspaces; src/devcoll.c): 0, or the first
+ * failed kernel's report (group, rank, peer, wait site, call) under op.
+ * Called by every host wait once the stream or event is done. */
+int wf_dc_poll_all(const char *op);
 
 #ifdef __cplusplus
 }

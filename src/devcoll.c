@@ -2,6 +2,7 @@
  * (src/devcoll.h; users: src/allreduce.c, src/fusion.c). */
 #include "devcoll.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,48 @@ int wf_dc_group_info(weft_cpugroup *g, const char *verb, wf_dc_group *gi) {
 }
 
 #if WEFT_HAVE_CUDA
+
+/* Live handles (host words mapped, not yet released): every host wait on
+ * the device (src/cuda.c, nccl synchronize) reads their error words, so a
+ * kernel that gave up is reported where its wrong output would be read. */
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static wf_dc *g_live;
+
+static void live_add(wf_dc *d) {
+  pthread_mutex_lock(&g_live_mu);
+  d->next_live = g_live;
+  g_live = d;
+  d->live = 1;
+  pthread_mutex_unlock(&g_live_mu);
+}
+
+static void live_remove(wf_dc *d) {
+  pthread_mutex_lock(&g_live_mu);
+  for (wf_dc **pp = &g_live; *pp; pp = &(*pp)->next_live)
+    if (*pp == d) {
+      *pp = d->next_live;
+      break;
+    }
+  d->live = 0;
+  pthread_mutex_unlock(&g_live_mu);
+}
+
+/* Sticky: a failed handle is reported at every host wait until it is
+ * destroyed (its output, and the ranks' agreement, are gone; a report
+ * consumed by one thread's wait must not let another read quietly). */
+int wf_dc_poll_all(const char *op) {
+  int rc = 0;
+  pthread_mutex_lock(&g_live_mu);
+  for (wf_dc *d = g_live; d && !rc; d = d->next_live) {
+    if (!d->host || !d->host->err) continue;
+    rc = wf_dc_check_error(d);
+    if (rc)
+      wf_error_context(rc, "%s: a weft %s kernel on this device failed, so the data it wrote is wrong",
+                       op, d->names->what);
+  }
+  pthread_mutex_unlock(&g_live_mu);
+  return rc;
+}
 
 void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int timeout_ms) {
   d->names = names;
@@ -77,6 +120,7 @@ int wf_dc_map_host(wf_dc *d) {
   if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "cudaHostGetDevicePointer", e);
   d->abort_dev = (const uint32_t *)&((wf_dc_host *)dp)->abort;
   d->err_dev = (unsigned long long *)&((wf_dc_host *)dp)->err;
+  live_add(d);
   return 0;
 }
 
@@ -92,6 +136,7 @@ int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op) {
 }
 
 void wf_dc_release(wf_dc *d, const char *op) {
+  if (d->live) live_remove(d);   /* first: its host words go below */
   if (d->have_last) {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(d->last, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
@@ -179,5 +224,9 @@ void wf_dc_abort(wf_dc *d) {
   __sync_synchronize();
   if (!d->failed) d->failed = WEFT_EABORT;
 }
+
+#else
+
+int wf_dc_poll_all(const char *op) { (void)op; return 0; }
 
 #endif /* WEFT_HAVE_CUDA */

@@ -76,6 +76,8 @@ typedef struct wf_dc {
   int busy;                     /* atomic: one host thread at a time */
   cudaStream_t last;            /* stream of the previous call */
   int have_last;
+  struct wf_dc *next_live;      /* the registry of live handles (host waits poll it) */
+  int live;
 } wf_dc;
 
 /* A rank's own failure before a vote: its code and message, kept because the
@@ -95,14 +97,16 @@ int wf_dc_no_device(const wf_dc_local *l, const char *op);
 /* The workspace: bytes on every rank (collective), mapped into every peer. */
 int wf_dc_workspace(wf_dc *d, weft_cpugroup *g, size_t bytes, const char *op);
 void *wf_dc_peer(const wf_dc *d, int i);
-/* Allocates and maps the host words; 0, or the error (recorded). */
+/* Allocates and maps the host words; 0, or the error (recorded). Once
+ * mapped, the handle is in the registry that host waits poll
+ * (wf_dc_poll_all, src/cuda_internal.h) until wf_dc_release. */
 int wf_dc_map_host(wf_dc *d);
 /* The vote after this rank's workspace init (local_rc: its outcome, its
  * message still in weft_last_error()), so that no peer pushes into a
  * workspace before its owner initialised it: 0 when every rank is ready,
  * else the error for op (the caller frees). */
 int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op);
-/* destroy: let our own last call finish before its memory goes (bounded:
+/* destroy: leave the registry, let our own last call finish before its memory goes (bounded:
  * kernels give up at their deadline; skipped while that stream captures),
  * then free the workspace and the host words (local, never collective). */
 void wf_dc_release(wf_dc *d, const char *op);
