@@ -17,13 +17,14 @@ local TOKENS, HIDDEN, DTYPE, EPS = 8, 4096, "bf16", 1e-6
 local CALLS = tonumber(os.getenv("WEFT_DEMO_CALLS")) or 200
 
 local world = weft.init()
-local plan = weft.initialize_model_parallel { tp = 2, pp = world.world_size >= 4 and 2 or 1 }
+weft.initialize_model_parallel { tp = 2, pp = world.world_size >= 4 and 2 or 1 }
+local plan = weft.plan()
 local tp, pp = weft.tp(), weft.pp()
 local me = world.rank
 
 if me == 0 then
   print(("weft demo: %d ranks, TP=%d x PP=%d"):format(world.world_size, tp.world_size, pp.world_size))
-  print(weft.topology.format(plan))
+  plan:show()
 end
 
 -- device when a device backend serves all_reduce on it and every rank of

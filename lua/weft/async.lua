@@ -683,7 +683,26 @@ function M.barrier(g)
 end
 
 ---------------------------------------------------------------- objects
-local function decode_result(h) return serialize.decode(result_string(h)) end
+-- The same parts as the blocking object collectives (weft.group's "call
+-- agreement"): each names its call, so blocking and async calls meet, and
+-- ranks that called different ones fail together.
+local group_mod
+local function GM()
+  group_mod = group_mod or require "weft.group"
+  return group_mod
+end
+
+-- every rank's part of a finished all-gather, checked: parts, offsets
+local function gathered_parts(h, g, op, call)
+  local data, lens, n = M.result_bytes(h)
+  local parts, off = {}, 0
+  for i = 0, n - 1 do
+    local l = tonumber(lens[i])
+    parts[i + 1] = ffi_string(data + off, l)
+    off = off + l
+  end
+  return parts, GM().check_calls(g, op, call, parts)
+end
 
 -- broadcast_object(g, obj [, src=0]) -> handle; result: the root's object
 function M.broadcast_object(g, obj, src)
@@ -692,27 +711,16 @@ function M.broadcast_object(g, obj, src)
   src = src or 0
   check_peer(g, op, src, "src")
   if g.world_size == 1 then return completed(op, gname(g), obj) end
-  local cg = g.cpu_group
-  if g.rank_in_group == src then
-    local s = serialize.encode(obj)
-    local d = desc(g, op)
-    d.kind, d.comm, d["in"], d.count, d.root = K.CPU_BROADCAST, cg.handle, s, #s, src
-    return submit(g, op, s, nil, obj)
-  end
+  local call = op .. " src=" .. src
+  local me = g.rank_in_group
+  local s = GM().frame(call, me == src and serialize.encode(obj) or "")
   local d = desc(g, op)
-  d.kind, d.comm, d.root = K.CPU_BROADCAST, cg.handle, src
-  return submit(g, op, nil, decode_result)
-end
-
-local function decode_all(h)
-  local data, lens, n = M.result_bytes(h)
-  local res, off = {}, 0
-  for i = 0, n - 1 do
-    local l = tonumber(lens[i])
-    res[i + 1] = serialize.decode(ffi_string(data + off, l))
-    off = off + l
-  end
-  return res
+  d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
+  return submit(g, op, s, function(h)
+    local parts, offs = gathered_parts(h, g, op, call)
+    if me == src then return obj end
+    return serialize.decode(parts[src + 1]:sub(offs[src + 1] + 1))
+  end)
 end
 
 -- all_gather_object(g, obj) -> handle; result: { obj of index 0, ... }
@@ -720,10 +728,15 @@ function M.all_gather_object(g, obj)
   local op = "all_gather_object"
   check_group(g, op)
   if g.world_size == 1 then return completed(op, gname(g), { obj }) end
-  local s = serialize.encode(obj)
+  local s = GM().frame(op, serialize.encode(obj))
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
-  return submit(g, op, s, decode_all)
+  return submit(g, op, s, function(h)
+    local parts, offs = gathered_parts(h, g, op, op)
+    local res = {}
+    for i = 1, #parts do res[i] = serialize.decode(parts[i]:sub(offs[i] + 1)) end
+    return res
+  end)
 end
 
 -- send_object(g, obj, dst) -> handle
@@ -732,7 +745,7 @@ function M.send_object(g, obj, dst)
   check_group(g, op)
   check_peer(g, op, dst, "dst")
   if dst == g.rank_in_group then fail(2, op, "dst %d is this rank's own index in group %s", dst, gname(g)) end
-  local s = serialize.encode(obj)
+  local s = GM().frame(op, serialize.encode(obj))
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.count, d.root = K.CPU_SEND, g.cpu_group.handle, s, #s, dst
   return submit(g, op, s, nil, true)
@@ -746,7 +759,9 @@ function M.recv_object(g, src)
   if src == g.rank_in_group then fail(2, op, "src %d is this rank's own index in group %s", src, gname(g)) end
   local d = desc(g, op)
   d.kind, d.comm, d.root = K.CPU_RECV, g.cpu_group.handle, src
-  return submit(g, op, nil, decode_result)
+  return submit(g, op, nil, function(h)
+    return serialize.decode(GM().check_message(g, op, result_string(h), src))
+  end)
 end
 
 -- allreduce_i64(g, numbers [, op="sum"]) -> handle; result: array (cpu group votes)
@@ -789,6 +804,7 @@ function M.mq_send(g, mq, obj, opts)
 end
 
 local function raw_result(h) return result_string(h) end
+local function decode_result(h) return serialize.decode(result_string(h)) end
 
 -- mq_recv(g, mq [, timeout_ms [, {raw=true}]]) -> handle; result: the next message
 function M.mq_recv(g, mq, timeout_ms, opts)

@@ -25,6 +25,8 @@ M.DEFAULT_TIMEOUT_MS = 60000
 -- Order of creation (the seed's order) and long-name getters.
 M.KINDS = { "tp", "pdmux_prefill_tp", "dcp", "attn_cp", "attn_tp", "moe_dp", "moe_ep", "moe_tp", "pp" }
 
+local agree_mp_args   -- defined with initialize_model_parallel
+
 local S = {
   initialized = false,
   world = nil,
@@ -55,6 +57,9 @@ local function env_int(name, default, lo, hi)
 end
 
 -- Reads and checks the environment; returns a table, touches nothing.
+-- Without the launcher's variables (plain `luajit script.lua`) the world is
+-- this one process (launched = false), as torch's single-process default:
+-- no store, no port, nothing shared with other such processes.
 function M.parse_env()
   local world, has_world = env_int("WORLD_SIZE", 1, 1, 1048576)
   local rank, has_rank = env_int("RANK", 0, 0)
@@ -80,7 +85,8 @@ function M.parse_env()
   local hb = os.getenv("WEFT_HOST_BACKEND")
   if hb == "" then hb = nil end
   return { rank = rank, world_size = world, local_rank = lrank, local_world_size = lws,
-           master_addr = addr, master_port = port, timeout_ms = timeout, host_backend = hb }
+           master_addr = addr, master_port = port, timeout_ms = timeout, host_backend = hb,
+           launched = has_world }
 end
 
 local HOST_BACKENDS = { auto = true, shm = true, store = true }
@@ -115,6 +121,7 @@ function M.init(opts)
     fail(2, "init", "unknown backend %q (auto, shm, store)", tostring(hb))
   end
   S.rank, S.world_size = env.rank, env.world_size
+  S.launched = env.launched
   S.local_rank, S.local_world_size = env.local_rank, env.local_world_size
   S.master_addr, S.master_port = env.master_addr, env.master_port
   S.timeout_ms = timeout
@@ -140,11 +147,105 @@ end
 
 function M.is_initialized() return S.initialized end
 
+-- What to do when a world of one process (no launcher) meets a call that
+-- needs more ranks: "": the world came from a launcher, nothing to add.
+local function launcher_hint(n)
+  if S.launched ~= false then return "" end
+  local script = (arg and arg[0] and arg[0] ~= "" and not arg[0]:find("^%-")) and arg[0] or "script.lua"
+  return (": this process runs alone (no launcher environment); start %s ranks with scripts/weft-run -n %s %s")
+         :format(n and tostring(n) or "N", n and tostring(n) or "N", script)
+end
+M.launcher_hint = launcher_hint
+
 local function need_init(op)
   if not S.initialized then fail(3, op, "weft is not initialized (call weft.init() first)") end
 end
 
 ---------------------------------------------------------------- model parallel
+local concat = table.concat
+
+-- Arguments as every rank must pass them: long names folded to short ones,
+-- defaults dropped (tp=1 is no argument), values as text ("k=v" sorted).
+local function mp_args(topology, opts)
+  local t = {}
+  for k, v in pairs(opts) do
+    local key = topology.LONG_NAMES[k] or tostring(k)
+    local tv = type(v)
+    local text = (tv == "number" or tv == "string" or tv == "boolean") and tostring(v) or ("<" .. tv .. ">")
+    if key == "duplicate_tp_group" then text = v and "true" or nil end
+    if text ~= "1" or key == "duplicate_tp_group" then t[key] = text end
+  end
+  if os.getenv("WEFT_USE_MQ_BROADCASTER") == "1" then t["WEFT_USE_MQ_BROADCASTER"] = "1" end
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = k .. "=" .. t[k] end
+  return concat(parts, " ")
+end
+
+local function parse_args_text(s)
+  local t = {}
+  for k, v in s:gmatch("([^%s=]+)=(%S+)") do t[k] = v end
+  return t
+end
+
+-- "rank 1: tp=4; ranks 0,2,3: tp=2": only the arguments that differ, ranks
+-- grouped by what they passed (a missing argument shows its default).
+function M.describe_disagreement(views, ranks, default)
+  local topology = require "weft.topology"
+  local parsed, keys, seen = {}, {}, {}
+  for i = 1, #views do
+    parsed[i] = parse_args_text(views[i])
+    for k in pairs(parsed[i]) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end
+  end
+  table.sort(keys)
+  local differ = {}
+  for _, k in ipairs(keys) do
+    for i = 2, #views do
+      if parsed[i][k] ~= parsed[1][k] then differ[#differ + 1] = k; break end
+    end
+  end
+  local order, by = {}, {}
+  for i = 1, #views do
+    local parts = {}
+    for j, k in ipairs(differ) do parts[j] = k .. "=" .. (parsed[i][k] or default(k)) end
+    local text = concat(parts, " ")
+    if not by[text] then by[text] = {}; order[#order + 1] = text end
+    local l = by[text]
+    l[#l + 1] = ranks[i]
+  end
+  local out = {}
+  for i, text in ipairs(order) do
+    out[i] = ("rank%s %s: %s"):format(#by[text] > 1 and "s" or "", topology.ranks_str(by[text]), text)
+  end
+  return concat(out, "; ")
+end
+
+local function mp_default(k)
+  if k == "duplicate_tp_group" then return "false" end
+  if k == "WEFT_USE_MQ_BROADCASTER" then return "unset" end
+  return "1"
+end
+
+-- One all-gather on the world of every rank's normalised arguments: ranks
+-- that disagree all fail at once, naming who passed what (instead of building
+-- different groups and meeting nobody until the timeout).
+agree_mp_args = function(topology, opts)
+  local world = S.world
+  if S.world_size == 1 or not world then return end
+  local op = "initialize_model_parallel"
+  local list, offs = group.exchange(world, op, op, mp_args(topology, opts))
+  local views, differ = {}, false
+  for i = 1, #list do
+    views[i] = list[i]:sub(offs[i] + 1)
+    if views[i] ~= views[1] then differ = true end
+  end
+  if differ then
+    error(("weft: %s: ranks passed different arguments: %s"):format(op,
+          M.describe_disagreement(views, world.ranks, mp_default)), 3)
+  end
+end
 local function resolve_alias(aliases, kind)
   local seen = {}
   while aliases[kind] do
@@ -156,7 +257,10 @@ local function resolve_alias(aliases, kind)
 end
 
 -- initialize_model_parallel{tp=, pp=, ep=, moe_dp=, attn_cp=, attn_dp=, dcp=,
---   duplicate_tp_group=bool}; long SGLang names are accepted too.
+--   duplicate_tp_group=bool}; long SGLang names are accepted too. Returns
+-- nothing (weft.plan() has the plan). Collective on the world: the ranks
+-- first agree on the arguments (one all-gather), so a rank that passed
+-- others fails at once on every rank.
 function M.initialize_model_parallel(opts)
   local op = "initialize_model_parallel"
   opts = opts or {}
@@ -165,10 +269,22 @@ function M.initialize_model_parallel(opts)
   if S.groups.tp then
     fail(2, op, "model parallel groups are already initialized (call weft.destroy_model_parallel() first)")
   end
+  local topology = require "weft.topology"
+  agree_mp_args(topology, opts)
   -- sizes, names and divisibility are checked by the topology module, with
   -- messages naming this operation
-  local topology = require "weft.topology"
-  local plan, dup = topology.validate(opts, S.world_size, 2)
+  local okv, plan, dup = pcall(topology.validate, opts, S.world_size, 2)
+  if not okv then
+    local need
+    if type(opts) == "table" then
+      local tp = opts.tp or opts.tensor_model_parallel_size or 1
+      local pp = opts.pp or opts.pipeline_model_parallel_size or 1
+      if type(tp) == "number" and type(pp) == "number" then need = tp * pp end
+    end
+    local msg = tostring(plan)
+    msg = msg:sub(msg:find("weft: ", 1, true) or 1)   -- its position is validate's caller's: ours now
+    error(msg .. (need and need > S.world_size and launcher_hint(need) or ""), 2)
+  end
   S.generation = S.generation + 1
   local gen = S.generation
   local aliases = plan.aliases or {}
@@ -208,7 +324,8 @@ function M.initialize_model_parallel(opts)
   end
   S.groups = created
   S.plan = plan
-  return plan
+  -- nothing returned (and so nothing printed by the REPL, on every rank):
+  -- weft.plan() gives the plan, print(weft.plan()) or weft.plan():show() its table
 end
 
 function M.model_parallel_is_initialized()
@@ -228,6 +345,48 @@ function M.destroy_model_parallel()
 end
 
 ---------------------------------------------------------------- custom groups
+-- Members agree on the rank list before they build the group. The group's
+-- store keys carry its rank list, so members that disagree would never meet;
+-- here each member posts its list under a key of the name alone (a "lobby")
+-- and reads the lists of the ranks on its own list as they come: a list that
+-- differs fails at once, on both sides, naming who passed what.
+local now_ms = require("weft.clock").now_ms
+local function agree_custom(name, ranks, gen, timeout)
+  local op = "create_custom_group"
+  local store = S.store
+  local base = ("weft/cg-lobby/%s/%d/"):format(name, gen)
+  local mine = concat(ranks, ",")
+  store:set(base .. S.rank, mine)
+  local pending = {}
+  for _, r in ipairs(ranks) do if r ~= S.rank then pending[#pending + 1] = r end end
+  local deadline = now_ms() + timeout
+  while #pending > 0 do
+    local still = {}
+    for _, r in ipairs(pending) do
+      local v = store:try_get(base .. r)
+      if v == nil then
+        still[#still + 1] = r
+      elseif v ~= mine then
+        local a, b = { r, v }, { S.rank, mine }
+        if a[1] > b[1] then a, b = b, a end
+        error(("weft: %s: ranks passed different rank lists for group %s: rank %d: ranks %s; rank %d: ranks %s")
+              :format(op, name, a[1], a[2], b[1], b[2]), 3)
+      end
+    end
+    if #still > 0 then   -- wait a slice for one of them, on the server (no spinning)
+      local left = deadline - now_ms()
+      if left > 0 then pcall(store.wait, store, { base .. still[1] }, math.max(1, math.min(100, left))) end
+    end
+    pending = still
+    if #pending > 0 and now_ms() >= deadline then
+      local t = {}
+      for i, r in ipairs(pending) do t[i] = tostring(r) end
+      error(("weft: %s: timed out after %d ms creating group %s (ranks %s); rank%s %s did not call create_custom_group")
+            :format(op, timeout, name, mine, #t > 1 and "s" or "", concat(t, ", ")), 3)
+    end
+  end
+end
+
 -- create_custom_group(ranks [, name [, {timeout_ms=}]]) -> GroupCoordinator.
 -- Collective among `ranks` only: members create it together; a non-member
 -- gets a coordinator that knows the group (is_member = false) and refuses
@@ -242,7 +401,8 @@ function M.create_custom_group(ranks, name, opts)
   for i = 1, #ranks do
     local r = ranks[i]
     if type(r) ~= "number" or r ~= math.floor(r) or r < 0 or r >= S.world_size then
-      fail(2, op, "rank %s is out of range for a world of %d", tostring(r), S.world_size)
+      fail(2, op, "rank %s is out of range for a world of %d%s", tostring(r), S.world_size,
+           launcher_hint(type(r) == "number" and r >= S.world_size and r == math.floor(r) and r + 1 or nil))
     end
     if seen[r] then fail(2, op, "rank %d appears twice", r) end
     seen[r] = true
@@ -268,10 +428,16 @@ function M.create_custom_group(ranks, name, opts)
   local gen = (S.custom_counter[key] or 0)
   local g
   if seen[S.rank] then
+    if #ranks > 1 then agree_custom(name, ranks, gen, timeout) end
     -- only members count, so the counter agrees among exactly those who meet
     S.custom_counter[key] = gen + 1
     g = group.new(group_opts(name, ranks, { cpugroup_name = ("cg%d/%s"):format(gen, key),
                                             timeout_ms = timeout }))
+    if #ranks > 1 then
+      -- every member has read every list: the lobby key can go
+      group.exchange(g, op, op, "")
+      S.store:delete(("weft/cg-lobby/%s/%d/%d"):format(name, gen, S.rank))
+    end
   else
     g = group.new(group_opts(name, ranks, { timeout_ms = timeout }))
   end
@@ -295,10 +461,14 @@ function M.get(kind)
   if kind == "tp" and S.pdmux then kind = "pdmux_prefill_tp" end
   local g = S.groups[kind]
   if not g then
-    local extra = kind == "dcp" and " (dcp > 1 not requested)" or
-                  kind == "pdmux_prefill_tp" and " (pass duplicate_tp_group=true)" or ""
-    fail(3, kind, "%s group is not initialized%s (call weft.initialize_model_parallel first)",
-         DESCR[kind] or kind, extra)
+    if S.groups.tp and kind == "dcp" then
+      fail(3, kind, "%s group is not created: dcp is 1 (pass dcp > 1 to weft.initialize_model_parallel; "
+           .. "weft.dcp_or_nil() returns nil instead of raising)", DESCR[kind])
+    elseif S.groups.tp and kind == "pdmux_prefill_tp" then
+      fail(3, kind, "%s group is not created (pass duplicate_tp_group=true to weft.initialize_model_parallel)",
+           DESCR[kind])
+    end
+    fail(3, kind, "%s group is not initialized (call weft.initialize_model_parallel first)", DESCR[kind] or kind)
   end
   return g
 end
@@ -312,6 +482,8 @@ function M.set_pdmux_status(enable)
   S.pdmux = enable and true or false
 end
 
+-- the plan of the model-parallel groups (a topology plan: print() or :show()
+-- gives its table), nil before initialize_model_parallel
 function M.plan() return S.plan end
 
 ---------------------------------------------------------------- shutdown

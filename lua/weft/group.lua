@@ -332,6 +332,111 @@ local function cpu(g, op, method, ...)
   return rethrow(g, op, pcall(c[method], c, ...))
 end
 
+---------------------------------------------------------------- call agreement
+-- Object collectives (and the uneven all_to_all_single) are one all-gather on
+-- the cpu group whose parts start with each rank's call ("broadcast_object
+-- src=0", "all_gather_object"): ranks that called different operations (or
+-- named another source) all complete the same exchange and all fail at once,
+-- each naming every rank's call, and the group stays usable -- what the shm
+-- engine does for tensor collectives with its call descriptors. weft.async's
+-- object collectives use the same parts, so blocking and async calls meet.
+-- Point-to-point messages carry the sender's call the same way; the receiver
+-- checks it (a send is not waited for, so only the receiver can tell).
+local CALL_MARK = "\1weft-call\1"
+local MARK_LEN = #CALL_MARK
+M.CALL_MARK = CALL_MARK
+
+local topology_mod
+local function ranks_str(list)
+  topology_mod = topology_mod or require "weft.topology"
+  return topology_mod.ranks_str(list)
+end
+
+-- The call a part names (nil when it is not a coordinator call: a lower-level
+-- exchange of another module) and where its payload starts (0-based).
+local function split_call(s)
+  if s:sub(1, MARK_LEN) ~= CALL_MARK then return nil, 0 end
+  local z = s:find("\0", MARK_LEN + 1, true)
+  if not z then return nil, 0 end
+  return s:sub(MARK_LEN + 1, z - 1), z
+end
+M.split_call = split_call
+
+-- "rank 1: all_gather_object; ranks 0,2,3: broadcast_object src=0": ranks
+-- (global) grouped by what they called, groups in order of their first rank.
+function M.describe_calls(ranks, calls)
+  local order, by = {}, {}
+  for i = 1, #calls do
+    local c = calls[i] or "another call (not a weft collective)"
+    if not by[c] then by[c] = {}; order[#order + 1] = c end
+    local l = by[c]
+    l[#l + 1] = ranks[i]
+  end
+  local parts = {}
+  for k, c in ipairs(order) do
+    local l = by[c]
+    parts[k] = ("rank%s %s: %s"):format(#l > 1 and "s" or "", ranks_str(l), c)
+  end
+  return concat(parts, "; ")
+end
+
+-- A part: the call, then the payload.
+function M.frame(call, payload) return CALL_MARK .. call .. "\0" .. payload end
+
+-- check_calls(g, op, call, parts) -> offsets: where each part's payload
+-- starts (0-based); raises, alike on every rank, when the calls differ.
+function M.check_calls(g, op, call, parts)
+  local offs, bad = {}, false
+  for i = 1, #parts do
+    local c, off = split_call(parts[i])
+    offs[i] = off
+    if c ~= call then bad = true end
+  end
+  if bad then
+    local calls = {}
+    for i = 1, #parts do calls[i] = split_call(parts[i]) or false end
+    error(("weft: %s: ranks called different collectives on group %s: %s")
+          :format(op, gname(g), M.describe_calls(g.ranks, calls)), 0)
+  end
+  return offs
+end
+
+-- exchange(g, op, call, payload) -> parts, offsets: every rank's part (raw
+-- strings, in group order) and where each payload starts in it.
+function M.exchange(g, op, call, payload)
+  local list = cpu(g, op, "allgather", M.frame(call, payload))
+  return list, M.check_calls(g, op, call, list)
+end
+local exchange = M.exchange
+
+-- payloads only, as strings (object collectives)
+local function exchange_strings(g, op, call, payload)
+  local list, offs = exchange(g, op, call, payload)
+  for i = 1, #list do list[i] = list[i]:sub(offs[i] + 1) end
+  return list
+end
+
+-- point to point: the message names the sender's call; the receiver says
+-- what it expected when the two differ
+local function p2p_send(g, op, payload, dst)
+  cpu(g, op, "send", M.frame(op, payload), dst)
+end
+
+local P2P_PAIR = { recv = "send", recv_object = "send_object", recv_tensor_dict = "send_tensor_dict" }
+-- the payload of message s from src, checked against the call op expects
+function M.check_message(g, op, s, src)
+  local c, off = split_call(s)
+  local want = P2P_PAIR[op]
+  if c ~= want then
+    error(("weft: %s: rank %d sent with %s, this rank called %s (expects %s) on group %s")
+          :format(op, g.ranks[src + 1], c or "another call (not a weft send)", op, want, gname(g)), 0)
+  end
+  return s:sub(off + 1)
+end
+local function p2p_recv(g, op, src)
+  return M.check_message(g, op, cpu(g, op, "recv", src), src)
+end
+
 -- all-gather `nbytes` from src into dst (world * nbytes), through backend `be`
 local function gather_bytes(g, be, op, src, nbytes, dst)
   if not be.gather_bytes then
@@ -740,7 +845,7 @@ function G:send(t, dst)
     call_be(self, "send", be.send, t, dst)
     return
   end
-  cpu(self, "send", "send", serialize.encode(t), dst)
+  p2p_send(self, "send", serialize.encode(t), dst)
 end
 
 -- recv(tensor_or_shape [, src [, dtype="f32"]]) -> tensor (filled in place when given)
@@ -766,7 +871,7 @@ function G:recv(spec, src, dtype)
     call_be(self, "recv", be.recv, into, src)
     return into
   end
-  local got = serialize.decode(cpu(self, "recv", "recv", src))
+  local got = serialize.decode(p2p_recv(self, "recv", src))
   if not tm.is_tensor(got) then
     error(("weft: recv: rank %d sent a %s, not a tensor (group %s)"):format(self.ranks[src + 1], type(got), gname(self)), 2)
   end
@@ -854,7 +959,7 @@ function G:all_to_all_single(out, inp, splits)
     return out
   end
   -- uneven: exchange the split tables, then the rows through the cpu group
-  local list = cpu(self, op, "allgather", serialize.encode(in_splits))
+  local list = exchange_strings(self, op, op .. " splits", serialize.encode(in_splits))
   local all = {}
   for r = 1, W do all[r] = serialize.decode(list[r]) end
   local total = 0
@@ -870,7 +975,7 @@ function G:all_to_all_single(out, inp, splits)
   if total ~= out.shape[1] then
     fail(2, op, "this rank receives %d rows, output has %d (group %s)", total, out.shape[1], gname(self))
   end
-  local data = cpu(self, op, "allgather", ffi_string(inp.ptr, inp.nbytes))
+  local data = exchange_strings(self, op, op .. " rows", ffi_string(inp.ptr, inp.nbytes))
   local o = ffi_cast(u8p, out.ptr)
   local pos = 0
   for r = 1, W do
@@ -890,26 +995,34 @@ function G:barrier()
 end
 
 ---------------------------------------------------------------- objects
+-- Object collectives are exchanges (see "call agreement"): a broadcast is an
+-- all-gather in which only the source's part carries the object, so every
+-- rank, the source too, returns once all have called, and ranks that called
+-- something else (or named another source) fail together.
+local function broadcast_obj(g, op, obj, src)
+  local q = g.mq_broadcaster
+  if q and src == 0 then   -- the ring's writer (no call check there); other sources use the store
+    return rethrow(g, op, pcall(q.broadcast_object, q, obj))
+  end
+  local me = g.rank_in_group
+  local list, offs = exchange(g, op, op .. " src=" .. src, me == src and serialize.encode(obj) or "")
+  if me == src then return obj end
+  return serialize.decode(list[src + 1]:sub(offs[src + 1] + 1))
+end
+
 function G:broadcast_object(obj, src)
   check_group(self, "broadcast_object")
   src = src or 0
   check_peer(self, "broadcast_object", src, "src")
   if self.world_size == 1 then return obj end
-  local q = self.mq_broadcaster
-  if q and src == 0 then   -- the ring's writer; other sources use the store
-    return rethrow(self, "broadcast_object", pcall(q.broadcast_object, q, obj))
-  end
-  if self.rank_in_group == src then
-    cpu(self, "broadcast_object", "broadcast", serialize.encode(obj), src)
-    return obj
-  end
-  return serialize.decode(cpu(self, "broadcast_object", "broadcast", nil, src))
+  return broadcast_obj(self, "broadcast_object", obj, src)
 end
 
+-- all_gather_object(obj) -> list of every rank's object (group order), count
 function G:all_gather_object(obj)
   check_group(self, "all_gather_object")
-  if self.world_size == 1 then return { obj } end
-  local list = cpu(self, "all_gather_object", "allgather", serialize.encode(obj))
+  if self.world_size == 1 then return { obj }, 1 end
+  local list = exchange_strings(self, "all_gather_object", "all_gather_object", serialize.encode(obj))
   local res = {}
   for i = 1, #list do res[i] = serialize.decode(list[i]) end
   return res, #list
@@ -921,7 +1034,7 @@ function G:send_object(obj, dst)
   if dst == self.rank_in_group then
     fail(2, "send_object", "dst %d is this rank's own index in group %s", dst, gname(self))
   end
-  cpu(self, "send_object", "send", serialize.encode(obj), dst)
+  p2p_send(self, "send_object", serialize.encode(obj), dst)
 end
 
 function G:recv_object(src)
@@ -930,7 +1043,7 @@ function G:recv_object(src)
   if src == self.rank_in_group then
     fail(2, "recv_object", "src %d is this rank's own index in group %s", src, gname(self))
   end
-  return serialize.decode(cpu(self, "recv_object", "recv", src))
+  return serialize.decode(p2p_recv(self, "recv_object", src))
 end
 
 ---------------------------------------------------------------- tensor dicts
@@ -973,13 +1086,13 @@ function G:broadcast_tensor_dict(dict, src)
   if self.world_size == 1 then return dict end
   if self.rank_in_group == src then
     local meta, tensors = split_dict(self, op, dict)
-    self:broadcast_object(meta, src)
+    broadcast_obj(self, op, meta, src)
     for _, t in ipairs(tensors) do
       if t.numel > 0 then self:broadcast(t, src) end
     end
     return dict
   end
-  local meta = self:broadcast_object(nil, src)
+  local meta = broadcast_obj(self, op, nil, src)
   local res = {}
   local tm = T()
   for _, m in ipairs(meta) do
@@ -1004,7 +1117,10 @@ function G:send_tensor_dict(dict, dst, ag)
   if dst == nil then dst = (self.rank_in_group + 1) % self.world_size end
   check_peer(self, op, dst, "dst")
   local meta, tensors = split_dict(self, op, dict)
-  self:send_object(meta, dst)
+  if dst == self.rank_in_group then
+    fail(2, op, "dst %d is this rank's own index in group %s", dst, gname(self))
+  end
+  p2p_send(self, op, serialize.encode(meta), dst)
   local agw = ag and ag.world_size or 1
   local agr = ag and ag.rank_in_group or 0
   local tm = T()
@@ -1027,7 +1143,10 @@ function G:recv_tensor_dict(src, ag)
   if self.world_size == 1 then return nil end
   if src == nil then src = (self.rank_in_group - 1) % self.world_size end
   check_peer(self, op, src, "src")
-  local meta = self:recv_object(src)
+  if src == self.rank_in_group then
+    fail(2, op, "src %d is this rank's own index in group %s", src, gname(self))
+  end
+  local meta = serialize.decode(p2p_recv(self, op, src))
   if type(meta) ~= "table" then
     error(("weft: %s: rank %d sent a %s, not tensor-dict metadata (group %s)")
           :format(op, self.ranks[src + 1], type(meta), gname(self)), 2)

@@ -204,7 +204,7 @@ function M.plan(args)
   local group_sizes = {}
   for kind, list in pairs(groups) do group_sizes[kind] = #list[1] end
 
-  return {
+  return setmetatable({
     world_size = world,
     groups = groups,
     aliases = aliases,
@@ -217,7 +217,7 @@ function M.plan(args)
     -- the world size each group kind actually has (moe_dp aliasing attn_cp
     -- has attn_cp's size, as SGLang's get_moe_data_parallel_world_size reports)
     group_sizes = group_sizes,
-  }
+  }, M.Plan)   -- print(plan) shows its table (M.Plan, below)
 end
 
 ---------------------------------------------------------------- validate
@@ -337,6 +337,15 @@ function M.format(plan)
   end
   return concat(lines, "\n") .. "\n"
 end
+
+-- Plans print as their table: print(plan), tostring(plan), plan:show().
+local Plan = {}
+Plan.__index = Plan
+Plan.__tostring = function(p) return (M.format(p):gsub("\n$", "")) end
+function Plan.show(p) io.write(M.format(p)) end
+function Plan.format(p) return M.format(p) end
+function Plan.to_json(p) return M.to_json(p) end
+M.Plan = Plan
 
 -- For each kind, the group (a fresh list of global ranks) that contains rank.
 function M.groups_of(plan, rank)

@@ -60,7 +60,8 @@ function M.bringup(cfg)
   async.install(group.GroupCoordinator, group)
   local world = weft.init()
   local W = world.world_size
-  local plan = weft.initialize_model_parallel { tp = W }
+  weft.initialize_model_parallel { tp = W }
+  local plan = weft.plan()
   local tp = weft.tp()
   local rank = world.rank
   local e = setmetatable({
