@@ -437,6 +437,29 @@ local function prefixed(block, prefix)   -- block ends with "\n"
   return prefix .. (gsub(block:sub(1, -2), "\n", "\n" .. prefix)) .. "\n"
 end
 
+-- Whole lines of a stream, on their way out. With s.fold (a script's error
+-- report starts with "<interpreter>: "), a rank's error report and what
+-- follows it are held in s.report, so that launch() can print an error that
+-- every rank raised once (fold_reports).
+local function report_start(block, p)
+  if block:sub(1, #p) == p then return 1 end
+  local j = block:find("\n" .. p, 1, true)
+  return j and j + 1
+end
+
+local function relay(s, block)
+  if s.report then s.report[#s.report + 1] = block; return end
+  if s.fold then
+    local i = report_start(block, s.fold)
+    if i then
+      if i > 1 then emit(s.out, prefixed(block:sub(1, i - 1), s.prefix)) end
+      s.report = { block:sub(i) }
+      return
+    end
+  end
+  emit(s.out, prefixed(block, s.prefix))
+end
+
 local function stream_data(s, chunk)
   local last
   for i = #chunk, 1, -1 do
@@ -458,12 +481,16 @@ local function stream_data(s, chunk)
     s.pending[1] = chunk:sub(last + 1)
     s.plen = #chunk - last
   end
-  emit(s.out, prefixed(head, s.prefix))
+  relay(s, head)
 end
 
+-- An unfinished last line is kept in s.partial until the rank's end is known:
+-- a rank the launcher stopped may have been cut in the middle of a line (the
+-- interpreter writes "luajit", ": ", the message in separate writes), and such
+-- a half line is dropped rather than shown (finish_stream).
 local function stream_close(s)
   if s.fd < 0 then return end
-  if s.plen > 0 then emit(s.out, prefixed(concat(s.pending) .. "\n", s.prefix)) end
+  if s.plen > 0 then s.partial = concat(s.pending) end
   s.pending, s.plen = {}, 0
   C.close(s.fd)
   s.fd = -1
@@ -478,6 +505,60 @@ local function stream_read(s)
     local e = ffi.errno()
     if e == EAGAIN then return end
     if e ~= EINTR then stream_close(s); return end
+  end
+end
+
+local function finish_stream(s, cut)
+  if s.partial and not cut then relay(s, s.partial .. "\n") end
+  s.partial = nil
+end
+
+-- "0-3", "0,2,5-7"
+local function ranks_text(list)
+  local t, i = {}, 1
+  while i <= #list do
+    local j = i
+    while list[j + 1] == list[j] + 1 do j = j + 1 end
+    t[#t + 1] = j > i + 1 and (list[i] .. "-" .. list[j]) or
+                (j == i + 1 and (list[i] .. "," .. list[j]) or tostring(list[i]))
+    i = j + 1
+  end
+  return concat(t, ",")
+end
+M.ranks_text = ranks_text
+
+-- The held error reports: ranks whose message (the lines before "stack
+-- traceback:") is the same print it once, "[ranks 0-3] ...", with one
+-- traceback (the longest of them); a report of its own prints as it came.
+local function fold_reports(ranks)
+  local order, by = {}, {}
+  for _, r in ipairs(ranks) do
+    local s = r.err
+    if s.report then
+      local text = concat(s.report)
+      local msg = text:match("^(.-\n)stack traceback:\n") or text
+      local g = by[msg]
+      if not g then g = { msg = msg, list = {} }; by[msg] = g; order[#order + 1] = g end
+      g.list[#g.list + 1] = { r = r, text = text }
+      s.report = nil
+    end
+  end
+  for _, g in ipairs(order) do
+    if #g.list == 1 then
+      local e = g.list[1]
+      emit(2, prefixed(e.text, e.r.err.prefix))
+    else
+      local nums, best = {}, g.list[1]
+      for i, e in ipairs(g.list) do
+        nums[i] = e.r.rank
+        if #e.text > #best.text then best = e end
+      end
+      local pre = best.r.err.prefix ~= "" and ("[ranks " .. ranks_text(nums) .. "] ") or ""
+      emit(2, prefixed(g.msg, pre))
+      local trace = best.text:sub(#g.msg + 1)
+      if trace ~= "" then emit(2, prefixed(trace, best.r.err.prefix)) end
+      say("ranks %s failed with this same error (one traceback shown, of rank %d)", ranks_text(nums), best.r.rank)
+    end
   end
 end
 
@@ -548,7 +629,7 @@ function M.launch(spec)
     local prefix = rs.prefix or ""
     ranks[#ranks + 1] = { rank = rs.rank, pid = pid,
       out = { fd = out_fd, out = 1, prefix = prefix, pending = {}, plen = 0 },
-      err = { fd = err_fd, out = 2, prefix = prefix, pending = {}, plen = 0 } }
+      err = { fd = err_fd, out = 2, prefix = prefix, pending = {}, plen = 0, fold = rs.fold } }
     live = live + 1
   end
 
@@ -663,6 +744,15 @@ function M.launch(spec)
   C.sigprocmask(SIG_SETMASK, vp(ctx.orig_mask), nil)
   C.signal(SIGPIPE, old_pipe)
 
+  -- unfinished last lines (dropped for ranks the launcher stopped by a
+  -- signal), then the held error reports, folded
+  for _, r in ipairs(ranks) do
+    local cut = stopping and r ~= first_failure and r.status ~= nil and bit.band(r.status, 0x7f) ~= 0
+    finish_stream(r.out, cut)
+    finish_stream(r.err, cut)
+  end
+  fold_reports(ranks)
+
   if launch_error then
     say("%s", launch_error)
     return 127
@@ -700,6 +790,10 @@ function M.plan(opts, root)
     local rank = opts.node_rank * opts.nproc + lr
     ranks[#ranks + 1] = {
       rank = rank, argv = argv, stdin = "null",
+      -- the interpreter's error report ("luajit: script.lua:3: ...") is held
+      -- and folded with the other ranks' (only for scripts: a command's
+      -- output is its own)
+      fold = not opts.command and (argv[1] .. ": ") or nil,
       prefix = opts.no_prefix and "" or ("[rank" .. rank .. "] "),
       env = {
         { "RANK", tostring(rank) }, { "WORLD_SIZE", tostring(world) },

@@ -146,6 +146,28 @@ function Session:print_answer(rec, note)
   if #lines > 0 then self:say(concat(lines, "\n")) end
 end
 
+-- Answers of one chunk: ranks whose answers are equal (printed output, values
+-- and error alike) print once as "[ranks 0-3] ...", the others each as
+-- "[rank k] ...", in order of their first rank.
+function Session:print_answers(answers, targets)
+  local order, by = {}, {}
+  for _, k in ipairs(targets) do
+    local rec = answers[k]
+    if rec then
+      local key = concat({ rec.out or "", rec.vals or "\0", rec.err and tostring(rec.err) or "\0",
+                           rec.cut and "cut" or "" }, "\1")
+      local g = by[key]
+      if not g then g = { rec = rec, ranks = {} }; by[key] = g; order[#order + 1] = g end
+      g.ranks[#g.ranks + 1] = k
+    end
+  end
+  for _, g in ipairs(order) do
+    local prefix = #g.ranks > 1 and ("[ranks " .. M.ranks_str(g.ranks) .. "] ") or self:prefix(g.ranks[1])
+    local lines = M.format_answer(g.rec, prefix)
+    if #lines > 0 then self:say(concat(lines, "\n")) end
+  end
+end
+
 -- late answers of ranks that did not answer in time
 function Session:poll_late(wait_ms)
   for k = 1, self.world - 1 do
@@ -227,10 +249,9 @@ function Session:run(code, chunkname)
     end
   end
   local missing = {}
+  self:print_answers(answers, targets)
   for _, k in ipairs(targets) do
-    if answers[k] then
-      self:print_answer(answers[k])
-    else
+    if not answers[k] then
       missing[#missing + 1] = k
       self.state[k].stuck, self.state[k].since, self.state[k].t = true, seq, t0
     end
