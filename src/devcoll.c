@@ -152,11 +152,14 @@ void wf_dc_release(wf_dc *d, const char *op) {
 
 int wf_dc_usable(wf_dc *d, const char *verb) {
   if (!d->failed && !d->host->err) return 0;
-  if (!d->failed) wf_dc_check_error(d);
-  return wf_error(WEFT_ESTATE, "%s (group '%s', rank %d): this %s failed earlier (%s); %s", verb,
-                  d->group, d->me, d->names->unit,
-                  d->failed == WEFT_EABORT ? "aborted" : "a peer did not arrive",
-                  d->names->refuse_hint);
+  /* Name the first failure (which peer, where, which call) when the kernel
+   * left it in the error word: "a peer did not arrive" alone does not say
+   * which rank is gone. */
+  char first[384] = "";
+  if (d->host->err && wf_dc_check_error(d)) snprintf(first, sizeof first, ": %s", weft_last_error());
+  else snprintf(first, sizeof first, " (%s)", d->failed == WEFT_EABORT ? "aborted" : "a peer did not arrive");
+  return wf_error(WEFT_ESTATE, "%s (group '%s', rank %d): this %s failed earlier%s; %s", verb,
+                  d->group, d->me, d->names->unit, first, d->names->refuse_hint);
 }
 
 int wf_dc_begin(wf_dc *d, cudaStream_t s, const char *verb) {
