@@ -1,7 +1,8 @@
 /* store_auth.c — the challenge-response that keeps a store to the ranks that
  * share its secret: nonces, the HMAC-SHA256 proofs of both sides, the
- * server's check of a client and the client's side of the handshake.
- * Messages: store_proto.h. */
+ * server's check of a client and the client's steps of the handshake.
+ * Pure computation: the client (store_client.c) and the server call in,
+ * this file calls neither. Messages: store_proto.h. */
 #include "store_internal.h"
 #include "sha256.h"
 
@@ -51,54 +52,30 @@ int wf_store_auth_check(const char *secret, size_t slen, const uint8_t *sn, wf_r
   return 0;
 }
 
-/* Client side, right after connect: HELLO tells whether the server wants a
- * secret; both sides must agree on having one, then each proves it. */
-int wf_store_cl_handshake(weft_store *s, const char *op, int64_t deadline) {
-  int fop;
-  wf_rd r;
-  int rc = wf_store_cl_read_frame(s, op, deadline, &fop, &r);
-  if (rc) return rc;
-  const uint8_t *auth = wf_rd_take(&r, 1), *sn = wf_rd_take(&r, WF_ST_NONCE);
-  if (fop != WF_OP_HELLO || !auth || !sn) {
-    wf_store_cl_drop(s);
-    return wf_error(WEFT_EPROTO, "%s: %s did not greet like a weft store", op, s->where);
-  }
-  int need = auth[0] != 0;
-  if (need && !s->secret) {
-    wf_store_cl_drop(s);
-    return wf_error(WEFT_EAUTH, "%s: the store at %s requires a secret and none was given "
-                                "(set WEFT_STORE_SECRET or the secret option)", op, s->where);
-  }
-  if (!need && s->secret) {
-    wf_store_cl_drop(s);
-    return wf_error(WEFT_EAUTH, "%s: the store at %s uses no secret but this client has one; "
-                                "refusing an unauthenticated server", op, s->where);
-  }
-  if (!need) return 0;
-  uint8_t snonce[WF_ST_NONCE], cn[WF_ST_NONCE], mac[32], want[32];
-  memcpy(snonce, sn, sizeof snonce);
-  wf_store_random_bytes(cn, sizeof cn);
-  size_t slen = strlen(s->secret);
-  auth_mac(s->secret, slen, AUTH_CLIENT, snonce, cn, mac);
-  wf_store_rq_begin(s);
-  wf_store_wb_put(&s->rq, cn, sizeof cn);
-  wf_store_wb_put(&s->rq, mac, sizeof mac);
-  if ((rc = wf_store_cl_send(s, op, WF_OP_AUTH, 0, deadline))) return rc;
-  if ((rc = wf_store_cl_read_frame(s, op, deadline, &fop, &r))) {
-    if (rc == WEFT_ECLOSED) goto rejected;
-    return rc;
-  }
-  if (fop == WF_OP_RESP) {
-  rejected:
-    wf_store_cl_drop(s);
-    return wf_error(WEFT_EAUTH, "%s: the store at %s rejected this client: the secrets differ "
-                                "(check WEFT_STORE_SECRET on every rank)", op, s->where);
-  }
-  const uint8_t *proof = wf_rd_take(&r, 32);
-  auth_mac(s->secret, slen, AUTH_SERVER, snonce, cn, want);
-  if (fop != WF_OP_AUTH_OK || !proof || !wf_ct_equal(proof, want, 32)) {
-    wf_store_cl_drop(s);
-    return wf_error(WEFT_EAUTH, "%s: the store at %s could not prove it knows the secret", op, s->where);
-  }
-  return 0;
+/* Client side, step by step (the client does the I/O, see store_client.c):
+ * greet reads HELLO's payload, prove appends the AUTH proof, verify checks
+ * the server's AUTH_OK. Nothing here touches a socket. */
+int wf_store_auth_greet(wf_store_auth_cl *a, int have_secret, wf_rd *hello) {
+  const uint8_t *need = wf_rd_take(hello, 1), *sn = wf_rd_take(hello, WF_ST_NONCE);
+  if (!need || !sn) return WF_AUTH_NOT_A_STORE;
+  a->need = need[0] != 0;
+  memcpy(a->sn, sn, WF_ST_NONCE);
+  if (a->need && !have_secret) return WF_AUTH_SECRET_MISSING;
+  if (!a->need && have_secret) return WF_AUTH_SERVER_HAS_NONE;
+  return WF_AUTH_OK;
+}
+
+void wf_store_auth_prove(wf_store_auth_cl *a, const char *secret, wf_store_wbuf *out) {
+  uint8_t mac[32];
+  wf_store_random_bytes(a->cn, sizeof a->cn);
+  auth_mac(secret, strlen(secret), AUTH_CLIENT, a->sn, a->cn, mac);
+  wf_store_wb_put(out, a->cn, sizeof a->cn);
+  wf_store_wb_put(out, mac, sizeof mac);
+}
+
+int wf_store_auth_verify(const wf_store_auth_cl *a, const char *secret, wf_rd *auth_ok) {
+  uint8_t want[32];
+  const uint8_t *proof = wf_rd_take(auth_ok, 32);
+  auth_mac(secret, strlen(secret), AUTH_SERVER, a->sn, a->cn, want);
+  return proof && wf_ct_equal(proof, want, 32) ? 0 : -1;
 }

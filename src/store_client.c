@@ -177,6 +177,44 @@ static int cl_try_connect(weft_store *s, int64_t deadline, const char **detail) 
   return err;
 }
 
+static int hs_fail(weft_store *s, int code, const char *op, const char *what) {
+  wf_store_cl_drop(s);
+  return wf_error(code, "%s: the store at %s %s", op, s->where, what);
+}
+
+/* Right after connect: HELLO tells whether the server wants a secret; both
+ * sides must agree on having one, then each proves it (store_auth.c). */
+static int cl_handshake(weft_store *s, const char *op, int64_t deadline) {
+  int fop;
+  wf_rd r;
+  wf_store_auth_cl a;
+  int rc = wf_store_cl_read_frame(s, op, deadline, &fop, &r);
+  if (rc) return rc;
+  int g = fop == WF_OP_HELLO ? wf_store_auth_greet(&a, s->secret != NULL, &r) : WF_AUTH_NOT_A_STORE;
+  if (g == WF_AUTH_NOT_A_STORE) {
+    wf_store_cl_drop(s);
+    return wf_error(WEFT_EPROTO, "%s: %s did not greet like a weft store", op, s->where);
+  }
+  if (g == WF_AUTH_SECRET_MISSING)
+    return hs_fail(s, WEFT_EAUTH, op, "requires a secret and none was given "
+                                      "(set WEFT_STORE_SECRET or the secret option)");
+  if (g == WF_AUTH_SERVER_HAS_NONE)
+    return hs_fail(s, WEFT_EAUTH, op, "uses no secret but this client has one; "
+                                      "refusing an unauthenticated server");
+  if (!a.need) return 0;
+  wf_store_rq_begin(s);
+  wf_store_auth_prove(&a, s->secret, &s->rq);
+  if ((rc = wf_store_cl_send(s, op, WF_OP_AUTH, 0, deadline))) return rc;
+  rc = wf_store_cl_read_frame(s, op, deadline, &fop, &r);
+  if ((rc == WEFT_ECLOSED) || (!rc && fop == WF_OP_RESP))
+    return hs_fail(s, WEFT_EAUTH, op, "rejected this client: the secrets differ "
+                                      "(check WEFT_STORE_SECRET on every rank)");
+  if (rc) return rc;
+  if (fop != WF_OP_AUTH_OK || wf_store_auth_verify(&a, s->secret, &r))
+    return hs_fail(s, WEFT_EAUTH, op, "could not prove it knows the secret");
+  return 0;
+}
+
 /* retry: keep trying with backoff until the deadline (open); otherwise one
  * attempt (a reconnect after a lost connection: a refusal means gone). */
 int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int retry) {
@@ -186,7 +224,7 @@ int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int ret
     int err = cl_try_connect(s, deadline, &detail);
     attempts++;
     if (err == 0) {
-      int rc = wf_store_cl_handshake(s, op, deadline);
+      int rc = cl_handshake(s, op, deadline);
       if (rc == 0) return 0;
       if (rc != WEFT_ECLOSED || !retry) return rc;  /* auth/protocol: final */
       detail = "closed during the handshake";

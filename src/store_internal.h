@@ -1,8 +1,9 @@
 /* store_internal.h — what the store's files share; nothing here is exported.
  *   store_proto.c   write buffers, frame header, field decoders, limits
  *   store_auth.c    challenge-response: nonces, HMAC proofs, both sides' checks
+ *                   (pure: called by client and server, calls neither)
  *   store_server.c  the server thread: key table, connections, parked GETs
- *   store_client.c  a handle's connection: connect, framed I/O, deadlines
+ *   store_client.c  a handle's connection: connect, handshake, framed I/O
  *   store.c         the public weft_store_* API and cpugroup's locked calls
  * Wire format and limits: store_proto.h. */
 #ifndef WF_STORE_INTERNAL_H
@@ -97,7 +98,18 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
 void wf_store_random_bytes(uint8_t *p, size_t n);
 int wf_store_auth_check(const char *secret, size_t slen, const uint8_t *sn, wf_rd *r,
                         uint8_t proof_out[32]);
-/* Client side, right after connect: reads HELLO, proves and checks. */
-int wf_store_cl_handshake(weft_store *s, const char *op, int64_t deadline);
+/* Client side, as steps the client runs (no I/O in store_auth.c). */
+typedef struct wf_store_auth_cl {
+  int need;                   /* the server wants a secret */
+  uint8_t sn[WF_ST_NONCE];    /* server nonce from HELLO */
+  uint8_t cn[WF_ST_NONCE];    /* client nonce, chosen by prove */
+} wf_store_auth_cl;
+enum { WF_AUTH_OK = 0, WF_AUTH_NOT_A_STORE, WF_AUTH_SECRET_MISSING, WF_AUTH_SERVER_HAS_NONE };
+/* Reads HELLO's payload; WF_AUTH_* (both sides must agree on having a secret). */
+int wf_store_auth_greet(wf_store_auth_cl *a, int have_secret, wf_rd *hello);
+/* Appends the AUTH proof (client nonce, HMAC) to out. */
+void wf_store_auth_prove(wf_store_auth_cl *a, const char *secret, wf_store_wbuf *out);
+/* 0 when AUTH_OK's payload proves the server knows the secret, else -1. */
+int wf_store_auth_verify(const wf_store_auth_cl *a, const char *secret, wf_rd *auth_ok);
 
 #endif
