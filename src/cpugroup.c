@@ -98,8 +98,10 @@ static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const
     if (w < 0 || i == 24) break;
     len += (size_t)w;
   }
-  return wf_error(WEFT_ETIMEOUT, "cpugroup '%s' %s: timed out after %d ms; %s %s %s", g->name,
-                  what, g->timeout_ms, nmissing == 1 ? "rank" : "ranks", list, verb);
+  const char *note = wf_store_note(g->s);  /* e.g. a client rejected for a wrong secret */
+  return wf_error(WEFT_ETIMEOUT, "cpugroup '%s' %s: timed out after %d ms; %s %s %s%s%s", g->name,
+                  what, g->timeout_ms, nmissing == 1 ? "rank" : "ranks", list, verb,
+                  note[0] ? "; " : "", note);
 }
 
 int weft_cpugroup_create(weft_store *s, const char *name, const int *ranks, int size,

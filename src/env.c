@@ -18,6 +18,24 @@ long wf_env_long(const char *name, long dflt) {
   return (*end == '\0') ? x : dflt;
 }
 
+void wf_env_rank(int *rank, int *world) {
+  long r = wf_env_long("RANK", -1), w = wf_env_long("WORLD_SIZE", -1);
+  int ok = r >= 0 && w > 0 && r < w && w <= (1L << 20);
+  *rank = ok ? (int)r : -1;
+  *world = ok ? (int)w : -1;
+}
+
+void wf_env_store_limits(wf_store_limits *l) {
+  l->max_conns = wf_env_long("WEFT_STORE_MAX_CONNS", 0);
+  l->max_preauth = wf_env_long("WEFT_STORE_MAX_PREAUTH", 256);
+  l->read_ms = wf_env_long("WEFT_STORE_READ_TIMEOUT_MS", 10000);
+  l->idle_ms = wf_env_long("WEFT_STORE_IDLE_MS", 0);
+  if (l->max_conns < 0) l->max_conns = 0;
+  if (l->max_preauth <= 0) l->max_preauth = 256;
+  if (l->read_ms <= 0) l->read_ms = 10000;
+  if (l->idle_ms < 0) l->idle_ms = 0;
+}
+
 int64_t wf_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

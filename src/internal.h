@@ -22,6 +22,18 @@ void wf_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* Environment, read in one place (src/env.c). */
 const char *wf_env_str(const char *name);               /* NULL when unset/empty */
 long wf_env_long(const char *name, long dflt);
+/* The rank this process says it is (torchrun's RANK, WORLD_SIZE); -1 when
+ * unset. Only informs the store's messages, never decides anything alone. */
+void wf_env_rank(int *rank, int *world);
+/* The store server's connection limits (docs/store.md). 0 where noted means
+ * "derive" (max_conns: from the fd limit) or "off" (idle_ms). */
+typedef struct wf_store_limits {
+  long max_conns;    /* WEFT_STORE_MAX_CONNS: open connections, all kinds */
+  long max_preauth;  /* WEFT_STORE_MAX_PREAUTH: connections still in the handshake */
+  long read_ms;      /* WEFT_STORE_READ_TIMEOUT_MS: handshake, and a frame's base deadline */
+  long idle_ms;      /* WEFT_STORE_IDLE_MS: close idle authenticated connections (0: never) */
+} wf_store_limits;
+void wf_env_store_limits(wf_store_limits *l);
 
 /* Monotonic clock in milliseconds / nanoseconds. */
 int64_t wf_now_ms(void);

@@ -75,6 +75,8 @@ void wf_store_unlock(weft_store *s) { pthread_mutex_unlock(&s->mu); }
 
 int wf_store_default_timeout(weft_store *s) { return s->timeout_ms; }
 
+const char *wf_store_note(weft_store *s) { return s->note; }
+
 void wf_store_ref(weft_store *s) { __atomic_add_fetch(&s->refs, 1, __ATOMIC_ACQ_REL); }
 
 static void store_free(weft_store *s) {
@@ -211,6 +213,7 @@ int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *q) {
   }
   if (q->timeout_ms < 0) q->timeout_ms = s->timeout_ms;
   q->nmissing = 0;
+  s->note[0] = '\0';
   int32_t st = 0;
   wf_rd r;
   rc = wf_store_cl_request(s, op, WF_OP_GET, q->flags, q->timeout_ms, b_get, q, &st, &r);
@@ -235,13 +238,20 @@ int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *q) {
     if (q->missing) q->missing[i] = (int)ix;
   }
   q->nmissing = (int)m;
+  if (r.pos < r.len) {  /* the server's note, e.g. a client rejected for a wrong secret */
+    uint32_t nl = wf_rd_u32(&r);
+    const uint8_t *np = wf_rd_take(&r, nl);
+    if (!np) goto bad;
+    snprintf(s->note, sizeof s->note, "%.*s", (int)(nl < sizeof s->note ? nl : sizeof s->note - 1), np);
+  }
   char names[700];
   if (q->missing) fmt_keys(names, sizeof names, q->keys, q->missing, (int)m);
   else fmt_keys(names, sizeof names, q->keys, NULL, q->n);
+  const char *sep = s->note[0] ? "; " : "";
   if (st == WEFT_EAGAIN)
-    return wf_error(WEFT_EAGAIN, "%s: key(s) %s not set yet at %s", op, names, s->where);
-  return wf_error(WEFT_ETIMEOUT, "%s: timed out after %d ms waiting for key(s) %s at %s",
-                  op, q->timeout_ms, names, s->where);
+    return wf_error(WEFT_EAGAIN, "%s: key(s) %s not set yet at %s%s%s", op, names, s->where, sep, s->note);
+  return wf_error(WEFT_ETIMEOUT, "%s: timed out after %d ms waiting for key(s) %s at %s%s%s",
+                  op, q->timeout_ms, names, s->where, sep, s->note);
 bad:
   wf_store_cl_drop(s);
   return wf_error(WEFT_EPROTO, "%s: malformed reply from %s", op, s->where);

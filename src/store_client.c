@@ -201,16 +201,25 @@ static int cl_handshake(weft_store *s, const char *op, int64_t deadline) {
   if (g == WF_AUTH_SERVER_HAS_NONE)
     return hs_fail(s, WEFT_EAUTH, op, "uses no secret but this client has one; "
                                       "refusing an unauthenticated server");
-  if (!a.need) return 0;
+  /* AUTH always goes (it ends the pre-auth state); the claim says who we are. */
+  wf_store_claim me;
+  wf_store_claim_self(&me);
   wf_store_rq_begin(s);
-  wf_store_auth_prove(&a, s->secret, &s->rq);
+  if (a.need) wf_store_auth_prove(&a, s->secret, &s->rq);
+  wf_store_wb_claim(&s->rq, &me);
   if ((rc = wf_store_cl_send(s, op, WF_OP_AUTH, 0, deadline))) return rc;
   rc = wf_store_cl_read_frame(s, op, deadline, &fop, &r);
-  if ((rc == WEFT_ECLOSED) || (!rc && fop == WF_OP_RESP))
+  /* A rejection is a RESP; a bare close (e.g. the server shedding pre-auth
+   * connections in a flood) is ECLOSED, which open retries. */
+  if (a.need && !rc && fop == WF_OP_RESP)
     return hs_fail(s, WEFT_EAUTH, op, "rejected this client: the secrets differ "
                                       "(check WEFT_STORE_SECRET on every rank)");
   if (rc) return rc;
-  if (fop != WF_OP_AUTH_OK || wf_store_auth_verify(&a, s->secret, &r))
+  if (fop != WF_OP_AUTH_OK) {
+    wf_store_cl_drop(s);
+    return wf_error(WEFT_EPROTO, "%s: unexpected reply to the handshake from %s", op, s->where);
+  }
+  if (a.need && wf_store_auth_verify(&a, s->secret, &r))
     return hs_fail(s, WEFT_EAUTH, op, "could not prove it knows the secret");
   return 0;
 }
@@ -245,8 +254,20 @@ int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int ret
 /* Sends the built request and reads the reply. Returns 0 with *status and a
  * reader positioned after it for status 0, ETIMEOUT and EAGAIN; other server
  * statuses become errors carrying the server's message. */
+/* Whether the server closed this idle connection (it may, under pressure or
+ * after WEFT_STORE_IDLE_MS): seen before sending, a reconnect is safe. The
+ * server never speaks unasked, so any readable state means the end. */
+static int cl_peer_closed(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) > 0;
+}
+
 static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64_t deadline,
                    int32_t *status, wf_rd *r) {
+  if (s->fd >= 0 && cl_peer_closed(s->fd)) {
+    wf_log(2, "store: %s closed an idle connection; reconnecting", s->where);
+    wf_store_cl_drop(s);
+  }
   if (s->fd < 0) {
     int rc = wf_store_cl_connect(s, op, deadline, 0);
     if (rc) return rc;

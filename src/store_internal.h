@@ -39,6 +39,14 @@ typedef struct wf_store_kref { const uint8_t *p; uint32_t len; } wf_store_kref;
 int wf_store_rd_key(wf_rd *r, wf_store_kref *k);
 int wf_store_rd_val(wf_rd *r, size_t max, const uint8_t **p, size_t *n);
 
+/* Who a client says it is (AUTH's claim); rank/world -1 when unknown. */
+typedef struct wf_store_claim { int rank, world; uint32_t pid; char host[WF_ST_MAX_HOST + 1]; } wf_store_claim;
+void wf_store_claim_self(wf_store_claim *c);                 /* this process */
+void wf_store_wb_claim(wf_store_wbuf *b, const wf_store_claim *c);
+int wf_store_rd_claim(wf_rd *r, wf_store_claim *c);          /* 0, or -1 malformed */
+/* "rank 1 of 2, pid 4242 on node7" (or "pid 4242 on node7"). */
+void wf_store_fmt_claim(char *out, size_t cap, const wf_store_claim *c);
+
 size_t wf_store_env_max_value(void);  /* WEFT_STORE_MAX_VALUE, bounded */
 /* "host:port", or "[host]:port" for IPv6 literals. */
 void wf_store_fmt_where(char *out, size_t cap, const char *host, int port);
@@ -77,6 +85,7 @@ struct weft_store {
   wf_store_wbuf resp; /* last reply; returned pointers point into it */
   int *mtmp;          /* missing-key indices of public gets */
   int ntmp;
+  char note[600];     /* the server's note on the last unfinished GET */
 };
 
 void wf_store_cl_drop(weft_store *s);

@@ -1,12 +1,13 @@
 /* store_proto.c — the store's frames in code: growable write buffers with
  * the big-endian field encoders, the frame header, the key/value field
- * decoders, and the limits and address text both sides use. The format
- * itself: store_proto.h. */
+ * decoders, the client's claim, and the limits and address text both
+ * sides use. The format itself: store_proto.h. */
 #include "store_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DEFAULT_MAX_VALUE (256L << 20)
 #define BIG_BUFFER (16u << 20)      /* buffers above this are released between calls */
@@ -77,6 +78,40 @@ int wf_store_rd_val(wf_rd *r, size_t max, const uint8_t **p, size_t *n) {
   *n = (size_t)len;
   *p = wf_rd_take(r, *n);
   return (*p || *n == 0) && !r->bad ? 0 : -1;
+}
+
+void wf_store_claim_self(wf_store_claim *c) {
+  wf_env_rank(&c->rank, &c->world);
+  c->pid = (uint32_t)getpid();
+  if (gethostname(c->host, sizeof c->host) != 0 || !c->host[0]) snprintf(c->host, sizeof c->host, "?");
+  c->host[WF_ST_MAX_HOST] = '\0';
+}
+
+void wf_store_wb_claim(wf_store_wbuf *b, const wf_store_claim *c) {
+  wf_store_wb_u32(b, (uint32_t)c->rank);
+  wf_store_wb_u32(b, (uint32_t)c->world);
+  wf_store_wb_u32(b, c->pid);
+  wf_store_wb_key(b, c->host, strlen(c->host));
+}
+
+int wf_store_rd_claim(wf_rd *r, wf_store_claim *c) {
+  c->rank = (int32_t)wf_rd_u32(r);
+  c->world = (int32_t)wf_rd_u32(r);
+  c->pid = wf_rd_u32(r);
+  uint32_t n = wf_rd_u32(r);
+  const uint8_t *h = (n >= 1 && n <= WF_ST_MAX_HOST) ? wf_rd_take(r, n) : NULL;
+  if (r->bad || !h) return -1;
+  for (uint32_t i = 0; i < n; i++) c->host[i] = (h[i] >= 0x20 && h[i] < 0x7f) ? (char)h[i] : '?';
+  c->host[n] = '\0';
+  if (c->world <= 0 || c->rank < 0 || c->rank >= c->world) c->rank = c->world = -1;
+  return 0;
+}
+
+void wf_store_fmt_claim(char *out, size_t cap, const wf_store_claim *c) {
+  if (c->rank >= 0)
+    snprintf(out, cap, "rank %d of %d, pid %u on %s", c->rank, c->world, (unsigned)c->pid, c->host);
+  else
+    snprintf(out, cap, "pid %u on %s", (unsigned)c->pid, c->host);
 }
 
 size_t wf_store_env_max_value(void) {

@@ -6,10 +6,16 @@
  * Strings/blobs: key = u32 len + bytes, value = u64 len + bytes.
  *
  * Server -> client on accept:  HELLO  u8 auth_required, 32-byte server nonce
- * Client -> server (auth):     AUTH   32-byte client nonce,
- *                                     HMAC(secret, "weft-store-v1 client" | sn | cn)
- * Server -> client:            AUTH_OK HMAC(secret, "weft-store-v1 server" | sn | cn)
+ * Client -> server:            AUTH   [auth_required: 32-byte client nonce,
+ *                                     HMAC(secret, "weft-store-v1 client" | sn | cn)]
+ *                                     claim: i32 rank, i32 world (-1: unknown),
+ *                                     u32 pid, key host  (who the client says it is)
+ * Server -> client:            AUTH_OK [auth_required: HMAC(secret,
+ *                                     "weft-store-v1 server" | sn | cn)]
  *                              or RESP with status WEFT_EAUTH, then close.
+ * Until AUTH_OK a connection is pre-auth: it must finish within the read
+ * timeout, and the oldest idle ones give way to new ones (docs/store.md).
+ * Without a secret a request may also come first (no claim then).
  * Requests (client -> server), each answered by one RESP frame:
  *   SET      u32 reads, key, value            (reads: see WF_GET_CONSUME)
  *   GET      i32 timeout_ms, [PUT: u32 reads, key, value], u32 n, n keys
@@ -19,8 +25,9 @@
  *   DELETE   key                             -> u8 deleted
  *   NUM_KEYS                                 -> i64
  * RESP payload: i32 status, then the result when status == 0; for GET with
- * WEFT_ETIMEOUT/WEFT_EAGAIN: u32 count + u32 indices of the missing keys; for
- * other errors: a u32-length message.
+ * WEFT_ETIMEOUT/WEFT_EAGAIN: u32 count + u32 indices of the missing keys, then
+ * optionally a u32-length note from the server (e.g. a client rejected for a
+ * wrong secret); for other errors: a u32-length message.
  * A frame with a bad magic/version, an unknown op, a payload over the per-op
  * limit, or that does not parse, closes that connection only.
  */
@@ -33,12 +40,13 @@
 #include <stdint.h>
 
 #define WF_ST_MAGIC 0x57465354u     /* "WFST" */
-#define WF_ST_VERSION 1
+#define WF_ST_VERSION 2          /* 2: AUTH always sent, with a claim */
 #define WF_ST_HDR 16
 #define WF_ST_NONCE 32
 #define WF_ST_MAX_KEY 4096
 #define WF_ST_MAX_NKEYS 65536
 #define WF_ST_MAX_KEYBYTES (4u << 20)  /* all keys of one request */
+#define WF_ST_MAX_HOST 255          /* host name in a claim */
 
 enum {
   WF_OP_HELLO = 1, WF_OP_AUTH = 2, WF_OP_AUTH_OK = 3, WF_OP_SET = 4, WF_OP_GET = 5,
@@ -103,6 +111,9 @@ int wf_store_set_locked(weft_store *s, const char *op, const char *key,
 int wf_store_add_locked(weft_store *s, const char *op, const char *key,
                         int64_t delta, int64_t *result);
 int wf_store_default_timeout(weft_store *s);
+/* The server's note on the last GET that timed out or was not ready ("" if
+ * none): e.g. a client rejected for a wrong secret. For the caller's message. */
+const char *wf_store_note(weft_store *s);
 /* References held by cpu groups: the handle's memory outlives close(). */
 void wf_store_ref(weft_store *s);
 void wf_store_unref(weft_store *s);

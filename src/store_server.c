@@ -15,10 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define DEFAULT_READ_TIMEOUT_MS 10000
+#define ACCEPT_BATCH 64        /* accepts per loop turn: reads interleave with a flood */
+#define FRAME_MS_PER_KIB 1     /* whole-frame deadline: read timeout + 1 ms per KiB (~1 MB/s) */
 
 typedef struct entry {
   struct entry *next;
@@ -51,6 +53,9 @@ typedef struct conn {
   unsigned gflags;
   int64_t pdeadline;   /* parked GET answers ETIMEOUT then */
   uint8_t snonce[WF_ST_NONCE];
+  char peer[64];       /* the client's address, for messages */
+  wf_store_claim claim;/* who it says it is (AUTH); rank -1 when unknown */
+  int64_t t_active;    /* accept or last complete frame: idle policy, LRU */
 } conn;
 
 /* The server's state; wf_store_srv outside this file. */
@@ -67,10 +72,21 @@ typedef struct wf_store_srv {
   int cap_pfd;
   size_t max_value;
   int64_t read_to;
+  long max_conns, max_preauth;  /* admission caps (resolved at start) */
+  int64_t idle_ms;              /* 0: idle authenticated connections stay */
   const char *secret;           /* owned by the weft_store */
   size_t slen;
   int64_t accept_pause_until;
   char where[300];
+  /* Rejections for a wrong secret, for the waiting ranks' messages. */
+  int nrej;
+  int64_t rej_t;
+  char rej_text[480];           /* the last one */
+  wf_store_claim rej_claim;
+  int world;                    /* from the first authenticated claim; 0 unknown */
+  uint8_t *joined;              /* [world]: ranks that authenticated */
+  int blocked_rank;             /* a never-joined rank was rejected: waits fail */
+  char block_msg[640];
 } srv;
 
 static uint64_t key_hash(const uint8_t *k, size_t n) {
@@ -157,10 +173,11 @@ static void conn_close(conn *c, const char *why) {
 }
 
 static void conn_flush(srv *v, conn *c) {
+  (void)v;
   while (!c->dead && c->out_off < c->out.len) {
     ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) { c->out_off += (size_t)n; c->wdeadline = wf_now_ms() + v->read_to; continue; }
+    if (n > 0) { c->out_off += (size_t)n; continue; }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     conn_close(c, "send failed");
@@ -186,6 +203,8 @@ static void frame_end(srv *v, conn *c, int op) {
   if (c->out.err) { conn_close(c, "out of memory for a reply"); return; }
   wf_store_hdr_fill(c->out.p, op, 0, c->out.len - WF_ST_HDR);
   c->out_off = 0;
+  /* Whole-reply deadline: a client reading 1 byte/s does not reset it. */
+  c->wdeadline = wf_now_ms() + v->read_to + (int64_t)(c->out.len >> 10) * FRAME_MS_PER_KIB;
   conn_flush(v, c);
 }
 
@@ -196,6 +215,86 @@ static void resp_error(srv *v, conn *c, int32_t status, const char *msg) {
 }
 
 static void resp_ok(srv *v, conn *c) { resp_begin(c, 0); frame_end(v, c, WF_OP_RESP); }
+
+/* ---- claims and rejections: what the waiting ranks are told ----
+ * A client rejected for a wrong secret is recorded (address and claimed
+ * rank) and named in every later GET timeout. When it claimed a rank of the
+ * world that has not joined yet (the misconfigured rank itself, as far as
+ * anyone can tell), that rank can never arrive: parked and later waits fail
+ * at once with the reason instead of after the timeout. A claim of a rank
+ * that already joined only goes into the messages, so a stranger with a
+ * wrong secret cannot abort a running world (docs/store.md). */
+
+static void fail_parked(srv *v, conn *c);
+
+/* Whether the last rejected claim names a rank of the world that has not
+ * joined; then every wait fails. Checked at the rejection and when the world
+ * becomes known (the rejected rank may have been quicker than rank 0). */
+static void rejection_blocks(srv *v) {
+  int r = v->rej_claim.rank;
+  if (!v->nrej || r < 0 || v->world == 0 || v->rej_claim.world != v->world || v->joined[r]) return;
+  v->blocked_rank = r;
+  snprintf(v->block_msg, sizeof v->block_msg,
+           "%s, so rank %d cannot join and this wait cannot complete "
+           "(set the same WEFT_STORE_SECRET on every rank)", v->rej_text, r);
+  for (int i = 0; i < v->nc; i++)
+    if (!v->c[i]->dead && v->c[i]->state == C_PARKED) fail_parked(v, v->c[i]);
+}
+
+static void claim_joined(srv *v, const wf_store_claim *cl) {
+  if (cl->rank < 0) return;
+  int first = v->world == 0;
+  if (first && (v->joined = calloc((size_t)cl->world, 1))) v->world = cl->world;
+  if (cl->world != v->world) return;
+  v->joined[cl->rank] = 1;
+  if (v->blocked_rank == cl->rank) v->blocked_rank = -1;
+  if (first) rejection_blocks(v);
+}
+
+static void claim_rejected(srv *v, conn *c) {
+  char who[320];
+  wf_store_fmt_claim(who, sizeof who, &c->claim);
+  snprintf(v->rej_text, sizeof v->rej_text,
+           "a client from %s (%s) was rejected for a wrong WEFT_STORE_SECRET", c->peer, who);
+  v->rej_t = wf_now_ms();
+  v->rej_claim = c->claim;
+  v->nrej++;
+  wf_log(1, "store server: %s", v->rej_text);
+  rejection_blocks(v);
+}
+
+/* The note appended to a GET that timed out or was not ready. */
+static void put_rejection_note(srv *v, conn *c) {
+  if (!v->nrej) return;
+  char note[600];
+  double ago = (double)(wf_now_ms() - v->rej_t) / 1000.0;
+  int n = v->nrej > 1
+    ? snprintf(note, sizeof note, "%s %.1f s ago (%d rejections in all)", v->rej_text, ago, v->nrej)
+    : snprintf(note, sizeof note, "%s %.1f s ago", v->rej_text, ago);
+  wf_store_wb_key(&c->out, note, n < 0 ? 0 : (size_t)n < sizeof note ? (size_t)n : sizeof note - 1);
+}
+
+/* AUTH: [proof,] claim. Ends the pre-auth state or rejects. */
+static int handle_auth(srv *v, conn *c, wf_rd *r) {
+  uint8_t proof[32];
+  int a = v->slen ? wf_store_auth_check(v->secret, v->slen, c->snonce, r, proof) : 0;
+  if (a < 0 || wf_store_rd_claim(r, &c->claim) || r->pos != r->len) return -1;
+  if (a > 0) {
+    claim_rejected(v, c);
+    c->close_after = 1;
+    resp_error(v, c, WEFT_EAUTH, "the secrets differ");
+    return 0;
+  }
+  c->state = C_READY;
+  c->rdeadline = 0;
+  claim_joined(v, &c->claim);
+  c->out.len = 0;
+  wf_store_wb_reserve(&c->out, WF_ST_HDR);
+  c->out.len = c->out.err ? 0 : WF_ST_HDR;
+  if (v->slen) wf_store_wb_put(&c->out, proof, 32);
+  frame_end(v, c, WF_OP_AUTH_OK);
+  return 0;
+}
 
 /* ---- GET: answer now, or park until the keys exist ---- */
 
@@ -238,8 +337,15 @@ static void get_missing_answer(srv *v, conn *c, int32_t status) {
   resp_begin(c, status);
   wf_store_wb_u32(&c->out, (uint32_t)get_missing(v, c));
   for (int i = 0; i < c->nkeys; i++) if (!tab_find(v, c->keys[i])) wf_store_wb_u32(&c->out, (uint32_t)i);
+  put_rejection_note(v, c);
   c->state = C_READY;
   frame_end(v, c, WF_OP_RESP);
+}
+
+/* A wait that cannot complete: a rank of the world was rejected (above). */
+static void fail_parked(srv *v, conn *c) {
+  c->state = C_READY;
+  resp_error(v, c, WEFT_EAUTH, v->block_msg);
 }
 
 /* A key appeared: answer every parked GET that is now complete. */
@@ -280,6 +386,7 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
   }
   if (get_complete(v, c)) get_answer(v, c);
   else if (timeout <= 0) get_missing_answer(v, c, WEFT_EAGAIN);
+  else if (v->blocked_rank >= 0) fail_parked(v, c);
   else {
     c->state = C_PARKED;
     c->pdeadline = wf_now_ms() + timeout;
@@ -306,25 +413,8 @@ static int handle_frame(srv *v, conn *c) {
   const uint8_t *a, *b;
   size_t an, bn;
   switch (c->op) {
-  case WF_OP_AUTH: {
-    uint8_t proof[32];
-    int a = wf_store_auth_check(v->secret, v->slen, c->snonce, &r, proof);
-    if (a < 0) return -1;
-    if (a > 0) {
-      wf_log(1, "store server: rejected a client with a wrong secret");
-      c->close_after = 1;
-      resp_error(v, c, WEFT_EAUTH, "the secrets differ");
-      return 0;
-    }
-    c->state = C_READY;
-    c->rdeadline = 0;
-    c->out.len = 0;
-    wf_store_wb_reserve(&c->out, WF_ST_HDR);
-    c->out.len = c->out.err ? 0 : WF_ST_HDR;
-    wf_store_wb_put(&c->out, proof, 32);
-    frame_end(v, c, WF_OP_AUTH_OK);
-    return 0;
-  }
+  case WF_OP_AUTH:
+    return handle_auth(v, c, &r);
   case WF_OP_SET: {
     uint32_t reads = wf_rd_u32(&r);
     if (wf_store_rd_key(&r, &k) || wf_store_rd_val(&r, v->max_value, &a, &an) || r.pos != r.len) return -1;
@@ -411,7 +501,9 @@ static int handle_frame(srv *v, conn *c) {
  * before a byte of it is buffered. */
 static uint64_t op_limit(srv *v, int state, int op) {
   uint64_t key = 4 + WF_ST_MAX_KEY, keys = 4 + WF_ST_MAX_KEYBYTES + 4ull * WF_ST_MAX_NKEYS;
-  if (state == C_AUTH) return op == WF_OP_AUTH ? 2 * WF_ST_NONCE : 0;
+  uint64_t claim = 12 + 4 + WF_ST_MAX_HOST;
+  if (state == C_AUTH && op == WF_OP_AUTH) return (v->slen ? 2 * WF_ST_NONCE : 0) + claim;
+  if (state == C_AUTH && v->slen) return 0;  /* nothing but AUTH before the proof */
   switch (op) {
   case WF_OP_SET: return 4 + key + 8 + v->max_value;
   case WF_OP_GET: return 4 + 4 + key + 8 + v->max_value + keys;
@@ -422,6 +514,14 @@ static uint64_t op_limit(srv *v, int state, int op) {
   case WF_OP_NUM_KEYS: return 0;
   default: return UINT64_MAX;  /* not a request op */
   }
+}
+
+/* A frame must arrive whole by its deadline, set when its first byte comes
+ * (plen 0) and extended once the header tells the size: a sender trickling
+ * 1 byte/s does not move it. Pre-auth connections keep the handshake's. */
+static void frame_deadline(srv *v, conn *c, uint64_t plen) {
+  if (plen == 0) c->rdeadline = wf_now_ms() + v->read_to;
+  else c->rdeadline += (int64_t)(plen >> 10) * FRAME_MS_PER_KIB;
 }
 
 static void conn_read(srv *v, conn *c) {
@@ -441,8 +541,8 @@ static void conn_read(srv *v, conn *c) {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) { conn_close(c, c->hgot ? "connection ended inside a frame" : NULL); return; }
+      if (c->hgot == 0 && c->state == C_READY) frame_deadline(v, c, 0);
       c->hgot += (size_t)n;
-      if (c->state == C_READY) c->rdeadline = wf_now_ms() + v->read_to;
       if (c->hgot < WF_ST_HDR) continue;
       c->op = c->hdr[5];
       c->flags = (unsigned)c->hdr[6] << 8 | c->hdr[7];
@@ -452,10 +552,12 @@ static void conn_read(srv *v, conn *c) {
         return;
       }
       uint64_t lim = op_limit(v, c->state, c->op);
-      if (lim == UINT64_MAX || (c->state == C_AUTH && c->op != WF_OP_AUTH)) {
+      if (lim == UINT64_MAX || (c->state == C_AUTH && c->op != WF_OP_AUTH && v->slen)) {
         conn_close(c, "unexpected frame type");
         return;
       }
+      /* Without a secret a request may come first: a client without a claim. */
+      if (c->state == C_AUTH && c->op != WF_OP_AUTH) c->state = C_READY;
       if (c->plen > lim) {
         wf_log(1, "store server: frame of %llu bytes over the limit of %llu (WEFT_STORE_MAX_VALUE)",
                (unsigned long long)c->plen, (unsigned long long)lim);
@@ -465,6 +567,7 @@ static void conn_read(srv *v, conn *c) {
       c->have_hdr = 1;
       c->in.len = 0;
       c->in.err = 0;
+      if (c->state == C_READY) frame_deadline(v, c, c->plen);
     }
     if (c->in.len < c->plen) {
       size_t want = (size_t)c->plen - c->in.len;
@@ -483,11 +586,11 @@ static void conn_read(srv *v, conn *c) {
       if (n <= 0) { conn_close(c, "connection ended inside a frame"); return; }
       c->in.len += (size_t)n;
       budget -= (size_t)n;
-      if (c->state == C_READY) c->rdeadline = wf_now_ms() + v->read_to;
       if (c->in.len < c->plen) continue;
     }
     c->have_hdr = 0;
     c->hgot = 0;
+    c->t_active = wf_now_ms();
     if (c->state == C_READY) c->rdeadline = 0;
     if (handle_frame(v, c) < 0) { conn_close(c, "malformed frame"); return; }
     if (c->state != C_PARKED) wf_store_wb_trim(&c->in);
@@ -495,37 +598,138 @@ static void conn_read(srv *v, conn *c) {
   }
 }
 
+/* ---- admission: caps on connections, oldest idle pre-auth shed first ----
+ * Pre-auth connections (no AUTH yet; honest clients send it within a round
+ * trip) are capped at max_preauth and must finish within the read timeout;
+ * all connections are capped at max_conns. At a cap the oldest idle
+ * pre-auth connection is closed first, then the least recently active idle
+ * authenticated one (the client reconnects on its next call); parked
+ * waiters and frames in flight are never shed. docs/store.md. */
+
+static void count_conns(srv *v, int *live, int *preauth) {
+  *live = *preauth = 0;
+  for (int i = 0; i < v->nc; i++)
+    if (!v->c[i]->dead) { (*live)++; if (v->c[i]->state == C_AUTH) (*preauth)++; }
+}
+
+/* 1 bytes are waiting, 0 nothing yet, -1 the peer is gone. */
+static int conn_pending(conn *c) {
+  uint8_t b;
+  ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return 1;
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  return -1;
+}
+
+/* Frees one pre-auth slot: reads a client whose AUTH is already waiting
+ * (it may leave pre-auth that way), else closes the oldest idle one, else
+ * the oldest. 1 when a slot was freed. */
+static int shed_preauth(srv *v) {
+  conn *oldest = NULL;
+  for (int i = 0; i < v->nc; i++) {
+    conn *c = v->c[i];
+    if (c->dead || c->state != C_AUTH) continue;
+    int p = conn_pending(c);
+    if (p > 0) {
+      conn_read(v, c);
+      if (c->dead || c->state != C_AUTH) return 1;
+    } else if (p < 0 || (c->hgot == 0 && !c->have_hdr)) {
+      conn_close(c, p < 0 ? NULL : "oldest idle pre-auth connection shed (WEFT_STORE_MAX_PREAUTH)");
+      return 1;
+    }
+    if (!oldest) oldest = c;
+  }
+  if (!oldest) return 0;
+  conn_close(oldest, "oldest pre-auth connection shed (WEFT_STORE_MAX_PREAUTH)");
+  return 1;
+}
+
+static int conn_idle(const conn *c) {
+  return c->state == C_READY && c->hgot == 0 && !c->have_hdr && c->out.len == 0;
+}
+
+/* Frees one connection slot: a pre-auth one, else the least recently
+ * active idle authenticated one. 1 when one was closed. */
+static int shed_any(srv *v, int preauth) {
+  if (preauth > 0 && shed_preauth(v)) return 1;
+  conn *lru = NULL;
+  for (int i = 0; i < v->nc; i++) {
+    conn *c = v->c[i];
+    if (!c->dead && conn_idle(c) && (!lru || c->t_active < lru->t_active)) lru = c;
+  }
+  if (!lru) return 0;
+  conn_close(lru, "least recently active idle connection shed (WEFT_STORE_MAX_CONNS)");
+  return 1;
+}
+
+static void peer_name(char *out, size_t cap, const struct sockaddr_storage *ss, socklen_t sl) {
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (getnameinfo((const struct sockaddr *)ss, sl, h, sizeof h, p, sizeof p,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) { snprintf(out, cap, "?"); return; }
+  wf_store_fmt_where(out, cap, h, atoi(p));
+}
+
+static void conn_add(srv *v, int fd, const struct sockaddr_storage *ss, socklen_t sl);
+
 static void srv_accept(srv *v) {
-  for (;;) {
-    int fd = accept4(v->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  int live, preauth;
+  count_conns(v, &live, &preauth);
+  for (int k = 0; k < ACCEPT_BATCH; k++) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(v->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        wf_log(1, "store server: accept: %s; pausing accepts", strerror(errno));
+      int e = errno;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if ((e == EMFILE || e == ENFILE) && shed_any(v, preauth)) {  /* out of fds: make one */
+        count_conns(v, &live, &preauth);
+        continue;
+      }
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        wf_log(1, "store server: accept: %s; pausing accepts", strerror(e));
         v->accept_pause_until = wf_now_ms() + 100;
       }
       return;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    conn *c = calloc(1, sizeof *c);
-    if (c && v->nc == v->capc) {
-      int cap = v->capc ? v->capc * 2 : 16;
-      conn **nc = realloc(v->c, (size_t)cap * sizeof *nc);
-      if (nc) { v->c = nc; v->capc = cap; }
+    if (preauth >= v->max_preauth || live >= v->max_conns) {
+      if (preauth >= v->max_preauth) shed_preauth(v);
+      if (live >= v->max_conns) shed_any(v, preauth);
+      count_conns(v, &live, &preauth);
+      if (live >= v->max_conns) {
+        wf_log(1, "store server: %d connections (WEFT_STORE_MAX_CONNS), none idle: refusing one", live);
+        close(fd);
+        continue;
+      }
     }
-    if (!c || v->nc == v->capc) { free(c); close(fd); continue; }
-    c->fd = fd;
-    c->state = v->slen ? C_AUTH : C_READY;
-    if (v->slen) c->rdeadline = wf_now_ms() + v->read_to;  /* handshake must finish */
-    wf_store_random_bytes(c->snonce, sizeof c->snonce);
-    v->c[v->nc++] = c;
-    wf_store_wb_reserve(&c->out, WF_ST_HDR);
-    c->out.len = c->out.err ? 0 : WF_ST_HDR;
-    wf_store_wb_u8(&c->out, v->slen ? 1 : 0);
-    wf_store_wb_put(&c->out, c->snonce, WF_ST_NONCE);
-    frame_end(v, c, WF_OP_HELLO);
+    conn_add(v, fd, &ss, sl);
+    live++;
+    preauth++;
   }
+}
+
+static void conn_add(srv *v, int fd, const struct sockaddr_storage *ss, socklen_t sl) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  conn *c = calloc(1, sizeof *c);
+  if (c && v->nc == v->capc) {
+    int cap = v->capc ? v->capc * 2 : 16;
+    conn **nc = realloc(v->c, (size_t)cap * sizeof *nc);
+    if (nc) { v->c = nc; v->capc = cap; }
+  }
+  if (!c || v->nc == v->capc) { free(c); close(fd); return; }
+  c->fd = fd;
+  c->state = C_AUTH;  /* until AUTH, in both modes */
+  c->t_active = wf_now_ms();
+  c->rdeadline = c->t_active + v->read_to;  /* the handshake must finish */
+  c->claim.rank = c->claim.world = -1;
+  peer_name(c->peer, sizeof c->peer, ss, sl);
+  wf_store_random_bytes(c->snonce, sizeof c->snonce);
+  v->c[v->nc++] = c;
+  wf_store_wb_reserve(&c->out, WF_ST_HDR);
+  c->out.len = c->out.err ? 0 : WF_ST_HDR;
+  wf_store_wb_u8(&c->out, v->slen ? 1 : 0);
+  wf_store_wb_put(&c->out, c->snonce, WF_ST_NONCE);
+  frame_end(v, c, WF_OP_HELLO);
 }
 
 static void conn_free(conn *c) {
@@ -544,6 +748,8 @@ static void srv_expire(srv *v, int64_t now) {
     else if (c->rdeadline && c->rdeadline <= now)
       conn_close(c, c->state == C_AUTH ? "handshake timed out" : "incomplete frame timed out");
     else if (c->wdeadline && c->wdeadline <= now) conn_close(c, "client is not reading");
+    else if (v->idle_ms && conn_idle(c) && c->t_active + v->idle_ms <= now)
+      conn_close(c, "idle past WEFT_STORE_IDLE_MS");
   }
   int j = 0;
   for (int i = 0; i < v->nc; i++) {
@@ -578,6 +784,7 @@ static void *srv_main(void *arg) {
       if (c->state == C_PARKED) next = earliest(next, c->pdeadline);
       next = earliest(next, c->rdeadline);
       if (sending) next = earliest(next, c->wdeadline);
+      if (v->idle_ms && conn_idle(c)) next = earliest(next, c->t_active + v->idle_ms);
     }
     int timeout = next == 0 ? -1 : (next <= now ? 0 : (int)(next - now > 60000 ? 60000 : next - now));
     int r = poll(v->pfd, (nfds_t)n + 2, timeout);
@@ -605,6 +812,37 @@ static void *srv_main(void *arg) {
   return NULL;
 }
 
+/* The fd budget: the soft RLIMIT_NOFILE goes up to the hard one (a flood
+ * must meet the caps below, not EMFILE), and the total cap leaves an eighth
+ * of it (at least 64) to the rest of the process. */
+static long raise_nofile(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlim_t want = rl.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 20 : rl.rlim_max;
+    struct rlimit nr = {want, rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &nr) == 0) {
+      wf_log(1, "store server: raised the open-file limit from %llu to %llu",
+             (unsigned long long)rl.rlim_cur, (unsigned long long)want);
+      rl.rlim_cur = want;
+    }
+  }
+  return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 20) ? 1L << 20 : (long)rl.rlim_cur;
+}
+
+static void srv_limits(srv *v) {
+  wf_store_limits l;
+  wf_env_store_limits(&l);
+  long fds = raise_nofile(), reserve = fds / 8 > 64 ? fds / 8 : 64;
+  long derived = fds - reserve > 16 ? fds - reserve : 16;
+  v->read_to = l.read_ms;
+  v->idle_ms = l.idle_ms;
+  v->max_conns = l.max_conns > 0 ? l.max_conns : derived;
+  v->max_preauth = l.max_preauth;
+  wf_log(2, "store server: at most %ld connections, %ld pre-auth, handshake %lld ms",
+         v->max_conns, v->max_preauth, (long long)v->read_to);
+}
+
 static void srv_free(srv *v) {
   if (!v) return;
   for (int i = 0; i < v->nc; i++) conn_free(v->c[i]);
@@ -614,6 +852,7 @@ static void srv_free(srv *v) {
     for (size_t i = 0; i < v->nb; i++)
       for (entry *e = v->tab[i], *nx; e; e = nx) { nx = e->next; entry_free(e); }
   free(v->tab);
+  free(v->joined);
   if (v->lfd >= 0) close(v->lfd);
   if (v->wake[0] >= 0) close(v->wake[0]);
   if (v->wake[1] >= 0) close(v->wake[1]);
@@ -641,8 +880,8 @@ int wf_store_srv_start(const char *bind_host, int port, const char *secret, wf_s
   v->nb = 64;
   v->tab = calloc(v->nb, sizeof *v->tab);
   v->max_value = wf_store_env_max_value();
-  v->read_to = wf_env_long("WEFT_STORE_READ_TIMEOUT_MS", DEFAULT_READ_TIMEOUT_MS);
-  if (v->read_to <= 0) v->read_to = DEFAULT_READ_TIMEOUT_MS;
+  srv_limits(v);
+  v->blocked_rank = -1;
   v->secret = secret;
   v->slen = secret ? strlen(secret) : 0;
   if (!v->tab) { srv_free(v); return wf_error(WEFT_ENOMEM, "store open: out of memory for the server"); }

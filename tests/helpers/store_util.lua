@@ -142,7 +142,7 @@ function M.u32(v)
 end
 function M.u64(v) return M.u32(math.floor(v / 2 ^ 32)) .. M.u32(v % 2 ^ 32) end
 function M.frame(op, flags, len, version)
-  return "WFST" .. string.char(version or 1, op) .. string.char(bit.rshift(flags, 8), bit.band(flags, 255))
+  return "WFST" .. string.char(version or 2, op) .. string.char(bit.rshift(flags, 8), bit.band(flags, 255))
          .. M.u64(len)
 end
 M.OP = { HELLO = 1, AUTH = 2, AUTH_OK = 3, SET = 4, GET = 5, ADD = 6, CHECK = 7, CAS = 8,

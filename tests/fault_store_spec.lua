@@ -1,0 +1,164 @@
+-- The store under abuse (issue 13 items 9 and 11): floods of idle pre-auth
+-- connections, slow senders, and a rank with a wrong secret explained on the
+-- ranks that wait. Loopback only; every helper process is bounded by `timeout`
+-- and stops by itself.
+local store = require "weft.store"
+local util = require "helpers.store_util"
+local err_of = require("helpers.spec_util").err_of
+
+local SECRET = "fault-spec-secret-5b1e"
+local OP, frame, u32, u64 = util.OP, util.frame, util.u32, util.u64
+
+-- Waits (bounded) until the file at path contains pat; returns its text.
+local function wait_for(path, pat, ms)
+  local deadline = util.now_ms() + ms
+  while util.now_ms() < deadline do
+    local s = util.read_file(path) or ""
+    if s:find(pat) then return s end
+    util.sleep_ms(20)
+  end
+  return util.read_file(path) or ""
+end
+
+-- A server in its own process, with the fd limit given to the shell first.
+local function spawn_server(port, ulimit, secret)
+  local log = os.tmpname()
+  local env = secret and ("env WEFT_STORE_SECRET=" .. secret .. " ") or "env -u WEFT_STORE_SECRET "
+  local pid = util.spawn(("%ssh -c 'ulimit %s && exec luajit tests/helpers/store_fault.lua serve %d 30000'")
+                         :format(env, ulimit, port), 40, log)
+  local out = wait_for(log, "SERVING", 10000)
+  assert(out:find("SERVING"), "server did not start: " .. out)
+  return pid, log, out
+end
+
+local function stop_server(pid, log, port, secret)
+  pcall(function()
+    local c = store.open { port = port, timeout_ms = 3000, secret = secret }
+    c:set("done", "1"); c:close()
+  end)
+  util.reap(pid, 5000)
+  os.remove(log)
+end
+
+-- 1100 idle connections that never authenticate (reopened as the server sheds
+-- them) against a server whose fd limit is 1024, soft and hard; an honest
+-- client must get in within 2 s meanwhile.
+local function flood_case(secret)
+  local ph = io.popen("sh -c 'ulimit -Hn'")
+  local hard = tonumber(ph:read("*l"))
+  ph:close()
+  if hard and hard < 1200 then pending("hard fd limit " .. hard .. " < 1200: cannot flood") return end
+  local port = util.free_port()
+  local spid, slog = spawn_server(port, "-n 1024", secret)
+  local flog = os.tmpname()
+  local fpid = util.spawn(("luajit tests/helpers/store_fault.lua flood %d 1100 4"):format(port), 20, flog)
+  local ok, err = pcall(function()
+    assert.is_truthy(wait_for(flog, "FULL", 8000):find("FULL"), "the flood did not get going")
+    util.sleep_ms(300)  -- in full swing
+    local t0 = util.now_ms()
+    local c = store.open { port = port, timeout_ms = 5000, secret = secret }
+    local ms = util.now_ms() - t0
+    c:set("honest", "in")
+    assert.are.equal("in", c:get("honest"))
+    c:close()
+    assert.is_true(ms < 2000, ("the honest client took %d ms to get in"):format(ms))
+    assert.is_true(util.reap(fpid, 15000), "the flood did not stop by itself")
+    local fout = util.read_file(flog) or ""
+    local shed = tonumber(fout:match("shed (%d+)"))
+    assert.is_truthy(shed and shed > 0, "the server never shed a flood connection: " .. fout)
+  end)
+  util.reap(fpid, 10000)
+  os.remove(flog)
+  stop_server(spid, slog, port, secret)
+  if not ok then error(err, 0) end
+end
+
+describe("weft.store under abuse #fault", function()
+  it("an honest client gets in within 2 s while 1100 idle pre-auth sockets flood a 1024-fd server", function()
+    flood_case(SECRET)
+  end)
+
+  it("the same without a secret (idle unauthenticated connections expire and give way)", function()
+    flood_case(nil)
+  end)
+
+  it("the server raises its soft open-file limit to the hard one", function()
+    local port = util.free_port()
+    local pid, log, out = spawn_server(port, "-S -n 512", nil)
+    local soft, hard = out:match("nofile (%d+) (%d+)")
+    stop_server(pid, log, port, nil)
+    assert.are.equal(hard, soft)
+  end)
+
+  it("a sender trickling 1 byte every 100 ms is cut at the whole-frame deadline", function()
+    util.with_env({ WEFT_STORE_READ_TIMEOUT_MS = 600 }, function()
+      local s = store.open { port = 0, server = true, timeout_ms = 5000 }
+      local ok, err = pcall(function()
+        local fd = assert(util.connect(s.port))
+        util.recv_some(fd, 2000)  -- HELLO
+        -- a SET of 100 payload bytes: 116 bytes at 10 bytes/s would take 11.6 s
+        local bytes = frame(OP.SET, 0, 100) .. u32(0) .. u32(4) .. "slow" .. u64(84) .. ("x"):rep(84)
+        local t0, closed = util.now_ms(), false
+        for i = 1, #bytes do
+          util.send(fd, bytes:sub(i, i))
+          if util.recv_some(fd, 100) == nil then closed = true; break end
+          if util.now_ms() - t0 > 4000 then break end
+        end
+        local ms = util.now_ms() - t0
+        util.close(fd)
+        assert.is_true(closed, "a 1 byte/100 ms sender was still connected after " .. ms .. " ms")
+        assert.is_true(ms >= 500 and ms < 2500, "cut after " .. ms .. " ms (deadline 600 ms)")
+        s:set("still", "serving")
+        assert.are.equal("serving", s:get("still"))
+      end)
+      s:close()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("a wait names a client rejected for a wrong secret (address and claimed rank)", function()
+    -- this process is rank 0 of 2, the server; rank 0 has joined
+    util.with_env({ RANK = 0, WORLD_SIZE = 2 }, function()
+      local s = store.open { port = 0, server = true, timeout_ms = 5000, secret = SECRET }
+      local ok, err = pcall(function()
+        -- a wrong-secret client claiming rank 0 (already joined): named, but no one is failed
+        local log = os.tmpname()
+        local pid = util.spawn(("env RANK=0 WORLD_SIZE=2 luajit tests/helpers/store_proc.lua open %d wrong-one")
+                               :format(s.port), 20, log)
+        assert.is_true(util.reap(pid, 10000))
+        assert.is_truthy((util.read_file(log) or ""):find("the secrets differ", 1, true))
+        local t0 = util.now_ms()
+        local e = err_of(s.get, s, "never-set", 1000)
+        assert.is_true(util.now_ms() - t0 >= 900, "failed before its timeout: " .. e)
+        assert.is_truthy(e:find("timed out after 1000 ms", 1, true), e)
+        assert.is_truthy(e:find("a client from 127.0.0.1:%d+ %(rank 0 of 2, pid %d+ on [^)]+%) was rejected "
+                                .. "for a wrong WEFT_STORE_SECRET"), e)
+        -- one claiming rank 1, which has not joined: it can never arrive, waits fail at once
+        pid = util.spawn(("env RANK=1 WORLD_SIZE=2 luajit tests/helpers/store_proc.lua open %d wrong-two")
+                         :format(s.port), 20, log)
+        assert.is_true(util.reap(pid, 10000))
+        os.remove(log)
+        t0 = util.now_ms()
+        e = err_of(s.get, s, "never-set", 4000)
+        local ms = util.now_ms() - t0
+        assert.is_true(ms < 1000, "took " .. ms .. " ms: " .. e)
+        assert.is_truthy(e:find("rank 1 of 2, pid %d+ on [^)]+%) was rejected for a wrong WEFT_STORE_SECRET, "
+                                .. "so rank 1 cannot join"), e)
+      end)
+      s:close()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("a 2-rank run where rank 1 has a wrong secret: rank 0 names the rejection within seconds", function()
+    local res = util.run_ranks(2, "tests/helpers/store_fault.lua rank",
+                               { WEFT_STORE_SECRET = SECRET, WEFT_TIMEOUT_MS = 20000 }, 40)
+    local out0, out1 = res[0].out, res[1].out
+    assert.is_truthy(out1:find("rejected this client: the secrets differ", 1, true), out1)
+    local ms, msg = out0:match("ERR (%d+) (.*)")
+    assert.is_truthy(ms, out0)
+    assert.is_truthy(msg:find("a client from 127.0.0.1:%d+ %(rank 1 of 2, pid %d+ on [^)]+%) was rejected "
+                              .. "for a wrong WEFT_STORE_SECRET"), msg)
+    assert.is_true(tonumber(ms) < 8000, "rank 0 failed after " .. ms .. " ms: " .. msg)
+  end)
+end)

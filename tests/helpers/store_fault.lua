@@ -1,0 +1,101 @@
+-- Helper processes for tests/fault_store_spec.lua (always started under `timeout`;
+-- loopback only).
+--   store_fault.lua serve PORT HOLD_MS        a server (secret from WEFT_STORE_SECRET); prints
+--                                            "SERVING <port> nofile <soft> <hard>"; exits when
+--                                            key "done" is set or after HOLD_MS
+--   store_fault.lua flood PORT N SECONDS      holds N idle connections that never authenticate,
+--                                            reopening the ones the server closes, for SECONDS;
+--                                            prints "FULL" once N were opened, then
+--                                            "FLOOD opened <n> greeted <n> shed <n>"; closes all
+--   store_fault.lua rank                      a rank of a 2-rank run: rank 1 has a wrong secret;
+--                                            prints "INIT OK" or "ERR <ms> <message>"
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+
+local ffi = require "ffi"
+local bit = require "bit"
+local util = require "helpers.store_util"
+local C = ffi.C
+local mode = arg[1]
+
+local function say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
+
+if not pcall(ffi.typeof, "wsf_rlimit") then
+  ffi.cdef [[
+  typedef struct { uint64_t cur, max; } wsf_rlimit;
+  int wsf_getrlimit(int res, wsf_rlimit *r) __asm__("getrlimit");
+  int wsf_setrlimit(int res, const wsf_rlimit *r) __asm__("setrlimit");
+  ]]
+end
+local RLIMIT_NOFILE = 7
+
+local function nofile()
+  local r = ffi.new("wsf_rlimit")
+  C.wsf_getrlimit(RLIMIT_NOFILE, r)
+  return tonumber(r.cur), tonumber(r.max)
+end
+
+if mode == "serve" then
+  local store = require "weft.store"
+  local s = store.open { port = tonumber(arg[2]), server = true, timeout_ms = 5000 }
+  local soft, hard = nofile()
+  say(("SERVING %d nofile %d %d"):format(s.port, soft, hard))
+  pcall(s.get, s, "done", tonumber(arg[3]))
+  s:close()
+elseif mode == "flood" then
+  local port, n, secs = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
+  local soft, hard = nofile()
+  if hard < n + 64 then say("FLOOD cannot: hard fd limit " .. hard); os.exit(3) end
+  if soft < n + 64 then
+    local r = ffi.new("wsf_rlimit")
+    r.cur, r.max = n + 64, hard
+    C.wsf_setrlimit(RLIMIT_NOFILE, r)
+  end
+  local AF_INET, SOCK_STREAM, SOCK_NONBLOCK = 2, 1, 2048
+  local a = ffi.new("wst_sockaddr_in")
+  a.family = AF_INET
+  a.port = bit.bor(bit.lshift(bit.band(port, 0xff), 8), bit.rshift(port, 8))
+  a.addr = 0x0100007f
+  local fds = ffi.new("wst_pollfd[?]", n)
+  for i = 0, n - 1 do fds[i].fd = -1 end
+  local buf = ffi.new("char[4096]")
+  local opened, greeted, shed, full = 0, 0, 0, false
+  local deadline = util.now_ms() + secs * 1000
+  while util.now_ms() < deadline do
+    local started = 0
+    for i = 0, n - 1 do
+      if fds[i].fd < 0 and started < 128 then   -- bounded bursts: the server's thread gets turns
+        local fd = C.wst_socket(AF_INET, bit.bor(SOCK_STREAM, SOCK_NONBLOCK), 0)
+        if fd >= 0 then
+          C.wst_connect(fd, a, ffi.sizeof(a))    -- EINPROGRESS; the poll below tells the rest
+          fds[i].fd, fds[i].events, fds[i].revents = fd, util.POLLIN, 0
+          opened, started = opened + 1, started + 1
+        end
+      end
+    end
+    if not full and opened >= n then full = true; say("FULL") end
+    if util.poll(fds, n, 5) > 0 then
+      for i = 0, n - 1 do
+        local re = fds[i].revents
+        if fds[i].fd >= 0 and re ~= 0 then
+          local got = util.raw_recv(fds[i].fd, buf, 4096)
+          if got > 0 then greeted = greeted + 1     -- the HELLO; say nothing back
+          else C.wst_close(fds[i].fd); fds[i].fd = -1; shed = shed + 1 end
+          fds[i].revents = 0
+        end
+      end
+    end
+  end
+  for i = 0, n - 1 do if fds[i].fd >= 0 then C.wst_close(fds[i].fd) end end
+  say(("FLOOD opened %d greeted %d shed %d"):format(opened, greeted, shed))
+elseif mode == "rank" then
+  if os.getenv("RANK") == "1" then util.setenv("WEFT_STORE_SECRET", "a-wrong-secret-on-rank-1") end
+  local weft = require "weft"
+  local t0 = util.now_ms()
+  local ok, err = pcall(weft.init)
+  if ok then say("INIT OK"); weft.shutdown()
+  else say(("ERR %d %s"):format(util.now_ms() - t0, tostring(err))) end
+else
+  io.stderr:write("store_fault.lua: unknown mode ", tostring(mode), "\n")
+  os.exit(2)
+end
