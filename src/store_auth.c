@@ -61,6 +61,7 @@ int wf_store_auth_greet(wf_store_auth_cl *a, int have_secret, wf_rd *hello) {
   if (!need || !sn) return WF_AUTH_NOT_A_STORE;
   a->need = need[0] != 0;
   memcpy(a->sn, sn, WF_ST_NONCE);
+  a->instance = hello->pos + 8 <= hello->len ? wf_rd_u64(hello) : 0;
   if (a->need && !have_secret) return WF_AUTH_SECRET_MISSING;
   if (!a->need && have_secret) return WF_AUTH_SERVER_HAS_NONE;
   return WF_AUTH_OK;

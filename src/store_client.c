@@ -221,6 +221,11 @@ static int cl_handshake(weft_store *s, const char *op, int64_t deadline) {
   }
   if (a.need && wf_store_auth_verify(&a, s->secret, &r))
     return hs_fail(s, WEFT_EAUTH, op, "could not prove it knows the secret");
+  /* A reconnect must reach the server it knew: a new store on the same port
+   * has none of the old keys (and a rank that shut down must not join it). */
+  if (s->instance && a.instance != s->instance)
+    return hs_fail(s, WEFT_ECLOSED, op, "is a new server: the one this handle used closed (store gone?)");
+  s->instance = a.instance;
   return 0;
 }
 
@@ -264,12 +269,17 @@ static int cl_peer_closed(int fd) {
 
 static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64_t deadline,
                    int32_t *status, wf_rd *r) {
+  int was_closed = 0;
   if (s->fd >= 0 && cl_peer_closed(s->fd)) {
     wf_log(2, "store: %s closed an idle connection; reconnecting", s->where);
     wf_store_cl_drop(s);
+    was_closed = 1;
   }
   if (s->fd < 0) {
     int rc = wf_store_cl_connect(s, op, deadline, 0);
+    if (rc == WEFT_ECLOSED && was_closed)  /* the store is gone, not just our connection */
+      return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection (store gone?)",
+                      op, s->where);
     if (rc) return rc;
     /* handshake may have used rq: the caller's request is rebuilt by retrying */
     return 1;

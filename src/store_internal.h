@@ -86,6 +86,7 @@ struct weft_store {
   int *mtmp;          /* missing-key indices of public gets */
   int ntmp;
   char note[600];     /* the server's note on the last unfinished GET */
+  uint64_t instance;  /* the server met first: a reconnect must meet the same */
 };
 
 void wf_store_cl_drop(weft_store *s);
@@ -112,6 +113,7 @@ typedef struct wf_store_auth_cl {
   int need;                   /* the server wants a secret */
   uint8_t sn[WF_ST_NONCE];    /* server nonce from HELLO */
   uint8_t cn[WF_ST_NONCE];    /* client nonce, chosen by prove */
+  uint64_t instance;          /* which server process this is (0: not said) */
 } wf_store_auth_cl;
 enum { WF_AUTH_OK = 0, WF_AUTH_NOT_A_STORE, WF_AUTH_SECRET_MISSING, WF_AUTH_SERVER_HAS_NONE };
 /* Reads HELLO's payload; WF_AUTH_* (both sides must agree on having a secret). */

@@ -5,7 +5,8 @@
  *   u32 magic "WFST" | u8 version | u8 op | u16 flags | u64 payload length
  * Strings/blobs: key = u32 len + bytes, value = u64 len + bytes.
  *
- * Server -> client on accept:  HELLO  u8 auth_required, 32-byte server nonce
+ * Server -> client on accept:  HELLO  u8 auth_required, 32-byte server nonce,
+ *                                     u64 server instance (random per server)
  * Client -> server:            AUTH   [auth_required: 32-byte client nonce,
  *                                     HMAC(secret, "weft-store-v1 client" | sn | cn)]
  *                                     claim: i32 rank, i32 world (-1: unknown),

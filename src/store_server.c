@@ -78,6 +78,7 @@ typedef struct wf_store_srv {
   size_t slen;
   int64_t accept_pause_until;
   char where[300];
+  uint64_t instance;            /* sent in HELLO: reconnects detect a new server */
   /* Rejections for a wrong secret, for the waiting ranks' messages. */
   int nrej;
   int64_t rej_t;
@@ -729,6 +730,7 @@ static void conn_add(srv *v, int fd, const struct sockaddr_storage *ss, socklen_
   c->out.len = c->out.err ? 0 : WF_ST_HDR;
   wf_store_wb_u8(&c->out, v->slen ? 1 : 0);
   wf_store_wb_put(&c->out, c->snonce, WF_ST_NONCE);
+  wf_store_wb_u64(&c->out, v->instance);
   frame_end(v, c, WF_OP_HELLO);
 }
 
@@ -882,6 +884,8 @@ int wf_store_srv_start(const char *bind_host, int port, const char *secret, wf_s
   v->max_value = wf_store_env_max_value();
   srv_limits(v);
   v->blocked_rank = -1;
+  wf_store_random_bytes((uint8_t *)&v->instance, sizeof v->instance);
+  v->instance |= 1;  /* never 0 (0: not said) */
   v->secret = secret;
   v->slen = secret ? strlen(secret) : 0;
   if (!v->tab) { srv_free(v); return wf_error(WEFT_ENOMEM, "store open: out of memory for the server"); }
