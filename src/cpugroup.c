@@ -17,6 +17,14 @@
  * "delete seq-2" bookkeeping. Only keys of an operation that timed out (a
  * member never came) stay behind; the group is broken then anyway.
  *
+ * Liveness (store_live.c): every wait names the global rank that sets each
+ * key it waits for, so a registered store fails it within ~200 ms when that
+ * rank is gone; "<name>@<h>/<gen>/abort", set by a member that was
+ * interrupted, ends every member's wait. A group whose wait was aborted or
+ * lost a member refuses further use: its members may disagree on how many
+ * collectives they completed, and the next one would pair a stale key with
+ * a fresh one.
+ *
  * Round trips: barrier and all-gather are ONE request each (set own key +
  * wait for / multi-get all keys, answered by the server when the last member
  * arrives); broadcast is one per member; send and recv one each.
@@ -51,6 +59,8 @@ struct weft_cpugroup {
   uint8_t *tmp;            /* all-reduce encoding */
   size_t tmpcap;
   char op[320];            /* "cpugroup '<name>' <op>" for messages */
+  char abort_key[300];     /* "<prefix>/<gen>/abort" */
+  char broken[600];        /* why this group refuses work, "" while usable */
 };
 
 static int grow(uint8_t **p, size_t *cap, size_t need) {
@@ -84,24 +94,47 @@ static int cmp_int(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* "ranks 3, 5 did not arrive" with global ranks, ascending. */
+/* "ranks 3, 5 did not arrive" with global ranks, ascending; the first few
+ * described from their registration (pid, host, stopped, never connected). */
 static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const char *verb) {
+  char note[600];  /* the server's note on the wait, before the lookups below replace it */
+  snprintf(note, sizeof note, "%s", wf_store_note(g->s));  /* e.g. a client rejected for a wrong secret */
   int *gr = g->missing;
   for (int i = 0; i < nmissing; i++) gr[i] = g->ranks[gr[i]];
   qsort(gr, (size_t)nmissing, sizeof *gr, cmp_int);
-  char list[400];
+  char list[1200];
   size_t len = 0;
   list[0] = '\0';
   for (int i = 0; i < nmissing && len < sizeof list - 1; i++) {
+    char who[300];
+    if (i < 4) wf_store_live_describe(g->s, g->op, gr[i], who, sizeof who);
+    else snprintf(who, sizeof who, "%d", gr[i]);
+    if (i < 4 && !strncmp(who, "rank ", 5)) memmove(who, who + 5, strlen(who + 5) + 1);
     int w = (i == 24) ? snprintf(list + len, sizeof list - len, " and %d more", nmissing - 24)
-                      : snprintf(list + len, sizeof list - len, "%s%d", i ? ", " : "", gr[i]);
+                      : snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", who);
     if (w < 0 || i == 24) break;
     len += (size_t)w;
   }
-  const char *note = wf_store_note(g->s);  /* e.g. a client rejected for a wrong secret */
   return wf_error(WEFT_ETIMEOUT, "cpugroup '%s' %s: timed out after %d ms; %s %s %s%s%s", g->name,
                   what, g->timeout_ms, nmissing == 1 ? "rank" : "ranks", list, verb,
                   note[0] ? "; " : "", note);
+}
+
+/* After a failed wait: an abort or a lost member breaks the group for good. */
+static int note_failure(weft_cpugroup *g, int rc) {
+  if (rc != WEFT_EABORT && !(rc == WEFT_ECLOSED && strstr(weft_last_error(), " died ")) &&
+      !(rc == WEFT_ECLOSED && strstr(weft_last_error(), "without weft.shutdown")))
+    return rc;
+  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", weft_last_error());
+  return rc;
+}
+
+static int refuse_broken(weft_cpugroup *g, const char *what) {
+  if (!g->broken[0]) return 0;
+  return wf_error(WEFT_EABORT, "cpugroup '%s' %s: this group cannot be used any more (its members "
+                  "may disagree on how many collectives they completed): an earlier wait ended "
+                  "with: %s. Rebuild the groups on every rank: weft.recover() (docs/faults.md)",
+                  g->name, what, g->broken);
 }
 
 int weft_cpugroup_create(weft_store *s, const char *name, const int *ranks, int size,
@@ -161,6 +194,7 @@ int weft_cpugroup_create(weft_store *s, const char *name, const int *ranks, int 
   wf_store_unlock(s);
   if (rc) { g->s = NULL; weft_cpugroup_destroy(g); return rc; }
   g->gen = (uint64_t)gen;
+  snprintf(g->abort_key, sizeof g->abort_key, "%s/%llu/abort", g->prefix, (unsigned long long)g->gen);
   *out = g;
   return 0;
 }
@@ -204,17 +238,19 @@ int weft_cpugroup_set_timeout(weft_cpugroup *g, int timeout_ms) {
 /* Sets this member's key of collective `seq` and waits for all members'
  * keys (their values too unless novalues): one round trip. */
 static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t len, int novalues) {
+  const char *op = opname(g, what);
+  int rc = refuse_broken(g, what);
+  if (rc) return rc;
   uint64_t seq = g->seq++;
   for (int i = 0; i < g->size; i++) coll_key(g, i, seq, what);
-  const char *op = opname(g, what);
-  int rc = wf_store_lock(g->s, op);
+  rc = wf_store_lock(g->s, op);
   if (rc) return rc;
   wf_get_req q = {.keys = (const char *const *)g->keys, .n = g->size, .timeout_ms = g->timeout_ms,
                   .flags = WF_GET_PUT | WF_GET_CONSUME | (novalues ? WF_GET_NOVALUES : 0),
                   .put_key = g->keys[g->me], .put_val = in, .put_len = len,
                   .put_reads = (uint32_t)g->size, .vals = g->vals, .lens = g->lens,
-                  .missing = g->missing};
-  rc = wf_store_get_locked(g->s, op, &q);
+                  .missing = g->missing, .owners = g->ranks, .abort_key = g->abort_key};
+  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) rc = timeout_error(g, what, q.nmissing, "did not arrive");
   if (rc == 0 && !novalues) {
     /* Copy out while the store's reply buffer is still ours. */
@@ -285,8 +321,9 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
                g->name, root, g->size - 1);
   WF_CHECK_ARG(g->me != root || in || !len,
                "cpugroup '%s' broadcast: root input is NULL with length %zu", g->name, len);
+  int rc = refuse_broken(g, "broadcast");
+  if (rc) return rc;
   uint64_t seq = g->seq++;
-  int rc = 0;
   if (g->me == root) {
     if (grow(&g->out, &g->outcap, len ? len : 1))
       return wf_error(WEFT_ENOMEM, "cpugroup '%s' broadcast: out of memory", g->name);
@@ -306,8 +343,9 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
   if ((rc = wf_store_lock(g->s, op))) return rc;
   const char *key[1] = {g->keys[root]};
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
-                  .vals = g->vals, .lens = g->lens, .missing = g->missing};
-  rc = wf_store_get_locked(g->s, op, &q);
+                  .vals = g->vals, .lens = g->lens, .missing = g->missing,
+                  .owners = &g->ranks[root], .abort_key = g->abort_key};
+  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
     g->missing[0] = root;
     rc = timeout_error(g, "broadcast", 1, "(the root) did not arrive");
@@ -384,12 +422,13 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
                g->name, src, g->size - 1);
   p2p_key(g, g->keys[0], src, g->me, g->rseq[src]);
   const char *op = opname(g, "recv");
-  int rc = wf_store_lock(g->s, op);
-  if (rc) return rc;
+  int rc = refuse_broken(g, "recv");
+  if (rc || (rc = wf_store_lock(g->s, op))) return rc;
   const char *key[1] = {g->keys[0]};
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
-                  .vals = g->vals, .lens = g->lens, .missing = g->missing};
-  rc = wf_store_get_locked(g->s, op, &q);
+                  .vals = g->vals, .lens = g->lens, .missing = g->missing,
+                  .owners = &g->ranks[src], .abort_key = g->abort_key};
+  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
     char verb[64];
     snprintf(verb, sizeof verb, "did not send (message #%llu)", (unsigned long long)g->rseq[src]);

@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -28,8 +29,8 @@ uint64_t wf_pidns(void) {
   return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-int wf_pid_dead(int32_t pid) {
-  if (kill(pid, 0) != 0) return errno == ESRCH;
+/* The state letter of /proc/<pid>/stat, or 0. */
+static char pid_state(int32_t pid) {
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
   FILE *f = fopen(path, "r");
@@ -38,7 +39,30 @@ int wf_pid_dead(int32_t pid) {
   fclose(f);
   buf[k] = '\0';
   const char *p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+  return p && p[1] == ' ' ? p[2] : 0;
+}
+
+int wf_pid_dead(int32_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char st = pid_state(pid);
+  return st == 'Z' || st == 'X';
+}
+
+int wf_pid_stopped(int32_t pid) {
+  char st = pid_state(pid);
+  return st == 'T' || st == 't';
+}
+
+static char host_name[256];
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+static void host_init(void) {
+  if (gethostname(host_name, sizeof host_name - 1) != 0 || !host_name[0])
+    snprintf(host_name, sizeof host_name, "?");
+}
+
+const char *wf_hostname(void) {
+  pthread_once(&host_once, host_init);
+  return host_name;
 }
 
 static int cpus_usable(void) {

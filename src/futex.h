@@ -30,6 +30,10 @@ uint64_t wf_pidns(void);
 /* 1 if process pid is gone or a zombie (it will never make progress). Only
  * meaningful in the caller's pid namespace. */
 int wf_pid_dead(int32_t pid);
+/* 1 if process pid is stopped (SIGSTOP, a debugger): alive but not running. */
+int wf_pid_stopped(int32_t pid);
+/* This machine's host name (cached; "?" when unknown), for messages. */
+const char *wf_hostname(void);
 
 /* Spin time before sleeping, in ns: env (microseconds) if set, else a short
  * spin with a core per rank and a token one when oversubscribed. */

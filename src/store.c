@@ -85,6 +85,9 @@ static void store_free(weft_store *s) {
   wf_store_wb_free(&s->rq);
   wf_store_wb_free(&s->resp);
   free(s->mtmp);
+  if (s->live_reg)
+    for (int i = 0; i < s->live_world; i++) free(s->live_reg[i]);
+  free(s->live_reg);
   if (s->secret) {
     memset(s->secret, 0, strlen(s->secret));
     free(s->secret);
@@ -110,6 +113,7 @@ int weft_store_open(const weft_store_opts *opts, weft_store **out) {
   pthread_mutex_init(&s->mu, NULL);
   s->refs = 1;
   s->fd = -1;
+  s->live_rank = -1;
   snprintf(s->host, sizeof s->host, "%s", host);
   s->port = opts->port;
   s->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
@@ -144,6 +148,10 @@ int weft_store_close(weft_store *s) {
   s->closed = 1;
   pthread_mutex_unlock(&s->mu);
   if (was) return 0;
+  /* A registered rank says it leaves, so its closed connection is no death. */
+  pthread_mutex_lock(&s->mu);
+  if (!s->server) wf_store_live_leave(s);
+  pthread_mutex_unlock(&s->mu);
   /* The server goes first: clients of other ranks see ECLOSED at once. */
   wf_store_srv_stop(s->server);
   pthread_mutex_lock(&s->mu);
@@ -204,14 +212,9 @@ static void b_get(weft_store *s, const void *ctx) {
   for (int i = 0; i < q->n; i++) wf_store_wb_key(&s->rq, q->keys[i], strlen(q->keys[i]));
 }
 
-int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *q) {
-  int rc = check_keys(op, q->keys, q->n);
-  if (rc) return rc;
-  if (q->flags & WF_GET_PUT) {
-    if ((rc = check_key(op, q->put_key)) || (rc = check_value(s, op, q->put_key, q->put_val, q->put_len)))
-      return rc;
-  }
-  if (q->timeout_ms < 0) q->timeout_ms = s->timeout_ms;
+/* One GET; a timeout is reported as report_ms (the whole wait when sliced). */
+static int get_once(weft_store *s, const char *op, wf_get_req *q, int report_ms) {
+  int rc;
   q->nmissing = 0;
   s->note[0] = '\0';
   int32_t st = 0;
@@ -251,10 +254,25 @@ int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *q) {
   if (st == WEFT_EAGAIN)
     return wf_error(WEFT_EAGAIN, "%s: key(s) %s not set yet at %s%s%s", op, names, s->where, sep, s->note);
   return wf_error(WEFT_ETIMEOUT, "%s: timed out after %d ms waiting for key(s) %s at %s%s%s",
-                  op, q->timeout_ms, names, s->where, sep, s->note);
+                  op, report_ms, names, s->where, sep, s->note);
 bad:
   wf_store_cl_drop(s);
   return wf_error(WEFT_EPROTO, "%s: malformed reply from %s", op, s->where);
+}
+
+int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *q) {
+  int rc = check_keys(op, q->keys, q->n);
+  if (rc) return rc;
+  if (q->flags & WF_GET_PUT) {
+    if ((rc = check_key(op, q->put_key)) || (rc = check_value(s, op, q->put_key, q->put_val, q->put_len)))
+      return rc;
+  }
+  if (q->timeout_ms < 0) q->timeout_ms = s->timeout_ms;
+  /* a long wait of a registered handle (or under an armed interrupt) looks
+   * for gone ranks between slices; a short or plain one is one request */
+  if (q->timeout_ms > WF_LIVE_SLICE_MS && (s->live_rank >= 0 || wf_interrupt_armed()))
+    return wf_store_live_wait(s, op, q, get_once);
+  return get_once(s, op, q, q->timeout_ms);
 }
 
 /* Public multi-key gets: the missing-index scratch lives in the handle. */

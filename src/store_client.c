@@ -280,6 +280,7 @@ static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64
     if (rc == WEFT_ECLOSED && was_closed)  /* the store is gone, not just our connection */
       return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection (store gone?)",
                       op, s->where);
+    if (!rc) rc = wf_store_live_rebind(s, op, deadline);  /* a new connection speaks for the rank */
     if (rc) return rc;
     /* handshake may have used rq: the caller's request is rebuilt by retrying */
     return 1;

@@ -87,6 +87,10 @@ struct weft_store {
   int ntmp;
   char note[600];     /* the server's note on the last unfinished GET */
   uint64_t instance;  /* the server met first: a reconnect must meet the same */
+  int live_rank;      /* weft_store_register_rank, -1: not registered */
+  int live_world;
+  char rank0[200];    /* "rank 0 (pid P, host H)", the store's host */
+  char **live_reg;    /* [live_world] registration values seen (store_live.c) */
 };
 
 void wf_store_cl_drop(weft_store *s);
@@ -102,6 +106,20 @@ int wf_store_cl_send(weft_store *s, const char *op, int fop, unsigned flags, int
 typedef void (*wf_store_build_fn)(weft_store *s, const void *ctx);
 int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, int wait_ms,
                         wf_store_build_fn build, const void *ctx, int32_t *status, wf_rd *r);
+
+/* ---- store_live.c: which ranks are gone ---- */
+
+/* A GET, waited for in slices of WF_LIVE_SLICE_MS when the handle is
+ * registered or an interrupt is armed; between slices, the owners of the
+ * missing keys are checked for a tombstone, the abort key and the interrupt.
+ * get_once: one plain GET whose timeout message says report_ms. */
+#define WF_LIVE_SLICE_MS 200
+typedef int (*wf_store_get_fn)(weft_store *s, const char *op, wf_get_req *q, int report_ms);
+int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once);
+/* Re-announces a registered handle on a new connection (after a reconnect). */
+int wf_store_live_rebind(weft_store *s, const char *op, int64_t deadline);
+/* weft_store_close: a clean leave is no death (best effort, short). */
+void wf_store_live_leave(weft_store *s);
 
 /* ---- store_auth.c: challenge-response ---- */
 

@@ -60,6 +60,11 @@ enum {
 #define WF_GET_NOVALUES 2u /* wait: answer only the status */
 #define WF_GET_PUT 4u      /* set a key first: a gather is one round trip */
 
+/* SET flag: the key describes this connection's owner (store_live.c); when
+ * the connection ends from the client's side while the key still exists,
+ * the server sets "<key>/gone" to its value. */
+#define WF_SET_LIVE 1u
+
 /* Keys set with reads > 0 are deleted by the server once that many CONSUME
  * reads have completed (cpugroup's cleanup; see cpugroup.c). 0: kept. */
 
@@ -101,6 +106,12 @@ typedef struct wf_get_req {
   size_t *lens;
   int *missing;             /* out on ETIMEOUT/EAGAIN: indices, n entries */
   int nmissing;
+  /* liveness (store_live.c; used when the handle is registered or an
+   * interrupt is armed): the global rank that sets each key (NULL: any rank
+   * of the world may), and a key whose presence aborts the wait (NULL:
+   * none), which this rank sets itself when it is interrupted */
+  const int *owners;
+  const char *abort_key;
 } wf_get_req;
 
 /* Locks the handle; WEFT_ESTATE (with a message naming op) when closed. */
@@ -115,6 +126,10 @@ int wf_store_default_timeout(weft_store *s);
 /* The server's note on the last GET that timed out or was not ready ("" if
  * none): e.g. a client rejected for a wrong secret. For the caller's message. */
 const char *wf_store_note(weft_store *s);
+/* "rank R (pid P, host H[, stopped ...])", or "(never connected ...)", from
+ * the rank's registration (store_live.c); just "rank R" when this handle is
+ * not registered. For timeout messages. */
+void wf_store_live_describe(weft_store *s, const char *op, int rank, char *buf, size_t n);
 /* References held by cpu groups: the handle's memory outlives close(). */
 void wf_store_ref(weft_store *s);
 void wf_store_unref(weft_store *s);

@@ -56,6 +56,9 @@ typedef struct conn {
   char peer[64];       /* the client's address, for messages */
   wf_store_claim claim;/* who it says it is (AUTH); rank -1 when unknown */
   int64_t t_active;    /* accept or last complete frame: idle policy, LRU */
+  uint8_t *live_key;   /* WF_SET_LIVE: the key naming this connection's rank */
+  uint32_t live_klen;
+  int lost;            /* ended from the client's side (EOF, reset) */
 } conn;
 
 /* The server's state; wf_store_srv outside this file. */
@@ -181,6 +184,7 @@ static void conn_flush(srv *v, conn *c) {
     if (n > 0) { c->out_off += (size_t)n; continue; }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    c->lost = errno == EPIPE || errno == ECONNRESET;
     conn_close(c, "send failed");
     return;
   }
@@ -395,6 +399,42 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
   return 0;
 }
 
+/* ---- liveness (store_live.c): a rank's key and its tombstone ---- */
+
+/* c now speaks for the rank that key names (a reconnect takes it over). */
+static void live_bind(srv *v, conn *c, wf_store_kref k) {
+  for (int i = 0; i < v->nc; i++) {
+    conn *o = v->c[i];
+    if (o != c && o->live_key && o->live_klen == k.len && !memcmp(o->live_key, k.p, k.len)) {
+      free(o->live_key);
+      o->live_key = NULL;
+    }
+  }
+  uint8_t *copy = malloc(k.len + 5);
+  if (!copy) return;  /* only costs the early death report */
+  memcpy(copy, k.p, k.len);
+  memcpy(copy + k.len, "/gone", 5);
+  tab_del(v, (wf_store_kref){copy, k.len + 5});  /* alive again */
+  free(c->live_key);
+  c->live_key = copy;
+  c->live_klen = k.len;
+}
+
+/* c ended from the rank's side while its key exists (a clean close deletes
+ * the key first): the rank is gone; "<key>/gone" tells every waiter. */
+static void live_gone(srv *v, conn *c) {
+  entry *e = tab_find(v, (wf_store_kref){c->live_key, c->live_klen});
+  if (!e) return;
+  wf_log(1, "store server: the rank of '%.*s' is gone (%.*s)", (int)c->live_klen, c->live_key,
+         (int)e->vlen, e->val);
+  uint8_t *val = malloc(e->vlen ? e->vlen : 1);
+  if (!val) return;
+  memcpy(val, e->val, e->vlen);
+  size_t vlen = e->vlen;
+  if (!tab_set(v, (wf_store_kref){c->live_key, c->live_klen + 5}, val, vlen, 0)) wake_waiters(v);
+  free(val);
+}
+
 static int parse_i64(const uint8_t *p, size_t n, int64_t *out) {
   if (n == 0 || n > 20) return -1;
   char buf[24];
@@ -420,6 +460,7 @@ static int handle_frame(srv *v, conn *c) {
     uint32_t reads = wf_rd_u32(&r);
     if (wf_store_rd_key(&r, &k) || wf_store_rd_val(&r, v->max_value, &a, &an) || r.pos != r.len) return -1;
     if (tab_set(v, k, a, an, reads)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    if (c->flags & WF_SET_LIVE) live_bind(v, c, k);
     resp_ok(v, c);
     wake_waiters(v);
     return 0;
@@ -532,6 +573,7 @@ static void conn_read(srv *v, conn *c) {
     uint8_t b;
     ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0) c->lost = 1;
     conn_close(c, n > 0 ? "data from a client that is waiting" : NULL);
     return;
   }
@@ -541,7 +583,7 @@ static void conn_read(srv *v, conn *c) {
       ssize_t n = recv(c->fd, c->hdr + c->hgot, WF_ST_HDR - c->hgot, MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n <= 0) { conn_close(c, c->hgot ? "connection ended inside a frame" : NULL); return; }
+      if (n <= 0) { c->lost = 1; conn_close(c, c->hgot ? "connection ended inside a frame" : NULL); return; }
       if (c->hgot == 0 && c->state == C_READY) frame_deadline(v, c, 0);
       c->hgot += (size_t)n;
       if (c->hgot < WF_ST_HDR) continue;
@@ -584,7 +626,7 @@ static void conn_read(srv *v, conn *c) {
       ssize_t n = recv(c->fd, c->in.p + c->in.len, room, MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n <= 0) { conn_close(c, "connection ended inside a frame"); return; }
+      if (n <= 0) { c->lost = 1; conn_close(c, "connection ended inside a frame"); return; }
       c->in.len += (size_t)n;
       budget -= (size_t)n;
       if (c->in.len < c->plen) continue;
@@ -739,6 +781,7 @@ static void conn_free(conn *c) {
   wf_store_wb_free(&c->in);
   wf_store_wb_free(&c->out);
   free(c->keys);
+  free(c->live_key);
   free(c);
 }
 
@@ -753,6 +796,8 @@ static void srv_expire(srv *v, int64_t now) {
     else if (v->idle_ms && conn_idle(c) && c->t_active + v->idle_ms <= now)
       conn_close(c, "idle past WEFT_STORE_IDLE_MS");
   }
+  for (int i = 0; i < v->nc; i++)
+    if (v->c[i]->dead && v->c[i]->lost && v->c[i]->live_key) live_gone(v, v->c[i]);
   int j = 0;
   for (int i = 0; i < v->nc; i++) {
     if (v->c[i]->dead) conn_free(v->c[i]);

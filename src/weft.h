@@ -92,6 +92,26 @@ int weft_store_compare_set(weft_store *s, const char *key,
 int weft_store_delete(weft_store *s, const char *key, int *deleted);
 int weft_store_wait(weft_store *s, const char *const *keys, int n, int timeout_ms);
 int weft_store_num_keys(weft_store *s, int64_t *n);
+/* Liveness (src/store_live.c): this handle speaks for `rank` of a world of
+ * `world` ranks. The server remembers which connection did; when that
+ * connection ends without weft_store_close (the process exited or was
+ * killed), it writes "weft/rank/<rank>/gone". Waits of a registered handle
+ * (cpu group collectives, get, multi_get, wait) look every ~200 ms whether
+ * a rank they wait for is gone, and then fail with WEFT_ECLOSED naming it:
+ * "rank R (pid P, host H) died". get/wait cannot know who would set a key,
+ * so any gone rank of the world ends them. */
+int weft_store_register_rank(weft_store *s, int rank, int world);
+
+/* ---- interrupt (src/interrupt.c) ----
+ * While armed, weft's blocking host waits (cpu group and store waits, shm
+ * barriers and collectives, the mq broadcaster) end within ~200 ms with
+ * WEFT_EABORT "interrupted" once fd is readable (e.g. a signalfd; weft polls
+ * it, never reads it) or timeout_ms have passed since arming. A cpu group or
+ * shm communicator so interrupted is aborted on every member (the others
+ * fail with "aborted by rank R: interrupted") and refuses further use: its
+ * ranks may disagree on how many collectives they completed. fd < 0 and
+ * timeout_ms <= 0: disarm. */
+int weft_interrupt_arm(int fd, int timeout_ms);
 
 /* ---- cpu group: control-plane collectives over the store (src/cpugroup.c) ----
  * ranks[] are global ranks (used in messages); my_index is this rank's

@@ -131,6 +131,9 @@ function M.init(opts)
     local store = require "weft.store"
     S.store = store.open { host = S.master_addr, port = S.master_port, server = S.rank == 0,
                            timeout_ms = timeout }
+    -- from here a death of this rank is seen by the others within ~200 ms
+    local rok, rerr = pcall(S.store.register_rank, S.store, S.rank, S.world_size)
+    if not rok then S.store:close(); S.store = nil; error(rerr, 2) end
   end
   local ranks = {}
   for r = 0, S.world_size - 1 do ranks[r + 1] = r end
@@ -142,6 +145,7 @@ function M.init(opts)
   S.world = world
   S.world_same_node = world.same_node and true or nil
   S.initialized = true
+  S.init_opts = opts
   return world
 end
 
@@ -324,6 +328,7 @@ function M.initialize_model_parallel(opts)
   end
   S.groups = created
   S.plan = plan
+  S.mp_opts = opts
   -- nothing returned (and so nothing printed by the REPL, on every rank):
   -- weft.plan() gives the plan, print(weft.plan()) or weft.plan():show() its table
 end
@@ -341,6 +346,7 @@ function M.destroy_model_parallel()
   end
   S.groups = {}
   S.plan = nil
+  S.mp_opts = nil
   S.pdmux = false
 end
 
@@ -485,6 +491,29 @@ end
 -- the plan of the model-parallel groups (a topology plan: print() or :show()
 -- gives its table), nil before initialize_model_parallel
 function M.plan() return S.plan end
+
+---------------------------------------------------------------- recover
+-- recover() -> the new world GroupCoordinator. After an interrupted or
+-- aborted collective (docs/faults.md) the groups refuse work, as their ranks
+-- may disagree on how far they got. Called on EVERY rank, recover shuts
+-- weft down (local destroys, then the usual goodbye through the store) and
+-- brings it up again with the same options: init, then the same
+-- initialize_model_parallel when there was one. Custom groups are not
+-- re-created (create them again). Not for a dead rank: its job is over.
+function M.recover()
+  local init_opts, mp_opts = S.init_opts, S.mp_opts
+  if not S.initialized then
+    fail(2, "recover", "weft is not initialized (nothing to recover; call weft.init())")
+  end
+  local ok, err = pcall(M.shutdown)
+  if not ok then
+    S.store, S.world, S.initialized, S.groups, S.plan = nil, nil, false, {}, nil
+    fail(2, "recover", "shutting down failed: %s (if a rank died, restart the job)", tostring(err))
+  end
+  local world = M.init(init_opts)
+  if mp_opts then M.initialize_model_parallel(mp_opts) end
+  return world
+end
 
 ---------------------------------------------------------------- shutdown
 -- Destroys every group (locally), then closes the store. Rank 0 (the store

@@ -4,7 +4,7 @@
 local ffi = require "ffi"
 
 local M = {}
-M.ABI_VERSION = 1
+M.ABI_VERSION = 2
 
 ffi.cdef [[ const char *weft_ffi_cdef(void); ]]
 

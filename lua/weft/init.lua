@@ -39,6 +39,7 @@ M.GroupCoordinator = require("weft.group").GroupCoordinator
 M.init = dist.init
 M.is_initialized = dist.is_initialized
 M.shutdown = dist.shutdown
+M.recover = dist.recover
 
 -- model parallel
 M.initialize_model_parallel = dist.initialize_model_parallel

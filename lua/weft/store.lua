@@ -4,6 +4,8 @@
 --   s:set(k, v)  s:get(k [, timeout_ms])  s:try_get(k)  s:multi_get{keys} [, timeout_ms]
 --   s:add(k, d)  s:check{keys}  s:compare_set(k, expected, desired)  s:delete(k)
 --   s:wait({keys} [, timeout_ms])  s:num_keys()  s:close()   s.port  s.handle
+--   s:register_rank(rank, world)  this handle speaks for `rank`: waits then fail
+--                                 within ~200 ms naming a rank that died (store_live.c)
 -- Values are Lua strings (any bytes). Returned strings are copies: the C
 -- reply buffer is reused by the next call.
 local ffi = require "ffi"
@@ -167,6 +169,11 @@ function Store:num_keys()
   local h = handle_of(self, "num_keys")
   check(C.weft_store_num_keys(h, self._i64), "num_keys")
   return tonumber(self._i64[0])
+end
+
+function Store:register_rank(rank, world)
+  local h = handle_of(self, "register_rank")
+  check(C.weft_store_register_rank(h, rank, world), "register_rank")
 end
 
 -- Idempotent. Stops the server thread when this process hosts it. Cpu groups

@@ -1,0 +1,299 @@
+/* store_live.c — which ranks are gone, seen through the store.
+ *
+ * A rank registers on its connection: "weft/rank/<R>" = "pid=<P> host=<H>",
+ * set with WF_SET_LIVE. When that connection ends from the rank's side (the
+ * kernel closes the socket of a process that exits or is killed, also on
+ * another node) while the key still exists, the server sets the tombstone
+ * "weft/rank/<R>/gone". weft_store_close deletes the key first: a clean
+ * leave is no death.
+ *
+ * Waits of a registered handle run in slices of WF_LIVE_SLICE_MS: a slice
+ * that ends with keys still missing costs one poll of the tombstones of the
+ * ranks that own them (and of the wait's abort key), so a death is named
+ * within a slice or two, and a healthy wait that completes inside its first
+ * slice costs nothing extra. No thread, no heartbeat: a rank that is stopped
+ * (SIGSTOP) keeps its connection, so it is not gone; it stays "did not
+ * arrive" until the timeout, described as stopped when it runs on this host.
+ * A host that vanishes without closing its sockets is not seen here (TCP
+ * does not tell): that still ends at the timeout. */
+#include "futex.h"
+#include "store_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void live_key(char *buf, size_t n, int rank, const char *suffix) {
+  snprintf(buf, n, "weft/rank/%d%s", rank, suffix);
+}
+
+static void live_value(char *buf, size_t n) {
+  snprintf(buf, n, "pid=%d host=%s", (int)getpid(), wf_hostname());
+}
+
+/* "pid=P host=H" -> pid, host; 0 when it parses. */
+static int parse_value(const void *v, size_t len, int *pid, char *host, size_t hn) {
+  char tmp[320];
+  if (len >= sizeof tmp) len = sizeof tmp - 1;
+  memcpy(tmp, v, len);
+  tmp[len] = '\0';
+  char h[300];
+  if (sscanf(tmp, "pid=%d host=%299s", pid, h) != 2) return -1;
+  snprintf(host, hn, "%s", h);
+  return 0;
+}
+
+typedef struct { const char *key; const void *val; size_t len; } setreq;
+
+static void describe_value(int rank, const char *v, char *buf, size_t n, int *pid_out,
+                           int *same_host);
+
+static void b_live_set(weft_store *s, const void *ctx) {
+  const setreq *a = ctx;
+  wf_store_wb_u32(&s->rq, 0);
+  wf_store_wb_key(&s->rq, a->key, strlen(a->key));
+  wf_store_wb_val(&s->rq, a->val, a->len);
+}
+
+int weft_store_register_rank(weft_store *s, int rank, int world) {
+  static const char op[] = "store register_rank";
+  WF_CHECK_ARG(world >= 1 && world <= 1048576, "%s: world %d outside 1..1048576", op, world);
+  WF_CHECK_ARG(rank >= 0 && rank < world, "%s: rank %d outside 0..%d", op, rank, world - 1);
+  int rc = wf_store_lock(s, op);
+  if (rc) return rc;
+  char key[64], val[320];
+  live_key(key, sizeof key, rank, "");
+  live_value(val, sizeof val);
+  setreq a = {key, val, strlen(val)};
+  int32_t st = 0;
+  wf_rd r;
+  rc = wf_store_cl_request(s, op, WF_OP_SET, WF_SET_LIVE, 0, b_live_set, &a, &st, &r);
+  if (!rc && !s->live_reg) s->live_reg = calloc((size_t)world, sizeof *s->live_reg);
+  if (!rc && !s->live_reg) rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);
+  if (!rc) { s->live_rank = rank; s->live_world = world; }
+  /* rank 0 hosts the store: who it is must be known before it can vanish
+   * (it registers right after starting the server) */
+  if (!rc && rank != 0) {
+    char k0[64], v0[320];
+    live_key(k0, sizeof k0, 0, "");
+    const void *v = NULL;
+    size_t len = 0;
+    int miss;
+    const char *keys[1] = {k0};
+    wf_get_req q = {.keys = keys, .n = 1, .timeout_ms = s->timeout_ms, .vals = &v, .lens = &len,
+                    .missing = &miss};
+    if (wf_store_get_locked(s, op, &q) == 0) {
+      if (len >= sizeof v0) len = sizeof v0 - 1;
+      memcpy(v0, v, len);
+      v0[len] = '\0';
+      int same;
+      describe_value(0, v0, s->rank0, sizeof s->rank0, NULL, &same);
+      s->live_reg[0] = strdup(v0);
+    }
+    wf_clear_error();
+  }
+  wf_store_unlock(s);
+  return rc;
+}
+
+int wf_store_live_rebind(weft_store *s, const char *op, int64_t deadline) {
+  if (s->live_rank < 0) return 0;
+  char key[64], val[320];
+  live_key(key, sizeof key, s->live_rank, "");
+  live_value(val, sizeof val);
+  setreq a = {key, val, strlen(val)};
+  wf_store_rq_begin(s);
+  b_live_set(s, &a);
+  int rc = wf_store_cl_send(s, op, WF_OP_SET, WF_SET_LIVE, deadline);
+  int fop;
+  wf_rd r;
+  if (!rc) rc = wf_store_cl_read_frame(s, op, deadline, &fop, &r);
+  return rc;
+}
+
+static void b_key(weft_store *s, const void *ctx) {
+  const char *key = ctx;
+  wf_store_wb_key(&s->rq, key, strlen(key));
+}
+
+void wf_store_live_leave(weft_store *s) {
+  if (s->live_rank < 0 || s->fd < 0) return;
+  char key[64];
+  live_key(key, sizeof key, s->live_rank, "");
+  int timeout = s->timeout_ms;
+  s->timeout_ms = 1000;  /* best effort: a gone server must not hold close() */
+  int32_t st = 0;
+  wf_rd r;
+  wf_store_cl_request(s, "store close", WF_OP_DELETE, 0, 0, b_key, key, &st, &r);
+  s->timeout_ms = timeout;
+  s->live_rank = -1;
+  wf_clear_error();
+}
+
+/* One poll (no wait) of `n` keys: present[i] = 1 when key i exists; values
+ * of present keys point into s->resp until the next request. */
+static int poll_keys(weft_store *s, const char *op, char **keys, int n, const void **vals,
+                     size_t *lens, int *missing, uint8_t *present) {
+  wf_get_req q = {.keys = (const char *const *)keys, .n = n, .timeout_ms = 0, .vals = vals,
+                  .lens = lens, .missing = missing};
+  int rc = wf_store_get_locked(s, op, &q);
+  if (rc == 0) { memset(present, 1, (size_t)n); return 0; }
+  if (rc != WEFT_EAGAIN) return rc;
+  /* EAGAIN carries no values: ask again for the present ones only when needed */
+  memset(present, 1, (size_t)n);
+  for (int i = 0; i < q.nmissing; i++) present[missing[i]] = 0;
+  for (int i = 0; i < n; i++) vals[i] = NULL;
+  return 0;
+}
+
+/* The value of one key right now, copied into buf; 0 when present. */
+static int read_now(weft_store *s, const char *op, const char *key, char *buf, size_t n) {
+  const void *v = NULL;
+  size_t len = 0;
+  int miss;
+  const char *keys[1] = {key};
+  wf_get_req q = {.keys = keys, .n = 1, .timeout_ms = 0, .vals = &v, .lens = &len, .missing = &miss};
+  if (wf_store_get_locked(s, op, &q)) return -1;
+  if (len >= n) len = n - 1;
+  memcpy(buf, v, len);
+  buf[len] = '\0';
+  return 0;
+}
+
+/* "rank R (pid P, host H[, stopped])" from registration value v. */
+static void describe_value(int rank, const char *v, char *buf, size_t n, int *pid_out,
+                           int *same_host) {
+  int pid = 0;
+  char host[300];
+  *same_host = 0;
+  if (parse_value(v, strlen(v), &pid, host, sizeof host)) { snprintf(buf, n, "rank %d", rank); return; }
+  *same_host = strcmp(host, wf_hostname()) == 0;
+  if (pid_out) *pid_out = pid;
+  int stopped = *same_host && wf_pid_stopped(pid);
+  snprintf(buf, n, "rank %d (pid %d, host %s%s)", rank, pid, host,
+           stopped ? ", stopped: SIGSTOP or a debugger" : "");
+}
+
+void wf_store_live_describe(weft_store *s, const char *op, int rank, char *buf, size_t n) {
+  char key[64], v[320];
+  snprintf(buf, n, "rank %d", rank);
+  if (s->live_rank < 0) return;
+  live_key(key, sizeof key, rank, "");
+  if (rank >= 0 && rank < s->live_world && s->live_reg[rank]) {
+    snprintf(v, sizeof v, "%s", s->live_reg[rank]);
+  } else if (read_now(s, op, key, v, sizeof v)) {
+    snprintf(buf, n, "rank %d (never connected to the store: not started, or died before weft.init)",
+             rank);
+    wf_clear_error();
+    return;
+  }
+  else if (rank >= 0 && rank < s->live_world) s->live_reg[rank] = strdup(v);
+  int same;
+  describe_value(rank, v, buf, n, NULL, &same);
+  wf_clear_error();
+}
+
+/* The error for gone rank `rank` whose registration value is v. */
+static int gone_error(const char *op, int rank, const char *v) {
+  char who[400];
+  int pid = 0, same = 0;
+  describe_value(rank, v, who, sizeof who, &pid, &same);
+  if (same && pid > 0 && !wf_pid_dead(pid))
+    return wf_error(WEFT_ECLOSED, "%s: %s closed its store connection without weft.shutdown() "
+                    "(the process still runs) while this rank waited for it", op, who);
+  return wf_error(WEFT_ECLOSED, "%s: %s died (exited or was killed without weft.shutdown(): its "
+                  "connection to the store closed) while this rank waited for it", op, who);
+}
+
+/* Between slices: 0 to go on waiting, else the error that ends the wait. */
+static int check_between(weft_store *s, const char *op, wf_get_req *q) {
+  char why[160];
+  if (wf_interrupted(why, sizeof why)) {
+    if (q->abort_key) {
+      char msg[600], who[400];
+      if (s->live_rank >= 0) wf_store_live_describe(s, op, s->live_rank, who, sizeof who);
+      else snprintf(who, sizeof who, "a rank (pid %d, host %s)", (int)getpid(), wf_hostname());
+      int len = snprintf(msg, sizeof msg, "%s was %s during %s", who, why, op);
+      setreq a = {q->abort_key, msg, (size_t)(len < 0 ? 0 : len)};
+      int32_t st = 0;
+      wf_rd r;
+      wf_store_cl_request(s, op, WF_OP_SET, 0, 0, b_live_set, &a, &st, &r);
+    }
+    return wf_error(WEFT_EABORT, "%s: %s", op, why);
+  }
+  if (s->live_rank < 0) return 0;
+  /* the owners of the missing keys (all ranks of the world when unknown) */
+  const int *owners = q->missing ? q->owners : NULL;
+  int n = owners ? q->nmissing : s->live_world;
+  int nk = n + (q->abort_key ? 1 : 0);
+  if (nk == 0) return 0;
+  int *rank = malloc((size_t)nk * sizeof *rank);
+  char **keys = malloc((size_t)nk * sizeof *keys);
+  char *kb = malloc((size_t)nk * 64);
+  const void **vals = malloc((size_t)nk * sizeof *vals);
+  size_t *lens = malloc((size_t)nk * sizeof *lens);
+  int *miss = malloc((size_t)nk * sizeof *miss);
+  uint8_t *present = malloc((size_t)nk);
+  int rc = 0;
+  if (!rank || !keys || !kb || !vals || !lens || !miss || !present) goto done;  /* check next slice */
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    int r = owners ? owners[q->missing[i]] : i;
+    if (r == s->live_rank && !owners) continue;
+    if (owners && r >= 0 && r < s->live_world && !s->live_reg[r]) {
+      /* learn who it is while it is alive: its tombstone may be unreadable
+       * later (the store's host may be shutting down too) */
+      char who[400];
+      wf_store_live_describe(s, op, r, who, sizeof who);
+    }
+    rank[k] = r;
+    keys[k] = kb + (size_t)k * 64;
+    live_key(keys[k], 64, r, "/gone");
+    k++;
+  }
+  int ai = -1;
+  if (q->abort_key) { ai = k; rank[k] = -1; keys[k++] = (char *)q->abort_key; }
+  if (k == 0) goto done;
+  rc = poll_keys(s, op, keys, k, vals, lens, miss, present);
+  if (rc) goto done;  /* the store itself failed: that error ends the wait */
+  for (int i = 0; i < k && !rc; i++) {
+    if (!present[i]) continue;
+    char v[600];
+    if (read_now(s, op, keys[i], v, sizeof v)) {
+      wf_clear_error();
+      int r = rank[i];
+      snprintf(v, sizeof v, "%s", r >= 0 && r < s->live_world && s->live_reg[r] ? s->live_reg[r] : "");
+    }
+    if (i == ai) rc = wf_error(WEFT_EABORT, "%s: aborted: %s", op, v[0] ? v : "another rank gave up");
+    else rc = gone_error(op, rank[i], v);
+  }
+done:
+  free(rank); free(keys); free(kb); free(vals); free(lens); free(miss); free(present);
+  return rc;
+}
+
+int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once) {
+  const int total = q->timeout_ms;
+  const unsigned flags = q->flags;
+  const int64_t t_end = wf_now_ms() + total;
+  int rc;
+  for (;;) {
+    int64_t left = t_end - wf_now_ms();
+    q->timeout_ms = (int)(left < WF_LIVE_SLICE_MS ? (left > 0 ? left : 1) : WF_LIVE_SLICE_MS);
+    rc = get_once(s, op, q, total);
+    q->flags &= ~WF_GET_PUT;  /* the own key is set once; later slices only wait */
+    if (rc != WEFT_ETIMEOUT || q->nmissing == 0 || wf_now_ms() >= t_end) break;
+    /* keep the missing list: the check below reuses the reply buffer */
+    int nm = q->nmissing;
+    rc = check_between(s, op, q);
+    q->nmissing = nm;
+    if (rc) break;
+  }
+  q->flags = flags;
+  q->timeout_ms = total;
+  if (rc == WEFT_ECLOSED && s->live_rank >= 0 && !s->server && s->fd < 0)
+    rc = wf_error_context(rc, "%s, which hosts the store, is gone (died, or shut down before "
+                          "this rank)", s->rank0[0] ? s->rank0 : "rank 0");
+  return rc;
+}
