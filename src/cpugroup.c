@@ -126,15 +126,20 @@ static int note_failure(weft_cpugroup *g, int rc) {
       !(rc == WEFT_ECLOSED && strstr(weft_last_error(), "without weft.shutdown")))
     return rc;
   if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", weft_last_error());
-  return rc;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", weft_last_error());
+  if (rc == WEFT_EABORT)
+    return wf_error(rc, "%s. The group cannot be used any more: rebuild the groups on every rank "
+                    "with weft.recover() (docs/faults.md)", msg);
+  return wf_error(rc, "%s. The job cannot go on without that rank (docs/faults.md)", msg);
 }
 
 static int refuse_broken(weft_cpugroup *g, const char *what) {
   if (!g->broken[0]) return 0;
   return wf_error(WEFT_EABORT, "cpugroup '%s' %s: this group cannot be used any more (its members "
                   "may disagree on how many collectives they completed): an earlier wait ended "
-                  "with: %s. Rebuild the groups on every rank: weft.recover() (docs/faults.md)",
-                  g->name, what, g->broken);
+                  "with: %s. Rebuild the groups on every rank with weft.recover(), or restart "
+                  "the job if a rank died (docs/faults.md)", g->name, what, g->broken);
 }
 
 int weft_cpugroup_create(weft_store *s, const char *name, const int *ranks, int size,

@@ -123,7 +123,17 @@ static int spin_until(weft_mq *q, _Atomic uint32_t *w, uint32_t target) {
   }
 }
 
-enum { WT_OK = 0, WT_TIMEOUT, WT_LEFT, WT_DEAD, WT_ABORT };
+enum { WT_OK = 0, WT_TIMEOUT, WT_LEFT, WT_DEAD, WT_ABORT, WT_INTR };
+
+/* An interrupt (weft_interrupt_arm) aborts the queue for every member. */
+static int interrupted_error(weft_mq *q, const char *op) {
+  char why[160], rn[64];
+  wf_interrupted(why, sizeof why);
+  give_up(q, "%s was %.100s", rank_name(q, q->me, rn, sizeof rn), why);
+  return wf_error(WEFT_EABORT, "%s: group '%s': %s (message %llu); the queue is aborted on every "
+                  "rank: weft.recover() on every rank rebuilds the groups (docs/faults.md)", op,
+                  q->group, why, (unsigned long long)q->msgs);
+}
 
 /* Sleep until *w reaches target, peer (whose progress that is) leaves or
  * dies, the queue is aborted, or deadline_ms passes. */
@@ -137,6 +147,7 @@ static int sleep_until(weft_mq *q, _Atomic uint32_t *w, _Atomic uint32_t *waiter
       return wf_reached(atomic_load_explicit(w, memory_order_acquire), target) ? WT_OK : WT_LEFT;
     int64_t now = wf_now_ms();
     if (now >= deadline_ms) return WT_TIMEOUT;
+    if (wf_interrupted(NULL, 0)) return WT_INTR;
     int64_t slice = deadline_ms - now < SLICE_MS ? deadline_ms - now : SLICE_MS;
     atomic_fetch_add(waiters, 1);
     uint32_t v = atomic_load(w);
@@ -394,8 +405,8 @@ static void unread_list(weft_mq *q, uint64_t s, uint32_t need, char *buf, size_t
   for (int r = 0; r < q->world && k + 1 < n; r++) {
     if (r == q->writer || wf_reached(atomic_load(&rline(q, s, r)->seq), need)) continue;
     if (dead && !peer_dead(q, r)) continue;
-    int w = dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d)", k ? ", " : "", r,
-                            q->ranks[r], (int)atomic_load(&q->rk[r].pid))
+    int w = dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d, host %s)", k ? ", " : "",
+                            r, q->ranks[r], (int)atomic_load(&q->rk[r].pid), wf_hostname())
                  : snprintf(buf + k, n - k, "%srank %d (global %d)", k ? ", " : "", r, q->ranks[r]);
     if (w < 0) break;
     k += (size_t)w;
@@ -430,6 +441,7 @@ static int wait_readers(weft_mq *q, uint64_t s, uint32_t need, uint32_t frag, co
     if (w == WT_OK) continue;
     uint32_t ab = atomic_load(&q->hdr->abort);
     if (w == WT_ABORT || ab) return aborted_error(q, ab, op);
+    if (w == WT_INTR) return interrupted_error(q, op);
     char who[512], rn[64];
     unsigned long long msg = (unsigned long long)q->msgs;
     if (w == WT_LEFT) {
@@ -441,8 +453,8 @@ static int wait_readers(weft_mq *q, uint64_t s, uint32_t need, uint32_t frag, co
     if (w == WT_DEAD) {
       unread_list(q, s, need, who, sizeof who, 1);
       if (!who[0])
-        snprintf(who, sizeof who, "rank %d (global %d, pid %d)", r, q->ranks[r],
-                 (int)atomic_load(&q->rk[r].pid));
+        snprintf(who, sizeof who, "rank %d (global %d, pid %d, host %s)", r, q->ranks[r],
+                 (int)atomic_load(&q->rk[r].pid), wf_hostname());
       give_up(q, "%.100s died before reading message %llu", who, msg);
       return wf_error(WEFT_ECLOSED, "%s: group '%s': reader %s died (process gone) while the "
                       "writer waited for it to read (message %llu)", op, q->group, who, msg);
@@ -524,6 +536,7 @@ static int wait_writer(weft_mq *q, wf_mq_wline *w, uint32_t target, int nonblock
   if (res == WT_OK) return 0;
   uint32_t ab = atomic_load(&q->hdr->abort);
   if (res == WT_ABORT || ab) return aborted_error(q, ab, op);
+  if (res == WT_INTR) return interrupted_error(q, op);
   char rn[64];
   unsigned long long msg = (unsigned long long)q->msgs;
   rank_name(q, q->writer, rn, sizeof rn);
@@ -534,10 +547,12 @@ static int wait_writer(weft_mq *q, wf_mq_wline *w, uint32_t target, int nonblock
   }
   if (res == WT_DEAD) {
     int pid = (int)atomic_load(&q->rk[q->writer].pid);
-    snprintf(rn, sizeof rn, "rank %d (global %d, pid %d)", q->writer, q->ranks[q->writer], pid);
-    give_up(q, "the writer %s died before writing message %llu", rn, msg);
+    char rn2[400];
+    snprintf(rn2, sizeof rn2, "rank %d (global %d, pid %d, host %s)", q->writer,
+             q->ranks[q->writer], pid, wf_hostname());
+    give_up(q, "the writer %.100s died before writing message %llu", rn2, msg);
     return wf_error(WEFT_ECLOSED, "%s: group '%s': the writer %s died (process gone) before "
-                    "writing message %llu", op, q->group, rn, msg);
+                    "writing message %llu", op, q->group, rn2, msg);
   }
   if (nonblock)
     return wf_error(WEFT_EAGAIN, "%s: group '%s': message %llu not %s yet", op, q->group, msg,

@@ -55,8 +55,9 @@ static int aborted_error(weft_shm *c, uint32_t ab, const char *op) {
   char why[sizeof c->rk[0].why];
   memcpy(why, c->rk[who].why, sizeof why);
   why[sizeof why - 1] = '\0';
-  return wf_error(WEFT_EABORT, "%s: group '%s': communicator aborted by %s: %s", op,
-                  c->group, wf_shm_rank_name(c, who, rn, sizeof rn), why);
+  return wf_error(WEFT_EABORT, "%s: group '%s': communicator aborted by %s: %s (it cannot be "
+                  "used any more: weft.recover() on every rank rebuilds the groups, "
+                  "docs/faults.md)", op, c->group, wf_shm_rank_name(c, who, rn, sizeof rn), why);
 }
 
 int wf_shm_enter(weft_shm *c, const char *op) {
@@ -82,8 +83,9 @@ static void missing_list(weft_shm *c, uint32_t g, char *buf, size_t n, int only_
   for (int i = 0; i < c->world && k + 1 < n; i++) {
     if (i == c->me || wf_reached(atomic_load(&c->rk[i].seq), g)) continue;
     if (only_dead && !peer_dead(c, i)) continue;
-    int w = only_dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d)", k ? ", " : "", i,
-                                 c->ranks[i], (int)atomic_load(&c->rk[i].pid))
+    int w = only_dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d, host %s)",
+                                 k ? ", " : "", i, c->ranks[i], (int)atomic_load(&c->rk[i].pid),
+                                 wf_hostname())
                       : snprintf(buf + k, n - k, "%srank %d (global %d)", k ? ", " : "", i,
                                  c->ranks[i]);
     if (w < 0) break;
@@ -140,6 +142,15 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
       return wf_error(WEFT_ECLOSED, "%s: group '%s': %s destroyed its communicator while "
                       "the others waited (call %llu)", op, c->group, rn,
                       (unsigned long long)(c->call - 1));
+    }
+    char iw[160];
+    if (wf_interrupted(iw, sizeof iw)) {
+      wf_shm_rank_name(c, c->me, rn, sizeof rn);
+      snprintf(why, sizeof why, "%.30s was %.60s", rn, iw);
+      give_up(c, why);
+      return wf_error(WEFT_EABORT, "%s: group '%s': %s (call %llu); the communicator is aborted "
+                      "on every rank: weft.recover() on every rank rebuilds the groups "
+                      "(docs/faults.md)", op, c->group, iw, (unsigned long long)(c->call - 1));
     }
     int64_t now = wf_now_ms();
     if (now >= deadline) {

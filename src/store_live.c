@@ -24,6 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#define WF_ERR_KEEP 1024
+
 static void live_key(char *buf, size_t n, int rank, const char *suffix) {
   snprintf(buf, n, "weft/rank/%d%s", rank, suffix);
 }
@@ -292,6 +294,16 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   }
   q->flags = flags;
   q->timeout_ms = total;
+  if (rc == WEFT_EABORT && (flags & WF_GET_PUT)) {
+    /* take back this rank's key, so that no member that comes later pairs it
+     * with a fresh one: it waits, sees the abort key and fails too */
+    char keep[WF_ERR_KEEP];
+    snprintf(keep, sizeof keep, "%s", weft_last_error());
+    int32_t st = 0;
+    wf_rd r;
+    wf_store_cl_request(s, op, WF_OP_DELETE, 0, 0, b_key, q->put_key, &st, &r);
+    wf_error(rc, "%s", keep);
+  }
   if (rc == WEFT_ECLOSED && s->live_rank >= 0 && !s->server && s->fd < 0)
     rc = wf_error_context(rc, "%s, which hosts the store, is gone (died, or shut down before "
                           "this rank)", s->rank0[0] ? s->rank0 : "rank 0");

@@ -215,6 +215,27 @@ describe("weft-run --repl through a pipe", function()
     assert.truthy(r.out:find("[rank 1] back 1", 1, true), r.out)
   end)
 
+  it(":timeout ends a collective blocked in C on every rank; the group names weft.recover(), which works", function()
+    local input = table.concat({
+      ":timeout 1500",
+      "w = weft.init(); x = weft.tensor.full({4}, 1, 'f32'); w:all_reduce(x); return 'sum ' .. x:to_table()[1]",
+      "if rank == 0 then w:barrier() else w:all_reduce(x) end",   -- mismatched: both block in C
+      "w:barrier()",
+      "w = weft.recover(); x = weft.tensor.full({4}, rank + 1, 'f32'); w:all_reduce(x); return 'again ' .. x:to_table()[1]",
+      ":quit",
+    }, "\n") .. "\n"
+    local r = U.pipe(("-n 2 --repl %s %s"):format(U.INIT, U.TOKEN), input, { WEFT_TIMEOUT_MS = "30000" }, 90)
+    assert.are.equal(0, r.rc, r.out .. r.err)
+    for k = 0, 1 do
+      assert.truthy(r.out:find(("[rank %d] sum 2"):format(k), 1, true), r.out)
+      assert.truthy(r.out:find(("%%[rank %d%%] error: [^\n]*interrupted"):format(k)), r.out)
+      assert.truthy(r.out:find(("%%[rank %d%%] error: [^\n]*cannot be used any more[^\n]*weft%%.recover%%(%%)"):format(k)), r.out)
+      assert.truthy(r.out:find(("[rank %d] again 3"):format(k), 1, true), r.out)
+    end
+    assert.is_nil(r.out:find("No such file", 1, true), r.out)
+    assert.is_nil(r.out:find("no answer from rank", 1, true), r.out)
+  end)
+
   it("ends with a clear message and exit code 1 when a stuck rank cannot be recovered", function()
     local input = ":timeout 300\nif rank == 1 then os.execute('sleep 60') end\n:quit\n"
     local t0 = U.now()
@@ -357,6 +378,30 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     sess:type("'clean ' .. rank")
     expect { "%[rank 0%] clean 0", "%[rank 1%] clean 1" }
     assert.are.equal(0, sess:count("half typed'clean"))
+    sess:type(":quit")
+    local code, last = sess:exit_code(30)
+    assert.are.equal(0, code, last)
+  end)
+
+  it("Ctrl-C aborts collectives blocked in C on every rank; weft.recover() rebuilds the groups", function()
+    if not has_tmux() then pending("tmux not installed"); return end
+    start(2)   -- WEFT_TIMEOUT_MS 20000: an answer within seconds is the interrupt, not the timeout
+    sess:type("w = weft.init(); x = weft.tensor.full({4}, 1, 'f32'); w:all_reduce(x); return 'sum ' .. x:to_table()[1]")
+    expect { "%[rank 0%] sum 2", "%[rank 1%] sum 2" }
+    -- mismatched calls: rank 0 waits in the store barrier, rank 1 in the shm all-reduce
+    sess:type("if rank == 0 then w:barrier() else w:all_reduce(x) end")
+    U.sleep(1)
+    local t0 = U.now()
+    sess:key("C-c")
+    expect { "%[rank 0%] error: [^\n]*interrupted", "%[rank 1%] error: [^\n]*interrupted" }
+    assert.is_true(U.now() - t0 < 10, "interrupt took " .. (U.now() - t0) .. " s")
+    -- the group refuses work and says how to recover ...
+    sess:type("w:barrier()")
+    expect { "%[rank 0%] error: [^\n]*weft%.recover%(%)", "%[rank 1%] error: [^\n]*weft%.recover%(%)" }
+    -- ... and one call on every rank recovers
+    sess:type("w = weft.recover(); x = weft.tensor.full({4}, rank + 1, 'f32'); w:all_reduce(x); return 'again ' .. x:to_table()[1]")
+    expect { "%[rank 0%] again 3", "%[rank 1%] again 3" }
+    assert.are.equal(0, sess:count("No such file"))
     sess:type(":quit")
     local code, last = sess:exit_code(30)
     assert.are.equal(0, code, last)

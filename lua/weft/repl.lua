@@ -36,9 +36,13 @@
 -- rank still stuck ends the session with a message and exit code 1, and
 -- weft-run then stops that rank. Chunk code runs interpreted (JIT off for the
 -- chunk and the functions it defines; weft's own functions still compile).
--- A chunk that breaks a weft group on some ranks (a collective one rank
--- skipped times out on the others, naming it) leaves the REPL usable:
--- weft.shutdown() then weft.init() on every rank builds the world again.
+-- weft's own blocking waits (C code) honour the same deadline and Ctrl-C:
+-- each chunk arms weft_interrupt_arm with the chunk's signalfd and deadline,
+-- so a collective blocked in C ends on every rank ("interrupted") and its
+-- group then refuses work; weft.recover() on every rank (one chunk) rebuilds
+-- the groups (docs/faults.md). A chunk that breaks a weft group on some ranks
+-- otherwise (a collective one rank skipped times out on the others, naming
+-- it) leaves the REPL usable the same way.
 -- A rank that dies (a crash, a signal) ends the session: weft-run stops the
 -- others, as for any script. Ctrl-C (tty): clears the input line at the prompt; while a chunk runs it
 -- interrupts the chunk on rank 0 and, through SIGUSR1, on the ranks of this

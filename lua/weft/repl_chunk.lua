@@ -272,6 +272,18 @@ function M.new_env(ctx)
 end
 
 ---------------------------------------------------------------- running a chunk
+-- weft_interrupt_arm when libweft loads (the REPL also runs without it)
+local wffi_C
+local function arm_interrupt(fd, ms)
+  if wffi_C == nil then
+    local ok, wffi = pcall(require, "weft.ffi")
+    wffi_C = ok and wffi.C or false
+  end
+  if not wffi_C then return false end
+  wffi_C.weft_interrupt_arm(fd and tonumber(fd) or -1, ms and math.floor(ms) or 0)
+  return true
+end
+
 local PACKED = {}
 local function packer(...) return { n = select("#", ...), [PACKED] = true, ... } end
 local function err_text(e)
@@ -323,7 +335,11 @@ function M.execute(ctx, code, chunkname, deadline_ms)
     end
     debug.sethook(hook, "", M.HOOK_COUNT)
   end
+  -- weft's own blocking waits (C code, where no hook runs) end at the same
+  -- deadline or Ctrl-C: they poll sigfd (never read it) between slices
+  local armed = arm_interrupt(sigfd, deadline_ms)
   local r = pack(xpcall(fn, keep, packer))
+  if armed then arm_interrupt(nil, nil) end
   if hook then debug.sethook() end
   if r[1] and r.n == 2 and type(r[2]) == "table" and r[2][PACKED] then
     local v = r[2]
