@@ -5,6 +5,12 @@
 local R = require "weft.repl"
 local U = require "helpers.repl_tmux"
 
+-- both ranks of a 2-rank session answered s (as one merged line or two)
+local function both_said(text, s)
+  return text:find("[ranks 0,1] " .. s, 1, true) or
+         (text:find("[rank 0] " .. s, 1, true) and text:find("[rank 1] " .. s, 1, true))
+end
+
 local function has_tmux() return os.execute("command -v tmux >/dev/null 2>&1") == 0 end
 
 describe("weft.repl chunks", function()
@@ -226,11 +232,11 @@ describe("weft-run --repl through a pipe", function()
     }, "\n") .. "\n"
     local r = U.pipe(("-n 2 --repl %s %s"):format(U.INIT, U.TOKEN), input, { WEFT_TIMEOUT_MS = "30000" }, 90)
     assert.are.equal(0, r.rc, r.out .. r.err)
+    assert.truthy(both_said(r.out, "sum 2"), r.out)
+    assert.truthy(both_said(r.out, "again 3"), r.out)
     for k = 0, 1 do
-      assert.truthy(r.out:find(("[rank %d] sum 2"):format(k), 1, true), r.out)
       assert.truthy(r.out:find(("%%[rank %d%%] error: [^\n]*interrupted"):format(k)), r.out)
       assert.truthy(r.out:find(("%%[rank %d%%] error: [^\n]*cannot be used any more[^\n]*weft%%.recover%%(%%)"):format(k)), r.out)
-      assert.truthy(r.out:find(("[rank %d] again 3"):format(k), 1, true), r.out)
     end
     assert.is_nil(r.out:find("No such file", 1, true), r.out)
     assert.is_nil(r.out:find("no answer from rank", 1, true), r.out)
@@ -387,7 +393,7 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     if not has_tmux() then pending("tmux not installed"); return end
     start(2)   -- WEFT_TIMEOUT_MS 20000: an answer within seconds is the interrupt, not the timeout
     sess:type("w = weft.init(); x = weft.tensor.full({4}, 1, 'f32'); w:all_reduce(x); return 'sum ' .. x:to_table()[1]")
-    expect { "%[rank 0%] sum 2", "%[rank 1%] sum 2" }
+    assert.truthy(both_said(expect("%] sum 2"), "sum 2"))
     -- mismatched calls: rank 0 waits in the store barrier, rank 1 in the shm all-reduce
     sess:type("if rank == 0 then w:barrier() else w:all_reduce(x) end")
     U.sleep(1)
@@ -400,7 +406,7 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     expect { "%[rank 0%] error: [^\n]*weft%.recover%(%)", "%[rank 1%] error: [^\n]*weft%.recover%(%)" }
     -- ... and one call on every rank recovers
     sess:type("w = weft.recover(); x = weft.tensor.full({4}, rank + 1, 'f32'); w:all_reduce(x); return 'again ' .. x:to_table()[1]")
-    expect { "%[rank 0%] again 3", "%[rank 1%] again 3" }
+    assert.truthy(both_said(expect("%] again 3"), "again 3"))
     assert.are.equal(0, sess:count("No such file"))
     sess:type(":quit")
     local code, last = sess:exit_code(30)
