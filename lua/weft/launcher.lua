@@ -18,9 +18,12 @@
 -- on /dev/null. The launcher blocks SIGINT/SIGTERM/SIGCHLD (and SIGHUP unless
 -- it was ignored, as under nohup), reads them from a signalfd, and waits for
 -- everything in one poll(): no busy loop, no signal handlers in Lua.
+-- Each rank reaped has its pending /dev/shm names removed (weft.shm_names):
+-- a rank stopped while creating a segment cannot unlink it itself.
 -- Linux only (signalfd, prctl); constants below are the generic Linux ABI.
 local ffi = require "ffi"
 local bit = require "bit"
+local shm_names = require "weft.shm_names"
 
 local byte, concat, gsub, format = string.byte, table.concat, string.gsub, string.format
 
@@ -641,6 +644,8 @@ function M.launch(spec)
         if p == r.pid then
           r.status = stp[0]
           live = live - 1
+          -- a rank stopped while creating a segment could not unlink its name
+          shm_names.remove_of(r.pid)
           if r.status ~= 0 and not stopping and not first_failure then
             first_failure = r
             begin_stop(SIGTERM, grace_failure)
