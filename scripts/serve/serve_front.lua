@@ -110,9 +110,34 @@ local function boot(premature)
   if not tok then S.status, S.reason = "broken", "cannot start the scheduler: " .. tostring(terr) end
 end
 
+-- A worker started after the first one (nginx respawned it after a crash or
+-- a kill, or a reload) is not rank 0 of the running world: that rank's store
+-- and groups died with the old worker, and the worker ranks cannot be
+-- rejoined. It must not try the bring-up (it would block its event loop for
+-- the whole timeout waiting for ranks that never come): it says why at once.
+local function respawned()
+  local d = ngx.shared and ngx.shared.weft_serve
+  if not d then return nil end
+  local me = ffi.C.getpid()
+  local n = d:incr("workers", 1, 0)
+  local prev = d:get("worker_pid")
+  d:set("worker_pid", me)
+  if not n or n <= 1 then return nil end
+  local how = prev and ffi.C.kill(prev, 0) ~= 0 and "died" or "was replaced"
+  return ("the nginx worker was restarted: the previous worker (pid %s, weft rank 0) %s, and "
+          .. "the world's store and groups with it; a new worker cannot rejoin the running "
+          .. "ranks: restart the service (scripts/serve/start)"):format(tostring(prev), how)
+end
+
 function M.init_worker()
   local sem = require "ngx.semaphore"
   S.wake = sem.new(0)
+  local why = respawned()
+  if why then
+    S.status, S.reason = "broken", why
+    log("%s", why)
+    return
+  end
   local ok, err = ngx.timer.at(0, boot)
   if not ok then S.status, S.reason = "broken", "cannot start the bring-up timer: " .. tostring(err) end
 end
@@ -356,4 +381,5 @@ function M.topology()
 end
 
 pcall(ffi.cdef, "int getpid(void);")
+pcall(ffi.cdef, "int kill(int pid, int sig);")
 return M

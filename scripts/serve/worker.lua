@@ -22,11 +22,27 @@ if not ok then
   os.exit(1)
 end
 
+-- Rank 0 (the nginx worker) is on this node: when its process is gone (a
+-- crash, kill -9; nginx then starts a new worker, which cannot rejoin), stop
+-- instead of waiting forever for steps that will not come.
+local rank0_pid
+for _, p in ipairs(e.peers or {}) do if p.rank == 0 then rank0_pid = p.pid end end
+local ffi = require "ffi"
+pcall(ffi.cdef, "int kill(int pid, int sig);")
+local function rank0_gone()
+  return rank0_pid and ffi.C.kill(rank0_pid, 0) ~= 0 and ffi.errno() == 3   -- ESRCH
+end
+
 local idle_ms = math.max(100, cfg.heartbeat_ms * 2)
 while true do
   local okr, msg = pcall(e.recv, e, idle_ms)
   if not okr then
     io.stderr:write(("weft-serve rank %d: %s\n"):format(rank, tostring(msg)))
+    os.exit(1)
+  end
+  if not msg and rank0_gone() then
+    io.stderr:write(("weft-serve rank %d: rank 0 (nginx worker, pid %d) is gone: stopping\n")
+      :format(rank, rank0_pid))
     os.exit(1)
   end
   if msg then
