@@ -5,3 +5,10 @@
 .PHONY: test-faults
 test-faults: deps lib
 	@scripts/run-tests --tags=fault
+
+# The soak (issue 13): 200 k small + 2 k 4 MiB all-reduces on 4 ranks, every
+# result checked exactly, RSS and descriptors sampled; writes
+# bench/results/soak-<machine>-<date>.{json,md}. SOAK_ARGS=--quick to try it.
+.PHONY: bench-soak
+bench-soak: deps lib
+	luajit scripts/bench-soak.lua $(SOAK_ARGS)
