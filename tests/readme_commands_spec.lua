@@ -1,7 +1,7 @@
 -- The README's commands work as written (issue 15 item 1: `scripts/serve/start
 -- -n 2` failed at once, and no test ran it without --port). Every command the
 -- README shows (the rule is in tests/helpers/doc_commands.lua: shell lines of
--- code blocks and inline code spans starting with `scripts/` or `make `, and
+-- code blocks and table cells' code spans starting with `scripts/` or `make `, and
 -- a ```lua block whose first comment line names the command that runs it) is
 -- run verbatim from the repository root with a time limit and must exit 0 —
 -- unless SKIP below says why not (GPU, long benchmark, interactive, root,
@@ -121,14 +121,15 @@ describe("README commands, run as written", function()
 end)
 
 describe("the extraction rule (tests/helpers/doc_commands.lua)", function()
-  it("takes shell lines of code blocks, command spans and lua blocks that name their command", function()
+  it("takes shell lines of code blocks, table rows' command spans and lua blocks that name their command", function()
     local page = table.concat({
       "# t", "", "    make demo    # the main job", "    make test", "",
       "```sh", "$ scripts/serve/start -n 2", "curl -s localhost/health", "```", "",
       "```lua", "-- scripts/weft-run -n 2 a.lua", "print(1)", "```", "",
       "```lua", "print('no command')", "```", "",
       "| `scripts/weft-topo --world 8 [--json \\| --svg FILE]` | `scripts/` | `ls` |",
-      "Run `make lib` and `make demo` (listed once).",
+      "| `make lib` | `make demo` (listed once) |",
+      "Prose mentions such as `scripts/weft-run -n 4` are not run.",
     }, "\n")
     local got = {}
     for _, c in ipairs(doc.extract(page)) do got[#got + 1] = c.kind .. ":" .. c.cmd end

@@ -6,8 +6,10 @@
 --     shell, console or untagged; or indented by 4 spaces) that starts with
 --     `scripts/` or `make ` (a leading "$ " prompt is dropped, and so is a
 --     trailing "  # comment");
---   * an inline code span `scripts/...` or `make ...` (in tables, "\|" is "|";
---     a bare folder such as `scripts/` is not a command);
+--   * an inline code span `scripts/...` or `make ...` in a table row (a line
+--     starting with "|"; "\|" in it is "|"; a bare folder such as `scripts/`
+--     is not a command). Spans in running text are mentions ("`scripts/weft-run
+--     -n 4` starts 4 ranks"), not commands, and are not run;
 --   * a ```lua block whose first line is a comment naming the command that
 --     runs it: "-- scripts/weft-run -n 4 my_experiment.lua" (or "-- run
 --     with: ..."): the block is the file named by the command's last *.lua
@@ -79,12 +81,14 @@ function M.extract(text)
       end
       i = i - 1
       prev_blank = false
-    else
-      -- inline spans (`` ` `` only; a span does not cross lines here)
+    elseif l:match("^%s*|") then
+      -- a table row's inline spans (a span does not cross lines here)
       for span in l:gmatch("`([^`]+)`") do
         local s = trim(span:gsub("\\|", "|"))
         if is_command(s) then add({ cmd = s, line = i, kind = "span" }) end
       end
+      prev_blank = false
+    else
       prev_blank = l:match("^%s*$") ~= nil
     end
     i = i + 1
