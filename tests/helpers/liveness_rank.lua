@@ -86,11 +86,13 @@ elseif scenario == "in_barrier" or scenario == "in_shm" or scenario == "in_bcast
   survive(function()
     local w = weft.init()
     w:barrier()
+    local x = weft.tensor.full({ 1024 }, 1, "f32")
+    if scenario == "in_shm" then w:all_reduce(x) end   -- the segment exists: its barrier waits
     if me_victim then sleep_ms(1000); die() end
     if scenario == "in_barrier" then
       w:barrier()
     elseif scenario == "in_shm" then
-      w:all_reduce(weft.tensor.full({ 1024 }, 1, "f32"))
+      w:all_reduce(x)
     else
       w:broadcast_object(rank == victim and "x" or nil, victim)
     end
