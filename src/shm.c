@@ -146,6 +146,13 @@ static int done(weft_shm *c, int rc) {
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+/* What the engine serves (weft.policy's shm_reduce table says the same);
+ * the kernels also do u8 and prod, which the group layer sends through
+ * all-gather + weft_host_reduce. */
+static int engine_reduces(int dtype, int op) {
+  return wf_reduce_supported(dtype, op) && dtype != WEFT_U8 && op != WEFT_PROD;
+}
+
 /* A rank with bad arguments still takes part in the first barrier with a
  * descriptor nobody else has, so every rank fails now instead of timing out. */
 static int refuse(weft_shm *c, wf_shm_desc *d, const char *op, int code, const char *why) {
@@ -185,7 +192,7 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
   wf_shm_desc d = {WF_OP_ALL_REDUCE, dtype, op, 0, count, c->call++};
-  if (!wf_reduce_supported(dtype, op))
+  if (!engine_reduces(dtype, op))
     return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
                   "i64 with sum, max, min)");
   const size_t es = weft_dtype_size(dtype), world = (size_t)c->world;
@@ -315,7 +322,7 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
   wf_shm_desc d = {WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out, c->call++};
-  if (!wf_reduce_supported(dtype, op))
+  if (!engine_reduces(dtype, op))
     return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
                   "i64 with sum, max, min)");
   const size_t es = weft_dtype_size(dtype), world = (size_t)c->world;

@@ -187,7 +187,9 @@ int wf_shm_zc_broadcast(weft_shm *c, uint64_t call, void *buf, size_t bytes, int
 
 /* Reductions (shm_reduce.c): dst[i] = src[0][i] op src[1][i] op ... in that
  * order (identical results on every rank); dst may alias a source.
- * f16/bf16 accumulate in f32 and round once. */
+ * f16/bf16 accumulate in f32 and round once; integers wrap; float max/min
+ * propagate NaN. supported: f32, f16, bf16, f64, i32, i64, u8 with sum,
+ * max, min, prod (weft_host_reduce exports the same kernels). */
 int wf_reduce_supported(int dtype, int op);
 void wf_reduce(void *dst, const void *const *src, int n, size_t count, int dtype, int op);
 

@@ -1,17 +1,21 @@
-/* shm_reduce.c — element-wise reductions for the shm collectives: one generic
- * copy of the kernels (SSE2 on x86-64) and, on x86-64, an AVX2 + F16C copy
- * picked at first use from the CPU's features. */
+/* shm_reduce.c — element-wise reductions for the shm collectives and, through
+ * weft_host_reduce, for every other host path (the store backend, the
+ * gather-then-reduce fallbacks): one definition everywhere. One generic copy
+ * of the kernels (SSE2 on x86-64) and, on x86-64, an AVX2 + F16C copy picked
+ * at first use from the CPU's features. */
 #include "shm.h"
 #include "shm_vec.h"
 
 #include <pthread.h>
 
 typedef void (*wf_red_fn)(void *, const void *const *, int, size_t);
+#define WF_RED_DTYPES (WEFT_F64 + 1)
+#define WF_RED_OPS (WEFT_PROD + 1)
 
 #define WF_KERN_FILE "shm_reduce_kern.h"
 #include "shm_vec_multi.h"
 
-static wf_red_fn table[7][3];
+static wf_red_fn table[WF_RED_DTYPES][WF_RED_OPS];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 
 static void init_table(void) {
@@ -25,12 +29,24 @@ static void init_table(void) {
 }
 
 int wf_reduce_supported(int dtype, int op) {
-  return (dtype == WEFT_F32 || dtype == WEFT_F16 || dtype == WEFT_BF16 ||
-          dtype == WEFT_F64 || dtype == WEFT_I32 || dtype == WEFT_I64) &&
-         (op == WEFT_SUM || op == WEFT_MAX || op == WEFT_MIN);
+  return dtype >= WEFT_F32 && dtype <= WEFT_F64 &&
+         (op == WEFT_SUM || op == WEFT_MAX || op == WEFT_MIN || op == WEFT_PROD);
 }
 
 void wf_reduce(void *dst, const void *const *src, int n, size_t count, int dtype, int op) {
   pthread_once(&table_once, init_table);
   table[dtype][op](dst, src, n, count);
+}
+
+int weft_host_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype,
+                     int op) {
+  static const char OP[] = "weft_host_reduce";
+  WF_CHECK_ARG(n >= 1 && (count == 0 || (dst && srcs)), "%s: need n >= 1 sources and a "
+               "destination (n = %d)", OP, n);
+  WF_CHECK_ARG(wf_reduce_supported(dtype, op), "%s: unsupported dtype %d / op %d (f32, f16, "
+               "bf16, f64, i32, i64, u8 with sum, max, min, prod)", OP, dtype, op);
+  if (count == 0) return 0;
+  for (int j = 0; j < n; j++) WF_CHECK_ARG(srcs[j], "%s: source %d is NULL", OP, j);
+  wf_reduce(dst, srcs, n, count, dtype, op);
+  return 0;
 }

@@ -3,17 +3,26 @@
  * shm_vec_kern.h. Every element is combined in source order 0..n-1, by the
  * same IEEE operations in the vector body and the scalar tail, so all ranks
  * get bit-identical results. dst may alias a source: each block is loaded
- * completely before it is stored. */
+ * completely before it is stored.
+ *
+ * One definition for every backend (weft_host_reduce serves the Lua paths):
+ * integers wrap (two's complement: sums and products are done unsigned);
+ * floats max/min propagate NaN like torch (the first NaN in source order
+ * wins), branch-free: take b where b > a or b is NaN, so a NaN in a is
+ * kept because neither holds. For integers b != b is constant false and
+ * folds away. */
 
 /* float-like storage (f32/f16/bf16), f32 arithmetic */
 WF_AI VF KN(vcomb)(VF a, VF b, int op) {
   if (op == WEFT_SUM) return a + b;
-  VU m = (VU)(op == WEFT_MAX ? (b > a) : (b < a));
+  if (op == WEFT_PROD) return a * b;
+  VU m = (VU)(op == WEFT_MAX ? (b > a) : (b < a)) | (VU)(b != b);
   return (VF)((m & (VU)b) | (~m & (VU)a));
 }
 WF_AI float KN(scomb)(float a, float b, int op) {
   if (op == WEFT_SUM) return a + b;
-  return (op == WEFT_MAX ? (b > a) : (b < a)) ? b : a;
+  if (op == WEFT_PROD) return a * b;
+  return ((op == WEFT_MAX ? (b > a) : (b < a)) || b != b) ? b : a;
 }
 
 WF_AI void KN(red_flt)(void *dst, const void *const *src, int n, size_t count,
@@ -51,12 +60,14 @@ WF_AI void KN(red_flt)(void *dst, const void *const *src, int n, size_t count,
 #define WF_RED_PLAIN(NAME, V, U, VA, S, SA)                                        \
   WF_AI V KN(NAME##_vc)(V a, V b, int op) {                                        \
     if (op == WEFT_SUM) return (V)((VA)a + (VA)b);                                 \
-    U m = (U)(op == WEFT_MAX ? (b > a) : (b < a));                                 \
+    if (op == WEFT_PROD) return (V)((VA)a * (VA)b);                                \
+    U m = (U)(op == WEFT_MAX ? (b > a) : (b < a)) | (U)(b != b);                   \
     return (V)((m & (U)b) | (~m & (U)a));                                          \
   }                                                                                \
   WF_AI S KN(NAME##_sc)(S a, S b, int op) {                                        \
     if (op == WEFT_SUM) return (S)((SA)a + (SA)b);                                 \
-    return (op == WEFT_MAX ? (b > a) : (b < a)) ? b : a;                           \
+    if (op == WEFT_PROD) return (S)((SA)a * (SA)b);                                \
+    return ((op == WEFT_MAX ? (b > a) : (b < a)) || b != b) ? b : a;               \
   }                                                                                \
   WF_AI void KN(NAME)(void *dst, const void *const *src, int n, size_t count,     \
                       const int op) {                                              \
@@ -88,6 +99,8 @@ WF_AI void KN(red_flt)(void *dst, const void *const *src, int n, size_t count,
 WF_RED_PLAIN(red_f64, VD, VUL, VD, double, double)
 WF_RED_PLAIN(red_i32, VI, VU, VU, int32_t, uint32_t)
 WF_RED_PLAIN(red_i64, VL, VUL, VUL, int64_t, uint64_t)
+/* u8: sums and products wrap mod 256 (the promotion to int is cut back) */
+WF_RED_PLAIN(red_u8, VB8, VB8, VB8, uint8_t, uint8_t)
 
 #define WF_RED_INST(OPNAME, OP)                                                        \
   static void KN(f32_##OPNAME)(void *d, const void *const *s, int n, size_t c) {       \
@@ -101,18 +114,23 @@ WF_RED_PLAIN(red_i64, VL, VUL, VUL, int64_t, uint64_t)
   static void KN(i32_##OPNAME)(void *d, const void *const *s, int n, size_t c) {       \
     KN(red_i32)(d, s, n, c, OP); }                                                     \
   static void KN(i64_##OPNAME)(void *d, const void *const *s, int n, size_t c) {       \
-    KN(red_i64)(d, s, n, c, OP); }
+    KN(red_i64)(d, s, n, c, OP); }                                                     \
+  static void KN(u8_##OPNAME)(void *d, const void *const *s, int n, size_t c) {        \
+    KN(red_u8)(d, s, n, c, OP); }
 
 WF_RED_INST(sum, WEFT_SUM)
 WF_RED_INST(max, WEFT_MAX)
 WF_RED_INST(min, WEFT_MIN)
+WF_RED_INST(prod, WEFT_PROD)
 
-/* table[dtype][op] for dtypes F32..F64 and ops SUM..MIN */
-static void KN(fill_table)(wf_red_fn t[7][3]) {
+/* table[dtype][op] for dtypes F32..F64 and ops SUM, MAX, MIN, PROD (AND,
+ * op 3, is the cpu group's and stays NULL) */
+static void KN(fill_table)(wf_red_fn t[WF_RED_DTYPES][WF_RED_OPS]) {
 #define WF_ROW(DT, P) t[DT][WEFT_SUM] = KN(P##_sum); t[DT][WEFT_MAX] = KN(P##_max); \
-  t[DT][WEFT_MIN] = KN(P##_min);
+  t[DT][WEFT_MIN] = KN(P##_min); t[DT][WEFT_PROD] = KN(P##_prod);
   WF_ROW(WEFT_F32, f32) WF_ROW(WEFT_F16, f16) WF_ROW(WEFT_BF16, bf16)
   WF_ROW(WEFT_F64, f64) WF_ROW(WEFT_I32, i32) WF_ROW(WEFT_I64, i64)
+  WF_ROW(WEFT_U8, u8)
 #undef WF_ROW
 }
 

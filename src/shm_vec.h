@@ -1,7 +1,7 @@
 /* shm_vec.h — branch-free scalar f16/bf16 conversions for the host kernels
  * (shm reductions, host RMSNorm); the vector forms are in shm_vec_kern.h.
- * They round to nearest even and agree with fpconv.h on every non-NaN input
- * (NaN stays NaN; the payload may differ). */
+ * They round to nearest even and agree with fpconv.h on every input, NaN
+ * included (NaN stays NaN, quieted, with the top bits of its payload). */
 #ifndef WF_SHM_VEC_H
 #define WF_SHM_VEC_H
 
@@ -20,7 +20,9 @@ static inline float wf_sh2f(uint16_t h) {
   return wf_sv_float(sign | (two_w < (1u << 27) ? wf_sv_bits(den) : wf_sv_bits(norm)));
 }
 
-/* f32 -> f16, RNE, overflow to Inf, NaN -> quiet NaN. */
+/* f32 -> f16, RNE, overflow to Inf, NaN -> quiet NaN keeping the top payload
+ * bits (as F16C's vcvtps2ph and fpconv.h do: every kernel copy and the
+ * scalar tails give the same bits). */
 static inline uint16_t wf_sf2h(float f) {
   float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
   uint32_t w = wf_sv_bits(f), shl1 = w + w, sign = w & 0x80000000u;
@@ -29,7 +31,7 @@ static inline uint16_t wf_sf2h(float f) {
   base = wf_sv_float((bias >> 1) + 0x07800000u) + base;
   uint32_t bits = wf_sv_bits(base);
   uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
-  return (uint16_t)((sign >> 16) | (shl1 > 0xFF000000u ? 0x7E00u : nonsign));
+  return (uint16_t)((sign >> 16) | (shl1 > 0xFF000000u ? 0x7E00u | ((w >> 13) & 0x3FFu) : nonsign));
 }
 
 static inline float wf_sb2f(uint16_t h) { return wf_sv_float((uint32_t)h << 16); }

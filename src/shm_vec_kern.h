@@ -17,6 +17,7 @@ typedef uint16_t KN(vh) __attribute__((vector_size(WF_VB / 2)));
 typedef double KN(vd) __attribute__((vector_size(WF_VB)));
 typedef int64_t KN(vl) __attribute__((vector_size(WF_VB)));
 typedef uint64_t KN(vul) __attribute__((vector_size(WF_VB)));
+typedef uint8_t KN(vb8) __attribute__((vector_size(WF_VB)));
 #define VF KN(vf)
 #define VU KN(vu)
 #define VI KN(vi)
@@ -24,6 +25,7 @@ typedef uint64_t KN(vul) __attribute__((vector_size(WF_VB)));
 #define VD KN(vd)
 #define VL KN(vl)
 #define VUL KN(vul)
+#define VB8 KN(vb8)
 #define LF (WF_VB / 4) /* float lanes */
 
 #ifdef WF_KERN_F16C
@@ -50,7 +52,7 @@ WF_AI VH KN(vf2h)(VF f) {
   VU bits = (VU)base;
   VU nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
   VU nan = (VU)(shl1 > 0xFF000000u);
-  VU r = (sign >> 16) | ((nan & 0x7E00u) | (~nan & nonsign));
+  VU r = (sign >> 16) | ((nan & (0x7E00u | ((w >> 13) & 0x3FFu))) | (~nan & nonsign));
   return __builtin_convertvector(r, VH);
 }
 #endif
@@ -95,6 +97,7 @@ WF_AI void KN(sstore)(void *p, size_t i, float v, int dt) {
 #undef VD
 #undef VL
 #undef VUL
+#undef VB8
 #undef LF
 #undef WF_VB
 #undef KN

@@ -171,6 +171,15 @@ int weft_host_convert(const void *src, int src_dtype, void *dst, int dst_dtype,
                       size_t count);
 int weft_host_compare(const void *a, const void *b, size_t count, int dtype,
                       double *max_abs, double *max_rel);
+/* dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], in that order,
+ * with the shm engine's kernels (src/shm_reduce.c): the one definition of a
+ * reduction on every backend. Integers wrap (two's complement; u8 mod 256);
+ * f16/bf16 accumulate in f32 and round once; float max/min propagate NaN
+ * (like torch). dtype: f32, f16, bf16, f64, i32, i64, u8; op: WEFT_SUM,
+ * WEFT_MAX, WEFT_MIN, WEFT_PROD. dst may be one of the sources (the same
+ * address); n >= 1. */
+int weft_host_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype,
+                     int op);
 /* out = rmsnorm(x + residual) * w; residual_out = x + residual (f32 math).
  * residual/residual_out may be NULL (plain RMSNorm). flags: 1 = Gemma (1 + w). */
 int weft_host_rmsnorm(const void *x, const void *residual, const void *weight,

@@ -156,46 +156,24 @@ end
 
 ---------------------------------------------------------------- local reduction
 -- Reduce `nblocks` blocks (array of pointers, 1-based) of `count` elements into
--- dst, in block order, so every rank computes bit-identical results.
-local ctypes = {
-  f32 = ffi.typeof("float *"), f64 = ffi.typeof("double *"), i32 = ffi.typeof("int32_t *"),
-  i64 = ffi.typeof("int64_t *"), u8 = ffi.typeof("uint8_t *"),
-}
+-- dst, in block order, with weft_host_reduce: the shm engine's kernels, so
+-- every rank and every backend computes bit-identical results (integers wrap,
+-- f16/bf16 accumulate in f32 and round once, max/min propagate NaN). Never in
+-- Lua numbers: their conversions back to integers depend on the JIT state.
 local DT_CODE = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6, f8e4m3 = 7 }
 local DT_SIZE = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, i64 = 8, u8 = 1, f64 = 8, f8e4m3 = 1 }
 M.DT_CODE, M.DT_SIZE = DT_CODE, DT_SIZE
-
-local function combine(a, b, n, rop)
-  if rop == "sum" then
-    for i = 0, n - 1 do a[i] = a[i] + b[i] end
-  elseif rop == "max" then
-    for i = 0, n - 1 do if b[i] > a[i] then a[i] = b[i] end end
-  elseif rop == "min" then
-    for i = 0, n - 1 do if b[i] < a[i] then a[i] = b[i] end end
-  else
-    for i = 0, n - 1 do a[i] = a[i] * b[i] end
-  end
-end
+local srcs_ct = ffi.typeof("const void *[?]")
 
 function G:_reduce_blocks(dst, blocks, count, dtype, rop)
   local n = #blocks
-  if dtype == "f16" or dtype == "bf16" then
-    local dc = DT_CODE[dtype]
-    local acc = ffi_cast(ctypes.f32, self:_scratch("acc", count * 4))
-    local tmp = ffi_cast(ctypes.f32, self:_scratch("acc2", count * 4))
-    wffi.check(C.weft_host_convert(blocks[1], dc, acc, 0, count), "reduce")
-    for r = 2, n do
-      wffi.check(C.weft_host_convert(blocks[r], dc, tmp, 0, count), "reduce")
-      combine(acc, tmp, count, rop)
-    end
-    wffi.check(C.weft_host_convert(acc, 0, dst, dc, count), "reduce")
-    return
+  local srcs = self._reduce_srcs
+  if srcs == nil or self._reduce_srcs_n < n then
+    srcs = srcs_ct(n)
+    self._reduce_srcs, self._reduce_srcs_n = srcs, n
   end
-  local ct = ctypes[dtype]
-  local a = ffi_cast(ct, dst)
-  local b1 = ffi_cast(ct, blocks[1])
-  if a ~= b1 then ffi_copy(a, b1, count * DT_SIZE[dtype]) end
-  for r = 2, n do combine(a, ffi_cast(ct, blocks[r]), count, rop) end
+  for r = 1, n do srcs[r - 1] = blocks[r] end
+  wffi.check(C.weft_host_reduce(dst, srcs, n, count, DT_CODE[dtype], REDUCE_OPS[rop]), "reduce")
 end
 
 ---------------------------------------------------------------- backends

@@ -51,7 +51,7 @@ static uint64_t mix(uint64_t z) {
 
 static const int DTYPES[] = {WEFT_F32, WEFT_F16, WEFT_BF16, WEFT_F64, WEFT_I32, WEFT_I64};
 static const char *DTN[] = {"f32", "f16", "bf16", "i32", "i64", "u8", "f64"};
-static const char *OPN[] = {"sum", "max", "min"};
+static const char *OPN[] = {"sum", "max", "min", "and", "prod"};
 
 static int is_float(int dt) { return dt == WEFT_F32 || dt == WEFT_F16 || dt == WEFT_BF16 || dt == WEFT_F64; }
 
@@ -398,8 +398,9 @@ static float to32(int dt, uint16_t h) { return dt == WEFT_F16 ? wf_f16_to_f32(h)
 static uint16_t to16(int dt, float f) { return dt == WEFT_F16 ? wf_f32_to_f16(f) : wf_f32_to_bf16(f); }
 
 /* The vector conversions against fpconv.h: every f16/bf16 bit pattern through
- * a one-source reduction (exact round trip), and sums/max/min of random pairs
- * (f32 math, one rounding) at every position of the vector body and tail. */
+ * a one-source reduction (exact round trip), and sums/max/min/products of
+ * random pairs (f32 math, one rounding) at every position of the vector body
+ * and tail, bit for bit (NaN included). */
 static void test_kernels(void) {
   enum { N = 65536 };
   static uint16_t a[N], b[N], out[N];
@@ -413,7 +414,9 @@ static void test_kernels(void) {
     for (int i = 0; i < N; i++)
       bad += is_nan16(dt, a[i]) ? !is_nan16(dt, out[i]) : out[i] != a[i];
     CHECK(bad == 0, "kernels %s: %d bit patterns do not round-trip", DTN[dt], bad);
-    for (int op = 0; op < 3; op++) {
+    const int ops[4] = {WEFT_SUM, WEFT_MAX, WEFT_MIN, WEFT_PROD};
+    for (int oi = 0; oi < 4; oi++) {
+      const int op = ops[oi];
       bad = 0;
       for (int rep = 0; rep < 16; rep++) {
         for (int i = 0; i < N; i++) {
@@ -427,9 +430,15 @@ static void test_kernels(void) {
         wf_reduce(out, two, 2, n, dt, op);
         for (size_t i = 0; i < n; i++) {
           float x = to32(dt, a[i]), y = to32(dt, b[i]);
-          float r = op == WEFT_SUM ? x + y : op == WEFT_MAX ? (y > x ? y : x) : (y < x ? y : x);
+          /* max/min propagate NaN (the first one wins), like torch */
+          float r = op == WEFT_SUM ? x + y : op == WEFT_PROD ? x * y
+                    : op == WEFT_MAX ? ((y > x || y != y) ? y : x) : ((y < x || y != y) ? y : x);
           uint16_t want = to16(dt, r);
-          bad += is_nan16(dt, want) ? !is_nan16(dt, out[i]) : out[i] != want;
+          /* max/min pick an operand: bit for bit, NaN included (the same
+           * quieted payload as fpconv.h); which NaN a sum or product of two
+           * NaNs returns is the compiler's choice of operand order */
+          bad += (op == WEFT_SUM || op == WEFT_PROD) && is_nan16(dt, want) ? !is_nan16(dt, out[i])
+                                                                            : out[i] != want;
         }
       }
       CHECK(bad == 0, "kernels %s %s: %d results differ from fpconv.h", DTN[dt], OPN[op], bad);
