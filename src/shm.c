@@ -35,14 +35,11 @@
 #include <string.h>
 #include <unistd.h>
 
-int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op) {
-  memset(gi, 0, sizeof *gi);
-  int rc = wf_cpugroup_info(g, &gi->name, &gi->size, &gi->index, &gi->ranks, &gi->timeout_ms);
-  if (rc) return wf_error_context(rc, "%s", op);
-  if (!gi->name) gi->name = "?";
-  return 0;
+/* local teardown: the strategy's state, then the segment */
+static void close_comm(weft_shm *c) {
+  if (c) wf_shm_zc_close(&c->zc);
+  wf_shm_close(c);
 }
-
 
 typedef struct {
   int32_t ok;
@@ -112,12 +109,12 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
   }
   c->name[0] = '\0'; /* unlinked */
   if ((rc = wf_shm_zc_setup(c, g))) {
-    wf_shm_close(c);
+    close_comm(c);
     return rc;
   }
   *out = c;
   wf_log(1, "shm: group '%s': %d ranks, %zu bytes per slot, segment %zu bytes, zero-copy %s",
-         gname, gi.size, slot, c->map_len, c->zc ? "on" : "off");
+         gname, gi.size, slot, c->map_len, c->zc.on ? "on" : "off");
   return 0;
 }
 
@@ -125,8 +122,8 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out) {
   WF_CHECK_ARG(c && out, "weft_shm_get_info: NULL communicator or out pointer");
   memset(out, 0, sizeof *out);
   out->world = c->world;
-  out->zero_copy = c->zc;
-  out->zero_copy_min = c->zc_min;
+  out->zero_copy = c->zc.on;
+  out->zero_copy_min = c->zc.min;
   out->zero_copy_calls = c->zc_calls;
   out->segment_calls = c->seg_calls;
   return 0;
@@ -135,13 +132,19 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out) {
 int weft_shm_destroy(weft_shm *c) {
   if (!c) return 0;
   if (c->hdr) wf_shm_mark_left(c);
-  wf_shm_close(c);
+  close_comm(c);
   return 0;
 }
 
 static int done(weft_shm *c, int rc) {
   wf_shm_leave(c);
   return rc;
+}
+
+/* a call the zero-copy strategy served: counted here, by the engine */
+static int zc_done(weft_shm *c, int rc) {
+  if (rc == 0) c->zc_calls++;
+  return done(c, rc);
 }
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
@@ -208,10 +211,10 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   const size_t b = count * es;
   const int apart = src == dst || src + b <= dst || dst + b <= src; /* not partly overlapping */
   int checked;
-  rc = zc_decide(c, &d, OP, c->zc && b >= c->zc_min, -1, apart ? in : NULL, b,
+  rc = zc_decide(c, &d, OP, wf_shm_zc_eligible(&c->zc, b), -1, apart ? in : NULL, b,
                  apart ? out : NULL, b, &checked);
   if (rc < 0) return done(c, rc);
-  if (rc == 1) return done(c, wf_shm_zc_all_reduce(c, d.call, in, out, count, dtype, op, OP));
+  if (rc == 1) return zc_done(c, wf_shm_zc_all_reduce(c, d.call, in, out, count, dtype, op, OP));
   /* Two ranks: every rank reducing the whole chunk is as much traffic as the
    * split (each rank still writes N bytes and reads N written by the other
    * core; measured: no faster) and saves a barrier and the copy out, so they
@@ -296,10 +299,10 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes) {
   const size_t all = fits ? bytes * (size_t)c->world : SIZE_MAX;
   const int apart = src == dst + (size_t)c->me * bytes || src + bytes <= dst || dst + all <= src;
   int checked;
-  rc = zc_decide(c, &d, OP, c->zc && fits && all >= c->zc_min, -1, apart ? in : NULL, bytes, NULL, 0,
+  rc = zc_decide(c, &d, OP, fits && wf_shm_zc_eligible(&c->zc, all), -1, apart ? in : NULL, bytes, NULL, 0,
                  &checked);
   if (rc < 0) return done(c, rc);
-  if (rc == 1) return done(c, wf_shm_zc_all_gather(c, d.call, in, out, bytes, OP));
+  if (rc == 1) return zc_done(c, wf_shm_zc_all_gather(c, d.call, in, out, bytes, OP));
   size_t off = 0;
   do {
     size_t n = min_sz(c->slot, bytes - off);
@@ -335,10 +338,10 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   const size_t all = count_out * world * es, piece = count_out * es;
   const int apart = dst == src + (size_t)c->me * piece || dst + piece <= src || src + all <= dst;
   int checked;
-  rc = zc_decide(c, &d, OP, c->zc && all >= c->zc_min, -1, apart ? in : NULL, all, NULL, 0,
+  rc = zc_decide(c, &d, OP, wf_shm_zc_eligible(&c->zc, all), -1, apart ? in : NULL, all, NULL, 0,
                  &checked);
   if (rc < 0) return done(c, rc);
-  if (rc == 1) return done(c, wf_shm_zc_reduce_scatter(c, d.call, in, out, count_out, dtype, op, OP));
+  if (rc == 1) return zc_done(c, wf_shm_zc_reduce_scatter(c, d.call, in, out, count_out, dtype, op, OP));
   /* A slot holds one piece per destination rank; pieces start on cache lines. */
   size_t per = c->slot / (world * es);
   if (per >= 64 / es) per -= per % (64 / es);
@@ -368,10 +371,10 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
   uint8_t *p = buf;
   /* zero-copy: the root's buffer is arena memory (shm_zc.c) */
   int checked;
-  rc = zc_decide(c, &d, OP, c->zc && bytes >= c->zc_min, root, c->me == root ? buf : NULL, bytes,
+  rc = zc_decide(c, &d, OP, wf_shm_zc_eligible(&c->zc, bytes), root, c->me == root ? buf : NULL, bytes,
                  NULL, 0, &checked);
   if (rc < 0) return done(c, rc);
-  if (rc == 1) return done(c, wf_shm_zc_broadcast(c, d.call, buf, bytes, root, OP));
+  if (rc == 1) return zc_done(c, wf_shm_zc_broadcast(c, d.call, buf, bytes, root, OP));
   const size_t region = c->slot * (size_t)c->world; /* the root fills a whole half */
   size_t off = 0;
   do {

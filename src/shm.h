@@ -16,6 +16,7 @@
 #define WF_SHM_H
 
 #include "internal.h"
+#include "shm_zc.h"
 
 #include <stdatomic.h>
 
@@ -85,13 +86,8 @@ struct weft_shm {
   uint32_t gen;         /* barriers passed */
   uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
   _Atomic int busy;     /* one operation in flight per communicator */
-  /* zero-copy (shm_zc.c): the peers' host arenas, mapped read-only */
-  const uint8_t **arena;   /* [world], NULL for this rank */
-  uint64_t *arena_bytes;   /* [world] */
-  int zc;                  /* every rank mapped every peer's arena */
-  size_t zc_min;           /* all_reduce from this many bytes (agreed) */
-  size_t zc_round;         /* bytes of the message per round (agreed; 0: by size) */
-  uint64_t zc_calls, seg_calls;
+  wf_shm_zc zc;            /* the zero-copy strategy's own state (shm_zc.c) */
+  uint64_t zc_calls, seg_calls; /* calls served by each path (the engine counts) */
   int *ranks;           /* global ranks, for messages */
   const void **srcs;    /* scratch: one source pointer per rank */
   char group[64];
@@ -149,41 +145,13 @@ void wf_shm_mark_left(weft_shm *c);
 const char *wf_shm_rank_name(weft_shm *c, int i, char *buf, size_t n);
 
 /* The cpu group's name, size, this rank's index, global ranks (NULL when
- * unknown) and timeout (shm.c). */
+ * unknown) and timeout (shm_seg.c; shm.c, shm_node.c). */
 typedef struct {
   const char *name;
   int size, index, timeout_ms;
   const int *ranks;
 } wf_group_info;
 int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op);
-
-/* Zero-copy all_reduce (shm_zc.c). setup: after the segment is confirmed,
- * every rank publishes its arena and maps the peers' (all or nothing,
- * agreed through the cpu group: a peer that cannot be mapped only means
- * the segment path serves every call; an error only when the cpu group
- * itself fails). wf_shm_close unmaps. */
-#define WF_ZC_NONE UINT64_MAX
-int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g);
-/* Publishes this rank's arena offsets of in (in_bytes) and out (out_bytes;
- * out may be NULL: not needed) for the call, WF_ZC_NONE where a buffer is
- * not arena memory; before the call's first barrier. 1 when both are. */
-int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, size_t in_bytes, const void *out,
-                    size_t out_bytes);
-/* After the first barrier: 1 when every rank (only >= 0: that rank alone)
- * offered its input (and its output, out_bytes > 0), inside its mapping. */
-int wf_shm_zc_agreed(weft_shm *c, uint64_t call, int only, size_t in_bytes, size_t out_bytes);
-/* The zero-copy collectives proper, after the first barrier. all_reduce:
- * reduce my share from every rank's input, barrier, copy the others'
- * shares from their outputs, barrier (in rounds: shm_zc.c). The others read
- * straight from the owners' inputs, then one barrier. */
-int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, size_t count,
-                         int dtype, int op, const char *opname);
-int wf_shm_zc_all_gather(weft_shm *c, uint64_t call, const void *in, void *out, size_t bytes,
-                         const char *opname);
-int wf_shm_zc_reduce_scatter(weft_shm *c, uint64_t call, const void *in, void *out,
-                             size_t count_out, int dtype, int op, const char *opname);
-int wf_shm_zc_broadcast(weft_shm *c, uint64_t call, void *buf, size_t bytes, int root,
-                        const char *opname);
 
 /* Reductions (shm_reduce.c): dst[i] = src[0][i] op src[1][i] op ... in that
  * order (identical results on every rank); dst may alias a source.

@@ -2,7 +2,7 @@
  * create/attach/map, unlink, and local teardown. No collectives here: the
  * cpu group (shm.c) or a test harness decides who creates and when to unlink. */
 #include "shm.h"
-#include "host_arena.h"
+#include "cpugroup.h"
 #include "futex.h"
 
 #include <dirent.h>
@@ -86,6 +86,14 @@ size_t wf_shm_segment_bytes(int world, size_t slot) {
   return data_off + 2 * (size_t)world * slot;
 }
 
+int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op) {
+  memset(gi, 0, sizeof *gi);
+  int rc = wf_cpugroup_info(g, &gi->name, &gi->size, &gi->index, &gi->ranks, &gi->timeout_ms);
+  if (rc) return wf_error_context(rc, "%s", op);
+  if (!gi->name) gi->name = "?";
+  return 0;
+}
+
 /* What each rank reports after trying to attach. */
 typedef struct {
   int32_t rc, pid;
@@ -139,10 +147,6 @@ int wf_shm_unlink(const char *name) {
 void wf_shm_close(weft_shm *c) {
   if (!c) return;
   if (c->base) munmap(c->base, c->map_len);
-  for (int j = 0; c->arena && j < c->world; j++) /* peers' host arenas (shm_zc.c) */
-    wf_arena_unmap_peer(c->arena[j], c->arena_bytes[j]);
-  free(c->arena);
-  free(c->arena_bytes);
   free(c->ranks);
   free(c->srcs);
   free(c);

@@ -36,8 +36,13 @@
  * reads in step 1; in step 2 it writes the other shares of its buffer, which
  * peers read only in step 1. Each element is reduced once, by one rank, in
  * rank order with wf_reduce: the results are bit-identical on every rank and
- * to the segment path's. */
-#include "shm.h"
+ * to the segment path's.
+ *
+ * A strategy the engine (shm.c) calls, never the other way (shm_zc.h): the
+ * engine takes the decision and counts the calls; this file keeps its own
+ * state in c->zc and uses only the barrier, the kernels and the segment's
+ * control blocks below the engine. */
+#include "shm.h" /* the segment, its barrier (shm_sync.c), the kernels; never shm.c */
 #include "cpugroup.h"
 #include "host_arena.h"
 
@@ -63,9 +68,10 @@ int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g) {
   me->arena_fd = -1;
   me->arena_bytes = 0;
   for (int p = 0; p < 2; p++) me->zc_in[p] = me->zc_out[p] = WF_ZC_NONE;
-  c->zc = 0;
+  c->zc.on = 0;
+  c->zc.world = c->world;
   long mn = wf_env_long("WEFT_SHM_ZEROCOPY_MIN", ZC_MIN_DEFAULT);
-  c->zc_min = (size_t)(mn > 0 ? mn : 1);
+  c->zc.min = (size_t)(mn > 0 ? mn : 1);
   if (c->world < 2) return 0;
   int32_t fd = -1;
   uint64_t bytes = 0;
@@ -80,9 +86,10 @@ int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g) {
   }
   int rc = weft_cpugroup_barrier(g); /* every rank's arena is announced */
   if (rc) return wf_error_context(rc, "weft_shm_create: group '%s': announcing host arenas", c->group);
-  c->arena = calloc((size_t)c->world, sizeof *c->arena);
-  c->arena_bytes = calloc((size_t)c->world, sizeof *c->arena_bytes);
-  if (!c->arena || !c->arena_bytes) ok = 0;
+  c->zc.arena = calloc((size_t)c->world, sizeof *c->zc.arena);
+  c->zc.arena_bytes = calloc((size_t)c->world, sizeof *c->zc.arena_bytes);
+  c->zc.srcs = calloc((size_t)c->world, sizeof *c->zc.srcs);
+  if (!c->zc.arena || !c->zc.arena_bytes || !c->zc.srcs) ok = 0;
   for (int j = 0; j < c->world && ok; j++) {
     if (j == c->me) continue;
     const wf_shm_rank *r = &c->rk[j];
@@ -91,27 +98,36 @@ int wf_shm_zc_setup(weft_shm *c, weft_cpugroup *g) {
       ok = 0;
       break;
     }
-    c->arena[j] = wf_arena_map_peer(atomic_load(&r->pid), r->arena_fd, r->arena_bytes);
-    if (!c->arena[j]) {
+    c->zc.arena[j] = wf_arena_map_peer(atomic_load(&r->pid), r->arena_fd, r->arena_bytes);
+    if (!c->zc.arena[j]) {
       wf_log(1, "shm: group '%s': zero-copy off: %s", c->group, weft_last_error());
       wf_clear_error();
       ok = 0;
       break;
     }
-    c->arena_bytes[j] = r->arena_bytes;
+    c->zc.arena_bytes[j] = r->arena_bytes;
   }
   long rd = wf_env_long("WEFT_SHM_ZEROCOPY_ROUND", 0); /* 0: by size (above) */
-  int64_t v[3] = {ok, -(int64_t)c->zc_min, -(int64_t)(rd > 0 ? rd : 0)};
+  int64_t v[3] = {ok, -(int64_t)c->zc.min, -(int64_t)(rd > 0 ? rd : 0)};
   rc = weft_cpugroup_allreduce_i64(g, v, 3, WEFT_MIN);
   if (rc) return wf_error_context(rc, "weft_shm_create: group '%s': agreeing on zero-copy", c->group);
-  c->zc = v[0] == 1;
-  c->zc_min = (size_t)-v[1];
-  c->zc_round = (size_t)-v[2];
-  if (!c->zc && c->arena) {
-    for (int j = 0; j < c->world; j++) wf_arena_unmap_peer(c->arena[j], c->arena_bytes[j]);
-    memset(c->arena, 0, sizeof *c->arena * (size_t)c->world);
+  c->zc.on = v[0] == 1;
+  c->zc.min = (size_t)-v[1];
+  c->zc.round = (size_t)-v[2];
+  if (!c->zc.on && c->zc.arena && c->zc.arena_bytes) {
+    for (int j = 0; j < c->world; j++) wf_arena_unmap_peer(c->zc.arena[j], c->zc.arena_bytes[j]);
+    memset(c->zc.arena, 0, sizeof *c->zc.arena * (size_t)c->world);
   }
   return 0;
+}
+
+void wf_shm_zc_close(wf_shm_zc *z) {
+  for (int j = 0; z->arena && z->arena_bytes && j < z->world; j++)
+    wf_arena_unmap_peer(z->arena[j], z->arena_bytes[j]);
+  free(z->arena);
+  free(z->arena_bytes);
+  free(z->srcs);
+  memset(z, 0, sizeof *z);
 }
 
 /* The arena offset of [p, p + bytes), or WF_ZC_NONE. */
@@ -131,11 +147,11 @@ int wf_shm_zc_offer(weft_shm *c, uint64_t call, const void *in, size_t in_bytes,
 
 /* a peer's offer must lie inside the part of its arena mapped here */
 static int fits(const weft_shm *c, int j, uint64_t off, uint64_t bytes) {
-  return off != WF_ZC_NONE && (j == c->me || (off <= c->arena_bytes[j] && bytes <= c->arena_bytes[j] - off));
+  return off != WF_ZC_NONE && (j == c->me || (off <= c->zc.arena_bytes[j] && bytes <= c->zc.arena_bytes[j] - off));
 }
 
 int wf_shm_zc_agreed(weft_shm *c, uint64_t call, int only, size_t in_bytes, size_t out_bytes) {
-  if (!c->zc) return 0;
+  if (!c->zc.on) return 0;
   for (int j = 0; j < c->world; j++) {
     if (only >= 0 && j != only) continue;
     const wf_shm_rank *r = &c->rk[j];
@@ -147,7 +163,7 @@ int wf_shm_zc_agreed(weft_shm *c, uint64_t call, int only, size_t in_bytes, size
 
 /* rank j's input (this rank's own: in) */
 static const uint8_t *input_of(weft_shm *c, uint64_t call, int j, const void *in) {
-  return j == c->me ? (const uint8_t *)in : c->arena[j] + c->rk[j].zc_in[call & 1];
+  return j == c->me ? (const uint8_t *)in : c->zc.arena[j] + c->rk[j].zc_in[call & 1];
 }
 
 int wf_shm_zc_all_gather(weft_shm *c, uint64_t call, const void *in, void *out, size_t bytes,
@@ -159,17 +175,15 @@ int wf_shm_zc_all_gather(weft_shm *c, uint64_t call, const void *in, void *out, 
     if (to != from) memcpy(to, from, bytes);
   }
   int rc = wf_shm_sync(c, NULL, opname); /* nobody reads my input any more */
-  if (!rc) c->zc_calls++;
   return rc;
 }
 
 int wf_shm_zc_reduce_scatter(weft_shm *c, uint64_t call, const void *in, void *out,
                              size_t count_out, int dtype, int op, const char *opname) {
   const size_t piece = count_out * weft_dtype_size(dtype) * (size_t)c->me;
-  for (int j = 0; j < c->world; j++) c->srcs[j] = input_of(c, call, j, in) + piece;
-  if (count_out) wf_reduce(out, c->srcs, c->world, count_out, dtype, op);
+  for (int j = 0; j < c->world; j++) c->zc.srcs[j] = input_of(c, call, j, in) + piece;
+  if (count_out) wf_reduce(out, c->zc.srcs, c->world, count_out, dtype, op);
   int rc = wf_shm_sync(c, NULL, opname);
-  if (!rc) c->zc_calls++;
   return rc;
 }
 
@@ -177,7 +191,6 @@ int wf_shm_zc_broadcast(weft_shm *c, uint64_t call, void *buf, size_t bytes, int
                         const char *opname) {
   if (c->me != root) memcpy(buf, input_of(c, call, root, NULL), bytes);
   int rc = wf_shm_sync(c, NULL, opname);
-  if (!rc) c->zc_calls++;
   return rc;
 }
 
@@ -192,7 +205,7 @@ int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, 
   const int W = c->world, par = (int)(call & 1);
   const uint8_t *in8 = in;
   uint8_t *dst = out;
-  const size_t round = c->zc_round ? c->zc_round
+  const size_t round = c->zc.round ? c->zc.round
                        : count * es > ZC_HUGE_ABOVE ? ZC_ROUND_HUGE : ZC_ROUND_LARGE;
   size_t per = round / es;
   per = per < align * (size_t)W ? align * (size_t)W : per / align * align;
@@ -206,7 +219,7 @@ int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, 
       size_t lo, hi;
       wf_shm_share(prev_n, prev_n, W, j, align, &lo, &hi);
       const size_t b = (prev_off + lo) * es;
-      if (hi > lo) memcpy(dst + b, c->arena[j] + c->rk[j].zc_out[par] + b, (hi - lo) * es);
+      if (hi > lo) memcpy(dst + b, c->zc.arena[j] + c->rk[j].zc_out[par] + b, (hi - lo) * es);
     }
     /* 1. my share of this round, from every rank's input, in rank order */
     if (n) {
@@ -214,8 +227,8 @@ int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, 
       wf_shm_share(n, n, W, c->me, align, &lo, &hi);
       const size_t b = (off + lo) * es;
       for (int j = 0; j < W; j++)
-        c->srcs[j] = (j == c->me ? in8 : c->arena[j] + c->rk[j].zc_in[par]) + b;
-      if (hi > lo) wf_reduce(dst + b, c->srcs, W, hi - lo, dtype, op);
+        c->zc.srcs[j] = (j == c->me ? in8 : c->zc.arena[j] + c->rk[j].zc_in[par]) + b;
+      if (hi > lo) wf_reduce(dst + b, c->zc.srcs, W, hi - lo, dtype, op);
     }
     /* after the last round: nobody's buffers are read any more */
     int rc = wf_shm_sync(c, NULL, opname);
@@ -224,6 +237,5 @@ int wf_shm_zc_all_reduce(weft_shm *c, uint64_t call, const void *in, void *out, 
     prev_off = off;
     prev_n = n;
   }
-  c->zc_calls++;
   return 0;
 }
