@@ -16,8 +16,15 @@
 WF_AI VF KN(vcomb)(VF a, VF b, int op) {
   if (op == WEFT_SUM) return a + b;
   if (op == WEFT_PROD) return a * b;
+#ifdef WF_KERN_F16C
+  /* AVX2 copy: vmaxps(b, a) is exactly b > a ? b : a; one blend brings b's
+   * NaN in. Two steps on the accumulator's chain instead of four. */
+  __m256 r = op == WEFT_MAX ? _mm256_max_ps((__m256)b, (__m256)a) : _mm256_min_ps((__m256)b, (__m256)a);
+  return (VF)_mm256_blendv_ps(r, (__m256)b, _mm256_cmp_ps((__m256)b, (__m256)b, _CMP_UNORD_Q));
+#else
   VU m = (VU)(op == WEFT_MAX ? (b > a) : (b < a)) | (VU)(b != b);
   return (VF)((m & (VU)b) | (~m & (VU)a));
+#endif
 }
 WF_AI float KN(scomb)(float a, float b, int op) {
   if (op == WEFT_SUM) return a + b;

@@ -1,6 +1,6 @@
 /* shm_bench.c — quick all_reduce timing of the shm core with fork()ed ranks
  * (no cpu group, no Lua), next to single-thread memcpy bandwidth.
- *   shm_bench [-n ranks] [-s slot_bytes] [-d f32|bf16] [--min B] [--max B]
+ *   shm_bench [-n ranks] [-s slot_bytes] [-d f32|bf16] [-o sum|max|min] [--min B] [--max B]
  * Per size: 3 warm-up calls, then calls back to back for ~0.3 s (at least 8);
  * prints the median and minimum µs per call seen by rank 0 (medians resist a
  * loaded machine's preemptions better than means) and the bus bandwidth
@@ -17,7 +17,7 @@
 #include "cpugroup_stubs.h" /* shm.c's create path needs the cpu group; not linked here */
 
 static size_t minb = 1024, maxb = 64u << 20;
-static int dtype = WEFT_F32;
+static int dtype = WEFT_F32, redop = WEFT_SUM;
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -35,14 +35,14 @@ static void body(weft_shm *c) {
            "memcpy us", "memcpy GB/s");
   for (size_t b = minb; b <= maxb; b *= 4) {
     size_t count = b / weft_dtype_size(dtype);
-    for (int i = 0; i < 3; i++) weft_shm_all_reduce(c, buf, buf, count, dtype, WEFT_SUM);
+    for (int i = 0; i < 3; i++) weft_shm_all_reduce(c, buf, buf, count, dtype, redop);
     /* everyone runs the same number of calls: rank 0 decides and broadcasts */
     int64_t t0 = wf_now_ns();
     int iters = 0;
     int32_t go = 1;
     while (go) {
       int64_t t1 = wf_now_ns();
-      int rc = weft_shm_all_reduce(c, buf, buf, count, dtype, WEFT_SUM);
+      int rc = weft_shm_all_reduce(c, buf, buf, count, dtype, redop);
       if (rc) { fprintf(stderr, "all_reduce: %s\n", weft_last_error()); exit(1); }
       times[iters++] = wf_now_ns() - t1;
       if ((iters & 3) == 0) {
@@ -74,6 +74,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "-n")) world = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "-s")) slot = strtoull(argv[i + 1], NULL, 0);
     else if (!strcmp(argv[i], "-d")) dtype = strcmp(argv[i + 1], "bf16") ? WEFT_F32 : WEFT_BF16;
+    else if (!strcmp(argv[i], "-o"))
+      redop = !strcmp(argv[i + 1], "max") ? WEFT_MAX : !strcmp(argv[i + 1], "min") ? WEFT_MIN : WEFT_SUM;
     else if (!strcmp(argv[i], "--min")) minb = strtoull(argv[i + 1], NULL, 0);
     else if (!strcmp(argv[i], "--max")) maxb = strtoull(argv[i + 1], NULL, 0);
   }
@@ -104,8 +106,9 @@ int main(int argc, char **argv) {
   if (write(go[1], ones, (size_t)world - 1) < 0) return 1;
   wf_shm_wait_attached(c);
   wf_shm_unlink(name);
-  printf("# shm all_reduce %s sum in place, %d ranks, slot %zu bytes, one-shot up to %zu bytes\n",
-         dtype == WEFT_F32 ? "f32" : "bf16", world, slot, c->oneshot_max);
+  printf("# shm all_reduce %s %s in place, %d ranks, slot %zu bytes, one-shot up to %zu bytes\n",
+         dtype == WEFT_F32 ? "f32" : "bf16",
+         redop == WEFT_MAX ? "max" : redop == WEFT_MIN ? "min" : "sum", world, slot, c->oneshot_max);
   body(c);
   weft_shm_destroy(c);
   while (wait(NULL) > 0) {}
