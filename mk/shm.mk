@@ -3,7 +3,7 @@
 # CPU picks, then a quick run with the generic (non-AVX2) kernels.
 #   make shm-test-c [SHM_TEST_ARGS=--quick]
 SHM_TEST_SRCS := tests/c/shm_fork_test.c src/shm.c src/shm_seg.c src/shm_sync.c src/shm_zc.c src/host_arena.c \
-                 src/shm_reduce.c src/futex.c src/error.c src/env.c src/version.c
+                 src/shm_reduce.c src/futex.c src/interrupt.c src/error.c src/env.c src/version.c
 
 $(BUILD)/shm_fork_test: $(SHM_TEST_SRCS) $(wildcard src/shm*.h) src/internal.h src/weft.h src/fpconv.h
 	@mkdir -p $(BUILD)
@@ -15,7 +15,7 @@ shm-test-c: $(BUILD)/shm_fork_test
 	WEFT_NO_AVX2=1 timeout 600 $(BUILD)/shm_fork_test --quick
 
 # all_reduce timing with fork()ed ranks (no cpu group): make shm-bench-c SHM_BENCH_ARGS="-n 4 -s 4194304"
-SHM_BENCH_SRCS := tests/c/shm_bench.c src/shm.c src/shm_seg.c src/shm_sync.c src/shm_zc.c src/host_arena.c src/shm_reduce.c \
+SHM_BENCH_SRCS := tests/c/shm_bench.c src/shm.c src/shm_seg.c src/shm_sync.c src/shm_zc.c src/host_arena.c src/shm_reduce.c src/interrupt.c \
                   src/futex.c src/error.c src/env.c src/version.c
 
 $(BUILD)/shm_bench: $(SHM_BENCH_SRCS) $(wildcard src/shm*.h) src/internal.h src/weft.h
