@@ -14,6 +14,7 @@
 -- are dropped below 15 px cells; below 6 px cells only the first node of each
 -- row is named (in a gutter on the left).
 local topology = require "weft.topology"
+local svg = require "weft.svg"
 
 local M = {}
 
@@ -33,9 +34,7 @@ M.DESCR = {
   moe_tp = "MoE tensor parallel", moe_dp = "MoE data parallel", dcp = "decode context parallel",
 }
 
-local function esc(s)
-  return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
-end
+local text_w, wrap = svg.text_w, svg.wrap
 
 local function hsl_rgb(h, s, l)
   local function f(n)
@@ -59,25 +58,6 @@ function M.color(i)
   local lum = 0.2126 * r + 0.7152 * g + 0.0722 * b
   return fmt("#%02x%02x%02x", floor(r * 255 + 0.5), floor(g * 255 + 0.5), floor(b * 255 + 0.5)),
          lum > 0.5 and "#111" or "#fff"
-end
-
--- Rough text width (DejaVu/Helvetica-like sans) for layout decisions.
-local function text_w(s, size) return #s * size * 0.6 end
-
--- Splits text into lines of at most width px at the given font size.
-local function wrap(text, width, size)
-  local per = max(10, floor(width / (size * 0.6)))
-  local lines, cur = {}, ""
-  for word in text:gmatch("%S+") do
-    if cur ~= "" and #cur + 1 + #word > per then
-      lines[#lines + 1] = cur
-      cur = word
-    else
-      cur = cur == "" and word or (cur .. " " .. word)
-    end
-  end
-  if cur ~= "" then lines[#lines + 1] = cur end
-  return lines
 end
 
 local function posint(v, what)
@@ -156,9 +136,28 @@ function M.render(plan, opts)
 
   local ppad = 12
   local grid_w, grid_h = G.grid_w, G.grid_h
+  -- each panel's heading and note (the note wraps when the panel is narrow)
+  local HFONT, NFONT, NLINE = 14, 11, 13
+  local heads, notes = {}, {}
   local panel_w = max(grid_w + 2 * ppad, 260)
+  for _, k in ipairs(kinds) do
+    local list = plan.groups[k]
+    heads[k] = fmt("%s: %d group%s of %d", k, #list, #list == 1 and "" or "s", #list[1])
+    panel_w = max(panel_w, ceil(text_w(heads[k], HFONT, true)) + 2 * ppad)
+  end
   local inner_w = panel_w - 2 * ppad
-  local head_h = 40
+  local note_lines = 1
+  for _, k in ipairs(kinds) do
+    local list = plan.groups[k]
+    local note = aliases[k] and fmt("same as %s (the same group object)", aliases[k]) or (M.DESCR[k] or k)
+    if #list[1] > 1 and G.nnodes > 1 then
+      local span = topology.node_span(list, gpn)
+      note = note .. (span > 1 and fmt("; a group spans up to %d nodes", span) or "; each group within a node")
+    end
+    notes[k] = text_w(note, NFONT) <= inner_w and { note } or wrap(note, inner_w, NFONT)
+    note_lines = max(note_lines, #notes[k])
+  end
+  local head_h = 40 + (note_lines - 1) * NLINE
 
   -- legend entries of each panel, then a common legend height
   local LFONT, LLINE = 11, 16
@@ -213,24 +212,23 @@ function M.render(plan, opts)
     .. ", laid out node by node; a dark frame is a node. In a panel, cells of one colour form one group"
     .. " of that kind; grey cells are groups of a single rank; a dashed panel is the same group object"
     .. " as the kind it names." .. (tips and " Hover a cell for its rank and group." or "")
+  local subline = concat(sub, "  |  ")
+  width = max(width, ceil(text_w(title, 20, true)) + 2 * margin, ceil(text_w(subline, 13)) + 2 * margin)
   local key_lines = wrap(key, width - 2 * margin, 12)
   local top = margin + 26 + 20 + #key_lines * 16 + 10
   local height = top + prow * panel_h + (prow - 1) * pgap + margin
 
-  local out = {}
-  local function w(...) out[#out + 1] = fmt(...) end
-  w('<?xml version="1.0" encoding="UTF-8"?>\n')
-  w('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
-    .. 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif">\n', width, height, width, height)
+  local D = svg.new(width, height)
+  local function w(...) D:raw(fmt(...)) end
+  local function text(x, y, str, o) D:text(x, y, str, o) end
   w('<style>.n{fill:#f4f5f7;stroke:#3b4252;stroke-width:1.2}.ns{stroke-width:0.6;stroke:#6b7280}.u{fill:none;stroke:#b8bec8;stroke-dasharray:2 2}'
     .. '.p{fill:#fff;stroke:#c3c8d0}.a{fill:#fff;stroke:#7a8494;stroke-dasharray:6 4}'
-    .. '.nl{font-size:%dpx;fill:#3b4252}.r{font-size:%dpx;text-anchor:middle}'
-    .. '.l{font-size:%dpx;fill:#222}</style>\n', nfont, rfont, LFONT)
+    .. '</style>\n')
   w('<rect width="100%%" height="100%%" fill="#fbfbfc"/>\n')
-  w('<text x="%d" y="%d" font-size="20" font-weight="bold" fill="#111">%s</text>\n', margin, margin + 18, esc(title))
-  w('<text x="%d" y="%d" font-size="13" fill="#333">%s</text>\n', margin, margin + 40, esc(concat(sub, "  |  ")))
+  text(margin, margin + 18, title, { size = 20, bold = true, fill = "#111" })
+  text(margin, margin + 40, subline, { size = 13, fill = "#333" })
   for i, line in ipairs(key_lines) do
-    w('<text x="%d" y="%d" font-size="12" fill="#555">%s</text>\n', margin, margin + 42 + i * 16, esc(line))
+    text(margin, margin + 42 + i * 16, line, { size = 12, fill = "#555" })
   end
 
   for pi, k in ipairs(kinds) do
@@ -242,24 +240,20 @@ function M.render(plan, opts)
     w('<g id="panel-%s">\n', k)
     w('<rect class="%s" x="%d" y="%d" width="%d" height="%d" rx="6"/>\n', alias and "a" or "p",
       px, py, panel_w, panel_h)
-    local head = fmt("%s: %d group%s of %d", k, #list, #list == 1 and "" or "s", #list[1])
-    w('<text x="%d" y="%d" font-size="14" font-weight="bold" fill="#111">%s</text>\n', px + ppad, py + 18, esc(head))
-    local note = alias and fmt("same as %s (the same group object)", alias) or (M.DESCR[k] or k)
-    if not single and G.nnodes > 1 then
-      local span = topology.node_span(list, gpn)
-      note = note .. (span > 1 and fmt("; a group spans up to %d nodes", span) or "; each group within a node")
+    text(px + ppad, py + 18, heads[k], { size = HFONT, bold = true, fill = "#111" })
+    for i, line in ipairs(notes[k]) do
+      text(px + ppad, py + 33 + (i - 1) * NLINE, line, { size = NFONT, fill = alias and "#b0321c" or "#555" })
     end
-    w('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>\n', px + ppad, py + 33,
-      alias and "#b0321c" or "#555", esc(note))
 
     local gx, gy = px + ppad, py + head_h
     for n = 0, G.nnodes - 1 do
       local nx = gx + G.gutter + (n % G.across) * (node_w + ngap)
       local ny = gy + floor(n / G.across) * (nlabel_h + node_h + ngap)
       local lab = node_label(n)
-      if lab then w('<text class="nl" x="%d" y="%d">%s</text>\n', nx + 1, ny + nfont, lab) end
+      if lab then text(nx + 1, ny + nfont, lab, { size = nfont, fill = "#3b4252" }) end
       if G.small and n % (G.across * G.label_every) == 0 then
-        w('<text class="nl" x="%d" y="%d">node %d</text>\n', gx, ny + floor(node_h / 2 + nfont * 0.36 + 0.5), n)
+        text(gx, ny + floor(node_h / 2 + nfont * 0.36 + 0.5), "node " .. n,
+             { size = nfont, fill = "#3b4252" })
       end
       ny = ny + nlabel_h
       w('<rect class="%s" x="%d" y="%d" width="%d" height="%d" rx="%d"/>\n', G.small and "n ns" or "n",
@@ -289,8 +283,8 @@ function M.render(plan, opts)
           if show_rank then
             -- baseline placed by hand (digits are ~0.7 em tall): renderers
             -- disagree on dominant-baseline
-            w('<text class="r" x="%d" y="%d" fill="%s">%d</text>\n', cx + floor(c / 2),
-              cy + floor(c / 2 + rfont * 0.36 + 0.5), ink, rank)
+            text(cx + floor(c / 2), cy + floor(c / 2 + rfont * 0.36 + 0.5), rank,
+                 { size = rfont, anchor = "middle", fill = ink })
           end
         end
       end
@@ -308,16 +302,14 @@ function M.render(plan, opts)
           ex, ey, ent.color)
         tx = ex + 17
       end
-      w('<text class="l" x="%d" y="%d">%s</text>\n', tx, ey + 10, esc(ent.text))
+      text(tx, ey + 10, ent.text, { size = LFONT, fill = "#222" })
     end
     if L.more then
-      w('<text class="l" x="%d" y="%d" fill="#555">%s</text>\n', px + ppad,
-        ly + ceil(#L.ent / L.ncol) * LLINE + 10, esc(L.more))
+      text(px + ppad, ly + ceil(#L.ent / L.ncol) * LLINE + 10, L.more, { size = LFONT, fill = "#555" })
     end
     w('</g>\n')
   end
-  w('</svg>\n')
-  return concat(out)
+  return D:finish()
 end
 
 return M
