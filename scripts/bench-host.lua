@@ -285,7 +285,9 @@ local function driver()
   f:write(table.concat(md, "\n") .. "\n")
   f:close()
   print(table.concat(md, "\n"))
-  print("wrote " .. base .. ".json and .md")
+  package.path = root .. "/lua/?.lua;" .. package.path
+  local svg = require("weft.bench").plot(base .. ".json")
+  print("wrote " .. base .. ".json and .md" .. (svg and " and .svg" or ""))
   os.exit(failed and 1 or 0)
 end
 

@@ -344,8 +344,8 @@ local function driver()
     .. "## broadcast_bytes (transport only: preallocated bytes, no serialization)\n\n%s")
     :format(machine, doc.date, doc.commit, opts.chunks, bench.human_bytes(opts.chunk_bytes), nproc, load,
             section("broadcast_object"), section("broadcast_bytes"))
-  local jp, mp = bench.write(opts.out, "mq-broadcast", doc, md)
-  io.stdout:write(md, "\n", jp, "\n", mp, "\n")
+  local jp, mp, sp = bench.write(opts.out, "mq-broadcast", doc, md)
+  io.stdout:write(md, "\n", jp, "\n", mp, "\n", sp and (sp .. "\n") or "")
   os.exit(failed and 1 or 0)
 end
 

@@ -276,4 +276,5 @@ end
 f = assert(io.open(base .. ".md", "w"))
 f:write(table.concat(md, "\n"), "\n")
 f:close()
-io.stderr:write("bench-serve: wrote " .. base .. ".json and .md\n")
+local svg = require("weft.bench").plot(base .. ".json")
+io.stderr:write("bench-serve: wrote " .. base .. ".json and .md" .. (svg and " and .svg" or "") .. "\n")

@@ -83,6 +83,94 @@ end
 
 function M.json(v, indent) return encode(v, indent, 0) end
 
+-- json_decode(text) -> value: the JSON the results files hold (objects,
+-- arrays, strings with escapes, numbers, true/false/null -> nil).
+-- Raises "weft: bench.json_decode: <what> at byte N" on malformed input.
+local function decode_error(what, i) error(fmt("weft: bench.json_decode: %s at byte %d", what, i), 0) end
+local ESC = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+
+local function utf8(cp)
+  if cp < 0x80 then return string.char(cp) end
+  if cp < 0x800 then return string.char(0xC0 + floor(cp / 64), 0x80 + cp % 64) end
+  return string.char(0xE0 + floor(cp / 4096), 0x80 + floor(cp / 64) % 64, 0x80 + cp % 64)
+end
+
+local decode_value
+local function skip(s, i) return s:find("[^ \t\r\n]", i) or #s + 1 end
+
+local function decode_string(s, i) -- s:sub(i, i) == '"'
+  local out, j = {}, i + 1
+  while true do
+    local k = s:find('["\\]', j)
+    if not k then decode_error("unterminated string", i) end
+    out[#out + 1] = s:sub(j, k - 1)
+    if s:sub(k, k) == '"' then return concat(out), k + 1 end
+    local c = s:sub(k + 1, k + 1)
+    if c == "u" then
+      local hex = s:match("^%x%x%x%x", k + 2)
+      if not hex then decode_error("bad \\u escape", k) end
+      out[#out + 1] = utf8(tonumber(hex, 16))
+      j = k + 6
+    elseif ESC[c] then
+      out[#out + 1] = ESC[c]
+      j = k + 2
+    else
+      decode_error("bad escape", k)
+    end
+  end
+end
+
+decode_value = function(s, i)
+  i = skip(s, i)
+  local c = s:sub(i, i)
+  if c == "{" then
+    local t = {}
+    i = skip(s, i + 1)
+    if s:sub(i, i) == "}" then return t, i + 1 end
+    while true do
+      if s:sub(i, i) ~= '"' then decode_error("expected a key", i) end
+      local k
+      k, i = decode_string(s, i)
+      i = skip(s, i)
+      if s:sub(i, i) ~= ":" then decode_error("expected ':'", i) end
+      t[k], i = decode_value(s, i + 1)
+      i = skip(s, i)
+      local d = s:sub(i, i)
+      if d == "}" then return t, i + 1 end
+      if d ~= "," then decode_error("expected ',' or '}'", i) end
+      i = skip(s, i + 1)
+    end
+  elseif c == "[" then
+    local t, n = {}, 0
+    i = skip(s, i + 1)
+    if s:sub(i, i) == "]" then return t, i + 1 end
+    while true do
+      n = n + 1
+      t[n], i = decode_value(s, i)
+      i = skip(s, i)
+      local d = s:sub(i, i)
+      if d == "]" then return t, i + 1 end
+      if d ~= "," then decode_error("expected ',' or ']'", i) end
+      i = i + 1
+    end
+  elseif c == '"' then
+    return decode_string(s, i)
+  elseif s:find("^true", i) then return true, i + 4
+  elseif s:find("^false", i) then return false, i + 5
+  elseif s:find("^null", i) then return nil, i + 4
+  end
+  local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
+  if not num or num == "" or num == "-" then decode_error("unexpected character", i) end
+  return tonumber(num), i + #num
+end
+
+function M.json_decode(s)
+  if type(s) ~= "string" then error("weft: bench.json_decode: argument must be a string", 2) end
+  local v, i = decode_value(s, 1)
+  if skip(s, i) <= #s then decode_error("trailing text", skip(s, i)) end
+  return v
+end
+
 -- ---------------------------------------------------------------- results file
 
 -- "NVIDIA H200" + 2 devices -> "nvidia-h200-x2" (WEFT_MACHINE overrides)
@@ -103,7 +191,20 @@ function M.commit()
   return (c and c ~= "") and c or "unknown"
 end
 
--- Writes <dir>/<name>-<machine>-<date>.json and .md; returns both paths.
+-- Draws the charts of a results file beside it (x.json -> x.svg, weft.plot);
+-- returns the SVG's path, or nil when there is nothing to draw. A plotting
+-- failure never loses the results: it is reported on stderr.
+function M.plot(json_path, doc)
+  local ok, svg_path = pcall(function() return require("weft.plot").write_for(json_path, doc) end)
+  if not ok then
+    io.stderr:write("weft: bench: no chart for ", json_path, ": ", tostring(svg_path), "\n")
+    return nil
+  end
+  return svg_path
+end
+
+-- Writes <dir>/<name>-<machine>-<date>.json, .md and (where it has something
+-- to draw) .svg; returns the three paths.
 function M.write(dir, name, doc, markdown)
   os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
   local base = fmt("%s/%s-%s-%s", dir, name, doc.machine, doc.date)
@@ -113,7 +214,7 @@ function M.write(dir, name, doc, markdown)
   f = assert(io.open(base .. ".md", "w"))
   f:write(markdown)
   f:close()
-  return base .. ".json", base .. ".md"
+  return base .. ".json", base .. ".md", M.plot(base .. ".json", doc)
 end
 
 -- Markdown table from a header array and rows of strings.
