@@ -1,4 +1,4 @@
--- weft.plot and scripts/weft-plot: results JSON (DESIGN.md §7) -> SVG charts.
+-- weft.plot and scripts/weft-plot: results JSON (docs/architecture.md) -> SVG charts.
 -- Checked as data: the sample's series are all there, the axes are log
 -- scales with evenly spaced power ticks, every text has its own fill and
 -- fits the canvas, the SVG is well-formed XML (xmllint where installed).
@@ -80,8 +80,8 @@ describe("weft.plot", function()
     assert.are.equal("bus bandwidth vs size: all_reduce, graph, world 2, bf16", charts[2].title)
     assert.is_false(charts[2].ylog)
     assert.are.equal("latency by tokens: fused_ar_rmsnorm, graph, world 2, bf16, hidden 4096", charts[3].title)
-    assert.are.same({ "fused_oneshot", "unfused", "FlashInfer fused one-shot (DESIGN.md §8)",
-                      "FlashInfer fused two-shot (DESIGN.md §8)" }, series_names(charts[3]))
+    assert.are.same({ "fused_oneshot", "unfused", "FlashInfer fused one-shot (reference)",
+                      "FlashInfer fused two-shot (reference)" }, series_names(charts[3]))
     assert.are.same({ 1, 4.47 }, charts[3].series[3].points[1])
     -- another machine: no FlashInfer lines (they were measured on H200 x2)
     local doc = bench.json_decode(SAMPLE)
@@ -112,7 +112,7 @@ describe("weft.plot", function()
     local ok, why = xml_ok(svg)
     assert.is_true(ok, why)
     assert.is_nil(check.problems(svg))
-    for _, name in ipairs { "nccl", "auto", "fused_oneshot", "unfused", "FlashInfer fused one-shot (DESIGN.md §8)" } do
+    for _, name in ipairs { "nccl", "auto", "fused_oneshot", "unfused", "FlashInfer fused one-shot (reference)" } do
       assert.truthy(svg:find('<g data-series="' .. name .. '">', 1, true), name)
     end
     assert.is_nil(svg:find("sweep:t32", 1, true))

@@ -1,4 +1,4 @@
--- weft.plot — benchmark results (DESIGN.md §7 JSON) drawn as SVG charts.
+-- weft.plot — benchmark results (the JSON of docs/architecture.md) drawn as SVG charts.
 -- Pure apart from write_for (reads the JSON, writes the SVG beside it).
 --
 -- From the records of one results file:
@@ -10,7 +10,7 @@
 --     busbw_gbs;
 --   * latency by token count (log-log): records with tokens, one chart per
 --     (op, mode, world, dtype, hidden): fused vs unfused, with FlashInfer's
---     figures of DESIGN.md §8 as dashed reference lines where the file comes
+--     reference figures as dashed lines where the file comes
 --     from the machine kind they were measured on.
 -- A line needs two points; a chart needs a line of three. Only the main sweep
 -- is drawn (the leading lines missing at most one of the chart's sizes,
@@ -26,7 +26,7 @@ local concat, sort = table.concat, table.sort
 
 -- FlashInfer's TensorRT-LLM-derived kernels (the ones SGLang's fusion calls),
 -- measured 2026-11-30 on nvidia-h200-x2, world 2, bf16, CUDA-graph replay,
--- median µs (DESIGN.md §8). Keyed by hidden, then tokens.
+-- median µs, output checked (the "FlashInfer" rows of the fused results' .md). Keyed by hidden, then tokens.
 local TOKENS = { 1, 8, 32, 128, 512, 2048, 8192 }
 local FLASHINFER = {
   fused_ar_rmsnorm = {
@@ -70,7 +70,7 @@ local function keyof(...) return concat({ ... }, "\0") end
 --                         series = {{name, points = {{x, y}...}, ref = bool}}}
 function M.charts(doc)
   if type(doc) ~= "table" or type(doc.records) ~= "table" then
-    error("weft: plot.charts: argument is not a results document (DESIGN.md §7: {machine, date, records})", 2)
+    error("weft: plot.charts: argument is not a results document ({machine, date, records = {...}}, docs/architecture.md)", 2)
   end
   local groups, order = {}, {}
   local function add(kind, key, title, r, x, y)
@@ -140,7 +140,7 @@ function M.charts(doc)
         for _, n in ipairs(names) do
           local pts = {}
           for i, t in ipairs(TOKENS) do if refs[n][i] then pts[#pts + 1] = { t, refs[n][i] } end end
-          series[#series + 1] = { name = n .. " (DESIGN.md §8)", points = pts, ref = true,
+          series[#series + 1] = { name = n .. " (reference)", points = pts, ref = true,
                                   dash = n:find("two%-shot") and "2 3" or "6 3" }
         end
       end
