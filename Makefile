@@ -14,7 +14,7 @@ CFLAGS  += -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Wall -Wextra -Wer
 LDFLAGS += -shared -pthread -Wl,--version-script=$(BUILD)/weft.map -Wl,-z,defs
 LDLIBS  := -ldl -lrt -lm
 
-C_SRCS  := $(filter-out $(EXCLUDE),$(sort $(wildcard src/*.c)))
+C_SRCS  := $(filter-out $(EXCLUDE),$(sort $(wildcard src/*.c src/*/*.c)))
 CU_SRCS := $(filter-out $(EXCLUDE),$(sort $(wildcard kernels/*.cu)))
 C_OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(C_SRCS))
 CU_OBJS :=
@@ -43,7 +43,7 @@ $(BUILD)/weft.map: src/weft.h scripts/gen-exports
 	@mkdir -p $(BUILD)
 	scripts/gen-exports src/weft.h > $@
 
-$(BUILD)/obj/%.o: src/%.c src/weft.h src/internal.h $(wildcard src/*.h)
+$(BUILD)/obj/%.o: src/%.c src/weft.h src/core/internal.h $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

@@ -1,5 +1,5 @@
 // ar_bench.cu — validate-then-benchmark harness for weft's own all-reduce
-// (src/allreduce.c, kernels/allreduce.cu), NCCL side by side on the same
+// (src/coll/allreduce.c, kernels/allreduce.cu), NCCL side by side on the same
 // buffers. One process per GPU; rank/world/rendezvous from RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR, MASTER_PORT (scripts/weft-run or scripts/gpu-ar).
 //
@@ -939,7 +939,7 @@ static void bench(size_t max_bytes) {
     if (r.op == "all_reduce" && r.mode == "eager" && (r.bytes == 1024 || r.bytes == 65536) && r.backend != "auto")
       printf(" %s@%s=%.2f", r.backend.c_str(), fmt_bytes(r.bytes).c_str(), r.us);
   // the policy against the measurements: which weft kernel was fastest at
-  // each size, what auto ran, and the crossovers that src/allreduce.c's
+  // each size, what auto ran, and the crossovers that src/coll/allreduce.c's
   // resolve() should use
   printf("\n\npolicy check (graph us): size: best weft kernel | auto's | nccl\n");
   size_t last_lamport_best = 0, first_twoshot_best = 0;

@@ -1,7 +1,7 @@
 // ar_sweep.inc.cu — part of bench/ar_bench.cu (included there, one
 // translation unit): `--sweep` measures weft's kernels under many launch
 // shapes (weft_ar_set_param) to find what the automatic choices in
-// kernels/allreduce.cu (shape_for) and src/allreduce.c (resolve) should be.
+// kernels/allreduce.cu (shape_for) and src/coll/allreduce.c (resolve) should be.
 //
 //  - small sizes (8-256 KiB), Lamport one-shot: threads per block x vectors
 //    per thread (the grid follows);

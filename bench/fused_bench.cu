@@ -1,5 +1,5 @@
 // fused_bench.cu — validate-then-benchmark harness for the fused all-reduce
-// + residual add + RMSNorm (+ FP8) of src/fusion.c / kernels/fused_norm.cu.
+// + residual add + RMSNorm (+ FP8) of src/coll/fusion.c / kernels/fused_norm.cu.
 //
 // Run as N processes (torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT), e.g. scripts/gpu-fusion. Every rank generates
@@ -56,7 +56,7 @@
 #include <vector>
 
 #include "weft.h"
-#include "fusion_internal.h" /* wf_fused_set_tune, wf_fusion_geometry: the harness links the objects */
+#include "coll/fusion_internal.h" /* wf_fused_set_tune, wf_fusion_geometry: the harness links the objects */
 
 /* ------------------------------------------------------------ plumbing */
 

@@ -24,7 +24,7 @@
 #include "common.cuh"
 
 extern "C" {
-#include "ar_internal.h"
+#include "coll/ar_internal.h"
 #include "weft.h"
 }
 

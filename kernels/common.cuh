@@ -5,7 +5,7 @@
  *
  * ======================= the epoch / flag protocol =======================
  * Every rank owns one workspace (a VMM allocation mapped into every peer of
- * the group, src/vmm.c).  Peers PUSH into it (remote stores over NVLink) and
+ * the group, src/cuda/vmm.c).  Peers PUSH into it (remote stores over NVLink) and
  * each rank POLLS only its own, local copy: a wait never crosses the link.
  *
  * Epoch.  A call's epoch E lives in device memory (never a host scalar baked
@@ -291,7 +291,7 @@ enum : uint32_t {
 
 /* Packed error word: [63:56] status, [55:48] peer (0xff unknown),
  * [47:40] site (which wait), [39:32] reserved, [31:0] epoch.  Host side:
- * src/allreduce.c decodes the same layout. */
+ * src/coll/allreduce.c decodes the same layout. */
 __host__ __device__ __forceinline__ uint64_t err_pack(uint32_t status, uint32_t peer,
                                                       uint32_t site, uint32_t epoch) {
   return ((uint64_t)(status & 0xff) << 56) | ((uint64_t)(peer & 0xff) << 48) |

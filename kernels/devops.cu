@@ -1,6 +1,6 @@
 // devops.cu — small device utilities: seeded random fill.
 //
-// The generator is the host one's (src/hostops.c, weft_host_fill_random):
+// The generator is the host one's (src/host/hostops.c, weft_host_fill_random):
 // element i is splitmix64's output function of key + (i + 1) * gamma with
 // key = mix(seed ^ "WEFTRAND"). Uniform fills therefore match the host bit
 // for bit; normal fills use the device's logf/sincosf, so they match to a few
@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_internal.h"
+#include "cuda/cuda_internal.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 /* fused_norm.cu — all-reduce fused with residual add + RMSNorm (+ FP8 quant).
  *
- * Two kernels over one workspace per rank (layout: src/fusion_internal.h,
+ * Two kernels over one workspace per rank (layout: src/coll/fusion_internal.h,
  * protocol: kernels/common.cuh):
  *
  * One-shot (latency, Lamport). Every block pushes its rows of this rank's
@@ -102,7 +102,7 @@
 #include <mutex>
 
 #include "common.cuh"
-#include "fusion_internal.h"
+#include "coll/fusion_internal.h"
 #include "weft.h"
 
 namespace {

@@ -20,7 +20,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_internal.h"
+#include "cuda/cuda_internal.h"
 
 namespace {
 

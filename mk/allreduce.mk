@@ -1,4 +1,4 @@
-# weft's own all-reduce (src/vmm.c, src/allreduce.c, kernels/allreduce.cu):
+# weft's own all-reduce (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu):
 # the validate-then-benchmark harness, NCCL side by side (bench/ar_bench.cu).
 #   make ar-bench [BUILD=...]   builds $(BUILD)/ar_bench against $(LIB)
 #   scripts/gpu-ar              builds, runs 2 ranks on 2 GPUs, results in $OUT
@@ -14,9 +14,9 @@ $(AR_BENCH): bench/ar_bench.cu bench/ar_sweep.inc.cu bench/ar_link.inc.cu src/we
 	$(NVCC) -O2 -std=c++17 $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -Isrc -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread
 
-# The descriptor exchange of src/vmm_fdx.c with real processes (no GPU).
-AR_FDX_SRCS := tests/c/ar_fdx_test.c src/vmm_fdx.c src/error.c src/env.c
-$(BUILD)/ar_fdx_test: $(AR_FDX_SRCS) src/vmm_fdx.h src/internal.h src/weft.h
+# The descriptor exchange of src/cuda/vmm_fdx.c with real processes (no GPU).
+AR_FDX_SRCS := tests/c/ar_fdx_test.c src/cuda/vmm_fdx.c src/core/error.c src/core/env.c
+$(BUILD)/ar_fdx_test: $(AR_FDX_SRCS) src/cuda/vmm_fdx.h src/core/internal.h src/weft.h
 	@mkdir -p $(BUILD)
 	$(CC) -O2 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Isrc -o $@ $(AR_FDX_SRCS)
 

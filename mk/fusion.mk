@@ -1,4 +1,4 @@
-# Fused all-reduce + residual + RMSNorm (src/fusion.c, kernels/fused_norm.cu):
+# Fused all-reduce + residual + RMSNorm (src/coll/fusion.c, kernels/fused_norm.cu):
 #   make fused-bench      build $(BUILD)/fused_bench (validate-then-benchmark harness)
 #   make fusion-ptxas     compile the kernels with -Xptxas -v; fail on any spill
 #   make gpu-fusion       scripts/gpu-fusion: build, check and benchmark on 2 GPUs
@@ -6,8 +6,8 @@
 # library's one static CUDA runtime.
 FUSED_BENCH := $(BUILD)/fused_bench
 
-# fused_norm.cu includes src/fusion_internal.h, which the generic rule does not list
-$(BUILD)/obj/fused_norm.cu.o: src/fusion_internal.h
+# fused_norm.cu includes src/coll/fusion_internal.h, which the generic rule does not list
+$(BUILD)/obj/fused_norm.cu.o: src/coll/fusion_internal.h
 
 .PHONY: fused-bench fusion-ptxas gpu-fusion
 fused-bench: $(FUSED_BENCH)

@@ -1,4 +1,4 @@
-# Message-queue broadcaster (src/mq.c, lua/weft/mq.lua): its spec, and its
+# Message-queue broadcaster (src/host/mq.c, lua/weft/mq.lua): its spec, and its
 # benchmark against the store path (bench/results/mq-broadcast-*.json/.md).
 #   make test-mq
 #   make bench-mq [BENCH_MQ_ARGS="--worlds 2,4,8 --out bench/results"]

@@ -12,7 +12,7 @@
  * thread). Its error messages are thread-local to it, so each operation's
  * message is copied into the handle and re-raised on the caller's thread. */
 #include "async_internal.h"
-#include "cpugroup.h"
+#include "host/cpugroup.h"
 
 #include <signal.h>
 #include <stdio.h>

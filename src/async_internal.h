@@ -9,7 +9,7 @@
 #ifndef WF_ASYNC_INTERNAL_H
 #define WF_ASYNC_INTERNAL_H
 
-#include "internal.h"
+#include "core/internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

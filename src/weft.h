@@ -58,7 +58,7 @@ const char *weft_last_error(void);        /* thread-local, never NULL */
 const char *weft_build_info(void);        /* "cuda=yes arch=sm_90 ..." */
 size_t weft_dtype_size(int dtype);        /* 0 for an unknown dtype */
 
-/* ---- store: TCP key-value rendezvous (src/store.c) ----
+/* ---- store: TCP key-value rendezvous (src/store/store.c) ----
  * Calls on one handle are serialized by its mutex: a blocking get holds the
  * handle, so a thread that sets what another thread waits for needs its own
  * handle; returned buffers stay valid until the next call from any thread.
@@ -113,7 +113,7 @@ int weft_store_register_rank(weft_store *s, int rank, int world);
  * timeout_ms <= 0: disarm. */
 int weft_interrupt_arm(int fd, int timeout_ms);
 
-/* ---- cpu group: control-plane collectives over the store (src/cpugroup.c) ----
+/* ---- cpu group: control-plane collectives over the store (src/host/cpugroup.c) ----
  * ranks[] are global ranks (used in messages); my_index is this rank's
  * position in ranks[]. Roots/peers below are indices in the group. */
 typedef struct weft_cpugroup weft_cpugroup;
@@ -132,7 +132,7 @@ int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op);
 int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len);
 int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len);
 
-/* ---- host data plane: shared-memory communicator (src/shm.c) ----
+/* ---- host data plane: shared-memory communicator (src/host/shm.c) ----
  * Collective create among ranks of one node; the segment is unlinked as soon
  * as every rank has mapped it, so nothing is left behind if a rank dies. */
 typedef struct weft_shm weft_shm;
@@ -157,9 +157,9 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out);
 /* in_the_same_node_as: flags[i] = 1 when group rank i shares memory with root */
 int weft_same_node(weft_cpugroup *g, int root, uint8_t *flags);
 
-/* ---- host tensor helpers (src/hostops.c, src/norm_host.c) ---- */
+/* ---- host tensor helpers (src/host/hostops.c, src/host/norm_host.c) ---- */
 /* 64-byte aligned, zeroed; NULL on failure. From 64 KiB on, the memory comes
- * from the process's shared host arena (src/host_arena.c): peers of a shm
+ * from the process's shared host arena (src/host/host_arena.c): peers of a shm
  * communicator can read it in place. */
 void *weft_host_alloc(size_t bytes);
 void weft_host_free(void *p);
@@ -187,7 +187,7 @@ int weft_host_rmsnorm(const void *x, const void *residual, const void *weight,
                       int64_t hidden, int dtype, float eps, int flags);
 
 /* ---- CUDA runtime: devices, pool, copies, streams, events, graphs
- *      (src/cuda.c, src/cuda_pool.c, src/graph.c, kernels/devops.cu) ----
+ *      (src/cuda/cuda.c, src/cuda/cuda_pool.c, src/cuda/graph.c, kernels/devops.cu) ----
  * Resolved lazily on first use. With no driver/device (or a build without
  * CUDA) every call fails with WEFT_ENODEV "no CUDA device", except
  * weft_cuda_device_count, which reports 0 and succeeds.
@@ -265,7 +265,7 @@ int weft_cuda_rmsnorm(const void *x, const void *residual, const void *weight,
                       int64_t hidden, int dtype, float eps, int flags,
                       void *stream);
 
-/* ---- NCCL: device collectives per group (src/nccl.c) ----
+/* ---- NCCL: device collectives per group (src/coll/nccl.c) ----
  * libnccl.so.2 is loaded on first use (WEFT_NCCL_LIB overrides the path).
  * Create is collective over the cpu group: index 0 makes the unique id and
  * broadcasts it through the group; a non-blocking communicator is created on
@@ -327,7 +327,7 @@ int weft_nccl_group_start(void);
 int weft_nccl_group_end(void);
 
 /* ---- allreduce: VMM workspaces + custom one/two-shot all-reduce
- *      (src/vmm.c, src/allreduce.c, kernels/allreduce.cu) ----
+ *      (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu) ----
  * VMM workspace: every rank of the group allocates `bytes` (rounded up to the
  * granularity; the same size on all ranks) with cuMemCreate, exports a POSIX
  * fd (flags WEFT_VMM_FABRIC: a FABRIC handle), exchanges it over Unix-domain
@@ -393,7 +393,7 @@ int weft_ar_set_param(weft_ar *ar, const char *name, int64_t value);
 int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int *threads);
 
 /* ---- fusion: all-reduce + residual add + RMSNorm (+ FP8 quant) in one kernel
- *      (src/fusion.c, kernels/fused_norm.cu) ----
+ *      (src/coll/fusion.c, kernels/fused_norm.cu) ----
  * A workspace per group (one VMM allocation per rank, mapped by every peer),
  * created collectively for calls of up to max_tokens x hidden of dtype (or a
  * narrower dtype). Patterns: AR (out = sum over ranks), AR_RMSNORM
@@ -470,7 +470,7 @@ int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t 
 int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok);
 
 /* ---- mq: message-queue broadcaster, one writer to the node's other ranks
- *      (src/mq.c) ----
+ *      (src/host/mq.c) ----
  * A shared-memory ring of `chunks` slots of `chunk_bytes` (0: defaults
  * WEFT_MQ_CHUNK_BYTES = 1 MiB, WEFT_MQ_CHUNKS = 8). create is collective over
  * g (every rank passes the same writer index and sizes; all ranks on one
@@ -570,7 +570,7 @@ int weft_async_result(weft_async *h, const void **data, size_t *len, const size_
 int weft_async_times(weft_async *h, int64_t *submit_ns, int64_t *start_ns, int64_t *end_ns);
 int weft_async_release(weft_async *h);   /* the caller's reference; NULL: no-op */
 
-/* ---- integration: strided device copy for the group layer (src/copy2d.c) ----
+/* ---- integration: strided device copy for the group layer (src/cuda/copy2d.c) ----
  * cudaMemcpy2DAsync (cudaMemcpyDefault): `height` rows of `width` bytes from
  * src (rows `spitch` apart) to dst (rows `dpitch` apart), async on stream
  * (NULL: the thread's current stream); capturable. The dim permutes of

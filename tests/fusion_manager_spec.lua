@@ -2,7 +2,7 @@
 -- mark, reuse, recreate, separate attention/MoE workspaces, preflight vote,
 -- disable on every rank together, pre-initialisation, cleanup) and the fused
 -- entry point's checks, on the CPU with a fake backend standing in for
--- src/fusion.c and the other ranks of the group.
+-- src/coll/fusion.c and the other ranks of the group.
 local fusion = require "weft.fusion"
 
 -- A fake backend: records every call; `others` scripts what the other ranks

@@ -1,4 +1,4 @@
--- weft's own all-reduce (src/vmm.c, src/allreduce.c, kernels/allreduce.cu)
+-- weft's own all-reduce (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu)
 -- through its C API. Without a GPU: the calls fail cleanly. With 2 GPUs:
 -- the harness bench/ar_bench.cu validates every algorithm (f64 reference,
 -- NCCL, graphs, bursts, bad input), a dead peer, an abort and leaks, under
@@ -59,7 +59,7 @@ describe("weft all-reduce C API", function()
   end)
 end)
 
--- The descriptor exchange under the VMM workspaces (src/vmm_fdx.c), with
+-- The descriptor exchange under the VMM workspaces (src/cuda/vmm_fdx.c), with
 -- real processes and memfds: runs everywhere.
 describe("vmm descriptor exchange (tests/c/ar_fdx_test.c)", function()
   local run = spec.c_test("ar_fdx_test", 120)

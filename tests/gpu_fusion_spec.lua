@@ -1,4 +1,4 @@
--- The fused all-reduce + residual + RMSNorm (src/fusion.c,
+-- The fused all-reduce + residual + RMSNorm (src/coll/fusion.c,
 -- kernels/fused_norm.cu) through its C API. Without a GPU: the API is
 -- declared, sizes are computed, and misuse fails cleanly before CUDA. With 2
 -- GPUs: the harness bench/fused_bench.cu (built by mk/fusion.mk) runs under

@@ -1,4 +1,4 @@
--- The shared host arena (src/host_arena.c): large weft host memory lives in a
+-- The shared host arena (src/host/host_arena.c): large weft host memory lives in a
 -- per-process memfd that shm peers can map and read in place.
 --  * the C test tests/c/host_arena_test.c (sizes, zeroing on reuse,
 --    coalescing, threads, fork, a peer mapping the arena, WEFT_HOST_ARENA=0),

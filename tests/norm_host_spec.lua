@@ -1,4 +1,4 @@
--- weft_host_rmsnorm (src/norm_host.c): residual add + RMSNorm on the host
+-- weft_host_rmsnorm (src/host/norm_host.c): residual add + RMSNorm on the host
 -- against an f64 reference (tests/helpers/shm_norm_ref.lua), for f32, f16 and
 -- bf16, with and without residual / residual_out, Gemma weights, in place;
 -- both kernel builds (AVX2 + F16C here, the generic SSE2 one in a child).

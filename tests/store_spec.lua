@@ -1,4 +1,4 @@
--- weft.store: TCP key-value rendezvous (src/store.c, lua/weft/store.lua).
+-- weft.store: TCP key-value rendezvous (src/store/store.c, lua/weft/store.lua).
 local ffi = require "ffi"
 local store = require "weft.store"
 local wffi = require "weft.ffi"
@@ -439,7 +439,7 @@ describe("weft.store from C", function()
   it("passes the SHA-256 / HMAC-SHA256 known-answer test (tests/c/store_sha256_test.c)", function()
     local dir = util.tmpdir()
     local exe = dir .. "/store_sha256_test"
-    local cmd = ("cd '%s' && cc -O2 -Wall -Wextra -Werror -Isrc tests/c/store_sha256_test.c src/sha256.c -o '%s' 2>&1 && '%s' 2>&1; echo rc=$?")
+    local cmd = ("cd '%s' && cc -O2 -Wall -Wextra -Werror -Isrc tests/c/store_sha256_test.c src/store/sha256.c -o '%s' 2>&1 && '%s' 2>&1; echo rc=$?")
                 :format(util.root(), exe, exe)
     local p = io.popen(cmd)
     local out = p:read("*a")

@@ -1,4 +1,4 @@
--- weft.tensor and the host helpers of src/hostops.c (allocation, random fill,
+-- weft.tensor and the host helpers of src/host/hostops.c (allocation, random fill,
 -- conversion, comparison).
 local ffi = require "ffi"
 

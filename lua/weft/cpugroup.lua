@@ -1,4 +1,4 @@
--- weft.cpugroup — control-plane collectives over the store (src/cpugroup.c).
+-- weft.cpugroup — control-plane collectives over the store (src/host/cpugroup.c).
 --   local g = cpugroup.new(store, name, ranks, my_index, timeout_ms)
 --   g:barrier()  g:broadcast(bytes_or_nil, root_index) -> bytes
 --   g:allgather(bytes) -> { bytes_of_index0, ... }

@@ -1,4 +1,4 @@
--- weft.cuda — the device runtime from Lua (src/cuda.c, src/cuda_pool.c, src/graph.c).
+-- weft.cuda — the device runtime from Lua (src/cuda/cuda.c, src/cuda/cuda_pool.c, src/cuda/graph.c).
 --
 -- Interface: docs/lua-interfaces.md (weft.cuda). Loaded lazily (by weft.tensor
 -- for device tensors); on a machine without a GPU everything loads,

@@ -1,4 +1,4 @@
--- weft.custom_ar — weft's own one-shot / two-shot all-reduce (src/allreduce.c,
+-- weft.custom_ar — weft's own one-shot / two-shot all-reduce (src/coll/allreduce.c,
 -- kernels/allreduce.cu) from Lua: raw device pointers, counts in elements,
 -- dtype and algorithm by code or name, like weft.nccl.
 --

@@ -16,16 +16,16 @@
 --
 -- This module holds the custom_ar and fused backends, the rules, choice and
 -- install; the rest lives in (and is re-exported from):
---   weft.device_setup   configuration, per-group device state (lazy,
+--   weft.device.setup   configuration, per-group device state (lazy,
 --                       collective set-up), prepare, info, destroy
---   weft.device_nccl    the nccl and device_host (host staging) backends
---   weft.device_checks  the should_custom_ar and fused checks as data,
+--   weft.device.nccl    the nccl and device_host (host staging) backends
+--   weft.device.checks  the should_custom_ar and fused checks as data,
 --                       fused_decision, explain text, override checkers
 local ffi = require "ffi"
 local policy = require "weft.policy"
-local S = require "weft.device_setup"
-local N = require "weft.device_nccl"
-local K = require "weft.device_checks"
+local S = require "weft.device.setup"
+local N = require "weft.device.nccl"
+local K = require "weft.device.checks"
 
 local type, tostring, error, pcall, ipairs = type, tostring, error, pcall, ipairs
 local fmt, concat = string.format, table.concat

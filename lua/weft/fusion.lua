@@ -1,6 +1,6 @@
 -- weft.fusion — the fused all-reduce + residual add + RMSNorm workspaces
 -- (SGLang's FlashInferWorkspaceManager and flashinfer_allreduce_residual_rmsnorm,
--- seeds/sglang_flashinfer_comm_fusion.py.txt), over src/fusion.c.
+-- seeds/sglang_flashinfer_comm_fusion.py.txt), over src/coll/fusion.c.
 --
 -- The decisions are pure Lua over an injectable backend, so they are tested
 -- on a CPU with a fake one (tests/fusion_manager_spec.lua):
@@ -12,7 +12,7 @@
 --     is recreated at most once per new maximum; a request it covers reuses it
 --     (is_buffer_size_sufficient);
 --   * before allocating, a preflight vote (AND over the group) on whether
---     every rank has room; the C create votes again inside (src/vmm.c);
+--     every rank has room; the C create votes again inside (src/cuda/vmm.c);
 --   * if creation fails on any rank, fusion is disabled on every rank of that
 --     group together (MAX vote after every (re)creation), so ranks never
 --     diverge (one fusing, one not) and never hang in a later graph capture;
@@ -102,7 +102,7 @@ end
 
 ---------------------------------------------------------------- C backend
 
--- The default backend: src/fusion.c through the FFI (loaded lazily, so the
+-- The default backend: src/coll/fusion.c through the FFI (loaded lazily, so the
 -- pure parts of this module work without libweft).
 local function c_backend()
   local ffi = require "ffi"

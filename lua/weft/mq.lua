@@ -1,5 +1,5 @@
 -- weft.mq — message-queue broadcaster: one writer to the other ranks of a node
--- through a shared-memory ring (src/mq.c; SGLang's MessageQueue).
+-- through a shared-memory ring (src/host/mq.c; SGLang's MessageQueue).
 --   local q = mq.new(cpugroup, {writer = 0, chunk_bytes = 1048576, chunks = 8})  -- collective
 --   q:send_bytes(s)                   writer: a string (or ptr, len)
 --   q:recv_bytes([timeout_ms]) -> s   readers: the next message

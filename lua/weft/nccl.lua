@@ -1,4 +1,4 @@
--- weft.nccl — NCCL communicators over a cpu group (src/nccl.c).
+-- weft.nccl — NCCL communicators over a cpu group (src/coll/nccl.c).
 --
 --   local c = nccl.new(cpugroup [, {timeout_ms=, blocking=}])   -- c.blocking: the mode
 --   c:all_reduce(in_ptr, out_ptr, count, dtype, op [, stream])

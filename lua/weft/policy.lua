@@ -15,7 +15,7 @@
 local M = {}
 M.version = 1
 
--- Host dtypes/ops the shared-memory engine reduces natively (src/shm.c).
+-- Host dtypes/ops the shared-memory engine reduces natively (src/host/shm.c).
 -- Anything else on one node goes through "shm_gather" (all-gather over shared
 -- memory, then a local reduction in rank order: same result on every rank).
 M.shm_reduce = {

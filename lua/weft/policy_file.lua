@@ -35,13 +35,13 @@ M.VERSION = 1
 -- Backend names each section accepts, and what they mean to weft.policy.
 M.BACKENDS = {
   all_reduce = {
-    nccl = "NCCL", auto = "weft custom all-reduce, its own size rule (src/allreduce.c)",
+    nccl = "NCCL", auto = "weft custom all-reduce, its own size rule (src/coll/allreduce.c)",
     oneshot = "weft one-shot (Lamport; flag one-shot above its buffers)",
     twoshot = "weft two-shot (reduce-scatter + all-gather)",
     oneshot_flag = "weft flag one-shot",
   },
   fused = {
-    fused_auto = "fused kernel, its own one-/two-shot rule (src/fusion.c)",
+    fused_auto = "fused kernel, its own one-/two-shot rule (src/coll/fusion.c)",
     fused_oneshot = "fused one-shot kernel", fused_twoshot = "fused two-shot kernel",
     unfused = "all-reduce, then the norm kernel",
   },

@@ -50,15 +50,15 @@
 -- (weft.shutdown() when the chunks initialized weft on every rank).
 --
 -- Modules: this one holds the session of rank 0 (commands, waiting for the
--- ranks' answers), the workers' loop and the entry points; weft.repl_chunk
+-- ranks' answers), the workers' loop and the entry points; weft.repl.chunk
 -- (from text to answer: parse, environment, run under a deadline, show
--- values), weft.repl_input (terminal input, completion, signals, POSIX
--- through the FFI) and weft.repl_link (the channel between ranks). Their
+-- values), weft.repl.input (terminal input, completion, signals, POSIX
+-- through the FFI) and weft.repl.link (the channel between ranks). Their
 -- public fields are re-exported here.
 local ffi = require "ffi"
-local repl_input = require "weft.repl_input"   -- declares C.weft_repl_* (POSIX)
-local repl_chunk = require "weft.repl_chunk"
-local repl_link = require "weft.repl_link"
+local repl_input = require "weft.repl.input"   -- declares C.weft_repl_* (POSIX)
+local repl_chunk = require "weft.repl.chunk"
+local repl_link = require "weft.repl.link"
 
 local concat, format = table.concat, string.format
 local C = ffi.C

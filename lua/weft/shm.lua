@@ -1,5 +1,5 @@
 -- weft.shm — host data plane: shared-memory collectives among the ranks of
--- one node (src/shm.c). Raw pointers, counts in elements, C dtype/op codes;
+-- one node (src/host/shm.c). Raw pointers, counts in elements, C dtype/op codes;
 -- the GroupCoordinator adapts tensors.
 --   local c = shm.new(cpugroup, bytes_per_rank)     -- collective
 --   c:all_reduce(in_ptr, out_ptr, count, dtype_code, op_code)   -- in == out: in place
@@ -21,7 +21,7 @@
 -- Zero-copy: a collective of at least zero_copy_min bytes (64 KiB) whose
 -- buffers are shared host memory on every rank (broadcast: the root's; weft
 -- host tensors of 64 KiB and more are) reads the peers' buffers in place
--- instead of copying through the segment (src/shm_zc.c); info() counts the
+-- instead of copying through the segment (src/host/shm_zc.c); info() counts the
 -- calls on each path.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"

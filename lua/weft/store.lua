@@ -1,4 +1,4 @@
--- weft.store — TCP key-value rendezvous (src/store.c).
+-- weft.store — TCP key-value rendezvous (src/store/store.c).
 --   local s = store.open{host="127.0.0.1", port=29500, server=true, timeout_ms=30000,
 --                        secret=nil, bind_host=nil}
 --   s:set(k, v)  s:get(k [, timeout_ms])  s:try_get(k)  s:multi_get{keys} [, timeout_ms]

@@ -1,5 +1,5 @@
-/* ar_fdx_test.c — the descriptor exchange of src/vmm_fdx.c (what
- * src/vmm.c uses to share cuMem POSIX-fd handles), tested with memfds and
+/* ar_fdx_test.c — the descriptor exchange of src/cuda/vmm_fdx.c (what
+ * src/cuda/vmm.c uses to share cuMem POSIX-fd handles), tested with memfds and
  * real processes, no GPU needed:
  *   1. n = 2, 4, 8 processes exchange: every one receives exactly the other
  *      n-1 descriptors, each pointing at the right peer's file;
@@ -9,8 +9,8 @@
  *      it, within the deadline;
  *   4. 300 exchanges in a row leak no descriptor.
  * Prints "PASS name" / "FAIL name: why"; exit status 0 only if all passed. */
-#include "internal.h"
-#include "vmm_fdx.h"
+#include "core/internal.h"
+#include "cuda/vmm_fdx.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -72,7 +72,7 @@ static int file_says(int fd, int rank, int iter) {
 }
 
 /* One rank of an exchange run: iters exchanges, each with a fresh listener
- * (as src/vmm.c does per workspace); dead: a rank that publishes its id and
+ * (as src/cuda/vmm.c does per workspace); dead: a rank that publishes its id and
  * then never sends (the others must time out naming it). */
 static void child(int n, int me, int iters, int dead, int tmo_ms) {
   int us = 0;

@@ -5,7 +5,7 @@
 #ifndef WF_TEST_CPUGROUP_STUBS_H
 #define WF_TEST_CPUGROUP_STUBS_H
 
-#include "internal.h"
+#include "core/internal.h"
 
 #define WF_NO_GROUP() wf_error(WEFT_ESTATE, "no cpu group in this test")
 

@@ -1,5 +1,5 @@
-/* host_arena_test.c — the shared host arena (src/host_arena.c) behind
- * weft_host_alloc / weft_host_free / weft_host_is_shared (src/hostops.c),
+/* host_arena_test.c — the shared host arena (src/host/host_arena.c) behind
+ * weft_host_alloc / weft_host_free / weft_host_is_shared (src/host/hostops.c),
  * with real threads and processes, no GPU needed:
  *   1. small allocations stay on the heap, large ones are arena memory;
  *      all are 64-byte aligned and zeroed;
@@ -19,8 +19,8 @@
  * "host_arena: N passed, M failed"; exit status 0 only if nothing failed.
  * Child processes count into a shared page and also report through their
  * exit status. */
-#include "internal.h"
-#include "host_arena.h"
+#include "core/internal.h"
+#include "host/host_arena.h"
 
 #include <fcntl.h>
 #include <pthread.h>

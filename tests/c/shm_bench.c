@@ -5,7 +5,7 @@
  * prints the median and minimum µs per call seen by rank 0 (medians resist a
  * loaded machine's preemptions better than means) and the bus bandwidth
  * 2(n-1)/n * bytes / median, like nccl-tests. */
-#include "shm.h"
+#include "host/shm.h"
 
 #include <stdio.h>
 #include <stdint.h>

@@ -10,8 +10,8 @@
  * Prints "FAIL ..." per failed check and a closing "shm_fork: N passed, M
  * failed"; exit status 0 only when nothing failed.
  * Build and run: make shm-test-c   (mk/shm.mk) */
-#include "fpconv.h"
-#include "shm.h"
+#include "core/fpconv.h"
+#include "host/shm.h"
 
 #include <math.h>
 #include <signal.h>

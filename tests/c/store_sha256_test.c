@@ -1,8 +1,8 @@
-/* store_sha256_test.c — known-answer test for src/sha256.c (FIPS 180-4
+/* store_sha256_test.c — known-answer test for src/store/sha256.c (FIPS 180-4
  * examples, RFC 4231 HMAC-SHA256 cases). Prints one line per failure and
  * "sha256: N passed, M failed"; exit status 0 only when all pass.
- * Build: cc -O2 -Isrc tests/c/store_sha256_test.c src/sha256.c */
-#include "sha256.h"
+ * Build: cc -O2 -Isrc tests/c/store_sha256_test.c src/store/sha256.c */
+#include "store/sha256.h"
 
 #include <stdio.h>
 #include <stdlib.h>

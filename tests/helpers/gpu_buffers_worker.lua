@@ -27,23 +27,9 @@ local tp = weft.tp()
 local DEV = "cuda:" .. cuda.current_device()
 local N = 1048576
 
-local failed = 0
 local S = G.soft_checks()
 local want, expect_error = S.want, S.expect_error
-
-local function check(name, fn)
-  local t0 = weft.now_us()
-  local ok, err = S.run(fn)
-  if ok then
-    print(("PASS %s (%.1f s)"):format(name, (weft.now_us() - t0) / 1e6))
-  else
-    failed = failed + 1
-    print("FAIL " .. name .. ": " .. tostring(err):gsub("\n", " | "))
-  end
-  io.stdout:flush()
-  local okb, eb = pcall(world.barrier, world)
-  if not okb then print("RESYNC after " .. name .. ": " .. tostring(eb)); io.stdout:flush() end
-end
+local check, done = G.checks(world, S)
 
 local function first(t) return t:to_table()[1] end
 
@@ -115,4 +101,4 @@ end)
 
 weft.destroy_model_parallel()
 weft.shutdown()
-os.exit(failed == 0 and 0 or 1)
+done()

@@ -33,24 +33,9 @@ local DEVI = cuda.current_device()
 local DEV = "cuda:" .. DEVI
 local MIB = 1048576
 
-local failed = 0
 local S = G.soft_checks()
 local want, expect_error, ints = S.want, S.expect_error, G.ints
-
-local function check(name, fn)
-  local t0 = weft.now_us()
-  local ok, err = S.run(fn)
-  policy.set { all_reduce = "default", fused = "default", group = tp }
-  if ok then
-    print(("PASS %s (%.1f s)"):format(name, (weft.now_us() - t0) / 1e6))
-  else
-    failed = failed + 1
-    print("FAIL " .. name .. ": " .. tostring(err):gsub("\n", " | "))
-  end
-  io.stdout:flush()
-  local okb, eb = pcall(world.barrier, world)
-  if not okb then print("RESYNC after " .. name .. ": " .. tostring(eb)); io.stdout:flush() end
-end
+local check, done = G.checks(world, S, function() policy.set { all_reduce = "default", fused = "default", group = tp } end)
 
 -- exact equality of a device (or host) tensor with a host reference tensor
 local function same(got, ref, what)
@@ -592,6 +577,4 @@ check("destroy", function()
 end)
 
 weft.shutdown()
-print(("DONE %d failed"):format(failed))
-io.stdout:flush()
-os.exit(failed == 0 and 0 or 1)
+done()

@@ -584,7 +584,7 @@ check_once("store_collective_refused_in_capture", function(g)
 end)
 
 -- Rank 1 stalls before `phase` of create (init or split; the test hook
--- WEFT_NCCL_TEST_STALL of src/nccl.c). Rank 0's create must fail after the
+-- WEFT_NCCL_TEST_STALL of src/coll/nccl.c). Rank 0's create must fail after the
 -- timeout (its phase, then the vote that waits for rank 1: 2 x timeout), not
 -- when rank 1 comes back; rank 1's create fails too then.
 local function late_create(g, phase, timeout_ms)

@@ -176,6 +176,36 @@ function G.soft_checks()
   return S
 end
 
+-- The check loop of a rank script: check(name, fn) runs one check's body
+-- under S.run (S = G.soft_checks()), prints "PASS <name> (<s> s)" or "FAIL
+-- <name>: <why>", calls after() if given (e.g. to drop policy overrides),
+-- then every rank meets at world:barrier() ("RESYNC after <name>" when that
+-- fails). done() prints "DONE <n> failed" and exits 1 if any check failed.
+function G.checks(world, S, after)
+  local weft = require "weft"
+  local failed = 0
+  local function check(name, fn)
+    local t0 = weft.now_us()
+    local ok, err = S.run(fn)
+    if after then after() end
+    if ok then
+      print(("PASS %s (%.1f s)"):format(name, (weft.now_us() - t0) / 1e6))
+    else
+      failed = failed + 1
+      print("FAIL " .. name .. ": " .. tostring(err):gsub("\n", " | "))
+    end
+    io.stdout:flush()
+    local okb, eb = pcall(world.barrier, world)
+    if not okb then print("RESYNC after " .. name .. ": " .. tostring(eb)); io.stdout:flush() end
+  end
+  local function done()
+    print(("DONE %d failed"):format(failed))
+    io.stdout:flush()
+    os.exit(failed == 0 and 0 or 1)
+  end
+  return check, done
+end
+
 -- A host tensor of small integers (-16..15) as dtype, deterministic in seed
 -- (sums and products stay exact in every dtype); shape: a table or a count.
 function G.ints(seed, shape, dt)

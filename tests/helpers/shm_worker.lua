@@ -159,7 +159,7 @@ pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
 -- all_reduce through shared buffers: every rank's buffers in its arena take the
--- zero-copy path (src/shm_zc.c) from zero_copy_min bytes on, bit-identical to
+-- zero-copy path (src/host/shm_zc.c) from zero_copy_min bytes on, bit-identical to
 -- the segment path; one rank with heap buffers sends everyone through the segment.
 local function zerocopy()
   local c = shm.new(g)

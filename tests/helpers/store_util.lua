@@ -135,7 +135,7 @@ M.poll = function(fds, n, ms) return C.wst_poll(fds, n, ms) end
 M.POLLIN, M.POLLOUT = POLLIN, POLLOUT
 M.raw_recv = function(fd, buf, n) return tonumber(C.wst_recv(fd, buf, n, 0)) end
 
--- Frame header of the store protocol (src/store_proto.h).
+-- Frame header of the store protocol (src/store/store_proto.h).
 function M.u32(v)
   return string.char(bit.band(bit.rshift(v, 24), 255), bit.band(bit.rshift(v, 16), 255),
                      bit.band(bit.rshift(v, 8), 255), bit.band(v, 255))

@@ -1,0 +1,364 @@
+-- weft.device.checks — which device path a call takes, and why: the seed's
+-- should_custom_ar and the fused path's conditions as data (custom_ar_checks,
+-- fused_checks: tried in order, each with its explain text), the custom
+-- all-reduce rule's predicate and explain helpers, fused_decision, and the
+-- checkers policy.set uses to refuse overrides a group cannot serve.
+-- weft.device_backends puts them into weft.policy's rules and re-exports
+-- custom_ar_checks, fused_checks and fused_decision; the group facts come
+-- from weft.device.setup. Runs no collective.
+local ffi = require "ffi"
+local policy = require "weft.policy"
+local S = require "weft.device.setup"
+
+local tostring, tonumber, ipairs = tostring, tonumber, ipairs
+local fmt = string.format
+local mod, gname, is_device = S.mod, S.gname, S.is_device
+local group_kind, ar_enabled, AR_WORLDS = S.group_kind, S.ar_enabled, S.AR_WORLDS
+
+local M = {}
+
+local AR_DTYPES = { f32 = true, f16 = true, bf16 = true }
+
+---------------------------------------------------------------- custom all-reduce
+-- The seed's should_custom_ar, as data: checks tried in order; each returns
+-- ok, text (text formatted only when `v`, for explain). The `mode` argument
+-- is the column of the seed's eager/graph table: in graph mode the workspace
+-- must exist already (a capture cannot make it).
+local function ptr_aligned(p)
+  if p == nil then return false end
+  return tonumber(ffi.cast("uintptr_t", p) % 16) == 0
+end
+
+local function ar_limit(d)
+  if d ~= nil and d.ar ~= nil then return d.ar.max_bytes end
+  return S.config.custom_ar_max_bytes
+end
+
+M.custom_ar_checks = {
+  { name = "dtype and reduction", kind = "type",
+    check = function(_, t, rop, _, _, v)
+      if not AR_DTYPES[t.dtype] then
+        return false, v and fmt("dtype %s: the kernels reduce f32, f16 and bf16", tostring(t.dtype)) or "dtype"
+      end
+      if rop ~= nil and rop ~= "sum" then
+        return false, v and fmt("reduction %s: the kernels only sum", tostring(rop)) or "reduction"
+      end
+      return true, "f32/f16/bf16 sum"
+    end },
+  { name = "enabled on the group", override_skips = true,
+    check = function(g, _, _, _, _, v)
+      local on, src = ar_enabled(g)
+      if on then return true, v and ("enabled (" .. src .. ")") or "enabled" end
+      return false, v and fmt("off for %s groups (%s; set g.use_custom_allreduce = true)", group_kind(g), src) or "off"
+    end },
+  { name = "world size",
+    check = function(g, _, _, _, _, v)
+      if AR_WORLDS[g.world_size] then return true, v and fmt("%d ranks (kernels for 2, 4, 6, 8)", g.world_size) or "ok" end
+      return false, v and fmt("%d ranks: kernels exist for 2, 4, 6, 8", g.world_size) or "world size"
+    end },
+  { name = "one node",
+    check = function(g)
+      if g.same_node then return true, "every rank on one node" end
+      return false, "ranks on several nodes: NCCL"
+    end },
+  { name = "one GPU per rank",
+    check = function(_, _, _, d)
+      if d == nil then return true, "checked when the group first uses the device" end
+      local why = S.kernel_block(d)
+      if why then return false, why end
+      return true, d.shared_mode or "yes"
+    end },
+  { name = "peer access (workspace)",
+    check = function(_, _, _, d, mode, v)
+      local st = d and d.ar_state
+      if st == "ready" then return true, v and d.ar_why or "ready" end
+      -- a kernel failed earlier: the calls this backend would serve raise
+      -- (see car.all_reduce), they never move to NCCL on one rank alone
+      if st == "broken" then return true, v and ("kernel failed earlier: " .. tostring(d.ar_why)) or st end
+      if st == "failed" or st == "off" then return false, v and tostring(d.ar_why) or st end
+      if mode == "graph" then
+        return false, "no workspace yet, and a capture cannot make one (groups passed to weft.graph.capture are prepared before it begins)"
+      end
+      return true, "made on first use: collective, preflight vote, every rank or none"
+    end },
+  { name = "contiguous",
+    check = function(_, t)
+      if t.is_contiguous == nil or t:is_contiguous() then return true, "yes" end
+      return false, "non-contiguous tensor"
+    end },
+  { name = "16-byte aligned",
+    check = function(_, t, _, _, _, v)
+      if ptr_aligned(t.ptr) then return true, "yes (any element count: the kernels handle tails)" end
+      return false, v and fmt("address %s is not 16-byte aligned", tostring(t.ptr)) or "alignment"
+    end },
+  { name = "size",
+    check = function(_, t, _, d, _, v)
+      local n, lim = tonumber(t.nbytes) or 0, ar_limit(d)
+      if n > 0 and n <= lim then
+        return true, v and fmt("%s <= %s", policy.human_bytes(n), policy.human_bytes(lim)) or "ok"
+      end
+      if n == 0 then return false, "empty tensor" end
+      return false, v and fmt("%s > %s (WEFT_CUSTOM_AR_MAX_BYTES / the workspace)", policy.human_bytes(n),
+                              policy.human_bytes(lim)) or "size"
+    end },
+}
+
+-- The rule's predicate: records the algorithm (g._ar_pick) or, under an
+-- override the group cannot serve, the error the call raises (g._ar_pick_error).
+local function ar_rule(g, t, rop)
+  g._ar_pick_error = nil
+  local d = g._dev
+  local mode = policy.mode()
+  local ov, src = policy.override(g, "all_reduce")
+  if ov == "nccl" then return false end
+  local checks = M.custom_ar_checks
+  for i = 1, #checks do
+    local c = checks[i]
+    if not (ov ~= nil and c.override_skips) then
+      if not c.check(g, t, rop, d, mode, false) then
+        if ov ~= nil and c.kind ~= "type" then
+          local _, why = c.check(g, t, rop, d, mode, true)
+          g._ar_pick_error = fmt("all_reduce=%s (%s) cannot be served on group %s: %s: %s",
+                                 ov, tostring(src), gname(g), c.name, tostring(why))
+          return true
+        end
+        return false
+      end
+    end
+  end
+  local algo = ov
+  if algo == nil then
+    local be = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes))
+    if be == "nccl" then return false end
+    algo = be or "auto"
+  end
+  g._ar_pick = mod("weft.custom_ar").ALGO[algo] or 0
+  return true
+end
+
+-- explain: every check, and the table / override step
+local function ar_lines(g, t, rop)
+  local lines, d, mode = {}, g._dev, policy.mode()
+  local ov, src = policy.override(g, "all_reduce")
+  for _, c in ipairs(M.custom_ar_checks) do
+    if ov ~= nil and c.override_skips then
+      lines[#lines + 1] = fmt("- %s: skipped (override all_reduce=%s)", c.name, ov)
+    else
+      local ok, why = c.check(g, t, rop, d, mode, true)
+      lines[#lines + 1] = fmt("%s %s: %s", ok and "+" or "x", c.name, tostring(why))
+    end
+  end
+  if ov ~= nil then
+    lines[#lines + 1] = fmt("= override all_reduce=%s (%s)", ov, tostring(src))
+  else
+    local be, s, wk, dk, i = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes) or 0)
+    if be then
+      lines[#lines + 1] = fmt("= policy file %s: %s -> %s", tostring(policy.tuned_path),
+                              mod("weft.policy_file").where(s, wk, dk, i), be)
+    else
+      lines[#lines + 1] = "= built-in: auto (the kernel's measured crossovers: Lamport one-shot, then two-shot)"
+    end
+  end
+  return lines
+end
+
+local function ar_why(g, _, t, rop)
+  if g._ar_pick_error then return "override error: " .. g._ar_pick_error end
+  local ov, src = policy.override(g, "all_reduce")
+  local algo = ov
+  local how = ov and ("override, " .. tostring(src)) or nil
+  if not algo then
+    local be = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes) or 0)
+    algo = be or "auto"
+    how = be and ("policy file " .. tostring(policy.tuned_path)) or "built-in"
+  end
+  local kernel = ""
+  local d = g._dev
+  if d and d.ar then
+    local k, w = d.ar:resolve(t.numel, t.dtype, algo)
+    if k then kernel = fmt(" -> %s kernel (%s)", k, w) end
+  end
+  return fmt("weft custom all-reduce, %s (%s)%s; in place, reads the input inside the kernel "
+             .. "(graph-safe without registration)", algo, how, kernel)
+end
+
+local function ar_why_not(g, _, t, rop)
+  if not is_device(t) then return "host tensor" end
+  local ov, src = policy.override(g, "all_reduce")
+  if ov == "nccl" then return "override all_reduce=nccl (" .. tostring(src) .. ")" end
+  local d, mode = g._dev, policy.mode()
+  for _, c in ipairs(M.custom_ar_checks) do
+    if not (ov ~= nil and c.override_skips) then
+      local ok, why = c.check(g, t, rop, d, mode, true)
+      if not ok then return c.name .. ": " .. tostring(why) end
+    end
+  end
+  return "the policy file says nccl at this size"
+end
+
+---------------------------------------------------------------- fused
+local function fused_tokens_cap(opts)
+  return opts.max_tokens or S.config.fused_max_tokens
+end
+
+-- The fused path's checks, as data (like custom_ar_checks); each
+-- check(g, x, res, w, opts, d, mode, v) -> ok, text. A failed check sends the
+-- call to the unfused path (all_reduce + the norm kernel) with that reason.
+M.fused_checks = {
+  { name = "override",
+    check = function(g)
+      local ov, src = policy.override(g, "fused")
+      if ov == "unfused" then return false, "override fused=unfused (" .. tostring(src) .. ")" end
+      return true, ov and ("override fused=" .. ov) or "none"
+    end },
+  { name = "more than one rank",
+    check = function(g)
+      if g.world_size > 1 then return true, "yes" end
+      return false, "group of one rank: the norm kernel alone"
+    end },
+  { name = "one node",
+    check = function(g)
+      if g.same_node then return true, "yes" end
+      return false, "ranks on several nodes: NCCL all-reduce, then the norm (the seed's _resolve_backend)"
+    end },
+  { name = "world size <= 8",
+    check = function(g, _, _, _, _, _, _, v)
+      if g.world_size <= 8 then return true, "yes" end
+      return false, v and fmt("%d ranks (kernels for 2..8)", g.world_size) or "world size"
+    end },
+  { name = "one GPU per rank",
+    check = function(_, _, _, _, _, d)
+      if d == nil then return true, "checked when the group first uses the device" end
+      local why = S.kernel_block(d)
+      if why then return false, why end
+      return true, d.shared_mode or "yes"
+    end },
+  { name = "hidden <= 16384",
+    check = function(_, x, _, _, _, _, _, v)
+      local h = x.shape[#x.shape]
+      if h <= 16384 then return true, "yes" end
+      return false, v and fmt("hidden %d > 16384", h) or "hidden"
+    end },
+  { name = "contiguous",
+    check = function(_, x, r, w)
+      if x:is_contiguous() and (r == nil or r:is_contiguous()) and (w == nil or w:is_contiguous()) then
+        return true, "yes"
+      end
+      return false, "non-contiguous tensors"
+    end },
+  { name = "tokens within the workspace",
+    check = function(_, x, _, _, opts, _, _, v)
+      local h = x.shape[#x.shape]
+      local tokens, cap = x.numel / h, fused_tokens_cap(opts)
+      if tokens <= cap then return true, v and fmt("%d <= %d", tokens, cap) or "ok" end
+      return false, v and fmt("%d tokens > the workspace's %d (declare max_tokens, or WEFT_FUSION_MAX_TOKENS)",
+                              tokens, cap) or "tokens"
+    end },
+  { name = "workspace",
+    check = function(g, _, _, _, opts, _, mode)
+      local f = g._fusion
+      local mgr = f and f:manager(opts.use_attn_tp_group)
+      if mgr and mgr.disabled then return false, "fusion disabled on this group: " .. tostring(mgr.disabled_reason) end
+      if mgr and mgr.initialized then return true, "ready" end
+      if mode == "graph" then
+        return false, "no workspace was made before capture "
+                      .. "(weft.graph.capture{fusion = {max_tokens=, hidden=, dtype=}} pre-initializes it)"
+      end
+      return true, "made on first use: collective, preflight vote, disabled on every rank together if any fails"
+    end },
+}
+
+-- graph mode: the workspace must already hold the call with that kernel (a
+-- capture cannot grow it: growing is collective)
+local function graph_fits(g, x, opts, algo)
+  local mgr = g._fusion:manager(opts.use_attn_tp_group)
+  local h = x.shape[#x.shape]
+  return mgr:is_buffer_size_sufficient(x.numel / h, h, x.dtype, algo)
+end
+
+local FUSED_ALGO = { fused_oneshot = "oneshot", fused_twoshot = "twoshot", fused_auto = "auto" }
+
+-- fused_decision(g, x, res, w, opts [, verbose]) -> path ("fused"|"unfused"), why, algo, lines
+function M.fused_decision(g, x, res, w, opts, verbose)
+  opts = opts or {}
+  local d, mode = g._dev, policy.mode()
+  local lines = verbose and {} or nil
+  local path, why = "fused", nil
+  for _, c in ipairs(M.fused_checks) do
+    local ok, text = c.check(g, x, res, w, opts, d, mode, verbose)
+    if lines then lines[#lines + 1] = fmt("%s %s: %s", ok and "+" or "x", c.name, tostring(text)) end
+    if not ok and path == "fused" then
+      if not verbose then ok, text = c.check(g, x, res, w, opts, d, mode, true) end
+      path, why = "unfused", c.name .. ": " .. tostring(text)
+      if not verbose then return path, why end
+    end
+  end
+  if path ~= "fused" then return path, why, nil, lines end
+  local ov = policy.override(g, "fused")
+  local algo = opts.algo or ov
+  local how = opts.algo and "opts.algo" or ov and "override" or nil
+  if algo == nil then
+    local be = policy.tuned_backend("fused", g.world_size, x.dtype, x.numel * x:elem_size())
+    if be == "unfused" then
+      why = "policy file " .. tostring(policy.tuned_path) .. ": unfused at this size"
+      if lines then lines[#lines + 1] = "= " .. why end
+      return "unfused", why, nil, lines
+    end
+    algo = be and FUSED_ALGO[be] or "auto"
+    how = be and ("policy file " .. tostring(policy.tuned_path)) or "built-in (one-shot up to the kernel's limit, then two-shot)"
+  end
+  if mode == "graph" and not graph_fits(g, x, opts, algo) then
+    why = fmt("workspace: too small for this call with the %s kernel, and a capture cannot grow it "
+              .. "(pre-initialize it for the largest call)", algo)
+    if lines then lines[#lines + 1] = "x " .. why end
+    return "unfused", why, nil, lines
+  end
+  why = fmt("fused kernel, %s (%s)", algo, how)
+  if lines then lines[#lines + 1] = "= " .. why end
+  return "fused", why, algo, lines
+end
+
+
+-- explain: the fused checks for a device input, and the last call's path
+local function fused_lines(g, _, t)
+  if not is_device(t) or t.shape == nil or #t.shape < 1 or t.is_contiguous == nil then
+    return { "(explain with the device input tensor)" }
+  end
+  local _, _, _, lines = M.fused_decision(g, t, nil, nil, {}, true)
+  if g._fused_path then lines[#lines + 1] = fmt("last call: %s (%s)", g._fused_path, tostring(g._fused_why)) end
+  return lines
+end
+
+---------------------------------------------------------------- override checkers
+-- Overrides the group cannot use, refused by policy.set when given the group.
+local function check_all_reduce(g, v)
+  if g.world_size <= 1 then return true end
+  local d = g._dev
+  if v == "nccl" then
+    if d and d.nccl == nil then return false, "NCCL cannot serve it: " .. tostring(d.nccl_why) end
+    return true
+  end
+  if not AR_WORLDS[g.world_size] then return false, fmt("%d ranks: the custom kernels exist for 2, 4, 6, 8", g.world_size) end
+  if not g.same_node then return false, "ranks on several nodes" end
+  if S.kernel_block(d) then return false, S.kernel_block(d) end
+  if d and d.ar_state == "failed" then return false, tostring(d.ar_why) end
+  return true
+end
+
+local function check_fused(g, v)
+  if v == "unfused" or g.world_size <= 1 then return true end
+  if not g.same_node then return false, "ranks on several nodes" end
+  if g.world_size > 8 then return false, "more than 8 ranks" end
+  local d = g._dev
+  if S.kernel_block(d) then return false, S.kernel_block(d) end
+  local f = g._fusion
+  if f and f.attn.disabled then return false, "fusion disabled: " .. tostring(f.attn.disabled_reason) end
+  return true
+end
+
+---------------------------------------------------------------- for weft.device_backends
+M.AR_DTYPES, M.ptr_aligned, M.fused_tokens_cap = AR_DTYPES, ptr_aligned, fused_tokens_cap
+M.ar_rule, M.ar_lines, M.ar_why, M.ar_why_not, M.fused_lines = ar_rule, ar_lines, ar_why, ar_why_not, fused_lines
+M.check_all_reduce, M.check_fused = check_all_reduce, check_fused
+
+return M

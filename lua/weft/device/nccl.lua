@@ -1,0 +1,291 @@
+-- weft.device.nccl — the device backends that move data through NCCL:
+-- nccl (every device collective, one communicator per group; layouts along a
+-- dim by 2-D copies) and device_host (NCCL unusable: ranks sharing a GPU, no
+-- libnccl; the data goes through host memory and the host path; eager only).
+-- weft.device_backends registers them and re-exports M.nccl_backend and
+-- M.stage; the group's device state comes from weft.device.setup.
+local ffi = require "ffi"
+local S = require "weft.device.setup"
+
+local tostring, error = tostring, error
+local fmt = string.format
+local mod, T, gname = S.mod, S.T, S.gname
+local dev_of, stream_capturing, scratch = S.dev_of, S.stream_capturing, S.scratch
+
+local M = {}
+
+local U8 = 5                 -- byte-moving collectives go as u8 (any dtype, f8 too)
+
+local C_
+local function C()
+  if C_ == nil then C_ = require("weft.ffi").C end
+  return C_
+end
+
+local function copy2d(dst, dpitch, src, spitch, width, height)
+  if C().weft_cuda_memcpy2d_async(dst, dpitch, src, spitch, width, height, nil) ~= 0 then
+    error("weft: copy2d: " .. require("weft.ffi").last_error(), 0)
+  end
+end
+
+local function outer_of(shape, dim)
+  local o = 1
+  for i = 1, dim do o = o * shape[i] end
+  return o
+end
+
+local u8p = ffi.typeof("uint8_t *")
+
+---------------------------------------------------------------- host staging
+-- The host path with device data: copy in, run the group's host collective,
+-- copy out. Correct anywhere, fast nowhere; refused while capturing.
+local function stage_check(g, op, a, b)
+  local d = dev_of(g, op, a, b)
+  if stream_capturing() then
+    error(fmt("weft: %s: group %s cannot run device collectives inside a graph capture: %s; "
+              .. "its host staging path is eager only", op, gname(g), tostring(d.nccl_why)), 0)
+  end
+  return d
+end
+
+local function host_clone(t) return t:clone("cpu") end
+
+local stage = {}
+function stage.all_reduce(g, op, t, out_ptr, rop)
+  stage_check(g, op, t)
+  local h = host_clone(t)
+  g:all_reduce(h, rop)
+  local dst = t
+  if out_ptr ~= t.ptr then dst = T().wrap(out_ptr, t.shape, t.dtype, t.device) end
+  dst:copy_(h)
+  h:free()
+end
+-- t staged on the host, host_op(h) -> a new host tensor, copied into out
+local function via_host(g, op, t, out, host_op)
+  stage_check(g, op, t, out)
+  local h = host_clone(t)
+  local ho = host_op(h)
+  out:copy_(ho)
+  h:free(); ho:free()
+end
+function stage.all_gather(g, op, t, dim, out)
+  via_host(g, op, t, out, function(h) return g:all_gather(h, dim) end)
+end
+function stage.reduce_scatter(g, op, t, dim, out, rop)
+  via_host(g, op, t, out, function(h) return g:reduce_scatter(h, dim, nil, rop) end)
+end
+function stage.broadcast_tensor(g, op, t, src)
+  stage_check(g, op, t)
+  local h = host_clone(t)
+  g:broadcast(h, src)
+  t:copy_(h)
+  h:free()
+end
+function stage.gather(g, op, t, dst, dim)
+  stage_check(g, op, t)
+  local h = host_clone(t)
+  local ho = g:gather(h, dst, dim)
+  h:free()
+  if ho == nil then return nil end
+  local o = ho:clone(t.device)
+  ho:free()
+  return o
+end
+function stage.send(g, op, t, dst)
+  stage_check(g, op, t)
+  local h = host_clone(t)
+  g:send(h, dst)
+  h:free()
+end
+function stage.recv(g, op, t, src)
+  stage_check(g, op, t)
+  local h = T().empty(t.shape, t.dtype, "cpu")
+  g:recv(h, src)
+  t:copy_(h)
+  h:free()
+end
+function stage.all_to_all_single(g, op, out, inp, in_splits, out_splits)
+  stage_check(g, op, inp, out)
+  local hi, ho = host_clone(inp), T().empty(out.shape, out.dtype, "cpu")
+  local splits = nil
+  if in_splits then splits = { input = in_splits, output = out_splits } end
+  g:all_to_all_single(ho, hi, splits)
+  out:copy_(ho)
+  hi:free(); ho:free()
+end
+function stage.all_gatherv(g, op, t, sizes, out)
+  via_host(g, op, t, out, function(h) return g:all_gatherv(h, sizes) end)
+end
+function stage.reduce_scatterv(g, op, t, sizes, out, rop)
+  via_host(g, op, t, out, function(h) return g:reduce_scatterv(h, nil, sizes, rop) end)
+end
+M.stage = stage
+
+---------------------------------------------------------------- NCCL backend
+-- comm(g, op, a, b) -> nccl comm, or nil when the group stages through the host
+local function comm(g, op, a, b)
+  local d = dev_of(g, op, a, b)
+  return d.nccl, d
+end
+
+-- point-to-point before set-up: only a group of two can set up in a send/recv
+local function p2p_comm(g, op, t)
+  if g._dev == nil and g.world_size > 2 then
+    error(fmt("weft: %s: group %s (%d ranks) has no device communicator yet, and a point-to-point "
+              .. "call cannot make one (only 2 of its ranks take part): run a device collective on the "
+              .. "group first, or call weft.device_backends.prepare(g) on every rank", op, gname(g),
+              g.world_size), 0)
+  end
+  return comm(g, op, t)
+end
+
+local nccl_be = {}
+function nccl_be.all_reduce(g, op, t, out_ptr, rop, code)
+  local c = comm(g, op, t)
+  if c == nil then return stage.all_reduce(g, op, t, out_ptr, rop, code) end
+  if t.numel == 0 then return end
+  c:all_reduce(t.ptr, out_ptr, t.numel, t._code, code)
+end
+
+-- along `dim`: NCCL gathers [W][outer][inner]; the layout wanted is
+-- [outer][W][inner]: one 2-D copy per rank
+function nccl_be.all_gather(g, op, t, dim, out)
+  local c, d = comm(g, op, t, out)
+  if c == nil then return stage.all_gather(g, op, t, dim, out) end
+  local nb, W = t.nbytes, g.world_size
+  if nb == 0 then return end
+  local outer = outer_of(t.shape, dim)
+  if outer == 1 then return c:all_gather(t.ptr, out.ptr, nb, U8) end
+  local buf = scratch(d, "gather", nb * W)
+  c:all_gather(t.ptr, buf, nb, U8)
+  local ib = nb / outer
+  local o = ffi.cast(u8p, out.ptr)
+  for r = 0, W - 1 do copy2d(o + r * ib, W * ib, buf + r * nb, ib, ib, outer) end
+end
+
+-- along `dim`: the input [outer][W][chunk] is laid out [W][outer][chunk] first
+function nccl_be.reduce_scatter(g, op, t, dim, out, rop, code)
+  local c, d = comm(g, op, t, out)
+  if c == nil then return stage.reduce_scatter(g, op, t, dim, out, rop, code) end
+  local nb, W = t.nbytes, g.world_size
+  if nb == 0 then return end
+  local outer = outer_of(t.shape, dim)
+  local src = t.ptr
+  if outer > 1 then
+    local cb = nb / W / outer
+    local buf = scratch(d, "rs_in", nb)
+    local i = ffi.cast(u8p, t.ptr)
+    for r = 0, W - 1 do copy2d(buf + r * outer * cb, cb, i + r * cb, W * cb, cb, outer) end
+    src = buf
+  end
+  c:reduce_scatter(src, out.ptr, out.numel, t._code, code)
+end
+
+function nccl_be.broadcast_tensor(g, op, t, src)
+  local c = comm(g, op, t)
+  if c == nil then return stage.broadcast_tensor(g, op, t, src) end
+  if t.nbytes == 0 then return end
+  c:broadcast(t.ptr, t.nbytes, U8, src)
+end
+
+-- gather(t, dst, dim) -> on dst the concatenation along dim, elsewhere nil
+function nccl_be.gather(g, op, t, dst, dim)
+  local c, d = comm(g, op, t)
+  if c == nil then return stage.gather(g, op, t, dst, dim) end
+  local W, me, nb = g.world_size, g.rank_in_group, t.nbytes
+  local out
+  if me == dst then
+    local shape = {}
+    for i = 1, #t.shape do shape[i] = t.shape[i] end
+    shape[dim + 1] = shape[dim + 1] * W
+    out = T().empty(shape, t.dtype, t.device)
+  end
+  if nb == 0 then return out end
+  local outer = outer_of(t.shape, dim)
+  if outer == 1 then
+    c:gather(t.ptr, out and out.ptr or nil, nb, U8, dst)
+    return out
+  end
+  local buf = me == dst and scratch(d, "gather", nb * W) or nil
+  c:gather(t.ptr, buf, nb, U8, dst)
+  if out then
+    local ib = nb / outer
+    local o = ffi.cast(u8p, out.ptr)
+    for r = 0, W - 1 do copy2d(o + r * ib, W * ib, buf + r * nb, ib, ib, outer) end
+  end
+  return out
+end
+
+function nccl_be.send(g, op, t, dst)
+  local c = p2p_comm(g, op, t)
+  if c == nil then return stage.send(g, op, t, dst) end
+  if t.nbytes == 0 then return end
+  c:send(t.ptr, t.nbytes, U8, dst)
+end
+
+function nccl_be.recv(g, op, t, src)
+  local c = p2p_comm(g, op, t)
+  if c == nil then return stage.recv(g, op, t, src) end
+  if t.nbytes == 0 then return end
+  c:recv(t.ptr, t.nbytes, U8, src)
+end
+
+local function row_bytes(t)
+  local rb = t:elem_size()
+  for i = 2, #t.shape do rb = rb * t.shape[i] end
+  return rb
+end
+
+-- all_to_all_single: rows of inp split per peer (equal, or in_splits); the
+-- receive sizes are out_splits when given on every rank, else exchanged over
+-- the cpu group (eager only)
+function nccl_be.all_to_all_single(g, op, out, inp, in_splits, out_splits)
+  local c = comm(g, op, inp, out)
+  if c == nil then return stage.all_to_all_single(g, op, out, inp, in_splits, out_splits) end
+  local W, me = g.world_size, g.rank_in_group
+  if in_splits == nil then
+    if inp.nbytes == 0 then return end
+    return c:all_to_all(inp.ptr, out.ptr, inp.nbytes, U8)
+  end
+  local rb = row_bytes(inp)
+  local recv = out_splits
+  if recv == nil then
+    if stream_capturing() then
+      error(fmt("weft: %s: uneven splits inside a graph capture need the output splits too "
+                .. "({input = ..., output = ...}) on group %s", op, gname(g)), 0)
+    end
+    local ser = mod("weft.serialize")
+    local list = g.cpu_group:allgather(ser.encode(in_splits))
+    recv = {}
+    for r = 1, W do recv[r] = ser.decode(list[r])[me + 1] end
+  end
+  local total = 0
+  for r = 1, W do total = total + recv[r] end
+  if total ~= out.shape[1] then
+    error(fmt("weft: %s: this rank receives %d rows, output has %d (group %s)", op, total, out.shape[1], gname(g)), 0)
+  end
+  local sc, rc = {}, {}
+  for r = 1, W do sc[r] = in_splits[r] * rb; rc[r] = recv[r] * rb end
+  c:all_to_all(inp.ptr, out.ptr, 0, U8, sc, rc)
+end
+
+function nccl_be.all_gatherv(g, op, t, sizes, out)
+  local c = comm(g, op, t, out)
+  if c == nil then return stage.all_gatherv(g, op, t, sizes, out) end
+  local rb = row_bytes(t)
+  local counts = {}
+  for r = 1, g.world_size do counts[r] = sizes[r] * rb end
+  c:all_gatherv(t.ptr, out.ptr, counts, U8)
+end
+
+function nccl_be.reduce_scatterv(g, op, t, sizes, out, rop, code)
+  local c = comm(g, op, t, out)
+  if c == nil then return stage.reduce_scatterv(g, op, t, sizes, out, rop, code) end
+  local re = row_bytes(t) / t:elem_size()
+  local counts = {}
+  for r = 1, g.world_size do counts[r] = sizes[r] * re end
+  c:reduce_scatterv(t.ptr, out.ptr, counts, t._code, code)
+end
+M.nccl_backend = nccl_be
+
+return M

@@ -1,0 +1,127 @@
+/* devcoll.h — the host plumbing weft's own device collectives share
+ * (src/coll/allreduce.c: the all-reduce; src/coll/fusion.c: the fused all-reduce +
+ * RMSNorm): a handle's group facts and workspace (one VMM allocation per
+ * rank), the host-mapped abort/error words its kernels watch, the votes at
+ * create (SM count, workspace ready), one operation in flight per handle,
+ * the bounded wait at destroy, and the report of a kernel's packed error
+ * word (kernels/common.cuh err_pack). Internal: nothing here is exported.
+ *
+ * Messages name the handle as "<what> (group 'G', rank R ...)"; the
+ * wf_dc_names table of each kind supplies the words that differ. */
+#ifndef WEFT_DEVCOLL_H
+#define WEFT_DEVCOLL_H
+
+#include "host/cpugroup.h"
+#include "cuda/cuda_internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WF_DC_MAX_WORLD 8
+
+/* Bytes per element of the reduction dtypes (f32, f16, bf16); 0 otherwise. */
+static inline int wf_dc_esize(int dtype) {
+  switch (dtype) {
+    case WEFT_F32: return 4;
+    case WEFT_F16: case WEFT_BF16: return 2;
+    default: return 0;
+  }
+}
+/* Short name of a WEFT_* dtype ("unknown" otherwise), for messages. */
+const char *wf_dc_dtype_name(int dtype);
+/* The error of an entry point in a build without CUDA. */
+int wf_dc_nodev(const char *op);
+
+/* What create needs of the cpu group, and op = "<verb> (group 'G', rank R of
+ * N)" for its messages. */
+typedef struct wf_dc_group {
+  const char *name;
+  const int *ranks;   /* global ranks */
+  int n, me;
+  int timeout_ms;     /* the group's */
+  char op[160];
+} wf_dc_group;
+int wf_dc_group_info(weft_cpugroup *g, const char *verb, wf_dc_group *gi);
+
+#if WEFT_HAVE_CUDA
+
+/* Host-mapped words (cudaHostAllocMapped): the host raises abort, the
+ * kernels mirror their first failure into err. */
+typedef struct wf_dc_host {
+  volatile uint32_t abort;
+  uint32_t pad;
+  volatile unsigned long long err;
+} wf_dc_host;
+
+/* The words that differ between the kinds' messages (one static table each). */
+typedef struct wf_dc_names {
+  const char *what;         /* "allreduce": "<what> (group ...): aborted" */
+  const char *unit;         /* "handle": "<unit> unusable", "one operation in flight per <unit>" */
+  const char *refuse_hint;  /* what to do, after "this <unit> failed earlier (why); " */
+  const char *timeout_hint; /* what to do, after "<unit> unusable: " in a timeout report */
+  const char *(*site)(unsigned site); /* the wait an error word's site code names */
+} wf_dc_names;
+
+typedef struct wf_dc {
+  const wf_dc_names *names;
+  char group[64];
+  int n, me;
+  int ranks[WF_DC_MAX_WORLD];   /* global ranks, for messages */
+  weft_vmm *vmm;                /* the workspace */
+  wf_dc_host *host;             /* host view of the mapped words (NULL until mapped) */
+  const uint32_t *abort_dev;    /* device pointers of host->abort and host->err */
+  unsigned long long *err_dev;
+  int timeout_ms;
+  int failed;                   /* sticky: WEFT_ETIMEOUT / WEFT_EABORT */
+  int busy;                     /* atomic: one host thread at a time */
+  cudaStream_t last;            /* stream of the previous call */
+  int have_last;
+  struct wf_dc *next_live;      /* the registry of live handles (host waits poll it) */
+  int live;
+} wf_dc;
+
+/* A rank's own failure before a vote: its code and message, kept because the
+ * vote's calls overwrite weft_last_error(). */
+typedef struct wf_dc_local {
+  int rc;
+  char msg[512];
+} wf_dc_local;
+
+/* The group facts (n <= WF_DC_MAX_WORLD) and the kernels' timeout. */
+void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int timeout_ms);
+/* This rank's SM count; 0 (a rank without CUDA votes 0 SMs) with l holding why. */
+int wf_dc_sm_count(wf_dc_local *l);
+/* The error when the agreed SM count is 0: this rank's reason from
+ * wf_dc_sm_count, else that another rank has no usable device. */
+int wf_dc_no_device(const wf_dc_local *l, const char *op);
+/* The workspace: bytes on every rank (collective), mapped into every peer. */
+int wf_dc_workspace(wf_dc *d, weft_cpugroup *g, size_t bytes, const char *op);
+void *wf_dc_peer(const wf_dc *d, int i);
+/* Allocates and maps the host words; 0, or the error (recorded). Once
+ * mapped, the handle is in the registry that host waits poll
+ * (wf_dc_poll_all, src/cuda/cuda_internal.h) until wf_dc_release. */
+int wf_dc_map_host(wf_dc *d);
+/* The vote after this rank's workspace init (local_rc: its outcome, its
+ * message still in weft_last_error()), so that no peer pushes into a
+ * workspace before its owner initialised it: 0 when every rank is ready,
+ * else the error for op (the caller frees). */
+int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op);
+/* destroy: leave the registry, let our own last call finish before its memory goes (bounded:
+ * kernels give up at their deadline; skipped while that stream captures),
+ * then free the workspace and the host words (local, never collective). */
+void wf_dc_release(wf_dc *d, const char *op);
+/* run, first: ESTATE when the handle failed earlier (reads the error word).
+ * verb names the call: "<verb> (group 'G', rank R): ..." */
+int wf_dc_usable(wf_dc *d, const char *verb);
+/* run, before the launch: one host thread at a time, and a stream other
+ * than the last call's only when that one is done with us. On 0 the caller
+ * holds the handle until wf_dc_end. */
+int wf_dc_begin(wf_dc *d, cudaStream_t s, const char *verb);
+void wf_dc_end(wf_dc *d, cudaStream_t s, int launched);
+/* check_error: 0, or the report of the kernels' first failure (sticky). */
+int wf_dc_check_error(wf_dc *d);
+/* abort: raises the host abort word; every later call refuses. */
+void wf_dc_abort(wf_dc *d);
+
+#endif /* WEFT_HAVE_CUDA */
+#endif

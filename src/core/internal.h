@@ -1,0 +1,52 @@
+/* internal.h — helpers shared by the C core; nothing here is exported.
+ * Internal symbols use the wf_ prefix; only weft_* from weft.h leave the .so. */
+#ifndef WEFT_INTERNAL_H
+#define WEFT_INTERNAL_H
+
+#include "weft.h"
+#include <errno.h>
+#include <stdarg.h>
+
+/* Record a thread-local error message and return code (code < 0). */
+int wf_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same, appending ": strerror(errno)". */
+int wf_error_errno(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefix the current message with "op: " context (keeps the code). */
+int wf_error_context(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void wf_clear_error(void);
+
+/* Logging to stderr, only when WEFT_LOG is set (level 1 = info, 2 = debug). */
+int wf_log_level(void);
+void wf_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Environment, read in one place (src/core/env.c). */
+const char *wf_env_str(const char *name);               /* NULL when unset/empty */
+long wf_env_long(const char *name, long dflt);
+/* The rank this process says it is (torchrun's RANK, WORLD_SIZE); -1 when
+ * unset. Only informs the store's messages, never decides anything alone. */
+void wf_env_rank(int *rank, int *world);
+/* The store server's connection limits (docs/store.md). 0 where noted means
+ * "derive" (max_conns: from the fd limit) or "off" (idle_ms). */
+typedef struct wf_store_limits {
+  long max_conns;    /* WEFT_STORE_MAX_CONNS: open connections, all kinds */
+  long max_preauth;  /* WEFT_STORE_MAX_PREAUTH: connections still in the handshake */
+  long read_ms;      /* WEFT_STORE_READ_TIMEOUT_MS: handshake, and a frame's base deadline */
+  long idle_ms;      /* WEFT_STORE_IDLE_MS: close idle authenticated connections (0: never) */
+} wf_store_limits;
+void wf_env_store_limits(wf_store_limits *l);
+
+/* Monotonic clock in milliseconds / nanoseconds. */
+int64_t wf_now_ms(void);
+int64_t wf_now_ns(void);
+/* Sleep with exponential backoff: call with *us starting at 0. Never spins. */
+void wf_backoff(int *us, int max_us);
+
+/* The process-wide interrupt (src/interrupt.c, weft_interrupt_arm): 1 when
+ * a blocking wait should give up now, with the reason in why. */
+int wf_interrupted(char *why, size_t n);
+int wf_interrupt_armed(void);
+
+#define WF_CHECK_ARG(cond, ...) \
+  do { if (!(cond)) return wf_error(WEFT_EINVAL, __VA_ARGS__); } while (0)
+
+#endif

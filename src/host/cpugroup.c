@@ -1,0 +1,455 @@
+/* cpugroup.c — control-plane collectives over the store: barrier, broadcast,
+ * all-gather of bytes, int64 all-reduce (votes), mailbox send/recv.
+ *
+ * Keys: "<name>@<h>/<gen>.<seq>/<op>/<index>" for collectives, where seq
+ * counts this group's collectives (all members call them in the same order),
+ * h is a hash of the member list (two groups that share a name but not their
+ * members never share keys) and gen counts how often this rank has created
+ * this group (store counter "<name>@<h>/gen/<index>"), so a re-created group
+ * never meets an older one's keys. Point-to-point:
+ * "<name>@<h>/<gen>.p/<src>.<dst>/<k>" with a counter k per ordered pair.
+ *
+ * Cleanup (keys must not grow without bound): every key is written with a
+ * read budget equal to the number of members that will read it (all n for a
+ * barrier/all-gather, n-1 for a broadcast, 1 for a message), and readers ask
+ * the server to consume. The server deletes a key when its budget reaches 0,
+ * i.e. right when the last member has it — no extra round trip and no
+ * "delete seq-2" bookkeeping. Only keys of an operation that timed out (a
+ * member never came) stay behind; the group is broken then anyway.
+ *
+ * Liveness (store_live.c): every wait names the global rank that sets each
+ * key it waits for, so a registered store fails it within ~200 ms when that
+ * rank is gone; "<name>@<h>/<gen>/abort", set by a member that was
+ * interrupted, ends every member's wait. A group whose wait was aborted or
+ * lost a member refuses further use: its members may disagree on how many
+ * collectives they completed, and the next one would pair a stale key with
+ * a fresh one.
+ *
+ * Round trips: barrier and all-gather are ONE request each (set own key +
+ * wait for / multi-get all keys, answered by the server when the last member
+ * arrives); broadcast is one per member; send and recv one each.
+ */
+#include "cpugroup.h"
+#include "cuda/cuda_internal.h"
+#include "core/internal.h"
+#include "store/store_proto.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct weft_cpugroup {
+  weft_store *s;
+  char *name;
+  char prefix[232];        /* "<name>@<hash of ranks>" */
+  int *ranks;
+  int size, me;
+  int timeout_ms;
+  uint64_t gen, seq;
+  uint64_t *sseq, *rseq;   /* per-peer message counters */
+  char **keys;             /* size key strings, rebuilt per operation */
+  char *keybuf;
+  size_t stride;
+  const void **vals;
+  size_t *lens;            /* store reply lengths */
+  int *missing;
+  uint8_t *out;            /* results handed to the caller */
+  size_t outcap;
+  size_t *outlens;         /* all-gather lengths handed to the caller */
+  uint8_t *tmp;            /* all-reduce encoding */
+  size_t tmpcap;
+  char op[320];            /* "cpugroup '<name>' <op>" for messages */
+  char abort_key[300];     /* "<prefix>/<gen>/abort" */
+  char broken[600];        /* why this group refuses work, "" while usable */
+};
+
+static int grow(uint8_t **p, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t c = *cap ? *cap : 256;
+  while (c < need) c *= 2;
+  void *q = realloc(*p, c);
+  if (!q) return -1;
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+static const char *opname(weft_cpugroup *g, const char *what) {
+  snprintf(g->op, sizeof g->op, "cpugroup '%s' %s", g->name, what);
+  return g->op;
+}
+
+static void coll_key(weft_cpugroup *g, int i, uint64_t seq, const char *what) {
+  snprintf(g->keys[i], g->stride, "%s/%llu.%llu/%s/%d", g->prefix, (unsigned long long)g->gen,
+           (unsigned long long)seq, what, i);
+}
+
+static void p2p_key(weft_cpugroup *g, char *buf, int src, int dst, uint64_t k) {
+  snprintf(buf, g->stride, "%s/%llu.p/%d.%d/%llu", g->prefix, (unsigned long long)g->gen, src, dst,
+           (unsigned long long)k);
+}
+
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* "ranks 3, 5 did not arrive" with global ranks, ascending; the first few
+ * described from their registration (pid, host, stopped, never connected). */
+static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const char *verb) {
+  char note[600];  /* the server's note on the wait, before the lookups below replace it */
+  snprintf(note, sizeof note, "%s", wf_store_note(g->s));  /* e.g. a client rejected for a wrong secret */
+  int *gr = g->missing;
+  for (int i = 0; i < nmissing; i++) gr[i] = g->ranks[gr[i]];
+  qsort(gr, (size_t)nmissing, sizeof *gr, cmp_int);
+  char list[1200];
+  size_t len = 0;
+  list[0] = '\0';
+  for (int i = 0; i < nmissing && len < sizeof list - 1; i++) {
+    char who[300];
+    if (i < 4) wf_store_live_describe(g->s, g->op, gr[i], who, sizeof who);
+    else snprintf(who, sizeof who, "%d", gr[i]);
+    if (i < 4 && !strncmp(who, "rank ", 5)) memmove(who, who + 5, strlen(who + 5) + 1);
+    int w = (i == 24) ? snprintf(list + len, sizeof list - len, " and %d more", nmissing - 24)
+                      : snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", who);
+    if (w < 0 || i == 24) break;
+    len += (size_t)w;
+  }
+  return wf_error(WEFT_ETIMEOUT, "cpugroup '%s' %s: timed out after %d ms; %s %s %s%s%s", g->name,
+                  what, g->timeout_ms, nmissing == 1 ? "rank" : "ranks", list, verb,
+                  note[0] ? "; " : "", note);
+}
+
+/* After a failed wait: an abort or a lost member breaks the group for good. */
+static int note_failure(weft_cpugroup *g, int rc) {
+  if (rc != WEFT_EABORT && !(rc == WEFT_ECLOSED && strstr(weft_last_error(), " died ")) &&
+      !(rc == WEFT_ECLOSED && strstr(weft_last_error(), "without weft.shutdown")))
+    return rc;
+  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", weft_last_error());
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", weft_last_error());
+  if (rc == WEFT_EABORT)
+    return wf_error(rc, "%s. The group cannot be used any more: rebuild the groups on every rank "
+                    "with weft.recover() (docs/faults.md)", msg);
+  return wf_error(rc, "%s. The job cannot go on without that rank (docs/faults.md)", msg);
+}
+
+static int refuse_broken(weft_cpugroup *g, const char *what) {
+  if (!g->broken[0]) return 0;
+  return wf_error(WEFT_EABORT, "cpugroup '%s' %s: this group cannot be used any more (its members "
+                  "may disagree on how many collectives they completed): an earlier wait ended "
+                  "with: %s. Rebuild the groups on every rank with weft.recover(), or restart "
+                  "the job if a rank died (docs/faults.md)", g->name, what, g->broken);
+}
+
+int weft_cpugroup_create(weft_store *s, const char *name, const int *ranks, int size,
+                         int my_index, int timeout_ms, weft_cpugroup **out) {
+  WF_CHECK_ARG(out, "cpugroup create: out must not be NULL");
+  *out = NULL;
+  WF_CHECK_ARG(s, "cpugroup create: store is NULL");
+  WF_CHECK_ARG(name && *name && strlen(name) <= 200,
+               "cpugroup create: name must be 1..200 characters");
+  WF_CHECK_ARG(ranks && size >= 1 && size <= 65536,
+               "cpugroup create '%s': need 1..65536 ranks, got %d", name, ranks ? size : 0);
+  WF_CHECK_ARG(my_index >= 0 && my_index < size,
+               "cpugroup create '%s': my_index %d outside 0..%d", name, my_index, size - 1);
+  for (int i = 0; i < size; i++) {
+    WF_CHECK_ARG(ranks[i] >= 0, "cpugroup create '%s': negative rank %d", name, ranks[i]);
+    for (int j = 0; j < i; j++)
+      WF_CHECK_ARG(ranks[i] != ranks[j], "cpugroup create '%s': rank %d listed twice", name, ranks[i]);
+  }
+  weft_cpugroup *g = calloc(1, sizeof *g);
+  if (!g) return wf_error(WEFT_ENOMEM, "cpugroup create '%s': out of memory", name);
+  size_t n = (size_t)size;
+  g->stride = strlen(name) + 128;
+  g->name = strdup(name);
+  g->ranks = malloc(n * sizeof *g->ranks);
+  g->sseq = calloc(n, sizeof *g->sseq);
+  g->rseq = calloc(n, sizeof *g->rseq);
+  g->keys = malloc(n * sizeof *g->keys);
+  g->keybuf = malloc(n * g->stride);
+  g->vals = malloc(n * sizeof *g->vals);
+  g->lens = malloc(n * sizeof *g->lens);
+  g->missing = malloc(n * sizeof *g->missing);
+  g->outlens = malloc(n * sizeof *g->outlens);
+  g->size = size;
+  g->me = my_index;
+  g->s = s;
+  if (!g->name || !g->ranks || !g->sseq || !g->rseq || !g->keys || !g->keybuf || !g->vals ||
+      !g->lens || !g->missing || !g->outlens) {
+    g->s = NULL;
+    weft_cpugroup_destroy(g);
+    return wf_error(WEFT_ENOMEM, "cpugroup create '%s': out of memory", name);
+  }
+  memcpy(g->ranks, ranks, n * sizeof *ranks);
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++)
+    for (int b = 0; b < 32; b += 8) h = (h ^ (uint8_t)((unsigned)ranks[i] >> b)) * 16777619u;
+  snprintf(g->prefix, sizeof g->prefix, "%s@%08x", name, h);
+  for (size_t i = 0; i < n; i++) g->keys[i] = g->keybuf + i * g->stride;
+  const char *op = opname(g, "create");
+  int rc = wf_store_lock(s, op);
+  if (rc) { g->s = NULL; weft_cpugroup_destroy(g); return rc; }
+  g->timeout_ms = timeout_ms > 0 ? timeout_ms : wf_store_default_timeout(s);
+  char key[300];
+  int64_t gen = 0;
+  snprintf(key, sizeof key, "%s/gen/%d", g->prefix, my_index);
+  rc = wf_store_add_locked(s, op, key, 1, &gen);
+  if (!rc) wf_store_ref(s);
+  wf_store_unlock(s);
+  if (rc) { g->s = NULL; weft_cpugroup_destroy(g); return rc; }
+  g->gen = (uint64_t)gen;
+  snprintf(g->abort_key, sizeof g->abort_key, "%s/%llu/abort", g->prefix, (unsigned long long)g->gen);
+  *out = g;
+  return 0;
+}
+
+int weft_cpugroup_destroy(weft_cpugroup *g) {
+  if (!g) return 0;
+  if (g->s) wf_store_unref(g->s);  /* local only: no network, no collective */
+  free(g->name);
+  free(g->ranks);
+  free(g->sseq);
+  free(g->rseq);
+  free(g->keys);
+  free(g->keybuf);
+  free(g->vals);
+  free(g->lens);
+  free(g->missing);
+  free(g->out);
+  free(g->outlens);
+  free(g->tmp);
+  free(g);
+  return 0;
+}
+
+int wf_cpugroup_info(weft_cpugroup *g, const char **name, int *size, int *index,
+                     const int **ranks, int *timeout_ms) {
+  WF_CHECK_ARG(g, "cpugroup info: group is NULL");
+  if (name) *name = g->name;
+  if (size) *size = g->size;
+  if (index) *index = g->me;
+  if (ranks) *ranks = g->ranks;
+  if (timeout_ms) *timeout_ms = g->timeout_ms;
+  return 0;
+}
+
+int weft_cpugroup_set_timeout(weft_cpugroup *g, int timeout_ms) {
+  WF_CHECK_ARG(g, "cpugroup set_timeout: group is NULL");
+  g->timeout_ms = timeout_ms > 0 ? timeout_ms : wf_store_default_timeout(g->s);
+  return 0;
+}
+
+/* Sets this member's key of collective `seq` and waits for all members'
+ * keys (their values too unless novalues): one round trip. */
+static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t len, int novalues) {
+  const char *op = opname(g, what);
+  int rc = refuse_broken(g, what);
+  if (rc) return rc;
+  uint64_t seq = g->seq++;
+  for (int i = 0; i < g->size; i++) coll_key(g, i, seq, what);
+  rc = wf_store_lock(g->s, op);
+  if (rc) return rc;
+  wf_get_req q = {.keys = (const char *const *)g->keys, .n = g->size, .timeout_ms = g->timeout_ms,
+                  .flags = WF_GET_PUT | WF_GET_CONSUME | (novalues ? WF_GET_NOVALUES : 0),
+                  .put_key = g->keys[g->me], .put_val = in, .put_len = len,
+                  .put_reads = (uint32_t)g->size, .vals = g->vals, .lens = g->lens,
+                  .missing = g->missing, .owners = g->ranks, .abort_key = g->abort_key};
+  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
+  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) rc = timeout_error(g, what, q.nmissing, "did not arrive");
+  if (rc == 0 && !novalues) {
+    /* Copy out while the store's reply buffer is still ours. */
+    size_t total = 0;
+    for (int i = 0; i < g->size; i++) {
+      if (g->lens[i] > SIZE_MAX - total) { rc = wf_error(WEFT_ENOMEM, "%s: size overflow", op); break; }
+      total += g->lens[i];
+    }
+    if (!rc && grow(&g->out, &g->outcap, total ? total : 1))
+      rc = wf_error(WEFT_ENOMEM, "%s: out of memory for %zu bytes", op, total);
+    if (!rc) {
+      size_t off = 0;
+      for (int i = 0; i < g->size; i++) {
+        if (g->lens[i]) memcpy(g->out + off, g->vals[i], g->lens[i]);
+        g->outlens[i] = g->lens[i];
+        off += g->lens[i];
+      }
+    }
+  }
+  wf_store_unlock(g->s);
+  return rc;
+}
+
+/* Store round trips block the host: inside a CUDA-graph capture they would
+ * not be recorded, and ranks would diverge at replay. Refuse them clearly. */
+static int refuse_in_capture(const weft_cpugroup *g, const char *what) {
+  if (!wf_capture_active()) return 0;
+  return wf_error(WEFT_ESTATE,
+                  "cpugroup '%s' %s: refused while this thread captures a CUDA graph "
+                  "(control-plane collectives cannot be captured)", g->name, what);
+}
+
+int weft_cpugroup_barrier(weft_cpugroup *g) {
+  WF_CHECK_ARG(g, "cpugroup barrier: group is NULL");
+  { int grc = refuse_in_capture(g, "barrier"); if (grc) return grc; }
+  if (g->size == 1) { g->seq++; return 0; }
+  return exchange(g, "barrier", NULL, 0, 1);
+}
+
+/* All-gather into g->out / g->outlens; `what` names the operation. */
+static int gather(weft_cpugroup *g, const char *what, const void *in, size_t len) {
+  if (g->size > 1) return exchange(g, what, in, len, 0);
+  g->seq++;
+  if (grow(&g->out, &g->outcap, len ? len : 1))
+    return wf_error(WEFT_ENOMEM, "cpugroup '%s' %s: out of memory", g->name, what);
+  if (len) memcpy(g->out, in, len);
+  g->outlens[0] = len;
+  return 0;
+}
+
+int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
+                            const size_t **lens) {
+  WF_CHECK_ARG(g && out && lens, "cpugroup allgather: NULL argument");
+  { int grc = refuse_in_capture(g, "allgather"); if (grc) return grc; }
+  WF_CHECK_ARG(in || !len, "cpugroup '%s' allgather: input is NULL with length %zu", g->name, len);
+  int rc = gather(g, "allgather", in, len);
+  if (rc) return rc;
+  *out = g->out;
+  *lens = g->outlens;
+  return 0;
+}
+
+int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
+                            const void **out, size_t *out_len) {
+  WF_CHECK_ARG(g && out && out_len, "cpugroup broadcast: NULL argument");
+  { int grc = refuse_in_capture(g, "broadcast"); if (grc) return grc; }
+  WF_CHECK_ARG(root >= 0 && root < g->size, "cpugroup '%s' broadcast: root %d outside 0..%d",
+               g->name, root, g->size - 1);
+  WF_CHECK_ARG(g->me != root || in || !len,
+               "cpugroup '%s' broadcast: root input is NULL with length %zu", g->name, len);
+  int rc = refuse_broken(g, "broadcast");
+  if (rc) return rc;
+  uint64_t seq = g->seq++;
+  if (g->me == root) {
+    if (grow(&g->out, &g->outcap, len ? len : 1))
+      return wf_error(WEFT_ENOMEM, "cpugroup '%s' broadcast: out of memory", g->name);
+    if (len) memcpy(g->out, in, len);
+    *out = g->out;
+    *out_len = len;
+    if (g->size == 1) return 0;
+    coll_key(g, root, seq, "broadcast");
+    const char *op = opname(g, "broadcast");
+    if ((rc = wf_store_lock(g->s, op))) return rc;
+    rc = wf_store_set_locked(g->s, op, g->keys[root], in, len, (uint32_t)(g->size - 1));
+    wf_store_unlock(g->s);
+    return rc;
+  }
+  coll_key(g, root, seq, "broadcast");
+  const char *op = opname(g, "broadcast");
+  if ((rc = wf_store_lock(g->s, op))) return rc;
+  const char *key[1] = {g->keys[root]};
+  wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
+                  .vals = g->vals, .lens = g->lens, .missing = g->missing,
+                  .owners = &g->ranks[root], .abort_key = g->abort_key};
+  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
+  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
+    g->missing[0] = root;
+    rc = timeout_error(g, "broadcast", 1, "(the root) did not arrive");
+  }
+  if (!rc) {
+    if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
+      rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);
+    else {
+      if (g->lens[0]) memcpy(g->out, g->vals[0], g->lens[0]);
+      *out = g->out;
+      *out_len = g->lens[0];
+    }
+  }
+  wf_store_unlock(g->s);
+  return rc;
+}
+
+int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+  WF_CHECK_ARG(g, "cpugroup allreduce_i64: group is NULL");
+  { int grc = refuse_in_capture(g, "allreduce_i64"); if (grc) return grc; }
+  WF_CHECK_ARG(n >= 0 && (vals || n == 0), "cpugroup '%s' allreduce_i64: bad buffer (n=%d)", g->name, n);
+  WF_CHECK_ARG(op == WEFT_SUM || op == WEFT_MAX || op == WEFT_MIN || op == WEFT_AND || op == WEFT_PROD,
+               "cpugroup '%s' allreduce_i64: unknown op %d", g->name, op);
+  size_t bytes = (size_t)n * 8;
+  if (grow(&g->tmp, &g->tmpcap, bytes ? bytes : 1))
+    return wf_error(WEFT_ENOMEM, "cpugroup '%s' allreduce_i64: out of memory", g->name);
+  for (int i = 0; i < n; i++) wf_put_u64(g->tmp + 8 * i, (uint64_t)vals[i]);
+  int rc = gather(g, "allreduce_i64", g->tmp, bytes);
+  if (rc) return rc;
+  const uint8_t *p = g->out;
+  const size_t *lens = g->outlens;
+  for (int r = 0; r < g->size; r++)
+    if (lens[r] != bytes)
+      return wf_error(WEFT_EINVAL, "cpugroup '%s' allreduce_i64: ranks disagree on the count: "
+                                   "rank %d has %d values, rank %d has %zu",
+                      g->name, g->ranks[g->me], n, g->ranks[r], lens[r] / 8);
+  for (int i = 0; i < n; i++) {
+    uint64_t acc = wf_get_u64(p + 8 * i);  /* unsigned: sums/products wrap, no UB */
+    for (int r = 1; r < g->size; r++) {
+      uint64_t x = wf_get_u64(p + bytes * (size_t)r + 8 * (size_t)i);
+      switch (op) {
+      case WEFT_SUM: acc += x; break;
+      case WEFT_PROD: acc *= x; break;
+      case WEFT_AND: acc &= x; break;
+      case WEFT_MAX: if ((int64_t)x > (int64_t)acc) acc = x; break;
+      case WEFT_MIN: if ((int64_t)x < (int64_t)acc) acc = x; break;
+      }
+    }
+    vals[i] = (int64_t)acc;
+  }
+  return 0;
+}
+
+int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
+  WF_CHECK_ARG(g, "cpugroup send: group is NULL");
+  { int grc = refuse_in_capture(g, "send"); if (grc) return grc; }
+  WF_CHECK_ARG(dst >= 0 && dst < g->size, "cpugroup '%s' send: destination %d outside 0..%d",
+               g->name, dst, g->size - 1);
+  WF_CHECK_ARG(buf || !len, "cpugroup '%s' send: buffer is NULL with length %zu", g->name, len);
+  p2p_key(g, g->keys[0], g->me, dst, g->sseq[dst]);
+  const char *op = opname(g, "send");
+  int rc = wf_store_lock(g->s, op);
+  if (rc) return rc;
+  rc = wf_store_set_locked(g->s, op, g->keys[0], buf, len, 1);
+  wf_store_unlock(g->s);
+  if (!rc) g->sseq[dst]++;
+  return rc;
+}
+
+int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len) {
+  WF_CHECK_ARG(g && out && len, "cpugroup recv: NULL argument");
+  { int grc = refuse_in_capture(g, "recv"); if (grc) return grc; }
+  WF_CHECK_ARG(src >= 0 && src < g->size, "cpugroup '%s' recv: source %d outside 0..%d",
+               g->name, src, g->size - 1);
+  p2p_key(g, g->keys[0], src, g->me, g->rseq[src]);
+  const char *op = opname(g, "recv");
+  int rc = refuse_broken(g, "recv");
+  if (rc || (rc = wf_store_lock(g->s, op))) return rc;
+  const char *key[1] = {g->keys[0]};
+  wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
+                  .vals = g->vals, .lens = g->lens, .missing = g->missing,
+                  .owners = &g->ranks[src], .abort_key = g->abort_key};
+  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
+  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
+    char verb[64];
+    snprintf(verb, sizeof verb, "did not send (message #%llu)", (unsigned long long)g->rseq[src]);
+    g->missing[0] = src;
+    rc = timeout_error(g, "recv", 1, verb);
+  }
+  if (!rc) {
+    if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
+      rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);
+    else {
+      if (g->lens[0]) memcpy(g->out, g->vals[0], g->lens[0]);
+      *out = g->out;
+      *len = g->lens[0];
+      g->rseq[src]++;  /* only on success: a retried recv still gets a late message */
+    }
+  }
+  wf_store_unlock(g->s);
+  return rc;
+}

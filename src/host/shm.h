@@ -1,0 +1,164 @@
+/* shm.h — internals of the shared-memory host data plane (src/shm*.c).
+ *
+ * Segment layout (one POSIX shm object per communicator, unlinked as soon as
+ * every rank mapped it):
+ *   [0, 256)                      header: magic, geometry, abort word; the
+ *                                 arrival counter on its own line
+ *   [256 + 256*i, +256)           rank i control block: its generation word on
+ *                                 its own 128-byte line, call descriptors on the next
+ *   [data_off, data_off + 2*N*S)  data: two halves ("double buffer"), each with
+ *                                 one slot of S bytes per rank
+ * Chunk k of any collective uses half k%2, so a rank may fill the next chunk
+ * while slow peers still read the previous one; every chunk ends with at least
+ * one all-rank barrier, which is what makes reuse of half k%2 at chunk k+2 safe.
+ */
+#ifndef WF_SHM_H
+#define WF_SHM_H
+
+#include "core/internal.h"
+#include "shm_zc.h"
+
+#include <stdatomic.h>
+
+#define WF_SHM_MAGIC 0x316d68732d746677ULL /* "wft-shm1" */
+#define WF_SHM_VERSION 1u
+#define WF_SHM_HDR 256u
+#define WF_SHM_RANK 256u
+#define WF_SHM_MAX_WORLD 4096
+#define WF_SHM_MIN_SLOT 4096u
+#define WF_SHM_BLOCK 8192u /* all_reduce publishes its share in blocks of this many bytes */
+
+enum { WF_OP_ALL_REDUCE = 1, WF_OP_ALL_GATHER, WF_OP_REDUCE_SCATTER, WF_OP_BROADCAST,
+       WF_OP_BARRIER };
+
+/* What a rank is about to do; compared across ranks at the first barrier of
+ * every call so mismatched calls fail cleanly on every rank. */
+typedef struct {
+  uint32_t kind;
+  int32_t dtype, redop, root;
+  uint64_t count; /* elements (reduce ops) or bytes (gather/broadcast) */
+  uint64_t call;  /* call number on this communicator */
+} wf_shm_desc;
+
+typedef struct {
+  _Atomic uint32_t seq;     /* last barrier generation this rank arrived at */
+  _Atomic uint32_t left;    /* set by destroy: waiting on this rank is futile */
+  _Atomic int32_t pid;
+  uint32_t reserved;
+  uint64_t pidns;           /* pid namespace inode: liveness checks only if equal */
+  char why[104];            /* reason, written before this rank sets the abort word */
+  wf_shm_desc desc[2];      /* by call parity (a peer is at most one call ahead) */
+  int32_t arena_fd;         /* this rank's host arena (memfd; host_arena.c), -1: none */
+  uint32_t reserved2;
+  uint64_t arena_bytes;
+  /* by call parity: the arena offsets of this call's input and output, or
+   * WF_ZC_NONE (zero-copy all_reduce, shm_zc.c) */
+  uint64_t zc_in[2], zc_out[2];
+  uint8_t pad[128 - 2 * sizeof(wf_shm_desc) - 48];
+} wf_shm_rank;
+_Static_assert(sizeof(wf_shm_rank) == WF_SHM_RANK, "rank block is 256 bytes");
+
+typedef struct {
+  uint64_t magic;
+  uint32_t version, world;
+  uint64_t slot, data_off, total;
+  _Atomic uint32_t attached; /* ranks that mapped the segment */
+  _Atomic uint32_t abort;    /* 0, or 1 + index of the first rank that gave up */
+  uint8_t pad[128 - 40];
+  /* on their own line: every arrival adds 1, so generation g is complete when
+   * arrivals reaches g * world (mod 2^32); sleepers wait on this one word */
+  _Atomic uint32_t arrivals;
+  _Atomic uint32_t sleepers; /* ranks in FUTEX_WAIT: the last arrival wakes only if > 0 */
+} wf_shm_hdr;
+_Static_assert(sizeof(wf_shm_hdr) <= WF_SHM_HDR, "header fits");
+
+struct weft_shm {
+  uint8_t *base;
+  size_t map_len;
+  wf_shm_hdr *hdr;
+  wf_shm_rank *rk;
+  uint8_t *data;
+  size_t slot;          /* bytes per rank per half */
+  size_t oneshot_max;   /* all_reduce up to this many bytes: one barrier, N reads */
+  int world, me, timeout_ms, check_pids;
+  int64_t spin_ns;      /* spin this long before sleeping on a futex */
+  int64_t yield_ns;     /* then sched_yield() this long (oversubscribed), then sleep */
+  uint32_t gen;         /* barriers passed */
+  uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
+  _Atomic int busy;     /* one operation in flight per communicator */
+  wf_shm_zc zc;            /* the zero-copy strategy's own state (shm_zc.c) */
+  uint64_t zc_calls, seg_calls; /* calls served by each path (the engine counts) */
+  int *ranks;           /* global ranks, for messages */
+  const void **srcs;    /* scratch: one source pointer per rank */
+  char group[64];
+  char name[64];        /* segment name (already unlinked after create) */
+};
+
+/* Bounds of rank j's share of an n-element chunk split like a geo-element
+ * one (geo >= n): cache-line-aligned pieces. */
+static inline void wf_shm_share(size_t geo, size_t n, int world, int j, size_t align,
+                                size_t *lo, size_t *hi) {
+  size_t seg = (geo + (size_t)world - 1) / (size_t)world;
+  seg = (seg + align - 1) / align * align;
+  *lo = (size_t)j * seg < n ? (size_t)j * seg : n;
+  *hi = *lo + seg < n ? *lo + seg : n;
+}
+
+static inline uint8_t *wf_shm_slot(weft_shm *c, uint64_t half, int rank) {
+  return c->data + ((size_t)(half & 1) * (size_t)c->world + (size_t)rank) * c->slot;
+}
+
+/* Segment (shm_seg.c). create: make the object (O_EXCL, 0600) and the header.
+ * ranks may be NULL (group indices are then used in messages). */
+int wf_shm_attach(const char *name, int create, int index, int world, size_t slot,
+                  int timeout_ms, const char *group, const int *ranks, weft_shm **out);
+/* Creator side without a cpu group: wait until every rank attached. */
+int wf_shm_wait_attached(weft_shm *c);
+int wf_shm_unlink(const char *name);
+/* Step 2 of creating a segment shared by a group: every rank reports how its
+ * attach went (my_rc, and my_err when it failed); group index 0 then unlinks
+ * name (NULL: nothing was created) whatever happened, so nothing is left in
+ * /dev/shm even if a rank dies later. 0 when every rank attached, else the
+ * error naming each rank that did not (its code: mine, or the first one's).
+ * shm.c and mq.c. */
+int wf_shm_confirm_attach(weft_cpugroup *g, int index, int size, const int *granks, int my_rc,
+                          const char *my_err, const char *name, const char *op,
+                          const char *gname);
+/* "/weft-<prefix>-<pid>-<32 hex from getrandom>" (needs 64 bytes at most for
+ * a short prefix) */
+int wf_shm_random_name(const char *prefix, char *buf, size_t n);
+/* Remove names left by creators that died mid-creation (see shm_seg.c). */
+void wf_shm_sweep(int min_age_s);
+size_t wf_shm_segment_bytes(int world, size_t slot);
+size_t wf_shm_round_slot(size_t bytes_per_rank, int world);
+void wf_shm_close(weft_shm *c); /* unmap and free, no collective */
+
+/* Synchronisation (shm_sync.c). Arrive at the next generation (publishing d
+ * first when given), wait for every rank; with d, compare the descriptors. */
+int wf_shm_sync(weft_shm *c, const wf_shm_desc *d, const char *op);
+/* Entry check: aborted or busy communicators refuse work. */
+int wf_shm_enter(weft_shm *c, const char *op);
+static inline void wf_shm_leave(weft_shm *c) {
+  atomic_store_explicit(&c->busy, 0, memory_order_release);
+}
+void wf_shm_mark_left(weft_shm *c);
+const char *wf_shm_rank_name(weft_shm *c, int i, char *buf, size_t n);
+
+/* The cpu group's name, size, this rank's index, global ranks (NULL when
+ * unknown) and timeout (shm_seg.c; shm.c, shm_node.c). */
+typedef struct {
+  const char *name;
+  int size, index, timeout_ms;
+  const int *ranks;
+} wf_group_info;
+int wf_shm_group_info(weft_cpugroup *g, wf_group_info *gi, const char *op);
+
+/* Reductions (shm_reduce.c): dst[i] = src[0][i] op src[1][i] op ... in that
+ * order (identical results on every rank); dst may alias a source.
+ * f16/bf16 accumulate in f32 and round once; integers wrap; float max/min
+ * propagate NaN. supported: f32, f16, bf16, f64, i32, i64, u8 with sum,
+ * max, min, prod (weft_host_reduce exports the same kernels). */
+int wf_reduce_supported(int dtype, int op);
+void wf_reduce(void *dst, const void *const *src, int n, size_t count, int dtype, int op);
+
+#endif
