@@ -1,7 +1,7 @@
 -- weft.shm_names — weft's names in /dev/shm, by creator pid.
 --
 -- Every shared segment weft creates is named "/weft-<kind>-<creator pid>-<32
--- hex>" (src/shm_seg.c) and unlinked as soon as every rank has attached, so a
+-- hex>" (src/host/shm_seg.c) and unlinked as soon as every rank has attached, so a
 -- name only exists while a creation is in progress. A creator killed in that
 -- window (SIGKILL, or the launcher's SIGTERM after another rank failed)
 -- cannot unlink: weft-run calls remove_of(pid) for each rank it reaps, and

@@ -16,7 +16,7 @@
  * arrive" until the timeout, described as stopped when it runs on this host.
  * A host that vanishes without closing its sockets is not seen here (TCP
  * does not tell): that still ends at the timeout. */
-#include "futex.h"
+#include "core/futex.h"
 #include "store_internal.h"
 
 #include <stdio.h>
