@@ -92,7 +92,7 @@ int weft_store_compare_set(weft_store *s, const char *key,
 int weft_store_delete(weft_store *s, const char *key, int *deleted);
 int weft_store_wait(weft_store *s, const char *const *keys, int n, int timeout_ms);
 int weft_store_num_keys(weft_store *s, int64_t *n);
-/* Liveness (src/store_live.c): this handle speaks for `rank` of a world of
+/* Liveness (src/store/store_live.c): this handle speaks for `rank` of a world of
  * `world` ranks. The server remembers which connection did; when that
  * connection ends without weft_store_close (the process exited or was
  * killed), it writes "weft/rank/<rank>/gone". Waits of a registered handle
@@ -102,7 +102,7 @@ int weft_store_num_keys(weft_store *s, int64_t *n);
  * so any gone rank of the world ends them. */
 int weft_store_register_rank(weft_store *s, int rank, int world);
 
-/* ---- interrupt (src/interrupt.c) ----
+/* ---- interrupt (src/core/interrupt.c) ----
  * While armed, weft's blocking host waits (cpu group and store waits, shm
  * barriers and collectives, the mq broadcaster) end within ~200 ms with
  * WEFT_EABORT "interrupted" once fd is readable (e.g. a signalfd; weft polls

@@ -41,7 +41,7 @@ int64_t wf_now_ns(void);
 /* Sleep with exponential backoff: call with *us starting at 0. Never spins. */
 void wf_backoff(int *us, int max_us);
 
-/* The process-wide interrupt (src/interrupt.c, weft_interrupt_arm): 1 when
+/* The process-wide interrupt (src/core/interrupt.c, weft_interrupt_arm): 1 when
  * a blocking wait should give up now, with the reason in why. */
 int wf_interrupted(char *why, size_t n);
 int wf_interrupt_armed(void);
