@@ -10,7 +10,7 @@
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
-local CHECKS = { "setup", "all_reduce_eager", "all_reduce_large", "all_reduce_graph",
+local CHECKS = { "setup", "policy_crossover", "all_reduce_eager", "all_reduce_large", "all_reduce_graph",
                  "fusion_workspace_grows", "fused", "destroy" }
 
 local runs = {}

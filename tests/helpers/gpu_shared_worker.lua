@@ -85,6 +85,25 @@ check("setup", function()
   else want(e:find("kernels exist for 2, 4, 6, 8", 1, true), "explain: %s", e) end
 end)
 
+-- the automatic choice at this world size, as explain states it: one-shot
+-- up to the workspace's one-shot limit, two-shot above it
+check("policy_crossover", function()
+  if not KERNELS then return end
+  local lim = tostring(db.info(g).custom_ar_why):match("one%-shot up to (%d+ %a+)")
+  want(lim ~= nil, "no one-shot limit in %s", tostring(db.info(g).custom_ar_why))
+  local kernels = {}
+  for _, n in ipairs { 512, 32 * MIB / 2 } do
+    local x = T.zeros({ n }, "bf16", DEV)
+    local e = policy.explain(g, x)
+    kernels[#kernels + 1] = e:match("%-> (%w+) kernel") or "?"
+    x:free()
+  end
+  if me == 0 then print(("INFO world %d auto: 1 KiB -> %s, 32 MiB -> %s (one-shot up to %s)")
+                        :format(W, kernels[1], kernels[2], tostring(lim))) end
+  want(kernels[1] == "oneshot", "1 KiB: %s", kernels[1])
+  want(kernels[2] == "twoshot", "32 MiB: %s", kernels[2])
+end)
+
 -- ---------------------------------------------------------------- all_reduce
 local ALGOS = KERNELS and { "oneshot", "twoshot", "oneshot_flag", "auto" } or { "default" }
 local SIZES = { 1, 7, 1023, 4097, 65537, 1048579 }
