@@ -172,7 +172,7 @@ int weft_host_convert(const void *src, int src_dtype, void *dst, int dst_dtype,
 int weft_host_compare(const void *a, const void *b, size_t count, int dtype,
                       double *max_abs, double *max_rel);
 /* dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], in that order,
- * with the shm engine's kernels (src/shm_reduce.c): the one definition of a
+ * with the shm engine's kernels (src/host/shm_reduce.c): the one definition of a
  * reduction on every backend. Integers wrap (two's complement; u8 mod 256);
  * f16/bf16 accumulate in f32 and round once; float max/min propagate NaN
  * (like torch). dtype: f32, f16, bf16, f64, i32, i64, u8; op: WEFT_SUM,
