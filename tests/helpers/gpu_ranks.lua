@@ -64,8 +64,9 @@ function G.run_once(o)
   local output, ok
   return function()
     if output then return output, ok end
-    local p = io.popen(("%sscripts/weft-run -n %d --timeout %d %s 2>&1; echo \"rc=$?\"")
-                       :format(o.env and o.env .. " " or "", o.world, o.timeout, o.worker))
+    local p = io.popen(("%s%sscripts/weft-run -n %d --timeout %d %s 2>&1; echo \"rc=$?\"")
+                       :format(o.env and o.env .. " " or "", o.wrap and o.wrap .. " " or "", o.world,
+                               o.timeout, o.worker))
     output = p:read("*a")
     p:close()
     ok = ("\n" .. output):match("\nrc=0%s*$") ~= nil
@@ -81,17 +82,28 @@ end
 -- Inside a spec's describe: one test per name in o.checks (every rank of
 -- o.world printed "PASS <name><o.pass_end>" and no "FAIL <name>: ..."), and
 -- "both ranks exit cleanly"; the rank script runs once (G.run_once(o)), and
--- every test is pending without o.world GPUs. bt: the spec's busted
+-- every test is pending without o.gpus (default o.world) GPUs. o.wrap: a
+-- command the launcher runs under (e.g. "scripts/weft-mps -n 2 --": ranks
+-- sharing GPUs); its exit status 77 (cannot start) makes the tests pending. bt: the spec's busted
 -- functions { it = it, assert = assert, pending = function(why) pending(why) end }
 -- (pending looked up inside the test: at describe level busted's `pending`
 -- declares a pending test instead of marking the running one).
 function G.rank_checks(bt, o)
   local it, pending, assert = bt.it, bt.pending, bt.assert
   local run = G.run_once(o)
+  local function usable()
+    if not G.need_gpus(o.gpus or o.world, pending) then return nil end
+    local output, ok = run()
+    if ("\n" .. output):match("\nrc=77%s*$") then
+      pending(output:match("weft%-mps: ([^\n]*)") or "the wrapper cannot start here")
+      return nil
+    end
+    return output, ok
+  end
   for _, name in ipairs(o.checks) do
     it(name, function()
-      if not G.need_gpus(o.world, pending) then return end
-      local output = run()
+      local output = usable()
+      if not output then return end
       for r = 0, o.world - 1 do
         local tag = "[rank" .. r .. "] "
         local fail = output:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
@@ -103,8 +115,8 @@ function G.rank_checks(bt, o)
   end
 
   it("both ranks exit cleanly", function()
-    if not G.need_gpus(o.world, pending) then return end
-    local output, ok = run()
+    local output, ok = usable()
+    if not output then return end
     assert.is_true(ok, output)
   end)
 end
