@@ -91,6 +91,19 @@ end
 
 local HOST_BACKENDS = { auto = true, shm = true, store = true }
 
+-- Rank 0 hosts the store: after a failure it keeps serving a moment, so the
+-- others read why (a tombstone: "rank R died") rather than "store gone".
+local function close_after_failure(store)
+  if S.rank == 0 then
+    local ffi = require "ffi"
+    if not pcall(function() return ffi.C.weft_dist_poll_ end) then
+      ffi.cdef [[ int weft_dist_poll_(void *fds, unsigned long n, int timeout) __asm__("poll"); ]]
+    end
+    ffi.C.weft_dist_poll_(nil, 0, 500)
+  end
+  store:close()
+end
+
 local function group_opts(name, ranks, extra)
   local o = {
     name = name, ranks = ranks, rank = S.rank, local_rank = S.local_rank, store = S.store,
@@ -139,7 +152,7 @@ function M.init(opts)
   for r = 0, S.world_size - 1 do ranks[r + 1] = r end
   local ok, world = pcall(group.new, group_opts("world", ranks))
   if not ok then
-    if S.store then S.store:close(); S.store = nil end
+    if S.store then close_after_failure(S.store); S.store = nil end
     error(world, 2)
   end
   S.world = world
@@ -545,7 +558,7 @@ function M.shutdown()
       end)
       if not ok then err = e end
     end
-    store:close()
+    if err then close_after_failure(store) else store:close() end
   end
   S.store, S.world = nil, nil
   S.initialized = false

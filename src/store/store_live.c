@@ -9,8 +9,9 @@
  *
  * Waits of a registered handle run in slices of WF_LIVE_SLICE_MS: a slice
  * that ends with keys still missing costs one poll of the tombstones of the
- * ranks that own them (and of the wait's abort key), so a death is named
- * within a slice or two, and a healthy wait that completes inside its first
+ * ranks that own them (and of the wait's abort key); the server also ends
+ * every parked slice (WF_GET_LIVE) with EAGAIN when it writes a tombstone,
+ * so a death is named within milliseconds, and a healthy wait that completes inside its first
  * slice costs nothing extra. No thread, no heartbeat: a rank that is stopped
  * (SIGSTOP) keeps its connection, so it is not gone; it stays "did not
  * arrive" until the timeout, described as stopped when it runs on this host.
@@ -201,7 +202,14 @@ static int gone_error(const char *op, int rank, const char *v) {
   char who[400];
   int pid = 0, same = 0;
   describe_value(rank, v, who, sizeof who, &pid, &same);
-  if (same && pid > 0 && !wf_pid_dead(pid))
+  /* a killed process closes its sockets a moment before it is a zombie */
+  int alive = same && pid > 0 && !wf_pid_dead(pid);
+  for (int i = 0; alive && i < 20; i++) {
+    int us = 5000;
+    wf_backoff(&us, 5000);
+    alive = !wf_pid_dead(pid);
+  }
+  if (alive)
     return wf_error(WEFT_ECLOSED, "%s: %s closed its store connection without weft.shutdown() "
                     "(the process still runs) while this rank waited for it", op, who);
   return wf_error(WEFT_ECLOSED, "%s: %s died (exited or was killed without weft.shutdown(): its "
@@ -243,12 +251,6 @@ static int check_between(weft_store *s, const char *op, wf_get_req *q) {
   for (int i = 0; i < n; i++) {
     int r = owners ? owners[q->missing[i]] : i;
     if (r == s->live_rank && !owners) continue;
-    if (owners && r >= 0 && r < s->live_world && !s->live_reg[r]) {
-      /* learn who it is while it is alive: its tombstone may be unreadable
-       * later (the store's host may be shutting down too) */
-      char who[400];
-      wf_store_live_describe(s, op, r, who, sizeof who);
-    }
     rank[k] = r;
     keys[k] = kb + (size_t)k * 64;
     live_key(keys[k], 64, r, "/gone");
@@ -260,9 +262,22 @@ static int check_between(weft_store *s, const char *op, wf_get_req *q) {
   rc = poll_keys(s, op, keys, k, vals, lens, miss, present);
   if (rc) goto done;  /* the store itself failed: that error ends the wait */
   for (int i = 0; i < k && !rc; i++) {
-    if (!present[i]) continue;
+    if (!present[i]) {
+      int r = rank[i];
+      if (r >= 0 && r < s->live_world && !s->live_reg[r]) {
+        /* learn who it is while it is alive: its tombstone may be
+         * unreadable later (the store's host may be shutting down too) */
+        char who[400];
+        wf_store_live_describe(s, op, r, who, sizeof who);
+      }
+      continue;
+    }
     char v[600];
-    if (read_now(s, op, keys[i], v, sizeof v)) {
+    if (vals[i]) {  /* every key was present: the poll brought the values */
+      size_t l = lens[i] < sizeof v - 1 ? lens[i] : sizeof v - 1;
+      memcpy(v, vals[i], l);
+      v[l] = '\0';
+    } else if (read_now(s, op, keys[i], v, sizeof v)) {
       wf_clear_error();
       int r = rank[i];
       snprintf(v, sizeof v, "%s", r >= 0 && r < s->live_world && s->live_reg[r] ? s->live_reg[r] : "");
@@ -283,9 +298,12 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   for (;;) {
     int64_t left = t_end - wf_now_ms();
     q->timeout_ms = (int)(left < WF_LIVE_SLICE_MS ? (left > 0 ? left : 1) : WF_LIVE_SLICE_MS);
+    q->flags |= WF_GET_LIVE;
     rc = get_once(s, op, q, total);
     q->flags &= ~WF_GET_PUT;  /* the own key is set once; later slices only wait */
-    if (rc != WEFT_ETIMEOUT || q->nmissing == 0 || wf_now_ms() >= t_end) break;
+    /* ETIMEOUT: the slice ended; EAGAIN: the server saw a rank die */
+    if ((rc != WEFT_ETIMEOUT && rc != WEFT_EAGAIN) || q->nmissing == 0) break;
+    if (rc == WEFT_ETIMEOUT && wf_now_ms() >= t_end) break;  /* (EAGAIN then: one more 1 ms slice) */
     /* keep the missing list: the check below reuses the reply buffer */
     int nm = q->nmissing;
     rc = check_between(s, op, q);

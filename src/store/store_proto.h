@@ -59,6 +59,8 @@ enum {
 #define WF_GET_CONSUME 1u  /* a completed read counts against each key's budget */
 #define WF_GET_NOVALUES 2u /* wait: answer only the status */
 #define WF_GET_PUT 4u      /* set a key first: a gather is one round trip */
+#define WF_GET_LIVE 8u     /* a slice of a liveness wait (store_live.c): a rank's
+                            * death answers it at once with WEFT_EAGAIN */
 
 /* SET flag: the key describes this connection's owner (store_live.c); when
  * the connection ends from the client's side while the key still exists,

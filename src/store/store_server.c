@@ -433,6 +433,12 @@ static void live_gone(srv *v, conn *c) {
   size_t vlen = e->vlen;
   if (!tab_set(v, (wf_store_kref){c->live_key, c->live_klen + 5}, val, vlen, 0)) wake_waiters(v);
   free(val);
+  /* liveness waits look at the tombstones now, not at the end of their slice
+   * (the store's host may fail and close the store right after) */
+  for (int i = 0; i < v->nc; i++) {
+    conn *o = v->c[i];
+    if (!o->dead && o->state == C_PARKED && (o->gflags & WF_GET_LIVE)) get_missing_answer(v, o, WEFT_EAGAIN);
+  }
 }
 
 static int parse_i64(const uint8_t *p, size_t n, int64_t *out) {
