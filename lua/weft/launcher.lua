@@ -137,7 +137,8 @@ local out_ok = { [1] = true, [2] = true }   -- stop writing to a closed stdout/s
 local function emit(fd, s)
   if out_ok[fd] and not write_all(fd, s) then out_ok[fd] = false end
 end
-local function say(fmt, ...) emit(2, "weft-run: " .. format(fmt, ...) .. "\n") end
+local say_name = "weft-run"   -- "weft-run[node1]" under --node-tag: several launchers share a terminal
+local function say(fmt, ...) emit(2, say_name .. ": " .. format(fmt, ...) .. "\n") end
 
 local function sigset(list)
   local set = ffi.new("weft_run_sigset")
@@ -212,6 +213,8 @@ M.OPTIONS = {
     help = "wall-clock limit in seconds: stop all ranks and exit 124 when reached" },
   { long = "no-prefix", key = "no_prefix", kind = "flag",
     help = "relay output without the \"[rankN] \" prefix" },
+  { long = "node-tag", key = "node_tag", kind = "string", meta = "T",
+    help = "prefix lines with \"[T rankN] \" (e.g. the node's name; weft-sim-nodes sets it)" },
   { long = "repl", key = "repl", kind = "flag", standalone = true,
     help = "live REPL: rank 0 reads Lua chunks from stdin, each runs on every rank (script optional)" },
   { long = "help", short = "h", key = "help", kind = "flag", standalone = true,
@@ -556,7 +559,8 @@ local function fold_reports(ranks)
         nums[i] = e.r.rank
         if #e.text > #best.text then best = e end
       end
-      local pre = best.r.err.prefix ~= "" and ("[ranks " .. ranks_text(nums) .. "] ") or ""
+      local tag = best.r.err.prefix:match("^%[(.-)rank%d+%] $") or ""   -- "node1 " with --node-tag
+      local pre = best.r.err.prefix ~= "" and ("[" .. tag .. "ranks " .. ranks_text(nums) .. "] ") or ""
       emit(2, prefixed(g.msg, pre))
       local trace = best.text:sub(#g.msg + 1)
       if trace ~= "" then emit(2, prefixed(trace, best.r.err.prefix)) end
@@ -799,7 +803,8 @@ function M.plan(opts, root)
       -- and folded with the other ranks' (only for scripts: a command's
       -- output is its own)
       fold = not opts.command and (argv[1] .. ": ") or nil,
-      prefix = opts.no_prefix and "" or ("[rank" .. rank .. "] "),
+      prefix = opts.no_prefix and "" or
+               ("[" .. (opts.node_tag and (opts.node_tag .. " ") or "") .. "rank" .. rank .. "] "),
       env = {
         { "RANK", tostring(rank) }, { "WORLD_SIZE", tostring(world) },
         { "LOCAL_RANK", tostring(lr) }, { "LOCAL_WORLD_SIZE", tostring(opts.nproc) },
@@ -823,6 +828,7 @@ function M.main(argv, root)
   end
   if opts.help then emit(1, M.usage()); return 0 end
   root = M.realpath(root or ".") or root
+  if opts.node_tag then say_name = "weft-run[" .. opts.node_tag .. "]" end
   if opts.repl then return require("weft.repl").launch(opts, root, M) end
   if not opts.master_port then
     local port, perr = M.free_port(opts.master_addr)
