@@ -157,6 +157,42 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out);
 /* in_the_same_node_as: flags[i] = 1 when group rank i shares memory with root */
 int weft_same_node(weft_cpugroup *g, int root, uint8_t *flags);
 
+/* ---- gloo: host collectives across nodes on Gloo's TCP transport
+ *      (src/gloo_shim.cc; src/gloo_stubs.c in a build without Gloo) ----
+ * Built where Gloo's headers are (mk/gloo.mk); otherwise weft_gloo_available
+ * says 0 and every other call fails with WEFT_ENODEV "built without Gloo".
+ * create is collective over g: each rank listens on `host` (NULL or "": the
+ * local address of its store connection, the interface that reaches rank
+ * 0), the ranks meet through g's store (weft's own: its secret and limits
+ * apply; keys under "weft/gloo/<group>/<nonce>/", deleted once connected)
+ * and connect a full mesh, all bounded by g's timeout. Every call is bounded
+ * by the handle's timeout (g's at create; set_timeout changes it) and names
+ * the group and the operation when it fails; a rank that died is named
+ * ("rank R (pid P, host H) died") when the store saw it go. A failed call
+ * closes this rank's connections (so its peers fail at once instead of at
+ * their timeout) and leaves the handle unusable (WEFT_ESTATE). Reductions are
+ * weft_host_reduce's (integer wrap, NaN propagation; dtypes f32 f16 bf16 f64
+ * i32 i64 u8); in == out: in place. Counts in elements, sizes in bytes;
+ * roots and peers are indices in g. One call at a time per handle; destroy
+ * is local and idempotent on the handle's side. */
+typedef struct weft_gloo weft_gloo;
+int weft_gloo_available(void);
+int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out);
+int weft_gloo_destroy(weft_gloo *c);
+int weft_gloo_set_timeout(weft_gloo *c, int timeout_ms);
+int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype,
+                         int op);
+/* out: world * bytes, rank i's bytes at i * bytes */
+int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes);
+/* in: world chunks of count_out elements; out: this rank's reduced chunk */
+int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t count_out,
+                             int dtype, int op);
+int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root);
+int weft_gloo_barrier(weft_gloo *c);
+/* exactly `bytes` each way: a size that differs from the peer's fails */
+int weft_gloo_send(weft_gloo *c, const void *buf, size_t bytes, int dst);
+int weft_gloo_recv(weft_gloo *c, void *buf, size_t bytes, int src);
+
 /* ---- host tensor helpers (src/host/hostops.c, src/host/norm_host.c) ---- */
 /* 64-byte aligned, zeroed; NULL on failure. From 64 KiB on, the memory comes
  * from the process's shared host arena (src/host/host_arena.c): peers of a shm

@@ -8,7 +8,9 @@
 --   MASTER_ADDR             default 127.0.0.1 (rank 0 serves the store there)
 --   MASTER_PORT             required when WORLD_SIZE > 1
 --   WEFT_TIMEOUT_MS         default bound of every wait (60000)
---   WEFT_HOST_BACKEND       "store" forces the store path for host tensors
+--   WEFT_HOST_BACKEND       "store" forces the store path for host tensors;
+--                           across nodes "gloo" forces flat Gloo, "hier" the
+--                           hierarchical all-reduce (where the policy would pick)
 --
 -- Group names: the world is "world"; a model-parallel group is
 -- "<kind>.<index>" with index its position in the plan's list for that kind
@@ -89,7 +91,9 @@ function M.parse_env()
            launched = has_world }
 end
 
-local HOST_BACKENDS = { auto = true, shm = true, store = true }
+local HOST_BACKENDS = { auto = true, shm = true, store = true, gloo = true, hier = true }
+-- forced host paths (groups across nodes): store, flat gloo, hierarchical
+local FORCED = { store = true, gloo = true, hier = true }
 
 -- Rank 0 hosts the store: after a failure it keeps serving a moment, so the
 -- others read why (a tombstone: "rank R died") rather than "store gone".
@@ -131,14 +135,14 @@ function M.init(opts)
   end
   local hb = opts.backend or env.host_backend or "auto"
   if not HOST_BACKENDS[hb] then
-    fail(2, "init", "unknown backend %q (auto, shm, store)", tostring(hb))
+    fail(2, "init", "unknown backend %q (auto, shm, store, gloo, hier)", tostring(hb))
   end
   S.rank, S.world_size = env.rank, env.world_size
   S.launched = env.launched
   S.local_rank, S.local_world_size = env.local_rank, env.local_world_size
   S.master_addr, S.master_port = env.master_addr, env.master_port
   S.timeout_ms = timeout
-  S.host_backend = (hb == "store") and "store" or nil
+  S.host_backend = FORCED[hb] and hb or nil
   S.world_same_node = nil
   if S.world_size > 1 then
     local store = require "weft.store"

@@ -10,7 +10,11 @@
 --   shm         ranks on one node: shared-memory engine (weft.shm)
 --   shm_gather  one node, dtype/op the engine does not reduce: shm all-gather
 --               and a local reduction in rank order
---   store       ranks on several nodes (or forced): bytes through the TCP store
+--   gloo        ranks on several nodes: Gloo over TCP (weft.host_nodes)
+--   gloo_hier   ranks on several nodes, all_reduce: shm inside each node, Gloo
+--               among the node leaders, shm broadcast back (weft.host_nodes)
+--   store       forced, or across nodes in a build without Gloo: bytes
+--               through the TCP store
 -- A backend is a table of functions; only gather_bytes and broadcast are
 -- required, reductions fall back to gather + local reduce.
 local ffi = require "ffi"
@@ -257,6 +261,7 @@ end }))
 local function select_backend(g, op, t, rop)
   local name, why, cacheable = policy.select(g, op, t, rop)
   local be = name and M.backends[name]
+  if name == "store" and not g.same_node then require("weft.host_nodes").warn_store(g) end
   if not be then
     error(("weft: %s: policy chose backend %q for group %s but it is not registered (%s)")
           :format(op, tostring(name), gname(g), tostring(why)), 0)
@@ -460,6 +465,8 @@ function M.new(o)
       else
         self.same_node = M.probe_same_node(self.cpu_group)
       end
+      -- across nodes: which rank is on which node (collective, one probe per node)
+      if not self.same_node then require("weft.host_nodes").on_new(self) end
       -- The seed's mq_broadcaster: a shared-memory ring for broadcast_object
       -- from index 0. Collective, so every rank must decide alike: the option
       -- (dist.lua sets it for the TP group under WEFT_USE_MQ_BROADCASTER=1)
@@ -823,6 +830,8 @@ function G:send(t, dst)
     call_be(self, "send", be.send, t, dst)
     return
   end
+  local be = backend_for(self, "send", t)
+  if be.send_host then call_be(self, "send", be.send_host, t, dst); return end   -- gloo across nodes
   p2p_send(self, "send", serialize.encode(t), dst)
 end
 
@@ -849,6 +858,8 @@ function G:recv(spec, src, dtype)
     call_be(self, "recv", be.recv, into, src)
     return into
   end
+  local hbe = backend_for(self, "recv", into)
+  if hbe.recv_host then call_be(self, "recv", hbe.recv_host, into, src); return into end
   local got = serialize.decode(p2p_recv(self, "recv", src))
   if not tm.is_tensor(got) then
     error(("weft: recv: rank %d sent a %s, not a tensor (group %s)"):format(self.ranks[src + 1], type(got), gname(self)), 2)
@@ -1224,5 +1235,7 @@ end
 -- Device backends, their policy rules and hooks (weft.device_backends; loads
 -- nothing of CUDA until a device tensor arrives).
 require("weft.device_backends").install(M)
+-- Host tensors of groups across nodes (Gloo; weft.host_nodes).
+require("weft.host_nodes").install(M)
 
 return M

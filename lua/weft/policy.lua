@@ -31,6 +31,40 @@ local function host_forced(g)
   return g.host_backend
 end
 
+local human_bytes   -- below
+
+-- weft was built with Gloo (weft.host_nodes asks the library once)
+local function gloo_built()
+  local hn = package.loaded["weft.host_nodes"]
+  return hn ~= nil and hn.built == true
+end
+
+-- Hierarchical all-reduce across nodes (shm inside nodes, Gloo among node
+-- leaders) from this many bytes on; below it flat Gloo's single ring wins.
+-- bench/results/host-allreduce-nodes-*.md has the measurement;
+-- WEFT_HIER_MIN_BYTES overrides, WEFT_HOST_BACKEND=gloo|hier forces.
+M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 262144
+
+-- true, or false and why not (explain's text)
+function M.hier_applies(g, _, t, rop)
+  if g.same_node then return false, "all ranks on one node" end
+  if not gloo_built() then return false, "weft was built without Gloo" end
+  if host_forced(g) == "gloo" then return false, "flat Gloo forced (WEFT_HOST_BACKEND=gloo)" end
+  if t == nil then return false, "no tensor given" end
+  local nc = g.node_count or g.world_size
+  if nc >= g.world_size then return false, "one rank per node: nothing to reduce inside a node" end
+  if not (M.shm_reduce.dtypes[t.dtype] and M.shm_reduce.ops[rop or "sum"]) then
+    return false, ("shm does not reduce %s %s natively"):format(tostring(t.dtype), tostring(rop or "sum"))
+  end
+  if host_forced(g) == "hier" then return true end
+  local nb = tonumber(t.nbytes) or 0
+  if nb < M.hier_min_bytes then
+    return false, ("%s is below policy.hier_min_bytes (%s): flat Gloo is faster there")
+      :format(human_bytes(nb), human_bytes(M.hier_min_bytes))
+  end
+  return true
+end
+
 -- The table itself. Fields: name (shown by explain), backend, ops, when, why.
 M.rules = {
   { name = "single rank", backend = "bypass", cacheable = true,
@@ -42,9 +76,26 @@ M.rules = {
   { name = "forced store", backend = "store", cacheable = true,
     when = function(g) return host_forced(g) == "store" end,
     why = "host tensor, store backend forced (weft.init{backend=\"store\"} or WEFT_HOST_BACKEND)" },
+  { name = "hierarchical across nodes", backend = "gloo_hier", ops = { all_reduce = true },
+    when = function(g, op, t, rop) return M.hier_applies(g, op, t, rop) == true end,
+    why = function(g, _, t)
+      return ("host tensor of %s across %d nodes: shm all-reduce inside each node, Gloo among "
+        .. "the %d node leaders, shm broadcast back (from %s on this beats flat Gloo: "
+        .. "policy.hier_min_bytes, measured on simulated nodes)")
+        :format(human_bytes(t and tonumber(t.nbytes) or 0), g.node_count or 0, g.node_count or 0,
+                human_bytes(M.hier_min_bytes))
+    end,
+    why_not = function(g, op, t, rop) return select(2, M.hier_applies(g, op, t, rop)) end },
+  { name = "gloo across nodes", backend = "gloo", cacheable = true,
+    when = function(g) return not g.same_node and gloo_built() end,
+    why = "host tensor, ranks on several nodes: Gloo over TCP (full mesh, ring all-reduce)",
+    why_not = function(g)
+      return g.same_node and "all ranks on one node" or "weft was built without Gloo (libgloo-dev)"
+    end },
   { name = "ranks on several nodes", backend = "store", cacheable = true,
     when = function(g) return not g.same_node end,
-    why = "host tensor, ranks are not all on one node: exchanged through the TCP store" },
+    why = "host tensor, ranks are not all on one node and weft has no Gloo: exchanged through "
+          .. "the TCP store (every byte through rank 0's server; install libgloo-dev and rebuild)" },
   { name = "shm native reduction", backend = "shm", cacheable = true,
     ops = { all_reduce = true, reduce_scatter = true },
     when = function(_, op, t, opname)
@@ -108,7 +159,7 @@ function M.remove_rule(name)
   return false
 end
 
-local function human_bytes(n)
+function human_bytes(n)
   if n >= 1048576 then return ("%.4g MiB"):format(n / 1048576) end
   if n >= 1024 then return ("%.4g KiB"):format(n / 1024) end
   return ("%d B"):format(n)

@@ -33,6 +33,7 @@
 #include "cuda/cuda_internal.h"
 #include "core/internal.h"
 #include "store/store_proto.h"
+#include "gloo_glue.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -453,3 +454,5 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
   wf_store_unlock(g->s);
   return rc;
 }
+
+weft_store *wf_cpugroup_store(weft_cpugroup *g) { return g ? g->s : NULL; }

@@ -2,6 +2,7 @@
  * guarded by the handle's mutex, with a deadline on every read and write;
  * connect with backoff, framed send and receive, one reconnect per call.
  * Every handle (the server's own included) is such a client. */
+#include "gloo_glue.h"
 #include "store_internal.h"
 
 #include <fcntl.h>
@@ -318,4 +319,21 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
     if (rc != 1) return rc;
     if (attempt > 0) return wf_error(WEFT_ECLOSED, "%s: lost the store at %s", op, s->where);
   }
+}
+
+/* The local address of this handle's connection ("10.1.2.3"): the interface
+ * that reaches the store's host, where engines that need an address of
+ * their own (Gloo) listen. 0, or WEFT_ESTATE when not connected. */
+int wf_store_local_addr(weft_store *s, char *buf, size_t n) {
+  int rc = wf_store_lock(s, "store local address");
+  if (rc) return rc;
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  rc = s->fd < 0 ? wf_error(WEFT_ESTATE, "store local address: not connected")
+       : getsockname(s->fd, (struct sockaddr *)&a, &len) != 0
+       ? wf_error_errno(WEFT_ESYS, "store local address: getsockname")
+       : getnameinfo((struct sockaddr *)&a, len, buf, (socklen_t)n, NULL, 0, NI_NUMERICHOST) != 0
+       ? wf_error(WEFT_ESYS, "store local address: getnameinfo failed") : 0;
+  wf_store_unlock(s);
+  return rc;
 }

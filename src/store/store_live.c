@@ -18,6 +18,7 @@
  * A host that vanishes without closing its sockets is not seen here (TCP
  * does not tell): that still ends at the timeout. */
 #include "core/futex.h"
+#include "gloo_glue.h"
 #include "store_internal.h"
 
 #include <stdio.h>
@@ -326,4 +327,33 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
     rc = wf_error_context(rc, "%s, which hosts the store, is gone (died, or shut down before "
                           "this rank)", s->rank0[0] ? s->rank0 : "rank 0");
   return rc;
+}
+
+/* For engines outside the store (Gloo): after one of their calls failed, is
+ * one of ranks[] gone? Polls the tombstones for up to wait_ms (the server
+ * may see the closed connection a moment after the engine did). Returns the
+ * index in ranks[] of a gone rank and its description in who, or -1. */
+int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
+                        size_t whon) {
+  if (!s || n <= 0 || s->live_rank < 0) return -1;
+  int64_t deadline = wf_now_ms() + wait_ms;
+  char key[64], v[320];
+  for (;;) {
+    if (wf_store_lock(s, "liveness") == 0) {
+      for (int i = 0; i < n; i++) {
+        live_key(key, sizeof key, ranks[i], "/gone");
+        if (read_now(s, "liveness", key, v, sizeof v) == 0) {
+          int pid = 0, same = 0;
+          describe_value(ranks[i], v, who, whon, &pid, &same);
+          wf_store_unlock(s);
+          wf_clear_error();
+          return i;
+        }
+      }
+      wf_store_unlock(s);
+    }
+    wf_clear_error();
+    if (wf_now_ms() >= deadline) return -1;
+    usleep(50 * 1000);
+  }
 }

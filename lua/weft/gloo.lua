@@ -1,0 +1,104 @@
+-- weft.gloo — host collectives across nodes on Gloo's TCP transport
+-- (src/gloo_shim.cc). Raw pointers, counts in elements, C dtype/op codes;
+-- the GroupCoordinator's cross-node backends (weft.host_nodes) adapt tensors.
+--   gloo.available() -> true when weft was built with Gloo
+--   local c = gloo.new(cpugroup [, host])     -- collective over the group
+--   c:all_reduce(in_ptr, out_ptr, count, dtype_code, op_code)  -- in == out: in place
+--   c:all_gather(in_ptr, out_ptr, bytes)      -- out holds world * bytes
+--   c:reduce_scatter(in_ptr, out_ptr, count_out, dtype_code, op_code)
+--   c:broadcast(ptr, bytes, root_index)  c:barrier()
+--   c:send(ptr, bytes, dst_index)  c:recv(ptr, bytes, src_index)
+--   c:set_timeout(ms)  c:destroy()           -- local, idempotent
+-- host: where this rank listens (default: the local address of its store
+-- connection, i.e. the interface that reaches rank 0; WEFT_GLOO_HOST
+-- overrides). The ranks meet through weft's store. Every call is bounded by
+-- the group's timeout; a failure names the group, the operation and a rank
+-- that died, and leaves the communicator unusable.
+local ffi = require "ffi"
+local wffi = require "weft.ffi"
+
+local C = wffi.C
+local ffi_new, ffi_gc = ffi.new, ffi.gc
+local error = error
+local last_error = wffi.last_error
+
+local M = {}
+
+local Comm = {}
+Comm.__index = Comm
+
+function M.available()
+  return C.weft_gloo_available() == 1
+end
+
+function M.new(cpugroup, host)
+  if type(cpugroup) ~= "table" or cpugroup.handle == nil then
+    error("weft: gloo new: expected a live weft.cpugroup", 2)
+  end
+  host = host or os.getenv("WEFT_GLOO_HOST")
+  if host == "" then host = nil end
+  local out = ffi_new("weft_gloo *[1]")
+  if C.weft_gloo_create(cpugroup.handle, host, out) ~= 0 then error("weft: " .. last_error(), 2) end
+  return setmetatable({
+    handle = ffi_gc(out[0], C.weft_gloo_destroy),
+    cpugroup = cpugroup,      -- keeps the group (and its store) referenced
+    name = cpugroup.name,
+    size = cpugroup.size,
+    rank_in_group = cpugroup.my_index,
+  }, Comm)
+end
+
+local function handle_of(self, op)
+  local h = self.handle
+  if h == nil then
+    error(("weft: gloo %s: communicator of group '%s' was destroyed"):format(op, self.name), 3)
+  end
+  return h
+end
+
+local function check(rc)
+  if rc ~= 0 then error("weft: " .. last_error(), 3) end
+end
+
+function Comm:all_reduce(inp, out, count, dtype, op)
+  check(C.weft_gloo_all_reduce(handle_of(self, "all_reduce"), inp, out, count, dtype, op or 0))
+end
+
+function Comm:all_gather(inp, out, bytes)
+  check(C.weft_gloo_all_gather(handle_of(self, "all_gather"), inp, out, bytes))
+end
+
+function Comm:reduce_scatter(inp, out, count_out, dtype, op)
+  check(C.weft_gloo_reduce_scatter(handle_of(self, "reduce_scatter"), inp, out, count_out, dtype, op or 0))
+end
+
+function Comm:broadcast(ptr, bytes, root)
+  check(C.weft_gloo_broadcast(handle_of(self, "broadcast"), ptr, bytes, root or 0))
+end
+
+function Comm:barrier()
+  check(C.weft_gloo_barrier(handle_of(self, "barrier")))
+end
+
+function Comm:send(ptr, bytes, dst)
+  check(C.weft_gloo_send(handle_of(self, "send"), ptr, bytes, dst))
+end
+
+function Comm:recv(ptr, bytes, src)
+  check(C.weft_gloo_recv(handle_of(self, "recv"), ptr, bytes, src))
+end
+
+function Comm:set_timeout(ms)
+  check(C.weft_gloo_set_timeout(handle_of(self, "set_timeout"), ms))
+end
+
+-- Local teardown only (closes this rank's connections); idempotent.
+function Comm:destroy()
+  local h = self.handle
+  if h == nil then return end
+  self.handle = nil
+  ffi_gc(h, nil)
+  C.weft_gloo_destroy(h)
+end
+
+return M

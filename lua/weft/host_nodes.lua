@@ -1,0 +1,214 @@
+-- weft.host_nodes — host tensors of groups that span several nodes: the
+-- node layout of such a group, and the two backends that serve them on
+-- Gloo's TCP transport (weft.gloo). Installed by weft.group on load; the
+-- choice between them is weft.policy's ("gloo across nodes",
+-- "hierarchical across nodes").
+--
+-- Backends (group.register_backend):
+--   gloo       every host collective of the group over one Gloo context
+--              (full mesh; Gloo's ring all-reduce, weft's ring reduce-scatter)
+--   gloo_hier  all_reduce in three steps: shm all-reduce inside each node,
+--              Gloo all-reduce among the node leaders (the first rank of
+--              each node), shm broadcast back from the leader; the other
+--              ops as gloo. Inside a node the bytes never touch TCP.
+-- Both create their communicators on first use (collective: every rank of
+-- the group makes the same call) and tear them down with g:destroy().
+-- Host send/recv of tensors go over Gloo too: a 256-byte header (dtype,
+-- shape, bytes) the receiver checks, then the bytes.
+local ffi = require "ffi"
+
+local ffi_cast, ffi_string, ffi_copy, ffi_fill = ffi.cast, ffi.string, ffi.copy, ffi.fill
+local concat, fmt = table.concat, string.format
+local error, tostring = error, tostring
+
+local M = {}
+
+local G          -- weft.group, given to install()
+local u8p = ffi.typeof("uint8_t *")
+
+local gloo_mod
+local function gloo()
+  if not gloo_mod then gloo_mod = require "weft.gloo" end
+  return gloo_mod
+end
+
+-- true when weft was built with Gloo (the library answers; a library older
+-- than this Lua, without the symbol, counts as no)
+M.built = (function()
+  local ok, avail = pcall(function() return require("weft.gloo").available() end)
+  return ok and avail or false
+end)()
+
+---------------------------------------------------------------- layout
+-- Collective over g's cpu group: which node each group index is on, from the
+-- shared-memory probe (the truth about node boundaries: who shares
+-- /dev/shm), one probe per node. Sets g.node_of[index] (0-based node
+-- numbers in order of first appearance), g.node_count, g.node_leaders
+-- (group indices of each node's first rank) and g.local_indices (the group
+-- indices on this rank's node).
+function M.layout(g)
+  local shm = require "weft.shm"
+  local W = g.world_size
+  local node_of, leaders = {}, {}
+  local k, root = 0, 0
+  while root do
+    local flags = shm.same_node(g.cpu_group, root)
+    node_of[root] = k   -- a root that could not make its segment says false for itself
+    for i = 1, W do
+      if flags[i] and node_of[i - 1] == nil then node_of[i - 1] = k end
+    end
+    leaders[k + 1] = root
+    k = k + 1
+    root = nil
+    for i = 0, W - 1 do if node_of[i] == nil then root = i; break end end
+  end
+  local mine, locals = node_of[g.rank_in_group], {}
+  for i = 0, W - 1 do if node_of[i] == mine then locals[#locals + 1] = i end end
+  g.node_of, g.node_count, g.node_leaders, g.local_indices = node_of, k, leaders, locals
+  g.node_index = mine
+end
+
+---------------------------------------------------------------- communicators
+local function flat(g)
+  local c = g._gloo
+  if c then return c end
+  c = gloo().new(g.cpu_group)
+  g._gloo = c
+  return c
+end
+
+-- { local_shm = weft.shm or nil, local_index, leaders_gloo = weft.gloo or nil }
+local function hier(g)
+  local h = g._hier
+  if h then return h end
+  local cpugroup = require "weft.cpugroup"
+  local store = g.cpu_group.store
+  local name = g.cpu_group.name
+  h = {}
+  local locals = {}
+  for i, idx in ipairs(g.local_indices) do
+    locals[i] = g.ranks[idx + 1]
+    if idx == g.rank_in_group then h.local_index = i - 1 end
+  end
+  g._hier = h      -- partial state is torn down by destroy if a step below fails
+  if #locals > 1 then
+    h.local_cpu = cpugroup.new(store, name .. "/node" .. g.node_index, locals, h.local_index, g.timeout_ms)
+    local per_rank = tonumber(os.getenv("WEFT_SHM_BYTES")) or G.SHM_BYTES
+    h.local_shm = require("weft.shm").new(h.local_cpu, per_rank)
+  end
+  if h.local_index == 0 and g.node_count > 1 then
+    local lranks = {}
+    for i, idx in ipairs(g.node_leaders) do lranks[i] = g.ranks[idx + 1] end
+    h.leaders_cpu = cpugroup.new(store, name .. "/leaders", lranks, g.node_index, g.timeout_ms)
+    h.leaders_gloo = gloo().new(h.leaders_cpu)
+  end
+  return h
+end
+
+local function destroy(g)
+  if g._gloo then g._gloo:destroy(); g._gloo = nil end
+  local h = g._hier
+  if h then
+    g._hier = nil
+    for _, k in ipairs { "leaders_gloo", "leaders_cpu", "local_shm", "local_cpu" } do
+      if h[k] then h[k]:destroy() end
+    end
+  end
+end
+
+---------------------------------------------------------------- send / recv
+local HDR = 256
+local function header(t)
+  local s = fmt("weft-gloo-p2p %s %s %d", t.dtype, concat(t.shape, ","), t.nbytes)
+  return s
+end
+
+local function send_host(g, op, t, dst)
+  local c = flat(g)
+  local s = header(t)
+  if #s >= HDR then
+    error(fmt("weft: %s: tensor of %d dims is too many to describe in the header (group %s)",
+              op, #t.shape, g.unique_name), 0)
+  end
+  local hb = g:_scratch("p2p_hdr", HDR)
+  ffi_fill(hb, HDR)
+  ffi_copy(hb, s)
+  c:send(hb, HDR, dst)
+  if t.nbytes > 0 then c:send(t.ptr, t.nbytes, dst) end
+end
+
+local function recv_host(g, op, into, src)
+  local c = flat(g)
+  local hb = g:_scratch("p2p_hdr", HDR)
+  c:recv(hb, HDR, src)
+  local s = ffi_string(hb)
+  local dt, shape, nb = s:match("^weft%-gloo%-p2p (%S+) (%S*) (%d+)$")
+  if not dt then
+    error(fmt("weft: %s: rank %d sent something that is not a weft tensor header (group %s)",
+              op, g.ranks[src + 1], g.unique_name), 0)
+  end
+  nb = tonumber(nb)
+  local mine = header(into):match("^weft%-gloo%-p2p (.*)$")
+  if dt .. " " .. shape .. " " .. nb ~= mine then
+    -- take the bytes anyway, so the next message on this pair is read right
+    if nb > 0 then c:recv(g:_scratch("p2p_drain", nb), nb, src) end
+    error(fmt("weft: %s: rank %d sent %s {%s}, this rank expected %s {%s} (group %s)",
+              op, g.ranks[src + 1], dt, shape, into.dtype, concat(into.shape, ","), g.unique_name), 0)
+  end
+  if nb > 0 then c:recv(into.ptr, nb, src) end
+end
+
+---------------------------------------------------------------- backends
+local gloo_backend = {
+  gather_bytes = function(g, _, src, nbytes, dst) flat(g):all_gather(src, dst, nbytes) end,
+  broadcast = function(g, _, ptr, nbytes, src) flat(g):broadcast(ptr, nbytes, src) end,
+  all_reduce = function(g, _, t, out_ptr, _, code)
+    flat(g):all_reduce(t.ptr, out_ptr, t.numel, G.DT_CODE[t.dtype], code)
+  end,
+  reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, _, code)
+    flat(g):reduce_scatter(inp, out, count_out, G.DT_CODE[dtype], code)
+  end,
+  send_host = send_host,
+  recv_host = recv_host,
+}
+M.gloo_backend = gloo_backend
+
+local hier_backend = setmetatable({
+  all_reduce = function(g, _, t, out_ptr, _, code)
+    local h = hier(g)
+    local dc = G.DT_CODE[t.dtype]
+    local src = t.ptr
+    if h.local_shm then
+      h.local_shm:all_reduce(src, out_ptr, t.numel, dc, code)
+      src = out_ptr
+    end
+    if h.leaders_gloo then h.leaders_gloo:all_reduce(src, out_ptr, t.numel, dc, code) end
+    if h.local_shm then h.local_shm:broadcast(out_ptr, t.nbytes, 0) end
+  end,
+}, { __index = gloo_backend })
+M.hier_backend = hier_backend
+
+-- group.lua calls this once a group is known to span nodes
+function M.on_new(g)
+  M.layout(g)
+end
+
+-- the store path across nodes: said once per process, where it is used
+local warned = false
+function M.warn_store(g)
+  if warned or g.host_backend == "store" then return end
+  warned = true
+  io.stderr:write(("weft: warning: host collectives of group %s span nodes and go through the "
+    .. "TCP store (weft was built without Gloo: install libgloo-dev and run make lib)\n")
+    :format(tostring(g.unique_name)))
+end
+
+function M.install(gm)
+  G = gm
+  gm.register_backend("gloo", gloo_backend)
+  gm.register_backend("gloo_hier", hier_backend)
+  gm.destroy_hooks[#gm.destroy_hooks + 1] = destroy
+  return M
+end
+
+return M

@@ -1,0 +1,19 @@
+# Gloo: host collectives across nodes (src/gloo_shim.cc), built only where
+# Gloo's headers are (Debian: libgloo-dev). Without them src/gloo_stubs.c
+# answers "built without Gloo" and the Lua layer keeps the store path.
+#   make lib WEFT_GLOO=0   builds without it even where it is installed
+GLOO_INC ?= /usr/include
+WEFT_GLOO ?= $(if $(wildcard $(GLOO_INC)/gloo/allreduce.h),1,0)
+CXX := $(if $(filter default,$(origin CXX)),g++,$(CXX))
+
+ifeq ($(WEFT_GLOO),1)
+  GLOO_OBJ := $(BUILD)/obj/gloo_shim.o
+  CFLAGS   += -DWEFT_HAVE_GLOO=1
+  C_OBJS   += $(GLOO_OBJ)
+  LDLIBS   += -lgloo -lstdc++
+  $(LIB): $(GLOO_OBJ)
+  $(GLOO_OBJ): src/gloo_shim.cc src/gloo_glue.h src/weft.h src/core/internal.h src/host/cpugroup.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -D_GNU_SOURCE \
+	  -DWEFT_HAVE_GLOO=1 -Isrc $(if $(filter /usr/include,$(GLOO_INC)),,-isystem $(GLOO_INC)) -c $< -o $@
+endif

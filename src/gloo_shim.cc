@@ -1,0 +1,455 @@
+// gloo_shim.cc — weft_gloo_*: host collectives across nodes on Gloo's TCP
+// transport (weft.h has the contract). Built only where Gloo's headers are
+// (mk/gloo.mk). Rendezvous goes through weft's own store (a
+// gloo::rendezvous::Store over weft_store_*), so the store's secret, limits
+// and liveness apply; reductions are weft_host_reduce, the one definition
+// every backend shares. Nothing throws across the C boundary: every entry
+// point catches everything and turns it into weft_last_error().
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <sys/random.h>
+#include <vector>
+
+extern "C" {
+#include "core/internal.h"
+#include "host/cpugroup.h"
+}
+#include "gloo_glue.h"
+
+namespace {
+
+// An error already recorded with wf_error (code kept), thrown through Gloo.
+struct Recorded {
+  int code;
+};
+
+using ms = std::chrono::milliseconds;
+
+// gloo::rendezvous::Store over weft's store: keys under a per-context
+// prefix; every wait bounded by the group's timeout, and its failure says
+// whose address did not arrive.
+class WeftStore : public gloo::rendezvous::Store {
+ public:
+  WeftStore(weft_store *s, std::string prefix, const std::string &group, const int *ranks,
+            int size, int timeout_ms)
+      : s_(s), prefix_(std::move(prefix)), group_(group), ranks_(ranks), size_(size),
+        timeout_ms_(timeout_ms) {}
+
+  void set(const std::string &key, const std::vector<char> &data) override {
+    std::string k = prefix_ + key;
+    int rc = weft_store_set(s_, k.c_str(), data.data(), data.size());
+    if (rc) throw Recorded{wf_error_context(rc, "publishing this rank's Gloo address")};
+    mine_.push_back(k);
+  }
+
+  std::vector<char> get(const std::string &key) override {
+    std::string k = prefix_ + key;
+    const void *v = nullptr;
+    size_t len = 0;
+    int rc = weft_store_get(s_, k.c_str(), timeout_ms_, &v, &len);
+    if (rc) throw Recorded{wf_error_context(rc, "waiting for %s", who(key).c_str())};
+    const char *p = static_cast<const char *>(v);
+    return std::vector<char>(p, p + len);
+  }
+
+  void wait(const std::vector<std::string> &keys) override { wait(keys, ms(timeout_ms_)); }
+
+  void wait(const std::vector<std::string> &keys, const ms &timeout) override {
+    std::vector<std::string> full;
+    std::vector<const char *> arr;
+    for (const auto &k : keys) full.push_back(prefix_ + k);
+    for (const auto &k : full) arr.push_back(k.c_str());
+    int t = (int)timeout.count();
+    if (t <= 0 || t > timeout_ms_) t = timeout_ms_;
+    int rc = weft_store_wait(s_, arr.data(), (int)arr.size(), t);
+    if (rc) throw Recorded{wf_error_context(rc, "waiting for %s", who(keys.empty() ? "" : keys[0]).c_str())};
+  }
+
+  // the keys this rank published (deleted once every rank is connected)
+  void forget() {
+    for (const auto &k : mine_) weft_store_delete(s_, k.c_str(), nullptr);
+    mine_.clear();
+    wf_clear_error();
+  }
+
+ private:
+  // Gloo's address keys are the group index as a decimal string
+  std::string who(const std::string &key) const {
+    char *end = nullptr;
+    long i = strtol(key.c_str(), &end, 10);
+    char buf[160];
+    if (!key.empty() && end && *end == '\0' && i >= 0 && i < size_)
+      snprintf(buf, sizeof buf, "the Gloo address of rank %d (index %ld of group '%s')", ranks_[i],
+               i, group_.c_str());
+    else
+      snprintf(buf, sizeof buf, "Gloo key '%s' of group '%s'", key.c_str(), group_.c_str());
+    return buf;
+  }
+
+  weft_store *s_;
+  std::string prefix_, group_;
+  const int *ranks_;
+  int size_, timeout_ms_;
+  std::vector<std::string> mine_;
+};
+
+// Gloo's messages start with "[/build/path/file.cc:123] ": keep the rest.
+std::string gloo_text(const char *what) {
+  std::string m = what ? what : "unknown error";
+  if (!m.empty() && m[0] == '[') {
+    size_t e = m.find("] ");
+    if (e != std::string::npos) m = m.substr(e + 2);
+  }
+  return m;
+}
+
+}  // namespace
+
+struct weft_gloo {
+  weft_store *s = nullptr;             // one reference held
+  std::string name;                    // the cpu group's name
+  std::vector<int> ranks;              // global ranks in group order
+  int me = 0, size = 0, timeout_ms = 0;
+  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  uint32_t tag = 1;                    // collectives: every rank counts alike
+  std::vector<uint64_t> sent, recvd;   // point to point: per-peer message counters
+  std::vector<uint8_t> scratch;        // reduce_scatter
+  std::mutex busy;
+  bool broken = false;
+  std::string broken_why;
+};
+
+namespace {
+
+constexpr uint64_t kSlotRs = 0xE0ull << 56;   // our own ring reduce-scatter
+constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use prefixes < 0x20)
+
+// A failure inside a call: name the group and the op, a rank the store saw
+// die, and close this rank's connections so the peers fail now, not at
+// their timeout. The handle is unusable afterwards.
+int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
+  char who[400];
+  int gone = wf_store_gone_among(c->s, c->ranks.data(), c->size, 1000, who, sizeof who);
+  int rc;
+  if (gone >= 0)
+    rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
+                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), who,
+                  cause.c_str());
+  else if (cause.find("imed out") != std::string::npos)
+    rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
+                  "timeout (gloo: %s)", op, c->name.c_str(), c->timeout_ms, cause.c_str());
+  else
+    rc = wf_error(code, "weft_gloo_%s: group '%s': %s", op, c->name.c_str(), cause.c_str());
+  c->broken = true;
+  char msg[600];
+  snprintf(msg, sizeof msg, "%s", weft_last_error());
+  c->broken_why = msg;
+  try {
+    if (c->ctx) c->ctx->closeConnections();
+  } catch (...) {
+  }
+  wf_error(rc, "%s", msg);   // closeConnections may have touched the message
+  return rc;
+}
+
+// Runs f with the handle's checks; turns every exception into a status.
+template <typename F>
+int guarded(weft_gloo *c, const char *op, F &&f) {
+  if (!c) return wf_error(WEFT_EINVAL, "weft_gloo_%s: NULL handle", op);
+  std::unique_lock<std::mutex> lk(c->busy, std::try_to_lock);
+  if (!lk.owns_lock())
+    return wf_error(WEFT_ESTATE, "weft_gloo_%s: group '%s': another call is in flight on this "
+                    "handle (one at a time)", op, c->name.c_str());
+  if (c->broken)
+    return wf_error(WEFT_ESTATE, "weft_gloo_%s: group '%s': unusable after an earlier failure "
+                    "(%s)", op, c->name.c_str(), c->broken_why.c_str());
+  try {
+    f();
+    return 0;
+  } catch (const Recorded &r) {
+    std::string m = weft_last_error();
+    return failed(c, op, r.code, m);
+  } catch (const std::bad_alloc &) {
+    return failed(c, op, WEFT_ENOMEM, "out of memory");
+  } catch (const std::exception &e) {
+    return failed(c, op, WEFT_ECLOSED, gloo_text(e.what()));
+  } catch (...) {
+    return failed(c, op, WEFT_ECLOSED, "unknown C++ exception");
+  }
+}
+
+bool reducible(int dtype) {
+  return dtype == WEFT_F32 || dtype == WEFT_F16 || dtype == WEFT_BF16 || dtype == WEFT_F64 ||
+         dtype == WEFT_I32 || dtype == WEFT_I64 || dtype == WEFT_U8;
+}
+bool known_op(int op) { return op == WEFT_SUM || op == WEFT_MAX || op == WEFT_MIN || op == WEFT_PROD; }
+
+// weft's reduction as Gloo's element-wise function: out = a op b
+gloo::AllreduceOptions::Func reduce_fn(int dtype, int op) {
+  return [dtype, op](void *out, const void *a, const void *b, size_t n) {
+    const void *srcs[2] = {a, b};
+    if (weft_host_reduce(out, srcs, 2, n, dtype, op))
+      throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+  };
+}
+
+// Gloo sizes elements by type: one of the unsigned types of the dtype's width.
+template <typename T>
+void run_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype, int op) {
+  gloo::AllreduceOptions o(c->ctx);
+  if (in != out) o.setInput(static_cast<T *>(const_cast<void *>(in)), count);
+  o.setOutput(static_cast<T *>(out), count);
+  o.setReduceFunction(reduce_fn(dtype, op));
+  o.setTag(c->tag++);
+  o.setTimeout(ms(c->timeout_ms));
+  gloo::allreduce(o);
+}
+
+void wait_send(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
+  if (!b.waitSend(ms(c->timeout_ms))) throw std::runtime_error("send aborted");
+}
+void wait_recv(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
+  if (!b.waitRecv(ms(c->timeout_ms))) throw std::runtime_error("recv aborted");
+}
+
+}  // namespace
+
+extern "C" {
+
+int weft_gloo_available(void) { return 1; }
+
+int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
+  static const char op[] = "weft_gloo_create";
+  WF_CHECK_ARG(g && out, "%s: NULL group or out-parameter", op);
+  *out = nullptr;
+  const char *name = nullptr;
+  const int *ranks = nullptr;
+  int size = 0, me = 0, timeout = 0;
+  int rc = wf_cpugroup_info(g, &name, &size, &me, &ranks, &timeout);
+  if (rc) return rc;
+  weft_store *s = wf_cpugroup_store(g);
+  WF_CHECK_ARG(s, "%s: group '%s' has no store", op, name);
+  char addr[256];
+  if (host && *host) {
+    snprintf(addr, sizeof addr, "%s", host);
+  } else if ((rc = wf_store_local_addr(s, addr, sizeof addr))) {
+    return wf_error_context(rc, "%s: group '%s': finding this rank's address", op, name);
+  }
+  // one nonce per context, from index 0: keys never meet an earlier context's
+  uint64_t nonce = 0;
+  if (me == 0 && getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = (uint64_t)wf_now_ns();
+  const void *bv = nullptr;
+  size_t blen = 0;
+  rc = weft_cpugroup_broadcast(g, 0, &nonce, sizeof nonce, &bv, &blen);
+  if (rc) return wf_error_context(rc, "%s: group '%s': agreeing on a rendezvous name", op, name);
+  if (blen != sizeof nonce) return wf_error(WEFT_EPROTO, "%s: group '%s': bad rendezvous name", op, name);
+  memcpy(&nonce, bv, sizeof nonce);
+  char prefix[400];
+  snprintf(prefix, sizeof prefix, "weft/gloo/%s/%016llx/", name, (unsigned long long)nonce);
+
+  weft_gloo *c = nullptr;
+  try {
+    c = new weft_gloo();
+    c->s = s;
+    wf_store_ref(s);
+    c->name = name;
+    c->ranks.assign(ranks, ranks + size);
+    c->me = me;
+    c->size = size;
+    c->timeout_ms = timeout;
+    c->sent.assign(size, 0);
+    c->recvd.assign(size, 0);
+  } catch (...) {
+    if (c) { wf_store_unref(s); delete c; }
+    return wf_error(WEFT_ENOMEM, "%s: group '%s': out of memory", op, name);
+  }
+  rc = guarded(c, "create", [&] {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = addr;
+    try {
+      c->dev = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception &e) {
+      throw Recorded{wf_error(WEFT_ESYS, "cannot listen on %s: %s", addr, gloo_text(e.what()).c_str())};
+    }
+    c->ctx = std::make_shared<gloo::rendezvous::Context>(me, size);
+    c->ctx->setTimeout(ms(timeout));
+    WeftStore store(s, prefix, c->name, c->ranks.data(), size, timeout);
+    try {
+      c->ctx->connectFullMesh(store, c->dev);
+    } catch (...) {
+      store.forget();
+      throw;
+    }
+    // every rank has read every address: the keys can go
+    int brc = weft_cpugroup_barrier(g);
+    store.forget();
+    if (brc) throw Recorded{wf_error_context(brc, "after connecting")};
+  });
+  if (rc) {
+    weft_gloo_destroy(c);
+    return rc;
+  }
+  wf_log(1, "gloo: group '%s' index %d of %d connected from %s", name, me, size, addr);
+  *out = c;
+  return 0;
+}
+
+int weft_gloo_destroy(weft_gloo *c) {
+  if (!c) return 0;
+  try {
+    c->ctx.reset();
+    c->dev.reset();
+  } catch (...) {
+  }
+  if (c->s) wf_store_unref(c->s);
+  delete c;
+  return 0;
+}
+
+int weft_gloo_set_timeout(weft_gloo *c, int timeout_ms) {
+  WF_CHECK_ARG(c && timeout_ms > 0, "weft_gloo_set_timeout: NULL handle or timeout %d <= 0", timeout_ms);
+  c->timeout_ms = timeout_ms;
+  return 0;
+}
+
+int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype,
+                         int op) {
+  WF_CHECK_ARG(c, "weft_gloo_all_reduce: NULL handle");
+  WF_CHECK_ARG(reducible(dtype) && known_op(op), "weft_gloo_all_reduce: group '%s': dtype %d / op %d "
+               "cannot be reduced", c->name.c_str(), dtype, op);
+  WF_CHECK_ARG(count == 0 || (in && out), "weft_gloo_all_reduce: NULL buffer");
+  if (count == 0) return 0;
+  size_t es = weft_dtype_size(dtype);
+  return guarded(c, "all_reduce", [&] {
+    if (c->size == 1) { if (in != out) memcpy(out, in, count * es); return; }
+    switch (es) {
+      case 1: run_allreduce<uint8_t>(c, in, out, count, dtype, op); break;
+      case 2: run_allreduce<uint16_t>(c, in, out, count, dtype, op); break;
+      case 4: run_allreduce<uint32_t>(c, in, out, count, dtype, op); break;
+      default: run_allreduce<uint64_t>(c, in, out, count, dtype, op); break;
+    }
+  });
+}
+
+int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) {
+  WF_CHECK_ARG(c, "weft_gloo_all_gather: NULL handle");
+  WF_CHECK_ARG(bytes == 0 || (in && out), "weft_gloo_all_gather: NULL buffer");
+  if (bytes == 0) return 0;
+  return guarded(c, "all_gather", [&] {
+    uint8_t *o = static_cast<uint8_t *>(out);
+    if (c->size == 1) { if (in != out) memmove(o, in, bytes); return; }
+    gloo::AllgatherOptions a(c->ctx);
+    if (in != o + (size_t)c->me * bytes) a.setInput(static_cast<uint8_t *>(const_cast<void *>(in)), bytes);
+    a.setOutput(o, bytes * (size_t)c->size);
+    a.setTag(c->tag++);
+    a.setTimeout(ms(c->timeout_ms));
+    gloo::allgather(a);
+  });
+}
+
+// Ring reduce-scatter (world - 1 steps, each moving one chunk): bandwidth
+// optimal, where an all-reduce would move the whole buffer twice.
+int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t count_out,
+                             int dtype, int op) {
+  WF_CHECK_ARG(c, "weft_gloo_reduce_scatter: NULL handle");
+  WF_CHECK_ARG(reducible(dtype) && known_op(op), "weft_gloo_reduce_scatter: group '%s': dtype %d / "
+               "op %d cannot be reduced", c->name.c_str(), dtype, op);
+  WF_CHECK_ARG(count_out == 0 || (in && out), "weft_gloo_reduce_scatter: NULL buffer");
+  if (count_out == 0) return 0;
+  size_t cb = count_out * weft_dtype_size(dtype);
+  return guarded(c, "reduce_scatter", [&] {
+    const int W = c->size, me = c->me;
+    const uint8_t *src = static_cast<const uint8_t *>(in);
+    if (W == 1) { memmove(out, src, cb); return; }
+    // acc: this rank's running chunk; the chunk that ends here is index me
+    c->scratch.resize(2 * cb);
+    uint8_t *acc = c->scratch.data(), *tmp = acc + cb;
+    int next = (me + 1) % W, prev = (me + W - 1) % W;
+    uint64_t slot = kSlotRs | c->tag++;
+    auto sb = c->ctx->createUnboundBuffer(acc, cb);
+    auto rb = c->ctx->createUnboundBuffer(tmp, cb);
+    // step s: send my partial of chunk (me - s - 1), receive prev's partial of (me - s - 2)
+    memcpy(acc, src + (size_t)((me + W - 1) % W) * cb, cb);
+    for (int s = 0; s < W - 1; s++) {
+      rb->recv(prev, slot);
+      sb->send(next, slot);
+      wait_recv(c, *rb);
+      wait_send(c, *sb);
+      int chunk = ((me - s - 2) % W + 2 * W) % W;
+      const void *srcs[2] = {tmp, src + (size_t)chunk * cb};
+      if (weft_host_reduce(acc, srcs, 2, count_out, dtype, op))
+        throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+    }
+    memcpy(out, acc, cb);
+  });
+}
+
+int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
+  WF_CHECK_ARG(c, "weft_gloo_broadcast: NULL handle");
+  WF_CHECK_ARG(root >= 0 && root < c->size, "weft_gloo_broadcast: group '%s': root %d out of range "
+               "[0, %d)", c->name.c_str(), root, c->size);
+  WF_CHECK_ARG(bytes == 0 || buf, "weft_gloo_broadcast: NULL buffer");
+  if (bytes == 0) return 0;
+  return guarded(c, "broadcast", [&] {
+    if (c->size == 1) return;
+    gloo::BroadcastOptions b(c->ctx);
+    b.setOutput(static_cast<uint8_t *>(buf), bytes);
+    b.setRoot(root);
+    b.setTag(c->tag++);
+    b.setTimeout(ms(c->timeout_ms));
+    gloo::broadcast(b);
+  });
+}
+
+int weft_gloo_barrier(weft_gloo *c) {
+  return guarded(c, "barrier", [&] {
+    if (c->size == 1) return;
+    gloo::BarrierOptions b(c->ctx);
+    b.setTag(c->tag++);
+    b.setTimeout(ms(c->timeout_ms));
+    gloo::barrier(b);
+  });
+}
+
+int weft_gloo_send(weft_gloo *c, const void *buf, size_t bytes, int dst) {
+  WF_CHECK_ARG(c, "weft_gloo_send: NULL handle");
+  WF_CHECK_ARG(dst >= 0 && dst < c->size && dst != c->me, "weft_gloo_send: group '%s': dst %d is "
+               "not a peer (group of %d, this index %d)", c->name.c_str(), dst, c->size, c->me);
+  WF_CHECK_ARG(bytes > 0 && buf, "weft_gloo_send: NULL or empty buffer");
+  return guarded(c, "send", [&] {
+    auto b = c->ctx->createUnboundBuffer(const_cast<void *>(buf), bytes);
+    b->send(dst, kSlotP2p | (c->sent[dst]++ & 0xffffffffffffull));
+    wait_send(c, *b);
+  });
+}
+
+int weft_gloo_recv(weft_gloo *c, void *buf, size_t bytes, int src) {
+  WF_CHECK_ARG(c, "weft_gloo_recv: NULL handle");
+  WF_CHECK_ARG(src >= 0 && src < c->size && src != c->me, "weft_gloo_recv: group '%s': src %d is "
+               "not a peer (group of %d, this index %d)", c->name.c_str(), src, c->size, c->me);
+  WF_CHECK_ARG(bytes > 0 && buf, "weft_gloo_recv: NULL or empty buffer");
+  return guarded(c, "recv", [&] {
+    auto b = c->ctx->createUnboundBuffer(buf, bytes);
+    b->recv(src, kSlotP2p | (c->recvd[src]++ & 0xffffffffffffull));
+    wait_recv(c, *b);
+  });
+}
+
+}  // extern "C"
