@@ -16,8 +16,9 @@ weft_store *wf_cpugroup_store(weft_cpugroup *g);
 void wf_store_ref(weft_store *s);
 void wf_store_unref(weft_store *s);
 int wf_store_local_addr(weft_store *s, char *buf, size_t n);
-/* index in ranks[] of a rank whose store tombstone appears within wait_ms
- * (described in who: "rank R (pid P, host H)"), or -1 */
+/* how many ranks of the world (ranks[]: the group, a subset) have a store
+ * tombstone, polled up to wait_ms (all described in who: "rank R (pid P,
+ * host H), ..."); 0: none */
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
                         size_t whon);
 

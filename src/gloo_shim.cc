@@ -131,6 +131,7 @@ struct weft_gloo {
   uint32_t tag = 1;                    // collectives: every rank counts alike
   std::vector<uint64_t> sent, recvd;   // point to point: per-peer message counters
   std::vector<uint8_t> scratch;        // reduce_scatter
+  std::vector<std::string> addrs;      // every rank's address, for messages
   std::mutex busy;
   bool broken = false;
   std::string broken_why;
@@ -141,24 +142,37 @@ namespace {
 constexpr uint64_t kSlotRs = 0xE0ull << 56;   // our own ring reduce-scatter
 constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use prefixes < 0x20)
 
-// A failure inside a call: name the group and the op, a rank the store saw
-// die, and close this rank's connections so the peers fail now, not at
+// A failure inside a call: name the group and the op, the ranks the store
+// saw die, and close this rank's connections so the peers fail now, not at
 // their timeout. The handle is unusable afterwards.
 int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
-  char who[400];
+  char who[1200];
   int gone = wf_store_gone_among(c->s, c->ranks.data(), c->size, 1000, who, sizeof who);
   int rc;
-  if (gone >= 0)
+  if (gone > 0)
     rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
                   "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), who,
                   cause.c_str());
   else if (cause.find("imed out") != std::string::npos)
     rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
                   "timeout (gloo: %s)", op, c->name.c_str(), c->timeout_ms, cause.c_str());
-  else
-    rc = wf_error(code, "weft_gloo_%s: group '%s': %s", op, c->name.c_str(), cause.c_str());
+  else {
+    // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
+    std::string at;
+    size_t b = cause.find('['), e = cause.find(']');
+    if (b != std::string::npos && e != std::string::npos && e > b) {
+      std::string a = cause.substr(b + 1, e - b - 1);
+      for (int i = 0; i < c->size; i++)
+        if (i != c->me && i < (int)c->addrs.size() && c->addrs[i] == a)
+          at += (at.empty() ? "" : ", ") + std::to_string(c->ranks[i]);
+      if (!at.empty()) at = "lost the connection to rank(s) " + at + " at " + a + " (no death seen "
+                            "by the store, or the store is gone with rank 0): ";
+    }
+    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s", op, c->name.c_str(), at.c_str(),
+                  cause.c_str());
+  }
   c->broken = true;
-  char msg[600];
+  char msg[2048];
   snprintf(msg, sizeof msg, "%s", weft_last_error());
   c->broken_why = msg;
   try {
@@ -297,10 +311,15 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
       store.forget();
       throw;
     }
-    // every rank has read every address: the keys can go
-    int brc = weft_cpugroup_barrier(g);
+    // every rank has read every address: the keys can go; the addresses
+    // stay here for messages
+    const void *all = nullptr;
+    const size_t *lens = nullptr;
+    int brc = weft_cpugroup_allgather(g, addr, strlen(addr), &all, &lens);
     store.forget();
     if (brc) throw Recorded{wf_error_context(brc, "after connecting")};
+    const char *p = static_cast<const char *>(all);
+    for (int i = 0; i < size; i++) { c->addrs.emplace_back(p, lens[i]); p += lens[i]; }
   });
   if (rc) {
     weft_gloo_destroy(c);

@@ -144,6 +144,10 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes);
 int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out,
                             size_t count_out, int dtype, int op);
 int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
+/* This rank gives up on the communicator (e.g. its part of a larger
+ * collective failed elsewhere): every member's current and later calls fail
+ * with WEFT_EABORT "aborted by rank R: why" (why: up to ~100 bytes kept). */
+int weft_shm_abort(weft_shm *c, const char *why);
 /* Zero-copy: when the buffers a collective reads from peers are weft host
  * memory (weft_host_alloc, weft_host_is_shared) on every rank (broadcast:
  * the root's) and it moves at least zero_copy_min bytes, ranks read each

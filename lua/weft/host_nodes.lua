@@ -182,7 +182,18 @@ local hier_backend = setmetatable({
       h.local_shm:all_reduce(src, out_ptr, t.numel, dc, code)
       src = out_ptr
     end
-    if h.leaders_gloo then h.leaders_gloo:all_reduce(src, out_ptr, t.numel, dc, code) end
+    if h.leaders_gloo then
+      local ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code)
+      if not ok then
+        -- the node's other ranks wait in the broadcast below: tell them why, now
+        if h.local_shm then
+          local who = tostring(err):match("group '[^']*': (rank %d+ %b().-) died")
+          h.local_shm:abort(who and ("Gloo: " .. who .. " died")
+                            or "its Gloo all-reduce among the node leaders failed")
+        end
+        error(err, 0)
+      end
+    end
     if h.local_shm then h.local_shm:broadcast(out_ptr, t.nbytes, 0) end
   end,
 }, { __index = gloo_backend })

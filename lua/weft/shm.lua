@@ -7,6 +7,7 @@
 --   c:reduce_scatter(in_ptr, out_ptr, count_out, dtype_code, op_code)
 --   c:broadcast(ptr, bytes, root_index)
 --   c:info() -> { world, zero_copy, zero_copy_min, zero_copy_calls, segment_calls }
+--   c:abort(why)                                    -- every member's calls fail, naming why
 --   c:destroy()                                     -- local, idempotent
 --   shm.is_shared(ptr, bytes) -> true when the range is weft's shared host
 --                                memory (weft_host_alloc from 64 KiB on)
@@ -113,6 +114,12 @@ end
 function Comm:broadcast(ptr, bytes, root)
   local h = handle_of(self, "broadcast")
   if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
+end
+
+-- this rank gives up: every member's calls fail with "aborted by rank R: why"
+function Comm:abort(why)
+  local h = self.handle
+  if h ~= nil then C.weft_shm_abort(h, tostring(why or "")) end
 end
 
 local info_buf = ffi_new("weft_shm_info")

@@ -49,6 +49,12 @@ static void give_up(weft_shm *c, const char *why) {
   wf_futex_wake_all(&c->hdr->arrivals);
 }
 
+int weft_shm_abort(weft_shm *c, const char *why) {
+  WF_CHECK_ARG(c, "weft_shm_abort: NULL communicator");
+  give_up(c, why && *why ? why : "aborted by its caller");
+  return 0;
+}
+
 static int aborted_error(weft_shm *c, uint32_t ab, const char *op) {
   char rn[64];
   int who = (int)ab - 1;

@@ -330,30 +330,37 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
 }
 
 /* For engines outside the store (Gloo): after one of their calls failed, is
- * one of ranks[] gone? Polls the tombstones for up to wait_ms (the server
- * may see the closed connection a moment after the engine did). Returns the
- * index in ranks[] of a gone rank and its description in who, or -1. */
+ * a rank gone? Polls the tombstones for up to wait_ms (the server may see
+ * the closed connection a moment after the engine did) of ranks[] and then
+ * of every other rank of the world (the first death may be outside the
+ * group: a launcher then stops that rank's node mates, who are in it).
+ * Returns how many are gone, all described in who ("rank R (pid P, host H),
+ * rank S (...)", in rank order), or 0. */
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
                         size_t whon) {
-  if (!s || n <= 0 || s->live_rank < 0) return -1;
+  if (!s || whon == 0 || s->live_rank < 0) return 0;
+  (void)ranks;
+  n = s->live_world;   /* every rank of the world: ranks[] is a subset */
   int64_t deadline = wf_now_ms() + wait_ms;
-  char key[64], v[320];
+  char key[64], v[320], one[400];
   for (;;) {
+    int found = 0;
+    size_t used = 0;
+    who[0] = '\0';
     if (wf_store_lock(s, "liveness") == 0) {
       for (int i = 0; i < n; i++) {
-        live_key(key, sizeof key, ranks[i], "/gone");
-        if (read_now(s, "liveness", key, v, sizeof v) == 0) {
-          int pid = 0, same = 0;
-          describe_value(ranks[i], v, who, whon, &pid, &same);
-          wf_store_unlock(s);
-          wf_clear_error();
-          return i;
-        }
+        live_key(key, sizeof key, i, "/gone");
+        if (read_now(s, "liveness", key, v, sizeof v) != 0) continue;
+        int pid = 0, same = 0;
+        describe_value(i, v, one, sizeof one, &pid, &same);
+        int w = snprintf(who + used, whon - used, "%s%s", found ? ", " : "", one);
+        if (w > 0) used = used + (size_t)w < whon ? used + (size_t)w : whon - 1;
+        found++;
       }
       wf_store_unlock(s);
     }
     wf_clear_error();
-    if (wf_now_ms() >= deadline) return -1;
+    if (found || wf_now_ms() >= deadline) return found;
     usleep(50 * 1000);
   }
 }

@@ -9,6 +9,8 @@
 --   luajit nodes_ranks.lua kill <rank> all-reduces on the world until <rank>
 --                                      SIGKILLs itself: "DEATH <ms>" from it,
 --                                      "FAIL <ms> <message>" from the others
+--   luajit nodes_ranks.lua stall <rank> the same, but <rank> sleeps past the
+--                                      timeout instead ("STALL <ms>")
 local U = require "helpers.group_util"
 local W = require "helpers.rank_util"
 local ffi = require "ffi"
@@ -181,6 +183,7 @@ end
 local DTYPES = { "f32", "f64", "f16", "bf16", "i32", "i64", "u8" }
 local OPS = { "sum", "prod", "max", "min" }
 local SIZES = { 1, 7, 1001, 40003 }
+if os.getenv("NODES_SMALL") == "1" then SIZES = { 1, 7, 1001 } end   -- the slow store path
 
 local function suite(g, label)
   if not g.is_member or g.world_size == 1 then return end
@@ -264,9 +267,22 @@ local function collectives()
 end
 
 ---------------------------------------------------------------- kill
+-- weft-run stops a node's other ranks (SIGTERM) once one of them failed;
+-- these ranks ignore SIGTERM so each one reports its own failure (the
+-- launcher's SIGKILL after its grace still ends a rank that would hang)
+local function own_failure_only()
+  if not pcall(ffi.typeof, "nodes_sig_marker") then
+    ffi.cdef [[ typedef struct { int unused; } nodes_sig_marker;
+                void *nodes_signal(int sig, void *h) __asm__("signal"); ]]
+  end
+  ffi.C.nodes_signal(15, ffi.cast("void *", 1))
+end
+
 local function kill(victim)
+  own_failure_only()
   local world = weft.init()
-  local x = T.ones({ 4096 }, "f32")
+  -- NODES_KILL_NUMEL: 4096 (flat Gloo) or 65536+ (hierarchical: shm + leaders)
+  local x = T.ones({ tonumber(os.getenv("NODES_KILL_NUMEL")) or 4096 }, "f32")
   world:all_reduce(x)     -- everybody connected and through one collective
   local okc, err = pcall(function()
     for i = 1, 1000000 do
@@ -282,7 +298,28 @@ local function kill(victim)
   os.exit(1)
 end
 
+---------------------------------------------------------------- stall
+local function stall(victim)
+  own_failure_only()
+  local world = weft.init()
+  local x = T.ones({ 65536 }, "f32")
+  world:all_reduce(x)
+  local okc, err = pcall(function()
+    for i = 1, 1000000 do
+      if world.rank == victim and i == 5 then
+        W.say(("STALL %d"):format(now_ms()))
+        os.execute("sleep " .. (tonumber(os.getenv("WEFT_TIMEOUT_MS")) / 1000 + 2))
+      end
+      world:all_reduce(x)
+    end
+  end)
+  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
+  assert(not okc)
+  os.exit(1)
+end
+
 if scenario == "layout" then layout()
+elseif scenario == "stall" then stall(assert(tonumber(arg[2]), "stall <rank>"))
 elseif scenario == "collectives" then collectives()
 elseif scenario == "kill" then kill(assert(tonumber(arg[2]), "kill <rank>"))
 else error("unknown scenario " .. tostring(scenario)) end

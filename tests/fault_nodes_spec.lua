@@ -1,0 +1,143 @@
+-- Faults across simulated nodes (scripts/weft-sim-nodes; needs root, else
+-- pending): a rank killed on node 1, a rank that stalls past the timeout, a
+-- node started with a wrong store secret, and the simulator itself stopped
+-- with SIGINT. Every survivor fails within bounds naming the cause; every
+-- node's launcher exits non-zero; nothing is left behind.
+local N = require "helpers.nodes_util"
+local P = require "helpers.procs"
+
+local BOUND_MS = 5000
+
+local function run_or_skip(o)
+  local out, rc, wall = N.run(o)
+  if rc == N.SKIP then pending("simulated nodes unavailable: " .. N.skipped(out)); return nil end
+  return out, rc, wall
+end
+
+local function both_launchers_failed(out, rc)
+  assert.are_not.equal(0, rc, out)
+  for k = 0, 1 do
+    assert.is_truthy(out:find(("weft-sim-nodes: node%d: weft-run exited with code"):format(k), 1, true),
+                     ("node%d's launcher did not fail:\n%s"):format(k, out))
+  end
+end
+
+describe("faults across simulated nodes #fault", function()
+  for _, case in ipairs { { "flat Gloo", 4096 }, { "hierarchical", 131072 } } do
+    it("a rank killed on node 1 (" .. case[1] .. "): every other rank fails within 5 s naming it", function()
+      local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60,
+        env = { NODES_KILL_NUMEL = tostring(case[2]) }, args = { "tests/helpers/nodes_ranks.lua", "kill", "3" } }
+      if not out then return end
+      local death
+      local fails = {}
+      for _, l in ipairs(N.rank_lines(out)) do
+        local d = l.text:match("^DEATH (%d+)")
+        if d then death = tonumber(d) end
+        local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
+        if ms then fails[l.rank] = { ms = tonumber(ms), msg = msg } end
+      end
+      assert.is_number(death, out)
+      -- Each survivor names rank 3 as dead (the store saw it go), or, when
+      -- rank 0 (the store's host) has already exited with its own error, the
+      -- ranks behind the connection it lost, rank 3 among them.
+      local named = 0
+      for r = 0, 2 do   -- node 0's ranks and rank 3's node mate
+        local f = fails[r]
+        assert.is_truthy(f, ("rank %d did not fail:\n%s"):format(r, out))
+        assert.is_true(f.ms - death < BOUND_MS, ("rank %d failed %d ms after the death"):format(r, f.ms - death))
+        local precise = f.msg:find("rank 3 (pid", 1, true) or f.msg:find("(global 3, pid", 1, true)
+        if precise then named = named + 1 end
+        assert.is_truthy(precise or f.msg:find("lost the connection to rank%(s%) [%d, ]*3"),
+                         ("rank %d names neither rank 3 nor its connection: %s"):format(r, f.msg))
+        assert.is_truthy(f.msg:find("all_reduce", 1, true), f.msg)
+      end
+      assert.is_true(named >= 1, out)
+      -- node 1's launcher names its dead rank
+      assert.is_truthy(out:find("weft-run[node1]: rank 3 killed by signal 9", 1, true), out)
+      both_launchers_failed(out, rc)
+      assert.are.equal("", N.leftover_namespaces())
+    end)
+  end
+
+  it("a rank that stalls past the timeout: the others fail at the timeout naming the group and op", function()
+    local out, rc, wall = run_or_skip { nodes = 2, per_node = 2, timeout = 60,
+      env = { WEFT_TIMEOUT_MS = "2000" }, args = { "tests/helpers/nodes_ranks.lua", "stall", "3" } }
+    if not out then return end
+    local stall
+    local fails = 0
+    for _, l in ipairs(N.rank_lines(out)) do
+      local s = l.text:match("^STALL (%d+)")
+      if s then stall = tonumber(s) end
+      local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
+      if ms and l.rank ~= 3 then
+        fails = fails + 1
+        assert.is_true(tonumber(ms) - stall < 2000 + BOUND_MS, out)
+        assert.is_truthy(msg:find("all_reduce", 1, true) and msg:find("group", 1, true), msg)
+        assert.is_truthy(msg:find("2000 ms", 1, true) or msg:find("aborted by", 1, true)
+                         or msg:find("died", 1, true), msg)
+      end
+    end
+    assert.is_true(fails >= 1, out)
+    both_launchers_failed(out, rc)
+    assert.is_true(wall < 30, ("the run took %.1f s"):format(wall))
+  end)
+
+  it("a node started with a wrong secret is refused, with a clear message on both sides", function()
+    local out, rc, wall = run_or_skip { nodes = 2, per_node = 1, timeout = 60,
+      env = { WEFT_STORE_SECRET = "right-secret", WEFT_TIMEOUT_MS = "20000" },
+      node_env = { "1:WEFT_STORE_SECRET=wrong-secret" },
+      args = { "tests/helpers/nodes_ranks.lua", "layout" } }
+    if not out then return end
+    local r0, r1
+    for _, l in ipairs(N.rank_lines(out)) do
+      if l.rank == 0 and l.text:find("WEFT_STORE_SECRET", 1, true) then r0 = l.text end
+      if l.rank == 1 and l.text:find("WEFT_STORE_SECRET", 1, true) then r1 = l.text end
+    end
+    assert.is_truthy(r0 and r0:find("rejected for a wrong WEFT_STORE_SECRET", 1, true)
+                     and r0:find("rank 1", 1, true) and r0:find("node1", 1, true), out)
+    assert.is_truthy(r1 and r1:find("rejected this client: the secrets differ", 1, true), out)
+    both_launchers_failed(out, rc)
+    assert.is_true(wall < 15, ("refused after %.1f s"):format(wall))
+  end)
+
+  it("weft-sim-nodes stopped with SIGINT stops every node and removes its namespaces", function()
+    local dir = P.tmpdir("weft-nodes-int")
+    P.spit(dir .. "/sleep.lua", 'local weft = require "weft"; weft.init(); print("READY"); io.stdout:flush(); os.execute("sleep 60")\n')
+    local out_file = dir .. "/out"
+    -- in the background, holding no pipe of ours; a background job of a
+    -- non-interactive shell starts with SIGINT ignored (and bash cannot trap
+    -- a signal ignored at entry), so a small exec wrapper restores it, as a
+    -- terminal's Ctrl-C would find it
+    P.spit(dir .. "/dfl.lua", [[
+local ffi = require "ffi"
+ffi.cdef "void *signal(int sig, void *h); int execvp(const char *f, const char **argv);"
+ffi.C.signal(2, nil)
+local argv = ffi.new("const char *[?]", #arg + 1)
+for i = 1, #arg do argv[i - 1] = arg[i] end
+ffi.C.execvp(arg[1], argv)
+os.exit(127)
+]])
+    os.execute(("cd %s && (luajit %s/dfl.lua scripts/weft-sim-nodes -N 2 -n 1 %s/sleep.lua > %s 2>&1; "
+      .. "echo \"rc=$?\" >> %s) < /dev/null > /dev/null 2>&1 &"):format(P.q(N.ROOT), dir, dir, out_file, out_file))
+    local t0 = P.now()
+    local text = ""
+    while P.now() - t0 < 20 do
+      text = P.slurp(out_file) or ""
+      if select(2, text:gsub("READY", "")) >= 2 or text:find("skipped") then break end
+      P.sleep(0.1)
+    end
+    if text:find("weft%-sim%-nodes: skipped") then pending("simulated nodes unavailable"); return end
+    local pid = tonumber(P.pgrep("^[b]ash scripts/weft-sim-nodes -N 2 -n 1 " .. dir):match("^(%d+)"))
+    assert.is_number(pid, "the simulator is not running:\n" .. text)
+    os.execute("kill -INT " .. pid)
+    local t1 = P.now()
+    while P.now() - t1 < 15 and not (P.slurp(out_file) or ""):find("rc=%d+") do P.sleep(0.1) end
+    text = P.slurp(out_file) or ""
+    assert.is_truthy(text:find("rc=130", 1, true), text)
+    assert.is_truthy(text:find("received SIGINT", 1, true), text)
+    assert.is_true(P.now() - t1 < 10, "stopping took too long")
+    assert.are.equal("", N.leftover_namespaces())
+    assert.are.equal("", P.pgrep(dir .. "/[s]leep.lua"), "a rank is still running")
+    os.execute("rm -rf " .. P.q(dir))
+  end)
+end)
