@@ -73,7 +73,7 @@ describe("weft.dist", function()
     it("validates init options", function()
       assert.has_error(function() weft.init { foo = 1 } end, "weft: init: unknown option \"foo\" (timeout_ms, backend)")
       assert.has_error(function() weft.init { backend = "carrier-pigeon" } end,
-                       "weft: init: unknown backend \"carrier-pigeon\" (auto, shm, store)")
+                       "weft: init: unknown backend \"carrier-pigeon\" (auto, shm, store, gloo, hier)")
       local ok, err = pcall(weft.init, { timeout_ms = -5 })
       assert.is_false(ok); assert.matches("timeout_ms must be a positive number", err)
       assert.is_false(weft.is_initialized())
@@ -170,7 +170,23 @@ describe("weft.dist", function()
       assert.are.equal("shm_gather", (policy.select(g, "all_reduce", x, "prod")))
       assert.are.equal("shm", (policy.select(g, "all_gather", T.zeros({ 2 }, "u8"))))
       g.same_node = false
-      assert.are.equal("store", (policy.select(g, "all_reduce", x)))
+      -- across nodes: Gloo where weft was built with it (flat below
+      -- hier_min_bytes, or with one rank per node), else the store path
+      local across = require("weft.host_nodes").built and "gloo" or "store"
+      assert.are.equal(across, (policy.select(g, "all_reduce", x)))
+      if across == "gloo" then
+        g.node_count = 1   -- the stand-in's layout: fewer nodes than ranks, so big tensors go hierarchical
+        local big = T.zeros({ 1024, 1024 }, "bf16")
+        assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", big)))
+        assert.are.equal("gloo", (policy.select(g, "all_reduce", big, "prod")))
+        assert.are.equal("gloo", (policy.select(g, "reduce_scatter", big)))
+        g.host_backend = "gloo"
+        assert.are.equal("gloo", (policy.select(g, "all_reduce", big)))
+        g.host_backend = "hier"
+        assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", x)))
+        g.host_backend, g.node_count = nil, nil
+        big:free()
+      end
       g.same_node, g.host_backend = true, "store"
       assert.are.equal("store", (policy.select(g, "broadcast", x)))
       g.host_backend = nil
