@@ -1,4 +1,8 @@
-# weft — build, test and demo. `make demo` and `make test` are the two entry points.
+# weft — build, test and demo. `make demo` and `make test` are the two entry points;
+# `make install` (mk/install.mk) installs it as a library.
+#   WEFT_CUDA=0   host-only build even where nvcc exists (no kernels, seconds to build)
+#   V=1           print the commands (default: one line per step)
+#   -jN           overrides the default of one job per core
 ifeq ($(origin CC),default)
   CC := gcc
 endif
@@ -7,69 +11,117 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/n
 CUDA_ARCHS ?= 90
 WEFT_CUDA ?= $(if $(NVCC),1,0)
 
+# One job per core (the kernels take most of a build); a sub-make shares its
+# parent's jobs, and `clean` must not race the targets after it.
+ifeq ($(MAKELEVEL)$(filter clean,$(MAKECMDGOALS)),0)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+
+# Quiet rules: `$(call say,CC,target)` prints one line for a step and hides
+# its command; V=1 shows the commands instead, -s prints nothing.
+ifeq ($(V),1)
+  say :=
+else ifneq ($(findstring s,$(firstword -$(MAKEFLAGS))),)
+  say := @
+else
+  say = @printf '  %-7s %s\n' '$(1)' '$(2)';
+endif
+
 BUILD   ?= build
 LIB     := $(BUILD)/libweft.so
 CFLAGS  ?= -O2
-CFLAGS  += -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -Isrc
-LDFLAGS += -shared -pthread -Wl,--version-script=$(BUILD)/weft.map -Wl,-z,defs
+override CFLAGS  += -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -Isrc -MMD -MP
+override LDFLAGS += -shared -pthread -Wl,--version-script=$(BUILD)/weft.map -Wl,-z,defs
 LDLIBS  := -ldl -lrt -lm
 
-C_SRCS  := $(filter-out $(EXCLUDE),$(sort $(wildcard src/*.c src/*/*.c)))
-CU_SRCS := $(filter-out $(EXCLUDE),$(sort $(wildcard kernels/*.cu)))
+# Source lists: every .c under src/ and every .cu under kernels/, sub-folders included.
+C_SRCS  := $(filter-out $(EXCLUDE),$(sort $(shell find src -name '*.c')))
+CU_SRCS := $(filter-out $(EXCLUDE),$(sort $(shell find kernels -name '*.cu')))
 C_OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(C_SRCS))
 CU_OBJS :=
 
 ifeq ($(WEFT_CUDA),1)
   CUDA_INC  := $(CUDA_HOME)/include
-  CFLAGS    += -DWEFT_HAVE_CUDA=1 -isystem $(CUDA_INC) \
+  override CFLAGS += -DWEFT_HAVE_CUDA=1 -isystem $(CUDA_INC) \
                -DWEFT_BUILD_INFO='"cuda=yes archs=$(CUDA_ARCHS)"'
   NVFLAGS   ?= -O3
-  NVFLAGS   += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Isrc -Ikernels \
+  override NVFLAGS += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Isrc -Ikernels \
                $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
-               -DWEFT_HAVE_CUDA=1 --expt-relaxed-constexpr
+               -DWEFT_HAVE_CUDA=1 --expt-relaxed-constexpr -MMD -MP
   CU_OBJS   := $(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
   LDLIBS    := -L$(CUDA_HOME)/lib64 -l:libcudart_static.a -lstdc++ $(LDLIBS)
 else
-  CFLAGS    += -DWEFT_BUILD_INFO='"cuda=no"'
+  override CFLAGS += -DWEFT_BUILD_INFO='"cuda=no"'
 endif
 
-.PHONY: all lib deps test test-c test-lua demo gpu-test bench clean check-exports
+# The flags a build dir was built with: objects are rebuilt when they change
+# (WEFT_CUDA=0 then 1 in one dir must not link host-only objects with kernels).
+# The file is rewritten only when they differ, so its date says when they did.
+BUILD_FLAGS := $(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LDFLAGS) $(LDLIBS)
+same = $(and $(findstring x$(1),x$(2)),$(findstring x$(2),x$(1)))
+
+# `make demo` on a machine without a GPU (CI, a laptop with nvcc): the demo
+# takes the host path there, so it runs on a host-only library built in
+# seconds into $(HOST_BUILD) instead of waiting for the kernels.
+HOST_BUILD := $(BUILD)/host
+HAVE_GPU   := $(if $(wildcard /dev/nvidia[0-9]*),1,0)
+
+.PHONY: FORCE all lib host-lib deps test test-c test-lua demo gpu-test bench clean check-exports
 all: lib
 
 lib: $(LIB)
-	@if [ "$(WEFT_CUDA)" != 1 ]; then echo "weft: nvcc not found: built host-only (no CUDA kernels, device calls report 'no CUDA device')"; fi
+ifeq ($(origin WEFT_CUDA)$(WEFT_CUDA),file0)
+	@echo "weft: nvcc not found: built host-only (no CUDA kernels, device calls report 'no CUDA device'; WEFT_CUDA=0 says it on purpose)"
+endif
+
+host-lib:
+	@$(MAKE) --no-print-directory lib BUILD=$(HOST_BUILD) WEFT_CUDA=0
+
+$(BUILD)/flags: FORCE
+	@$(if $(call same,$(file <$@),$(BUILD_FLAGS)),:,$(shell mkdir -p $(BUILD))$(file >$@,$(BUILD_FLAGS)):)
+FORCE:
 
 $(BUILD)/weft.map: src/weft.h scripts/gen-exports
 	@mkdir -p $(BUILD)
-	scripts/gen-exports src/weft.h > $@
+	$(call say,GEN,$@)scripts/gen-exports src/weft.h > $@
 
-$(BUILD)/obj/%.o: src/%.c src/weft.h src/core/internal.h $(wildcard src/*.h src/*/*.h)
+$(BUILD)/obj/%.o: src/%.c $(BUILD)/flags
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$@)$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: kernels/%.cu $(wildcard kernels/*.cuh) src/weft.h
+$(BUILD)/obj/%.cu.o: kernels/%.cu $(BUILD)/flags
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(call say,NVCC,$@)$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(BUILD)/obj/cdef.c: src/weft.h scripts/gen-cdef
 	@mkdir -p $(dir $@)
-	CC=$(CC) scripts/gen-cdef src/weft.h > $@
+	$(call say,GEN,$@)CC=$(CC) scripts/gen-cdef src/weft.h > $@
 
-$(BUILD)/obj/cdef.o: $(BUILD)/obj/cdef.c
-	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/cdef.o: $(BUILD)/obj/cdef.c $(BUILD)/flags
+	$(call say,CC,$@)$(CC) $(CFLAGS) -c $< -o $@
 
-$(LIB): $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map
-	$(CC) $(LDFLAGS) -o $@ $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(LDLIBS)
+$(LIB): $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map $(BUILD)/flags
+	$(call say,LD,$@ ($(if $(CU_OBJS),CUDA kernels for sm_$(CUDA_ARCHS),host-only)))$(CC) $(LDFLAGS) -o $@ $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(LDLIBS)
+
+# header dependencies, written by the compilers (-MMD)
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/obj/cdef.d
 
 # Installs LuaJIT (OpenResty's luajit2) and busted from Debian when missing.
 deps:
 	@scripts/ensure-deps
 
+# The full library: a kernel that no longer compiles fails the tests.
 test: deps lib
 	@scripts/run-tests
 
+ifeq ($(WEFT_CUDA)$(HAVE_GPU),10)
+demo: deps host-lib
+	@echo "weft: no GPU here: the demo runs on the host-only $(HOST_BUILD)/libweft.so (\`make lib\` builds the CUDA kernels)"
+	WEFT_LIB=$(abspath $(HOST_BUILD)/libweft.so) scripts/weft-run -n 4 scripts/demo.lua
+else
 demo: deps lib
-	scripts/weft-run -n 4 scripts/demo.lua
+	WEFT_LIB=$(abspath $(LIB)) scripts/weft-run -n 4 scripts/demo.lua
+endif
 
 gpu-test:
 	scripts/gpu-test
