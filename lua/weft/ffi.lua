@@ -8,18 +8,23 @@ M.ABI_VERSION = 2
 
 ffi.cdef [[ const char *weft_ffi_cdef(void); ]]
 
-local function module_dir()
+-- The folder the modules were loaded from (the one holding weft/): <repo>/lua
+-- in the source tree, <prefix>/share/lua/5.1 once installed.
+local function lua_dir()
   local src = debug.getinfo(1, "S").source
-  return (src:sub(1, 1) == "@" and src:sub(2):match("(.*/)")) or "./"
+  if src:sub(1, 1) ~= "@" then return "./" end
+  return src:sub(2):match("^(.*/)weft/") or "./"
 end
 
 local function candidates()
   local list = {}
   local env = os.getenv("WEFT_LIB")
   if env and env ~= "" then list[#list + 1] = env end
-  local dir = module_dir()
-  list[#list + 1] = dir .. "../../build/libweft.so"   -- source tree
-  list[#list + 1] = dir .. "../../lib/libweft.so"     -- installed prefix
+  local dir = lua_dir()
+  list[#list + 1] = dir .. "../build/libweft.so"              -- source tree: make lib
+  list[#list + 1] = dir .. "../build/host/libweft.so"         -- source tree: make demo without a GPU
+  list[#list + 1] = dir .. "../../../lib/libweft.so"          -- make install: <prefix>/lib
+  list[#list + 1] = dir .. "../../../lib/lua/5.1/libweft.so"  -- luarocks: <tree>/lib/lua/5.1
   for pat in package.cpath:gmatch("[^;]+") do
     local p = pat:gsub("%?", "libweft")
     list[#list + 1] = p
@@ -40,7 +45,7 @@ local function load_library()
       tried[#tried + 1] = path
     end
   end
-  error("weft: load: libweft.so not found (run `make`, or set WEFT_LIB); tried: "
+  error("weft: load: libweft.so not found (run `make` or `make install`, or set WEFT_LIB); tried: "
         .. table.concat(tried, ", "), 0)
 end
 

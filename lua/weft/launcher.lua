@@ -782,10 +782,29 @@ end
 ---------------------------------------------------------------------------
 -- Entry
 ---------------------------------------------------------------------------
--- Builds the per-rank launch spec from parsed options. root: repository root.
+-- The folder weft's modules were loaded from: <repo>/lua in the source tree,
+-- <prefix>/share/lua/5.1 once installed (make install, luarocks).
+local function lua_dir()
+  local src = debug.getinfo(1, "S").source
+  local dir = src:match("^@(.*)/weft/[^@]*$") or (src:match("^@weft/") and ".") or "lua"
+  return M.realpath(dir) or dir
+end
+
+-- The path of one of weft's tools (weft-run, weft-repl, ...): <root>/scripts
+-- in the source tree, <root>/bin once installed.
+function M.tool(root, name)
+  local p = root .. "/scripts/" .. name
+  local f = io.open(p, "rb")
+  if f then f:close(); return p end
+  return root .. "/bin/" .. name
+end
+
+-- Builds the per-rank launch spec from parsed options. root: repository root
+-- or install prefix.
 function M.plan(opts, root)
   local world = opts.nnodes * opts.nproc
-  local lua_path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;"
+  local dir = lua_dir()
+  local lua_path = dir .. "/?.lua;" .. dir .. "/?/init.lua;"
   local old = os.getenv("LUA_PATH")
   lua_path = lua_path .. ((old and old ~= "") and old or ";")
   local argv
@@ -817,7 +836,8 @@ function M.plan(opts, root)
   return { ranks = ranks, timeout = opts.timeout }
 end
 
--- argv: the script's `arg` table; root: repository root (scripts/..).
+-- argv: the script's `arg` table; root: repository root or install prefix
+-- (the folder above the tool's own).
 function M.main(argv, root)
   local list = {}
   for i = 1, #argv do list[i] = argv[i] end

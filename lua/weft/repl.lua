@@ -614,7 +614,7 @@ function M.launch(opts, root, L)
   end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
-  o.script = root .. "/scripts/weft-repl"
+  o.script = L.tool(root, "weft-repl")
   o.args = {}
   if opts.script then o.args = { opts.script, unpack(opts.args or {}) } end
   local plan = L.plan(o, root)
