@@ -100,7 +100,8 @@ $(BUILD)/obj/cdef.c: src/weft.h scripts/gen-cdef
 $(BUILD)/obj/cdef.o: $(BUILD)/obj/cdef.c $(BUILD)/flags
 	$(call say,CC,$@)$(CC) $(CFLAGS) -c $< -o $@
 
-$(LIB): $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map $(BUILD)/flags
+# kernels first: they are the long poles of a parallel build
+$(LIB): $(CU_OBJS) $(C_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map $(BUILD)/flags
 	$(call say,LD,$@ ($(if $(CU_OBJS),CUDA kernels for sm_$(CUDA_ARCHS),host-only)))$(CC) $(LDFLAGS) -o $@ $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(LDLIBS)
 
 # header dependencies, written by the compilers (-MMD)
@@ -117,10 +118,10 @@ test: deps lib
 ifeq ($(WEFT_CUDA)$(HAVE_GPU),10)
 demo: deps host-lib
 	@echo "weft: no GPU here: the demo runs on the host-only $(HOST_BUILD)/libweft.so (\`make lib\` builds the CUDA kernels)"
-	WEFT_LIB=$(abspath $(HOST_BUILD)/libweft.so) scripts/weft-run -n 4 scripts/demo.lua
+	$(call say,RUN,scripts/weft-run -n 4 scripts/demo.lua)WEFT_LIB=$(abspath $(HOST_BUILD)/libweft.so) scripts/weft-run -n 4 scripts/demo.lua
 else
 demo: deps lib
-	WEFT_LIB=$(abspath $(LIB)) scripts/weft-run -n 4 scripts/demo.lua
+	$(call say,RUN,scripts/weft-run -n 4 scripts/demo.lua)WEFT_LIB=$(abspath $(LIB)) scripts/weft-run -n 4 scripts/demo.lua
 endif
 
 gpu-test:
