@@ -58,7 +58,8 @@ endif
 # (WEFT_CUDA=0 then 1 in one dir must not link host-only objects with kernels).
 # The file is rewritten only when they differ, so its date says when they did.
 BUILD_FLAGS := $(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LDFLAGS) $(LDLIBS)
-same = $(and $(findstring x$(1),x$(2)),$(findstring x$(2),x$(1)))
+# equal strings (the file read back may keep its final newline: strip both)
+same = $(and $(findstring x$(strip $(1)),x$(strip $(2))),$(findstring x$(strip $(2)),x$(strip $(1))))
 
 # `make demo` on a machine without a GPU (CI, a laptop with nvcc): the demo
 # takes the host path there, so it runs on a host-only library built in
