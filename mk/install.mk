@@ -2,7 +2,7 @@
 #   make install   [PREFIX=/usr/local] [DESTDIR=...] [WEFT_CUDA=0]
 #   make uninstall [PREFIX=/usr/local] [DESTDIR=...]
 # Layout: $(LIBDIR)/libweft.so, $(INCLUDEDIR)/weft.h, $(PKGCONFIGDIR)/weft.pc,
-# $(LUADIR)/weft/**.lua, $(BINDIR)/weft-{run,topo,repl,tune}. The Lua layer finds
+# $(LUADIR)/weft/**.lua, $(BINDIR)/weft-{run,topo,repl,tune,plot}. The Lua layer finds
 # the library and the tools find the modules relative to where they are
 # (lua/weft/ffi.lua, scripts/weft-*), so a prefix needs no LD_LIBRARY_PATH or
 # LUA_PATH. luarocks (weft-dev-1.rockspec) passes PREFIX, LUADIR, LIBDIR, BINDIR.
@@ -14,7 +14,7 @@ LUADIR       ?= $(PREFIX)/share/lua/5.1
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 WEFT_VERSION := dev
 
-WEFT_TOOLS   := weft-run weft-topo weft-repl weft-tune
+WEFT_TOOLS   := weft-run weft-topo weft-repl weft-tune weft-plot
 # every module of the Lua layer, sub-folders included, relative to lua/
 LUA_MODULES  := $(sort $(patsubst lua/%,%,$(shell find lua/weft -name '*.lua')))
 # pkg-config paths relative to ${prefix} where they lie under it (relocatable)

@@ -95,7 +95,7 @@ describe("make install", function()
     for _, f in ipairs { "lib/libweft.so", "include/weft.h", "lib/pkgconfig/weft.pc" } do
       assert.is_true(exists(prefix .. "/" .. f), f)
     end
-    for _, t in ipairs { "weft-run", "weft-topo", "weft-repl", "weft-tune" } do
+    for _, t in ipairs { "weft-run", "weft-topo", "weft-repl", "weft-tune", "weft-plot" } do
       local _, rc = spec.shell(("test -x %s"):format(q(prefix .. "/bin/" .. t)))
       assert.are.equal(0, rc, "bin/" .. t .. " is not an executable")
     end
@@ -117,12 +117,12 @@ describe("make install", function()
     assert.matches("mod=" .. prefix:gsub("%p", "%%%0") .. "/share/lua/5%.1/weft/init%.lua", probe)
   end)
 
-  it("installs weft-topo, weft-repl and weft-tune that start from anywhere", function()
+  it("installs weft-topo, weft-repl, weft-tune and weft-plot that start from anywhere", function()
     assert.are.equal(0, built, build_out)
     local out, rc = sh(("cd / && %s --world 4 --tp 2 --pp 2 --json"):format(q(prefix .. "/bin/weft-topo")))
     assert.are.equal(0, rc, out)
     assert.matches('"tp":%[%[0,1%],%[2,3%]%]', out)
-    for _, t in ipairs { "weft-repl", "weft-tune", "weft-run" } do
+    for _, t in ipairs { "weft-repl", "weft-tune", "weft-run", "weft-plot" } do
       out, rc = sh(("cd / && %s --help"):format(q(prefix .. "/bin/" .. t)))
       assert.are.equal(0, rc, t .. ": " .. out)
       assert.matches("usage", out)
@@ -141,7 +141,10 @@ describe("make install", function()
                         .. "-Wl,-rpath,$(%s pkg-config --variable=libdir weft) && ./abi")
                        :format(q(tmp), pc, pc))
     assert.are.equal(0, rc, out)
-    assert.matches("abi=1", out)
+    local f = assert(io.open(ROOT .. "/lua/weft/ffi.lua"))
+    local abi = f:read("*a"):match("M%.ABI_VERSION = (%d+)")
+    f:close()
+    assert.matches("abi=" .. abi .. "\n", out)
   end)
 
   it("stages the same tree under DESTDIR, with paths for PREFIX", function()
