@@ -57,7 +57,8 @@ endif
 # The flags a build dir was built with: objects are rebuilt when they change
 # (WEFT_CUDA=0 then 1 in one dir must not link host-only objects with kernels).
 # The file is rewritten only when they differ, so its date says when they did.
-BUILD_FLAGS := $(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LDFLAGS) $(LDLIBS)
+# (expanded when used, so what mk/*.mk add counts too)
+BUILD_FLAGS = $(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LDFLAGS) $(LDLIBS)
 # equal strings (the file read back may keep its final newline: strip both)
 same = $(and $(findstring x$(strip $(1)),x$(strip $(2))),$(findstring x$(strip $(2)),x$(strip $(1))))
 

@@ -8,12 +8,12 @@ CXX := $(if $(filter default,$(origin CXX)),g++,$(CXX))
 
 ifeq ($(WEFT_GLOO),1)
   GLOO_OBJ := $(BUILD)/obj/gloo_shim.o
-  CFLAGS   += -DWEFT_HAVE_GLOO=1
+  override CFLAGS += -DWEFT_HAVE_GLOO=1   # override: the Makefile's CFLAGS are (CFLAGS=... on the command line)
   C_OBJS   += $(GLOO_OBJ)
   LDLIBS   += -lgloo -lstdc++
   $(LIB): $(GLOO_OBJ)
   $(GLOO_OBJ): src/gloo_shim.cc src/gloo_glue.h src/weft.h src/core/internal.h src/host/cpugroup.h
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -D_GNU_SOURCE \
+	$(call say,CXX,$@)$(CXX) -std=c++17 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -D_GNU_SOURCE \
 	  -DWEFT_HAVE_GLOO=1 -Isrc $(if $(filter /usr/include,$(GLOO_INC)),,-isystem $(GLOO_INC)) -c $< -o $@
 endif
