@@ -2,7 +2,7 @@
 -- is run exactly as printed, from the repository root, with a time limit:
 --   ```lua run n=N [gpu] [timeout=S]   a script under scripts/weft-run -n N
 --   ```sh run [gpu] [timeout=S] [needs=CMD]   the commands under bash -e
--- A block must exit 0 (and print no REPL "[rank N] error:"). `gpu` blocks need N CUDA devices (one for sh blocks)
+-- A block must exit 0 (and print no REPL "[rank N] error:"). `gpu` blocks need N CUDA devices (sh blocks: gpus=K, default one)
 -- and are pending without; `needs=CMD` blocks are pending when CMD is not
 -- installed. Blocks without `run` (none at present) are prose.
 local S = require "helpers.spec_util"
@@ -30,6 +30,7 @@ local function blocks(text)
         b.run = (" " .. info .. " "):find(" run ", 1, true) ~= nil
         b.n = tonumber(info:match("n=(%d+)")) or 1
         b.gpu = (" " .. info .. " "):find(" gpu ", 1, true) ~= nil
+        b.gpus = tonumber(info:match("gpus=(%d+)"))   -- devices a sh block needs (default 1)
         b.timeout = tonumber(info:match("timeout=(%d+)")) or 60
         b.needs = info:match("needs=([%w%-_.]+)")
         cur = b
@@ -72,8 +73,9 @@ describe("docs/guide.md: every snippet runs as printed", function()
     local name = ("%s:%d (%s %s)"):format(GUIDE, b.line, b.lang, b.info)
     if b.gpu then name = name .. " #gpu" end
     it(name, function()
-      if b.gpu and gpus() < (b.lang == "lua" and b.n or 1) then
-        pending(gpus() == 0 and "no CUDA device" or ("needs " .. b.n .. " CUDA devices"))
+      local need = b.lang == "lua" and b.n or b.gpus or 1
+      if b.gpu and gpus() < need then
+        pending(gpus() == 0 and "no CUDA device" or ("needs " .. need .. " CUDA devices"))
         return
       end
       if b.needs and not have(b.needs) then

@@ -58,6 +58,21 @@ end)
 check("device_pinned_async", function()
   local warm = T.ones({ 16 }, "f32", DEV)
   tp:all_reduce(warm)                          -- makes the NCCL communicator
+  if not require("weft.device_backends").info(tp).nccl then
+    -- ranks sharing a GPU (no NCCL): the async form runs weft's kernel at
+    -- once, ordered on the stream, and returns a finished handle; a free()
+    -- after it is stream-ordered like any other (the pool reuses on the stream)
+    local x = T.full({ N }, me + 1, "f32", DEV)
+    local h = tp:all_reduce_async(x)
+    want(h:test(), "the handle without NCCL is not finished")
+    want(first(x) == 3, "async all-reduce result %s, expected 3", tostring(first(x)))
+    x:free()
+    local z = T.zeros({ N }, "f32", DEV)
+    want(first(z) == 0, "tensor made after the free holds %s", tostring(first(z)))
+    h:wait()
+    z:free(); warm:free()
+    return
+  end
   local x = T.full({ N }, me + 1, "f32", DEV)
   async.sleep(tp, 300)                         -- keeps the all-reduce pending
   local h = tp:all_reduce_async(x)
