@@ -1,0 +1,50 @@
+-- weft.async.base — what the parts of weft.async share (lua/weft/async.lua;
+-- the C side is src/async.c): the error format, a group's name in messages,
+-- lazy requires (weft.async loads before weft.group and weft.tensor need
+-- it) and the argument checks that run before anything is enqueued.
+local type, tostring, error, require = type, tostring, error, require
+local floor = math.floor
+
+local M = {}
+
+local mods = {}
+function M.mod(name)
+  local m = mods[name]
+  if not m then m = require(name); mods[name] = m end
+  return m
+end
+
+function M.fail(level, op, fmt, ...)
+  error("weft: " .. op .. ": " .. fmt:format(...), level + 1)
+end
+
+function M.gname(g) return tostring(g.unique_name or g.name or "?") end
+local mod, fail, gname = M.mod, M.fail, M.gname
+function M.T() return mod("weft.tensor") end
+local T = M.T
+
+---------------------------------------------------------------- checks
+function M.check_group(g, op)
+  if type(g) ~= "table" then fail(3, op, "expected a GroupCoordinator, got %s", type(g)) end
+  if g.destroyed then fail(3, op, "group %s is destroyed", gname(g)) end
+  if g.is_member == false then
+    fail(3, op, "rank %s is not in group %s", tostring(g.rank), gname(g))
+  end
+end
+
+function M.check_tensor(g, op, t, what)
+  what = what or "tensor"
+  if not T().is_tensor(t) then
+    fail(3, op, "%s must be a weft tensor, got %s (group %s)", what, type(t), gname(g))
+  end
+  if t.ptr == nil and t.numel > 0 then fail(3, op, "%s storage was freed (group %s)", what, gname(g)) end
+  if not t:is_contiguous() then fail(3, op, "%s is not contiguous (group %s)", what, gname(g)) end
+end
+
+function M.check_peer(g, op, idx, what)
+  if type(idx) ~= "number" or idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
+    fail(3, op, "%s %s is out of range for group %s of %d ranks", what, tostring(idx), gname(g), g.world_size)
+  end
+end
+
+return M

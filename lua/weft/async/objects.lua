@@ -1,0 +1,151 @@
+-- weft.async.objects — the control-plane operations of weft.async
+-- (lua/weft/async.lua; src/async.c runs them on the cpu group or a weft.mq):
+-- object broadcast / all-gather / send / recv with weft.group's call
+-- agreement, the cpu group's int64 vote, and a message queue's send/recv
+-- ordered with the group's collectives.
+local ffi = require "ffi"
+local serialize = require "weft.serialize"
+local B = require "weft.async.base"
+local Q = require "weft.async.queue"
+
+local ffi_new, ffi_string = ffi.new, ffi.string
+local type, tostring, tonumber, require = type, tostring, tonumber, require
+local fail, gname = B.fail, B.gname
+local check_group, check_peer = B.check_group, B.check_peer
+local desc, submit, finished, result_string, K = Q.desc, Q.submit, Q.finished, Q.result_string, Q.KINDS
+
+local M = {}
+
+-- The same parts as the blocking object collectives (weft.group's "call
+-- agreement"): each names its call, so blocking and async calls meet, and
+-- ranks that called different ones fail together.
+local group_mod
+local function GM()
+  group_mod = group_mod or require "weft.group"
+  return group_mod
+end
+
+-- every rank's part of a finished all-gather, checked: parts, offsets
+local function gathered_parts(h, g, op, call)
+  local data, lens, n = Q.result_bytes(h)
+  local parts, off = {}, 0
+  for i = 0, n - 1 do
+    local l = tonumber(lens[i])
+    parts[i + 1] = ffi_string(data + off, l)
+    off = off + l
+  end
+  return parts, GM().check_calls(g, op, call, parts)
+end
+
+-- broadcast_object(g, obj [, src=0]) -> handle; result: the root's object
+function M.broadcast_object(g, obj, src)
+  local op = "broadcast_object"
+  check_group(g, op)
+  src = src or 0
+  check_peer(g, op, src, "src")
+  if g.world_size == 1 then return finished(op, gname(g), obj) end
+  local call = op .. " src=" .. src
+  local me = g.rank_in_group
+  local s = GM().frame(call, me == src and serialize.encode(obj) or "")
+  local d = desc(g, op)
+  d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
+  return submit(g, op, s, function(h)
+    local parts, offs = gathered_parts(h, g, op, call)
+    if me == src then return obj end
+    return serialize.decode(parts[src + 1]:sub(offs[src + 1] + 1))
+  end)
+end
+
+-- all_gather_object(g, obj) -> handle; result: { obj of index 0, ... }
+function M.all_gather_object(g, obj)
+  local op = "all_gather_object"
+  check_group(g, op)
+  if g.world_size == 1 then return finished(op, gname(g), { obj }) end
+  local s = GM().frame(op, serialize.encode(obj))
+  local d = desc(g, op)
+  d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
+  return submit(g, op, s, function(h)
+    local parts, offs = gathered_parts(h, g, op, op)
+    local res = {}
+    for i = 1, #parts do res[i] = serialize.decode(parts[i]:sub(offs[i] + 1)) end
+    return res
+  end)
+end
+
+-- send_object(g, obj, dst) -> handle
+function M.send_object(g, obj, dst)
+  local op = "send_object"
+  check_group(g, op)
+  check_peer(g, op, dst, "dst")
+  if dst == g.rank_in_group then fail(2, op, "dst %d is this rank's own index in group %s", dst, gname(g)) end
+  local s = GM().frame(op, serialize.encode(obj))
+  local d = desc(g, op)
+  d.kind, d.comm, d["in"], d.count, d.root = K.CPU_SEND, g.cpu_group.handle, s, #s, dst
+  return submit(g, op, s, nil, true)
+end
+
+-- recv_object(g, src) -> handle; result: the object
+function M.recv_object(g, src)
+  local op = "recv_object"
+  check_group(g, op)
+  check_peer(g, op, src, "src")
+  if src == g.rank_in_group then fail(2, op, "src %d is this rank's own index in group %s", src, gname(g)) end
+  local d = desc(g, op)
+  d.kind, d.comm, d.root = K.CPU_RECV, g.cpu_group.handle, src
+  return submit(g, op, nil, function(h)
+    return serialize.decode(GM().check_message(g, op, result_string(h), src))
+  end)
+end
+
+-- allreduce_i64(g, numbers [, op="sum"]) -> handle; result: array (cpu group votes)
+local I64_OPS = { sum = 0, max = 1, min = 2, ["and"] = 3, prod = 4 }
+function M.allreduce_i64(g, numbers, rop)
+  local op = "allreduce_i64"
+  check_group(g, op)
+  local code = I64_OPS[rop or "sum"]
+  if not code then fail(2, op, "unknown op %q (sum, max, min, and, prod)", tostring(rop)) end
+  if type(numbers) ~= "table" then fail(2, op, "expected an array of numbers") end
+  local n = #numbers
+  if g.world_size == 1 then
+    local r = {}
+    for i = 1, n do r[i] = numbers[i] end
+    return finished(op, gname(g), r)
+  end
+  local buf = ffi_new("int64_t[?]", n > 0 and n or 1)
+  for i = 1, n do buf[i - 1] = numbers[i] end
+  local d = desc(g, op)
+  d.kind, d.comm, d.out, d.count, d.op = K.CPU_ALLREDUCE_I64, g.cpu_group.handle, buf, n, code
+  return submit(g, op, buf, function()
+    local r = {}
+    for i = 1, n do r[i] = tonumber(buf[i - 1]) end
+    return r
+  end)
+end
+
+---------------------------------------------------------------- message queue (weft.mq)
+-- mq_send(g, mq, obj [, {raw=true}]) -> handle: the writer's enqueue on g's
+-- worker, ordered with g's collectives (raw: send a string as is; else
+-- weft.serialize).
+function M.mq_send(g, mq, obj, opts)
+  local op = "mq_send"
+  if type(mq) ~= "table" or mq.handle == nil then fail(2, op, "expected a live weft.mq") end
+  local s = (opts and opts.raw) and obj or serialize.encode(obj)
+  if type(s) ~= "string" then fail(2, op, "raw messages must be strings") end
+  local d = desc(g, op)
+  d.kind, d.comm, d["in"], d.count = K.MQ_ENQUEUE, mq.handle, s, #s
+  return submit(g, op, { s, mq }, nil, obj)
+end
+
+local function raw_result(h) return result_string(h) end
+local function decode_result(h) return serialize.decode(result_string(h)) end
+
+-- mq_recv(g, mq [, timeout_ms [, {raw=true}]]) -> handle; result: the next message
+function M.mq_recv(g, mq, timeout_ms, opts)
+  local op = "mq_recv"
+  if type(mq) ~= "table" or mq.handle == nil then fail(2, op, "expected a live weft.mq") end
+  local d = desc(g, op)
+  d.kind, d.comm, d.timeout_ms = K.MQ_DEQUEUE, mq.handle, timeout_ms or -1
+  return submit(g, op, mq, (opts and opts.raw) and raw_result or decode_result)
+end
+
+return M
