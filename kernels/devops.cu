@@ -1,4 +1,5 @@
-// devops.cu — small device utilities: seeded random fill.
+// devops.cu — small device utilities: seeded random fill, and the NaN mask
+// and fix-up around NCCL's float max/min (below the fill).
 //
 // The generator is the host one's (src/host/hostops.c, weft_host_fill_random):
 // element i is splitmix64's output function of key + (i + 1) * gamma with
@@ -152,4 +153,113 @@ extern "C" int weft_cuda_fill_random(void *p, size_t count, int dtype, uint64_t 
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "fill_random kernel launch", e);
   return 0;
+}
+
+// ---------------------------------------------------------------- NaN pass
+// NCCL's float max/min use fmaxf/fminf and __hmax/__hmin, which drop NaN (the
+// result is NaN only where every rank holds one); torch propagates it. weft
+// runs, on the call's stream: mask[i] = isnan(x[i]) on every rank, NCCL max
+// of the u8 mask, NCCL max/min of the data, then fixup writes the dtype's
+// quiet NaN where the mask is set. The tests are on the bits (no float
+// compare, so -ffast-math or FTZ cannot change them). Vector path: one
+// 16-byte load of x and one word of mask per thread when both are aligned;
+// the rest (or everything, unaligned) one element per thread.
+namespace {
+
+template <typename U_, U_ kAbs_, U_ kInf_, U_ kQnan_> struct FloatBits {
+  using U = U_;
+  static constexpr U kAbs = kAbs_, kInf = kInf_, kQnan = kQnan_;
+  static constexpr int V = 16 / sizeof(U);   // elements per 16-byte vector
+};
+using F32Bits = FloatBits<uint32_t, 0x7fffffffu, 0x7f800000u, 0x7fc00000u>;
+using F64Bits = FloatBits<uint64_t, 0x7fffffffffffffffull, 0x7ff0000000000000ull, 0x7ff8000000000000ull>;
+using F16Bits = FloatBits<uint16_t, 0x7fff, 0x7c00, 0x7e00>;
+using BF16Bits = FloatBits<uint16_t, 0x7fff, 0x7f80, 0x7fc0>;
+
+// V mask bytes as one word
+template <int V> struct MaskWord;
+template <> struct MaskWord<2> { using W = uint16_t; };
+template <> struct MaskWord<4> { using W = uint32_t; };
+template <> struct MaskWord<8> { using W = unsigned long long; };
+
+template <typename B> __device__ __forceinline__ bool is_nan(typename B::U u) {
+  return (u & B::kAbs) > B::kInf;
+}
+
+template <typename B>
+__global__ void nan_mask_kernel(const typename B::U *x, uint8_t *mask, uint64_t count, uint64_t nvec) {
+  using U = typename B::U;
+  using W = typename MaskWord<B::V>::W;
+  const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (uint64_t q = tid; q < nvec; q += stride) {
+    uint4 v = reinterpret_cast<const uint4 *>(x)[q];
+    U e[B::V];
+    memcpy(e, &v, 16);
+    W w = 0;
+#pragma unroll
+    for (int j = 0; j < B::V; j++) w |= (W)(is_nan<B>(e[j]) ? 1 : 0) << (8 * j);
+    reinterpret_cast<W *>(mask)[q] = w;
+  }
+  for (uint64_t i = nvec * B::V + tid; i < count; i += stride) mask[i] = is_nan<B>(x[i]) ? 1 : 0;
+}
+
+template <typename B>
+__global__ void nan_fixup_kernel(typename B::U *x, const uint8_t *mask, uint64_t count, uint64_t nvec) {
+  using W = typename MaskWord<B::V>::W;
+  const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (uint64_t q = tid; q < nvec; q += stride) {
+    const W w = reinterpret_cast<const W *>(mask)[q];
+    if (w == 0) continue;                       // the common case: read only the mask
+#pragma unroll
+    for (int j = 0; j < B::V; j++)
+      if ((w >> (8 * j)) & 0xff) x[q * B::V + j] = B::kQnan;
+  }
+  for (uint64_t i = nvec * B::V + tid; i < count; i += stride)
+    if (mask[i]) x[i] = B::kQnan;
+}
+
+template <typename B>
+cudaError_t launch_nan(bool fixup, void *x, uint8_t *mask, uint64_t count, cudaStream_t s) {
+  const bool vec = (uintptr_t)x % 16 == 0 && (uintptr_t)mask % B::V == 0;
+  const uint64_t nvec = vec ? count / B::V : 0;
+  const uint64_t items = nvec + (count - nvec * B::V);
+  const int threads = 256;
+  uint64_t blocks = (items + threads - 1) / threads;
+  if (blocks > 132 * 16) blocks = 132 * 16;     // grid-stride beyond a few waves
+  using U = typename B::U;
+  if (fixup) nan_fixup_kernel<B><<<(unsigned)blocks, threads, 0, s>>>((U *)x, mask, count, nvec);
+  else nan_mask_kernel<B><<<(unsigned)blocks, threads, 0, s>>>((const U *)x, mask, count, nvec);
+  return cudaGetLastError();
+}
+
+int nan_pass(const char *what, bool fixup, void *x, uint8_t *mask, size_t count, int dtype, void *stream) {
+  int dev;
+  int rc = wf_cuda_device(&dev);
+  if (rc) return rc;
+  WF_CHECK_ARG(dtype == WEFT_F32 || dtype == WEFT_F64 || dtype == WEFT_F16 || dtype == WEFT_BF16,
+               "cuda %s: dtype %d is not a float dtype (f32, f64, f16, bf16)", what, dtype);
+  if (count == 0) return 0;
+  WF_CHECK_ARG(x && mask, "cuda %s: NULL %s for %zu elements", what, x ? "mask" : "data", count);
+  cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
+  cudaError_t e;
+  switch (dtype) {
+  case WEFT_F32: e = launch_nan<F32Bits>(fixup, x, mask, count, s); break;
+  case WEFT_F64: e = launch_nan<F64Bits>(fixup, x, mask, count, s); break;
+  case WEFT_F16: e = launch_nan<F16Bits>(fixup, x, mask, count, s); break;
+  default: e = launch_nan<BF16Bits>(fixup, x, mask, count, s); break;
+  }
+  if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, fixup ? "nan_fixup kernel launch" : "nan_mask kernel launch", e);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int weft_cuda_nan_mask(const void *x, uint8_t *mask, size_t count, int dtype, void *stream) {
+  return nan_pass("nan_mask", false, (void *)x, mask, count, dtype, stream);
+}
+
+extern "C" int weft_cuda_nan_fixup(void *x, const uint8_t *mask, size_t count, int dtype, void *stream) {
+  return nan_pass("nan_fixup", true, x, (uint8_t *)mask, count, dtype, stream);
 }

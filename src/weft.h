@@ -305,6 +305,19 @@ int weft_cuda_rmsnorm(const void *x, const void *residual, const void *weight,
                       int64_t hidden, int dtype, float eps, int flags,
                       void *stream);
 
+/* ---- NaN propagation around NCCL's float max/min (kernels/devops.cu) ----
+ * NCCL's max/min use fmaxf/fminf and __hmax/__hmin: NaN is dropped unless
+ * every rank holds one. weft's device max/min follow torch instead (any
+ * rank's NaN makes the element NaN): mask the input, NCCL max of the u8 mask,
+ * NCCL max/min of the data, fix up the output. nan_mask: mask[i] = 1 where
+ * x[i] is NaN, else 0. nan_fixup: x[i] = the dtype's quiet NaN (f32
+ * 0x7fc00000, f64 0x7ff8000000000000, f16 0x7e00, bf16 0x7fc0) where
+ * mask[i] != 0, other elements untouched. count elements; dtype f32, f64,
+ * f16, bf16. Async on stream (NULL: the thread's current stream);
+ * capturable. */
+int weft_cuda_nan_mask(const void *x, uint8_t *mask, size_t count, int dtype, void *stream);
+int weft_cuda_nan_fixup(void *x, const uint8_t *mask, size_t count, int dtype, void *stream);
+
 /* ---- NCCL: device collectives per group (src/coll/nccl.c) ----
  * libnccl.so.2 is loaded on first use (WEFT_NCCL_LIB overrides the path).
  * Create is collective over the cpu group: index 0 makes the unique id and

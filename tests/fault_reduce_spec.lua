@@ -118,3 +118,35 @@ describe("reductions: one definition on every backend #fault", function()
     end)
   end)
 end)
+
+-- Device max/min go through NCCL, whose fmaxf/__hmax drop NaN; weft's NaN
+-- pass (mask, u8 max of the mask, NCCL max/min, fix-up) restores torch's
+-- rule. The pretend GPU (tests/helpers/fake_device.lua) reduces as NCCL does,
+-- so without the pass these checks fail; 2 real GPUs run the same checks in
+-- tests/gpu_group_spec.lua (nan_max_min) and the kernels in gpu_cuda_spec.lua.
+describe("device max/min propagate NaN on a pretend GPU (2 ranks) #fault", function()
+  local out
+  local function run_once()
+    if out then return out end
+    local cmd = ("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 130 "
+                 .. "scripts/weft-run -n 2 --timeout 120 tests/helpers/nan_device_worker.lua 2>&1; echo \"rc=$?\"")
+                :format(ROOT, ROOT)
+    local p = io.popen(cmd)
+    out = p:read("*a")
+    p:close()
+    return out
+  end
+  for _, name in ipairs({ "nan_all_reduce", "nan_reduce_scatter", "nan_graph_replay", "nan_explain" }) do
+    it(name, function()
+      local o = run_once()
+      for r = 0, 1 do
+        local fail = o:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
+        assert.is_nil(fail, ("rank %d %s: %s"):format(r, name, tostring(fail)))
+        assert.is_truthy(o:find("[rank" .. r .. "] PASS " .. name .. " (", 1, true), o)
+      end
+    end)
+  end
+  it("both ranks exit cleanly", function()
+    assert.matches("rc=0%s*$", run_once())
+  end)
+end)

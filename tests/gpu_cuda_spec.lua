@@ -29,6 +29,10 @@ describe("weft.cuda without a device", function()
     assert.matches("no CUDA device", err)
     local n = ffi.new("int[1]")
     assert.are.equal(C.WEFT_ENODEV, C.weft_nccl_version(n))
+    local h = tensor.zeros({ 4 }, "f32")
+    assert.are.equal(C.WEFT_ENODEV, C.weft_cuda_nan_mask(h.ptr, h.ptr, 4, 0, nil))
+    assert.are.equal(C.WEFT_ENODEV, C.weft_cuda_nan_fixup(h.ptr, h.ptr, 4, 0, nil))
+    assert.matches("no CUDA device", wffi.last_error())
   end)
 end)
 
@@ -160,6 +164,132 @@ describe("weft.cuda #gpu", function()
     local rc = C.weft_cuda_fill_random(d.ptr, 16, 99, 1, 0, nil)
     assert.are.equal(C.WEFT_EINVAL, rc)
     assert.matches("unknown dtype 99", wffi.last_error())
+  end)
+end)
+
+-- The NaN pass of device max/min (kernels/devops.cu): the mask and fix-up
+-- kernels alone against a host reference on the bits, every float dtype,
+-- odd sizes (vector body + scalar tail), aligned and unaligned buffers.
+describe("NaN mask and fix-up kernels #gpu", function()
+  local CODE = { f32 = 0, f16 = 1, bf16 = 2, f64 = 6 }
+  -- word type, |x| mask, +inf bits, canonical quiet NaN (f64 as uint64 cdata)
+  local BITS = {
+    f32 = { "uint32_t *", 0x7fffffff, 0x7f800000, 0x7fc00000 },
+    f64 = { "uint64_t *", 0x7fffffffffffffffULL, 0x7ff0000000000000ULL, 0x7ff8000000000000ULL },
+    f16 = { "uint16_t *", 0x7fff, 0x7c00, 0x7e00 },
+    bf16 = { "uint16_t *", 0x7fff, 0x7f80, 0x7fc0 },
+  }
+  -- specials: ±0, ±inf, quiet / signalling / negative NaN with payloads, the
+  -- largest finite, the smallest subnormal
+  local SPECIAL = {
+    f32 = { 0x0, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0xffc00123, 0x7f7fffff, 0x1 },
+    f64 = { 0x0ULL, 0x8000000000000000ULL, 0x7ff0000000000000ULL, 0xfff0000000000000ULL, 0x7ff8000000000000ULL,
+            0x7ff0000000000001ULL, 0xfff8000000000abcULL, 0x7fefffffffffffffULL, 0x1ULL },
+    f16 = { 0x0, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfe55, 0x7bff, 0x1 },
+    bf16 = { 0x0, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffc5, 0x7f7f, 0x1 },
+  }
+  -- every third element a special, the rest random bits
+  local function fill_bits(t, dt, seed)
+    local p = ffi.cast(BITS[dt][1], t.ptr)
+    local sp = SPECIAL[dt]
+    local x = ffi.cast("uint64_t", seed)
+    for i = 0, t.numel - 1 do
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL
+      if i % 3 == 0 then p[i] = sp[(i / 3) % #sp + 1]
+      elseif dt == "f64" then p[i] = x
+      elseif dt == "f32" then p[i] = tonumber(x / 4294967296ULL)
+      else p[i] = tonumber(x / 281474976710656ULL) end
+    end
+  end
+  local function is_nan(w, dt) local b = BITS[dt]; return bit.band(w, b[2]) > b[3] end
+  local function word_eq(a, b) return a == b end   -- numbers, or uint64 cdata on both sides
+
+  it("mask = isnan and fix-up writes the quiet NaN, every float dtype and odd size", function()
+    if not need_gpu() then return end
+    for _, dt in ipairs { "f32", "f64", "f16", "bf16" } do
+      local b = BITS[dt]
+      for _, n in ipairs { 1, 2, 3, 7, 8, 9, 15, 17, 1023, 65537, 1048583 } do
+        -- off 0: 16-byte aligned data and mask (the vector body); off 1: neither (scalar)
+        for _, off in ipairs { 0, 1 } do
+          local what = ("%s n=%d offset %d"):format(dt, n, off)
+          local h = tensor.zeros({ n + off + 1 }, dt, "cpu")
+          fill_bits(h, dt, 1000003 * n + off)
+          local hp = ffi.cast(b[1], h.ptr)
+          local d = h:clone("cuda")
+          local v = d:narrow(0, off, n)
+          local moff = 16 + off                   -- sentinel bytes on both sides of the mask
+          local mbuf = tensor.full({ n + 32 }, 0xab, "u8", "cuda")
+          cuda.nan_mask(v.ptr, ffi.cast("uint8_t *", mbuf.ptr) + moff, n, CODE[dt])
+          local mh = mbuf:clone("cpu")
+          local m = ffi.cast("const uint8_t *", mh.ptr)
+          local bad, first = 0, nil
+          for i = 0, n - 1 do
+            local want = is_nan(hp[off + i], dt) and 1 or 0
+            if m[moff + i] ~= want then bad = bad + 1; first = first or i end
+          end
+          assert.are.equal(0, bad, what .. ": mask wrong, first at " .. tostring(first))
+          assert.are.equal(0xab, m[moff - 1], what .. ": wrote before the mask")
+          assert.are.equal(0xab, m[moff + n], what .. ": wrote past the mask")
+          -- fix-up from a mask with any nonzero byte (not only 1), on NaN and
+          -- non-NaN elements alike; elements outside the view untouched
+          local fm = tensor.zeros({ n + 32 }, "u8", "cpu")
+          local fp = ffi.cast("uint8_t *", fm.ptr)
+          for i = 0, n - 1 do fp[moff + i] = (i % 5 == 1) and 1 or ((i % 7 == 3) and 0x80 or 0) end
+          local fmd = fm:clone("cuda")
+          cuda.nan_fixup(v.ptr, ffi.cast("uint8_t *", fmd.ptr) + moff, n, CODE[dt])
+          local back = d:clone("cpu")
+          local bp = ffi.cast(b[1], back.ptr)
+          bad, first = 0, nil
+          for i = 0, n + off do
+            local set = i >= off and i < off + n and fp[moff + i - off] ~= 0
+            if not word_eq(bp[i], set and b[4] or hp[i]) then bad = bad + 1; first = first or i end
+          end
+          assert.are.equal(0, bad, what .. ": fix-up wrong, first at element " .. tostring(first))
+          for _, t in ipairs { h, d, mbuf, mh, fm, fmd, back } do t:free() end
+        end
+      end
+    end
+  end)
+
+  it("runs on a given stream and inside a captured graph", function()
+    if not need_gpu() then return end
+    local n = 4099
+    local x = tensor.zeros({ n }, "bf16", "cuda")
+    local m = tensor.zeros({ n }, "u8", "cuda")
+    local gr = graph.capture(function()
+      cuda.nan_mask(x.ptr, m.ptr, n, CODE.bf16)
+      cuda.nan_fixup(x.ptr, m.ptr, n, CODE.bf16)
+    end)
+    for round = 1, 3 do
+      local h = tensor.zeros({ n }, "bf16", "cpu")
+      local p = ffi.cast("uint16_t *", h.ptr)
+      for i = 0, n - 1 do p[i] = ((i + round) % 17 == 0) and 0xffc1 or 0x3f80 end
+      x:copy_(h)
+      gr:replay()
+      local got = x:clone("cpu")
+      local g = ffi.cast("const uint16_t *", got.ptr)
+      for i = 0, n - 1 do
+        assert.are.equal(((i + round) % 17 == 0) and 0x7fc0 or 0x3f80, g[i], "round " .. round .. " element " .. i)
+      end
+      h:free(); got:free()
+    end
+    gr:destroy()
+    local s = cuda.stream()
+    cuda.nan_mask(x.ptr, m.ptr, n, CODE.bf16, s)
+    s:synchronize()
+    s:destroy()
+  end)
+
+  it("refuses non-float dtypes and NULL buffers", function()
+    if not need_gpu() then return end
+    local x = tensor.zeros({ 8 }, "i32", "cuda")
+    local ok, err = pcall(cuda.nan_mask, x.ptr, x.ptr, 8, 3)
+    assert.is_false(ok)
+    assert.matches("nan_mask: dtype 3 is not a float dtype", err)
+    ok, err = pcall(cuda.nan_fixup, x.ptr, nil, 8, 0)
+    assert.is_false(ok)
+    assert.matches("nan_fixup: NULL mask", err)
+    assert.has_no.errors(function() cuda.nan_fixup(nil, nil, 0, 0) end)   -- nothing to do
   end)
 end)
 

@@ -9,7 +9,7 @@ local G = require "helpers.gpu_ranks"
 local CHECKS = {
   "setup_lazy", "all_reduce_nccl_forced", "all_reduce_custom_eager", "all_reduce_out_of_place",
   "all_reduce_fallbacks", "all_gather_dims", "all_gatherv", "reduce_scatter_dims", "reduce_scatterv",
-  "broadcast_gather", "send_recv", "all_to_all_single", "tensor_dicts", "graph_capture_replay",
+  "nan_max_min", "broadcast_gather", "send_recv", "all_to_all_single", "tensor_dicts", "graph_capture_replay",
   "fused_kernel", "fused_fallbacks", "fused_graph_replay", "bad_inputs", "host_staging",
   "eager_latency", "destroy",
 }

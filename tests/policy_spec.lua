@@ -566,7 +566,7 @@ describe("device paths on a pretend GPU (2 ranks)", function()
     assert.matches("rc=0%s*$", out)
     local n = 0
     for _ in out:gmatch("%] PASS ") do n = n + 1 end
-    assert.are.equal(2 * 21, n, out)
+    assert.are.equal(2 * 22, n, out)
   end)
 end)
 

@@ -154,6 +154,18 @@ function M.fill_random(ptr, count, dtype_code, seed, dist, dev, stream)
   check(rc, "fill_random")
 end
 
+-- NaN pass around NCCL's float max/min (kernels/devops.cu): nan_mask writes
+-- mask[i] = 1 where x[i] is NaN (u8, count elements), nan_fixup writes the
+-- dtype's quiet NaN into x where mask is set. dtype_code: f32 0, f16 1,
+-- bf16 2, f64 6. Async on stream (nil: the thread's current one); capturable.
+function M.nan_mask(x, mask, count, dtype_code, stream)
+  check(C.weft_cuda_nan_mask(x, mask, count, dtype_code, stream_handle(stream)), "nan_mask")
+end
+
+function M.nan_fixup(x, mask, count, dtype_code, stream)
+  check(C.weft_cuda_nan_fixup(x, mask, count, dtype_code, stream_handle(stream)), "nan_fixup")
+end
+
 -- ---------------------------------------------------------------- streams
 
 local Stream = {}

@@ -27,7 +27,7 @@ local S = require "weft.device.setup"
 local N = require "weft.device.nccl"
 local K = require "weft.device.checks"
 
-local type, tostring, error, pcall, ipairs = type, tostring, error, pcall, ipairs
+local type, tostring, tonumber, error, pcall, ipairs = type, tostring, tonumber, error, pcall, ipairs
 local fmt, concat = string.format, table.concat
 local T, CUDA, gname, is_device, cuda_ok = S.T, S.CUDA, S.gname, S.is_device, S.cuda_ok
 local dev_of, wrong_device, stream_capturing = S.dev_of, S.wrong_device, S.stream_capturing
@@ -289,6 +289,23 @@ function M.fused(g, x, residual, weight, eps, opts)
 end
 
 ---------------------------------------------------------------- rules
+local NAN_CALLS = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true }
+
+-- the NaN pass of float max/min (weft.device.nccl), for explain
+local function nan_lines(op, t, rop)
+  if not NAN_CALLS[op] then return nil end
+  if N.nan_pass(t.dtype, rop) then
+    return { fmt("NaN pass: %s %s adds a NaN-mask kernel, an NCCL max of a u8 mask (%s) and a fix-up "
+                 .. "kernel around the NCCL %s, so a NaN on any rank gives NaN (torch's rule; NCCL's "
+                 .. "fmax/__hmax alone drops it)", t.dtype, rop,
+                 policy.human_bytes(tonumber(t.numel) or 0), rop) }
+  end
+  if rop == "max" or rop == "min" then
+    return { fmt("NaN pass: none (%s is not a float dtype)", tostring(t.dtype)) }
+  end
+  return nil
+end
+
 local function stage_why(g)
   local d = g._dev
   return "NCCL cannot serve this group (" .. tostring(d and d.nccl_why) .. "): device data goes "
@@ -327,7 +344,8 @@ M.rules = {
     when = function(_, _, t) return is_device(t) end,
     why = "device tensor: NCCL (one communicator per group, made on first device use; the seed's PyNccl "
           .. "in graphs and torch.distributed when eager are both this)",
-    why_not = "host tensor" },
+    why_not = "host tensor",
+    detail = function(_, op, t, rop) if is_device(t) then return nan_lines(op, t, rop) end end },
 }
 
 ---------------------------------------------------------------- choice

@@ -44,6 +44,14 @@ int weft_cuda_fill_random(void *p, size_t count, int dtype, uint64_t seed, int d
   (void)p; (void)count; (void)dtype; (void)seed; (void)dist; (void)stream;
   return nodev();
 }
+int weft_cuda_nan_mask(const void *x, uint8_t *mask, size_t count, int dtype, void *stream) {
+  (void)x; (void)mask; (void)count; (void)dtype; (void)stream;
+  return nodev();
+}
+int weft_cuda_nan_fixup(void *x, const uint8_t *mask, size_t count, int dtype, void *stream) {
+  (void)x; (void)mask; (void)count; (void)dtype; (void)stream;
+  return nodev();
+}
 int weft_cuda_stream_create(int nonblocking, void **out) {
   (void)nonblocking;
   if (out) *out = NULL;

@@ -10,7 +10,8 @@
 -- layer does). Device i is LOCAL_RANK % 2 unless set; 2 devices.
 --
 -- It checks the plumbing (arguments, layouts, dispatch, capture and replay
--- order), not the kernels: reductions run in f64, in rank order.
+-- order), not the kernels: reductions run in f64, in rank order, max/min
+-- with NCCL's NaN rule (fmax: a NaN is dropped unless every rank holds one).
 -- Must be installed before any other weft module is loaded.
 local ffi = require "ffi"
 
@@ -45,6 +46,7 @@ function M.install()
   package.loaded["weft.fake_device"] = M
 
   local ESTATE, EINVAL = -12, -1
+  local F64_CODE = 6
   local ES = { [0] = 4, 2, 2, 4, 8, 1, 8, 1 }
   local function addr(p) return tonumber(ffi.cast("uintptr_t", p)) end
 
@@ -135,6 +137,45 @@ function M.install()
   F.weft_cuda_fill_random = function(p, count, dtype, seed, dist)
     return R.weft_host_fill_random(p, count, dtype, seed, dist)
   end
+  -- the NaN pass of float max/min (kernels/devops.cu): the bits tested and
+  -- written as the kernels do
+  -- (words, never doubles: LuaJIT's GC64 interpreter can crash on raw NaN payloads)
+  local NAN_W = { [0] = { "uint32_t *", 0x7fffffff, 0x7f800000, 0x7fc00000 },
+                  [1] = { "uint16_t *", 0x7fff, 0x7c00, 0x7e00 },
+                  [2] = { "uint16_t *", 0x7fff, 0x7f80, 0x7fc0 },
+                  [F64_CODE] = { "uint64_t *", 0x7fffffffffffffffULL, 0x7ff0000000000000ULL,
+                                 0x7ff8000000000000ULL } }
+  local function nan_args(name, x, mask, dtype)
+    if not NAN_W[dtype] then
+      return fail(EINVAL, ("cuda %s: dtype %d is not a float dtype (f32, f64, f16, bf16)"):format(name, dtype))
+    end
+    if x == nil or mask == nil then
+      return fail(EINVAL, ("cuda %s: NULL %s"):format(name, x == nil and "data" or "mask"))
+    end
+    return 0
+  end
+  F.weft_cuda_nan_mask = function(x, mask, count, dtype)
+    count = tonumber(count)
+    if count == 0 then return 0 end
+    if nan_args("nan_mask", x, mask, dtype) ~= 0 then return EINVAL end
+    local m = ffi.cast("uint8_t *", mask)
+    local w = NAN_W[dtype]
+    local p, abs, inf = ffi.cast(w[1], x), w[2], w[3]
+    return defer(function()
+      for i = 0, count - 1 do m[i] = bit.band(p[i], abs) > inf and 1 or 0 end
+    end)
+  end
+  F.weft_cuda_nan_fixup = function(x, mask, count, dtype)
+    count = tonumber(count)
+    if count == 0 then return 0 end
+    if nan_args("nan_fixup", x, mask, dtype) ~= 0 then return EINVAL end
+    local m = ffi.cast("const uint8_t *", mask)
+    local w = NAN_W[dtype]
+    local p, q = ffi.cast(w[1], x), w[4]
+    return defer(function()
+      for i = 0, count - 1 do if m[i] ~= 0 then p[i] = q end end
+    end)
+  end
   F.weft_cuda_memcpy2d_async = function(dst, dpitch, src, spitch, width, height)
     if dpitch < width or spitch < width then return fail(EINVAL, "cuda copy2d: pitch below the row width") end
     local d, s = ffi.cast("uint8_t *", dst), ffi.cast("const uint8_t *", src)
@@ -205,8 +246,12 @@ function M.install()
       if r > 1 then
         for i = 0, count - 1 do
           local a, b = acc[i], tmp[i]
-          if op == 0 then acc[i] = a + b elseif op == 1 then acc[i] = b > a and b or a
-          elseif op == 2 then acc[i] = b < a and b or a else acc[i] = a * b end
+          -- max/min as NCCL's fmaxf/fminf/__hmax/__hmin: a NaN operand is
+          -- dropped (NaN only where every rank holds one)
+          if op == 0 then acc[i] = a + b
+          elseif op == 1 then acc[i] = (a ~= a or b > a) and b or a
+          elseif op == 2 then acc[i] = (a ~= a or b < a) and b or a
+          else acc[i] = a * b end
         end
       end
     end

@@ -23,6 +23,7 @@ local policy = require "weft.policy"
 local db = require "weft.device_backends"
 local graph = require "weft.graph"
 local car = require "weft.custom_ar"
+local N = require "helpers.nan_cases"
 
 local world = weft.init { timeout_ms = 30000 }
 local me, W = world.rank, world.world_size
@@ -222,6 +223,13 @@ check("reduce_scatterv", function()
   local o = T.empty({ sizes[me + 1], 3 }, "f32", DEV)
   tp:reduce_scatterv(on_dev(h), o, sizes)
   same(o, tp:reduce_scatterv(h, nil, sizes), "reduce_scatterv into")
+end)
+
+-- float max/min propagate NaN (the NaN pass around NCCL; tests/helpers/nan_cases.lua)
+check("nan_max_min", function()
+  local c = { g = tp, dev = DEV, want = want }
+  N.all_reduce(c); N.reduce_scatter(c); N.graph(c); N.explain(c)
+  if os.getenv("WEFT_FAKE_DEVICE") ~= "1" then N.cost(c, world) end
 end)
 
 check("broadcast_gather", function()

@@ -20,6 +20,7 @@ local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
 local M = {}
 
 local REDUCE_OPS = { sum = 0, max = 1, min = 2, prod = 4 }
+local NAN_DTYPES = { f32 = true, f64 = true, f16 = true, bf16 = true }
 local DT_CODE = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6, f8e4m3 = 7 }
 local REDUCIBLE = { f32 = true, f16 = true, bf16 = true, i32 = true, i64 = true, u8 = true, f64 = true }
 local u8p = ffi.typeof("uint8_t *")
@@ -120,6 +121,9 @@ function M.all_reduce(g, t, rop)
   if not REDUCIBLE[t.dtype] then fail(2, op, "dtype %s cannot be reduced on group %s", t.dtype, gname(g)) end
   if g.world_size == 1 or t.numel == 0 then return finished(op, gname(g), t) end
   local be, dg = backend(g, op, t, rop)
+  -- float max/min on device need the NaN pass (weft.device.nccl): several
+  -- calls on the communicator, so the blocking form serves them
+  if be == "nccl" and (rop == "max" or rop == "min") and NAN_DTYPES[t.dtype] then be = nil end
   if be == "nccl" then
     local stream = current_stream()
     local d = desc(g, op)

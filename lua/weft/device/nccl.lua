@@ -15,6 +15,7 @@ local dev_of, stream_capturing, scratch = S.dev_of, S.stream_capturing, S.scratc
 local M = {}
 
 local U8 = 5                 -- byte-moving collectives go as u8 (any dtype, f8 too)
+local MAX = 1                -- the op code of max (the NaN masks)
 
 local C_
 local function C()
@@ -121,6 +122,31 @@ function stage.reduce_scatterv(g, op, t, sizes, out, rop)
 end
 M.stage = stage
 
+---------------------------------------------------------------- NaN pass
+-- NCCL's float max/min drop NaN (fmaxf/__hmax: NaN only where every rank
+-- holds one); torch propagates it. For float max/min weft brackets the NCCL
+-- call, on the same stream (so it is captured and replayed with it):
+--   mask = isnan(input)              (u8 per element, the group's scratch)
+--   NCCL max of the mask             (u8, n bytes: "some rank holds a NaN")
+--   NCCL max/min of the data         (as before)
+--   fixup: output = quiet NaN where the reduced mask is set
+-- Integers and sum/prod are unchanged (NaN propagates through + and *).
+local NAN_DTYPES = { f32 = true, f64 = true, f16 = true, bf16 = true }
+local NAN_OPS = { max = true, min = true }
+M.NAN_DTYPES, M.NAN_OPS = NAN_DTYPES, NAN_OPS
+
+-- true when a call of dtype and rop takes the NaN pass
+function M.nan_pass(dtype, rop) return NAN_OPS[rop] == true and NAN_DTYPES[dtype] == true end
+
+local CUDA = S.CUDA
+
+-- the mask of n elements of src (dtype code), in the group's scratch slot `slot`
+local function nan_mask(d, slot, src, n, dcode)
+  local m = scratch(d, slot, n)
+  CUDA().nan_mask(src, m, n, dcode)
+  return m
+end
+
 ---------------------------------------------------------------- NCCL backend
 -- comm(g, op, a, b) -> nccl comm, or nil when the group stages through the host
 local function comm(g, op, a, b)
@@ -141,10 +167,17 @@ end
 
 local nccl_be = {}
 function nccl_be.all_reduce(g, op, t, out_ptr, rop, code)
-  local c = comm(g, op, t)
+  local c, d = comm(g, op, t)
   if c == nil then return stage.all_reduce(g, op, t, out_ptr, rop, code) end
-  if t.numel == 0 then return end
-  c:all_reduce(t.ptr, out_ptr, t.numel, t._code, code)
+  local n = t.numel
+  if n == 0 then return end
+  if NAN_OPS[rop] and NAN_DTYPES[t.dtype] then
+    local m = nan_mask(d, "nan_mask", t.ptr, n, t._code)
+    c:all_reduce(m, m, n, U8, MAX)
+    c:all_reduce(t.ptr, out_ptr, n, t._code, code)
+    return CUDA().nan_fixup(out_ptr, m, n, t._code)
+  end
+  c:all_reduce(t.ptr, out_ptr, n, t._code, code)
 end
 
 -- along `dim`: NCCL gathers [W][outer][inner]; the layout wanted is
@@ -177,6 +210,14 @@ function nccl_be.reduce_scatter(g, op, t, dim, out, rop, code)
     local i = ffi.cast(u8p, t.ptr)
     for r = 0, W - 1 do copy2d(buf + r * outer * cb, cb, i + r * cb, W * cb, cb, outer) end
     src = buf
+  end
+  if NAN_OPS[rop] and NAN_DTYPES[t.dtype] then
+    local n = out.numel
+    local m = nan_mask(d, "nan_mask", src, n * W, t._code)
+    local mo = scratch(d, "nan_mask_out", n)
+    c:reduce_scatter(m, mo, n, U8, MAX)
+    c:reduce_scatter(src, out.ptr, n, t._code, code)
+    return CUDA().nan_fixup(out.ptr, mo, n, t._code)
   end
   c:reduce_scatter(src, out.ptr, out.numel, t._code, code)
 end
@@ -279,11 +320,20 @@ function nccl_be.all_gatherv(g, op, t, sizes, out)
 end
 
 function nccl_be.reduce_scatterv(g, op, t, sizes, out, rop, code)
-  local c = comm(g, op, t, out)
+  local c, d = comm(g, op, t, out)
   if c == nil then return stage.reduce_scatterv(g, op, t, sizes, out, rop, code) end
   local re = row_bytes(t) / t:elem_size()
   local counts = {}
   for r = 1, g.world_size do counts[r] = sizes[r] * re end
+  if NAN_OPS[rop] and NAN_DTYPES[t.dtype] and t.numel > 0 then
+    local n = counts[g.rank_in_group + 1]
+    local m = nan_mask(d, "nan_mask", t.ptr, t.numel, t._code)
+    local mo = scratch(d, "nan_mask_out", n)
+    c:reduce_scatterv(m, mo, counts, U8, MAX)     -- counts are elements: the same for u8
+    c:reduce_scatterv(t.ptr, out.ptr, counts, t._code, code)
+    if n > 0 then CUDA().nan_fixup(out.ptr, mo, n, t._code) end
+    return
+  end
   c:reduce_scatterv(t.ptr, out.ptr, counts, t._code, code)
 end
 M.nccl_backend = nccl_be
