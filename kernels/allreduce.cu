@@ -69,6 +69,15 @@ __device__ __forceinline__ uint4 load_in(const KArgs &a, uint64_t v) {
     return ld_vec_partial<T>(reinterpret_cast<const T *>(a.in + v * 16), a.tail);
   return ld_vec(a.in + v * 16);
 }
+/* Deterministic mode (D): the flag kernels sum the same sanitised values the
+ * Lamport one-shot must use (bf16/f16 -0.0 -> +0.0, the f32 word 0x80008000
+ * -> -0.0), so an all -0.0 element gives +0.0 on every path and the kernels
+ * agree bit for bit at every size. Default (D false): the raw input. */
+template <typename T, bool D>
+__device__ __forceinline__ uint4 load_term(const KArgs &a, uint64_t v) {
+  const uint4 x = load_in<T>(a, v);
+  return D ? lamport_sanitize<T>(x) : x;
+}
 template <typename T>
 __device__ __forceinline__ void store_out(const KArgs &a, uint64_t v, uint4 x) {
   if (a.tail && v == a.nvec - 1)
@@ -228,7 +237,7 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 4 ? 3 : 2) ar_lamp
 
 /* One round of a block: CV = blockDim x U x S vectors from `base`, in S
  * sub-rounds of U vectors per thread. */
-template <typename T, int W, int U>
+template <typename T, int W, int U, bool D>
 __device__ __forceinline__ void flag_push(const KArgs &a, uint64_t base, int S, uint32_t par) {
   const int me = a.rank, t = threadIdx.x;
   const uint64_t nvec = a.nvec, slot = nvec * 16;
@@ -239,7 +248,7 @@ __device__ __forceinline__ void flag_push(const KArgs &a, uint64_t base, int S, 
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const uint64_t v = b0 + u * blockDim.x + t;
-      if (v < nvec) x[u] = load_in<T>(a, v);
+      if (v < nvec) x[u] = load_term<T, D>(a, v);
     }
 #pragma unroll
     for (int k = 1; k < W; k++) {
@@ -254,7 +263,7 @@ __device__ __forceinline__ void flag_push(const KArgs &a, uint64_t base, int S, 
   }
 }
 
-template <typename T, int W, int U>
+template <typename T, int W, int U, bool D>
 __device__ __forceinline__ void flag_reduce(const KArgs &a, uint64_t base, int S, const char *region_me) {
   const int me = a.rank, t = threadIdx.x;
   const uint64_t nvec = a.nvec, slot = nvec * 16;
@@ -268,7 +277,7 @@ __device__ __forceinline__ void flag_reduce(const KArgs &a, uint64_t base, int S
       uint4 x[W];
 #pragma unroll
       for (int p = 0; p < W; p++)
-        x[p] = p == me ? load_in<T>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + v * 16);
+        x[p] = p == me ? load_term<T, D>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + v * 16);
       float acc[Pack<T>::N];
       acc_set<T>(acc, x[0]);
 #pragma unroll
@@ -286,7 +295,7 @@ __device__ __forceinline__ void flag_reduce(const KArgs &a, uint64_t base, int S
  * A reducer also waits for its own GPU's pusher q (a flag in its own
  * workspace, phase-1 row, sender = me: a slot no other kernel uses), since
  * with in == out it overwrites the input that pusher reads. */
-template <typename T, int W>
+template <typename T, int W, bool D>
 __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot_flag(KArgs a) {
   constexpr int U = WF_AR_FLAG_UNROLL;
   pdl_wait(); /* before any memory access: the previous kernel is complete */
@@ -306,7 +315,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
     const uint64_t R = (uint64_t)b < nchunks ? (nchunks - 1 - b) / G + 1 : 0;
     for (uint64_t r = 0; r <= R; r++) {
       if (r < R) { /* push round r */
-        flag_push<T, W, U>(a, (b + r * G) * CV, S, par);
+        flag_push<T, W, U, D>(a, (b + r * G) * CV, S, par);
         __syncthreads(); /* all pushes of the round before the release below */
         if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
       }
@@ -318,7 +327,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
           if (rr + 1 == R) st_relaxed_sys(f, 0ull); /* last round: nothing older than a call stays */
         }
         if (!__syncthreads_and(ok)) break;
-        flag_reduce<T, W, U>(a, (b + rr * G) * CV, S, region_me);
+        flag_reduce<T, W, U, D>(a, (b + rr * G) * CV, S, region_me);
       }
     }
   } else {
@@ -327,7 +336,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
     const uint64_t R = q < P && (uint64_t)q < nchunks ? (nchunks - 1 - q) / P + 1 : 0;
     if (b < P) { /* pusher: peers' rows (phase 0) and my own progress (phase 1, sender me) */
       for (uint64_t r = 0; r < R; r++) {
-        flag_push<T, W, U>(a, (q + r * P) * CV, S, par);
+        flag_push<T, W, U, D>(a, (q + r * P) * CV, S, par);
         __syncthreads(); /* the round's loads and stores before the releases */
         if (t < W) st_release_sys(flag_ptr(a, t, par, t == me ? 1 : 0, q, me), flag_value(E, r + 1));
       }
@@ -340,7 +349,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
           if (r + 1 == R) st_relaxed_sys(f, 0ull);
         }
         if (!__syncthreads_and(ok)) break;
-        flag_reduce<T, W, U>(a, (q + r * P) * CV, S, region_me);
+        flag_reduce<T, W, U, D>(a, (q + r * P) * CV, S, region_me);
       }
     }
   }
@@ -350,7 +359,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
 
 /* ------------------------------------------------------------------ two-shot */
 
-template <typename T, int W>
+template <typename T, int W, bool D>
 __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot(KArgs a) {
   constexpr int U = WF_AR_TWOSHOT_UNROLL(W);
   pdl_wait(); /* before any memory access: the previous kernel is complete */
@@ -379,7 +388,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
 #pragma unroll
         for (int u = 0; u < U; u++) {
           const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
-          if (v < nvec) x[u] = load_in<T>(a, v);
+          if (v < nvec) x[u] = load_term<T, D>(a, v);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -412,7 +421,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
           for (int j = 0; j < CH; j++) {
             const int p = p0 + j;
             if (p < W)
-              x[j] = p == me ? load_in<T>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + sv * 16);
+              x[j] = p == me ? load_term<T, D>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + sv * 16);
           }
 #pragma unroll
           for (int j = 0; j < CH; j++) {
@@ -580,20 +589,29 @@ cudaError_t launch_k(K kernel, int grid, int threads, const KArgs &k, int pdl, c
   return cudaLaunchKernelEx(&cfg, kernel, k);
 }
 
-template <typename T, int W>
-cudaError_t launch_tw(const wf_ar_args *a, const KArgs &k, int *grid_out, int *threads_out,
-                      cudaStream_t s, bool launch) {
+/* D: the deterministic-mode flag kernels (the Lamport one-shot is one
+ * kernel for both modes: it always sanitises). Each instantiation has its own
+ * occupancy cache: the grid is capped to what that kernel keeps resident. */
+template <typename T, int W, bool D>
+cudaError_t launch_twd(const wf_ar_args *a, const KArgs &k, int *grid_out, int *threads_out,
+                       cudaStream_t s, bool launch) {
   static int occ[3 * 33];
-  const Shape sh = shape_for(a, k.nvec, ar_lamport<T, W>, ar_oneshot_flag<T, W>, ar_twoshot<T, W>, occ);
+  const Shape sh = shape_for(a, k.nvec, ar_lamport<T, W>, ar_oneshot_flag<T, W, D>, ar_twoshot<T, W, D>, occ);
   *grid_out = sh.grid;
   *threads_out = sh.threads;
   if (!launch) return cudaSuccess; /* shape query only */
   switch (a->kind) {
     case WF_AR_LAMPORT: return launch_k(ar_lamport<T, W>, sh.grid, sh.threads, k, a->pdl, s);
-    case WF_AR_ONESHOT_FLAG: return launch_k(ar_oneshot_flag<T, W>, sh.grid, sh.threads, k, a->pdl, s);
-    case WF_AR_TWOSHOT: return launch_k(ar_twoshot<T, W>, sh.grid, sh.threads, k, a->pdl, s);
+    case WF_AR_ONESHOT_FLAG: return launch_k(ar_oneshot_flag<T, W, D>, sh.grid, sh.threads, k, a->pdl, s);
+    case WF_AR_TWOSHOT: return launch_k(ar_twoshot<T, W, D>, sh.grid, sh.threads, k, a->pdl, s);
     default: return cudaErrorInvalidValue;
   }
+}
+
+template <typename T, int W>
+cudaError_t launch_tw(const wf_ar_args *a, const KArgs &k, int *g, int *t, cudaStream_t s, bool launch) {
+  return a->determ ? launch_twd<T, W, true>(a, k, g, t, s, launch)
+                   : launch_twd<T, W, false>(a, k, g, t, s, launch);
 }
 
 template <typename T>

@@ -204,6 +204,30 @@ __device__ __forceinline__ void acc_add(float (&acc)[Pack<T>::N], uint4 v) {
   for (int i = 0; i < Pack<T>::N; i++) acc[i] += f[i];
 }
 
+/* ------------------------------------- RMSNorm's sum of squares, one order
+ * The one tree over a row's hidden dimension that kernels/fused_norm.cu and
+ * the deterministic kernel of kernels/norm.cu both follow, so their norms
+ * agree bit for bit whatever their grids: (1) per 16-byte vector, elements
+ * in order (vec_sumsq); (2) per chunk of 32 consecutive vectors, a warp's
+ * xor butterfly with lane l holding vector 32 c + l (warp_xor_sum: the same
+ * bits in every lane); (3) over the chunk partials, lane l adds chunks
+ * l, l + 32, ... in order, then a butterfly.  A vector past the row's end
+ * contributes +0 (exact).  Nothing here depends on tokens, blocks, clusters
+ * or threads per row. */
+template <typename T> __device__ __forceinline__ float vec_sumsq(uint4 yv) {
+  float y[Pack<T>::N];
+  Pack<T>::to_f32(yv, y);
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < Pack<T>::N; e++) s += y[e] * y[e];
+  return s;
+}
+__device__ __forceinline__ float warp_xor_sum(float s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 /* ------------------------------------------------- Lamport sentinel helpers
  * "Not yet written" is the 32-bit word 0x80008000 in every dtype (two -0.0
  * halves for bf16/f16, a negative f32 denormal), so one buffer serves calls

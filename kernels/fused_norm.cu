@@ -197,6 +197,14 @@ __device__ __forceinline__ bool sum_ranks(L load, R ready, bool fp32_acc,
   return true;
 }
 
+/* Deterministic mode (DET): the rank sum rounded to the dtype before the
+ * residual is added, exactly as the unfused path (weft's all-reduce into
+ * the dtype, then the norm kernel) computes it, so fused and unfused agree
+ * bit for bit. The default keeps the f32 sum (one rounding fewer). */
+template <typename T> __device__ __forceinline__ void round_sum(float (&f)[Geo<T>::EPV]) {
+  Pack<T>::to_f32(Pack<T>::from_f32(f), f);
+}
+
 /* ------------------------------------------------------------- waiting */
 
 /* Why not wf::bounded_spin (kernels/common.cuh): once a wait there is older
@@ -343,14 +351,7 @@ __device__ __forceinline__ void st_async_cluster(const void *p, const uint64_t *
 /* ------------------------------------------- sum of squares, one order */
 
 /* Sum of squares of a packed vector (in f32, elements in order). */
-template <typename T> __device__ __forceinline__ float sumsq(uint4 yv) {
-  float y[Geo<T>::EPV];
-  Pack<T>::to_f32(yv, y);
-  float s = 0.f;
-#pragma unroll
-  for (int e = 0; e < Geo<T>::EPV; e++) s += y[e] * y[e];
-  return s;
-}
+template <typename T> __device__ __forceinline__ float sumsq(uint4 yv) { return vec_sumsq<T>(yv); }
 
 /* The calling warp's 32 consecutive vectors form chunk `chunk` of the row;
  * s is this lane's vector's sum of squares (0 for a vector past the row end
@@ -361,8 +362,7 @@ template <typename T> __device__ __forceinline__ float sumsq(uint4 yv) {
  * mb == NULL, plain remote stores for barrier.cluster). Whole warps only. */
 __device__ __forceinline__ void put_chunk(uint2 *red, int chunk, float s, bool fail, int C,
                                           const uint64_t *mb = nullptr) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  s = warp_xor_sum(s);
   const uint32_t f = __any_sync(0xffffffffu, fail) ? 1u : 0u;
   const int lane = threadIdx.x & 31;
   const uint2 v = make_uint2(__float_as_uint(s), f);
@@ -391,8 +391,7 @@ __device__ __forceinline__ float row_total(const uint2 *red, int NC, bool *any_f
       f |= v.y;
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  s = warp_xor_sum(s);
   *any_fail = __any_sync(0xffffffffu, f != 0u);
   return s;
 }
@@ -438,7 +437,7 @@ __device__ __forceinline__ uint64_t cdiv_fast(uint64_t a, uint32_t b) {
 
 /* ------------------------------------------------------------- one-shot */
 
-template <typename T, int W>
+template <typename T, int W, bool DET>
 __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf_fused_args a) {
   using G = OneGeo<T, W>;
   constexpr int EPV = G::EPV, VMAX = G::VMAX, YK = G::YK, NCM = G::NCMAX;
@@ -623,6 +622,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
           } else {
             float r[EPV];
             Pack<T>::to_f32(rv, r);
+            if (DET) round_sum<T>(f); /* deterministic: as all_reduce + the norm kernel */
 #pragma unroll
             for (int e = 0; e < EPV; e++) f[e] += r[e];
             const uint4 yv = Pack<T>::from_f32(f);
@@ -707,7 +707,7 @@ __device__ __forceinline__ int range_start(int p, int tokens, int W) {
   return (int)((int64_t)p * tokens / W);
 }
 
-template <typename T, int W>
+template <typename T, int W, bool DET>
 __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused_args a) {
   constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK, NCM = Geo<T>::NCMAX;
   __shared__ uint2 red[2][NCM];
@@ -814,6 +814,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
         if (!is_ar) {
           float res[EPV];
           Pack<T>::to_f32(ld_vec((const char *)a.res_in + goff), res);
+          if (DET) round_sum<T>(f); /* deterministic: as all_reduce + the norm kernel */
 #pragma unroll
           for (int e = 0; e < EPV; e++) f[e] += res[e];
         }
@@ -878,9 +879,9 @@ typedef void (*kernel_fn)(const wf_fused_args);
 /* WF_FUSED_WORLD2_ONLY: a quick build (scripts/gpu-fusion --fast-build)
  * that instantiates the kernels for 2 ranks only; other sizes then fail at
  * launch with cudaErrorInvalidValue. */
-template <typename T> kernel_fn pick_w(int algo, int world) {
+template <typename T, bool D> kernel_fn pick_w(int algo, int world) {
 #define WF_CASE(w) \
-  case w: return algo == WF_FUSED_ONESHOT ? oneshot_kernel<T, w> : twoshot_kernel<T, w>;
+  case w: return algo == WF_FUSED_ONESHOT ? oneshot_kernel<T, w, D> : twoshot_kernel<T, w, D>;
   switch (world) {
     WF_CASE(2)
 #ifndef WF_FUSED_WORLD2_ONLY
@@ -891,13 +892,17 @@ template <typename T> kernel_fn pick_w(int algo, int world) {
   return nullptr;
 }
 
-kernel_fn pick(int dtype, int algo, int world) {
+/* det: the deterministic-mode instantiation (WF_FUSED_DETERMINISTIC) */
+template <bool D> kernel_fn pick_d(int dtype, int algo, int world) {
   switch (dtype) {
-  case WEFT_BF16: return pick_w<__nv_bfloat16>(algo, world);
-  case WEFT_F16: return pick_w<__half>(algo, world);
-  case WEFT_F32: return pick_w<float>(algo, world);
+  case WEFT_BF16: return pick_w<__nv_bfloat16, D>(algo, world);
+  case WEFT_F16: return pick_w<__half, D>(algo, world);
+  case WEFT_F32: return pick_w<float, D>(algo, world);
   }
   return nullptr;
+}
+kernel_fn pick(int dtype, int algo, int world, bool det) {
+  return det ? pick_d<true>(dtype, algo, world) : pick_d<false>(dtype, algo, world);
 }
 
 /* Occupancy, cached: deterministic for a given binary and device, hence
@@ -1016,7 +1021,7 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
   const int vmax = WF_FUSED_MAX_HIDDEN * esz / 16 / maxt;
   const int nv = a->hidden * esz / 16;
   const int sms = a->num_sms > 0 ? a->num_sms : 1;
-  const kernel_fn k = pick(a->dtype, algo, a->world);
+  const kernel_fn k = pick(a->dtype, algo, a->world, (a->flags & WF_FUSED_DETERMINISTIC) != 0);
   if (!k || nv < 1) return (int)cudaErrorInvalidValue;
   const bool norm = a->pattern != WF_FUSED_AR;
   int C = 1, t = 0, e;

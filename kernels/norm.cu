@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common.cuh"
 #include "cuda/cuda_internal.h"
 
 namespace {
@@ -201,7 +202,82 @@ rmsnorm_generic(const T *x, const T *res, const T *w, T *out, T *res_out, int hi
   }
 }
 
+// Deterministic mode (WEFT_RMSNORM_DETERMINISTIC): the arithmetic of
+// kernels/fused_norm.cu with WF_FUSED_DETERMINISTIC, so that weft's all-reduce
+// followed by this kernel gives the fused kernel's bits: y = round(x + res)
+// (x is the all-reduce's rounded sum), the sum of squares of the ROUNDED y in
+// the one order of kernels/common.cuh (vec_sumsq, warp_xor_sum per chunk of
+// 32 vectors, chunk partials lane l = l, l+32, ..., then a butterfly),
+// rstd = rsqrtf(total / hidden + eps), out = y * rstd * (w + (-0.0) or 1).
+// One block per row, any block size (a multiple of 32): the order does not
+// depend on it. Every vector is read and written by one thread (aliasing as
+// above); the thread reads its own residual_out stores back for the norm.
+constexpr int kDetMaxChunks = 256;   // 8192 vectors: hidden 65536 (bf16/f16), 32768 (f32)
+constexpr int kDetThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kDetThreads)
+rmsnorm_det(const T *x, const T *res, const T *w, T *out, T *res_out, int nvec, int hidden,
+            float eps, bool gemma) {
+  __shared__ float red[kDetMaxChunks];
+  const size_t row = (size_t)blockIdx.x * (size_t)hidden;
+  const char *xr = reinterpret_cast<const char *>(x + row);
+  const char *rr = res ? reinterpret_cast<const char *>(res + row) : nullptr;
+  char *yr = reinterpret_cast<char *>((res_out ? res_out : out) + row);
+  const int lane = threadIdx.x & 31, wbase = threadIdx.x - lane, nc = (nvec + 31) / 32;
+  for (int k = 0; wbase + k * (int)blockDim.x < nvec; k++) {   // warp-uniform
+    const int j = threadIdx.x + k * blockDim.x;
+    float s = 0.f;
+    uint4 yv = make_uint4(0, 0, 0, 0);
+    if (j < nvec) {
+      yv = wf::ld_vec(xr + (size_t)j * 16);
+      if (rr) {
+        float a[wf::Pack<T>::N], b[wf::Pack<T>::N];
+        wf::Pack<T>::to_f32(yv, a);
+        wf::Pack<T>::to_f32(wf::ld_vec(rr + (size_t)j * 16), b);
+#pragma unroll
+        for (int e = 0; e < wf::Pack<T>::N; e++) a[e] += b[e];
+        yv = wf::Pack<T>::from_f32(a);
+      }
+      s = wf::vec_sumsq<T>(yv);
+    }
+    s = wf::warp_xor_sum(s);
+    if (lane == 0) red[(wbase + k * (int)blockDim.x) / 32] = s;
+    // y goes to residual_out (or, without one, to out: overwritten below by
+    // the same thread) so that pass 2 needs no registers across the barrier
+    if (j < nvec) wf::st_vec(yr + (size_t)j * 16, yv);
+  }
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = lane; i < nc; i += 32) tot += red[i];
+  tot = wf::warp_xor_sum(tot);
+  const float rstd = rsqrtf(tot / (float)hidden + eps);
+  const float one = gemma ? 1.f : -0.f;   // -0.0: the identity of addition, as the fused kernel
+  const char *wr = reinterpret_cast<const char *>(w);
+  char *orow = reinterpret_cast<char *>(out + row);
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
+    float y[wf::Pack<T>::N], g[wf::Pack<T>::N], n[wf::Pack<T>::N];
+    wf::Pack<T>::to_f32(wf::ld_vec(yr + (size_t)j * 16), y);
+    wf::Pack<T>::to_f32(wf::ld_vec(wr + (size_t)j * 16), g);
+#pragma unroll
+    for (int e = 0; e < wf::Pack<T>::N; e++) n[e] = y[e] * rstd * (g[e] + one);
+    wf::st_vec(orow + (size_t)j * 16, wf::Pack<T>::from_f32(n));
+  }
+}
+
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+template <typename T>
+cudaError_t launch_det(const void *x, const void *res, const void *w, void *out, void *res_out,
+                       int64_t tokens, int64_t hidden, float eps, bool gemma, cudaStream_t s) {
+  const int nvec = (int)(hidden / wf::Pack<T>::N);
+  int threads = (nvec + 31) / 32 * 32;
+  if (threads > kDetThreads) threads = kDetThreads;
+  rmsnorm_det<T><<<(unsigned)tokens, threads, 0, s>>>(
+      static_cast<const T *>(x), static_cast<const T *>(res), static_cast<const T *>(w),
+      static_cast<T *>(out), static_cast<T *>(res_out), nvec, (int)hidden, eps, gemma);
+  return cudaGetLastError();
+}
 
 template <typename T>
 cudaError_t launch(const void *x, const void *res, const void *w, void *out, void *res_out,
@@ -248,14 +324,31 @@ extern "C" int weft_cuda_rmsnorm(const void *x, const void *residual, const void
                (long long)tokens);
   WF_CHECK_ARG(dtype == WEFT_F32 || dtype == WEFT_F16 || dtype == WEFT_BF16,
                "cuda rmsnorm: dtype %d is not f32, f16 or bf16", dtype);
-  WF_CHECK_ARG(flags == 0 || flags == 1, "cuda rmsnorm: unknown flags %d", flags);
+  WF_CHECK_ARG((flags & ~(WEFT_RMSNORM_GEMMA | WEFT_RMSNORM_DETERMINISTIC)) == 0,
+               "cuda rmsnorm: unknown flags %d", flags);
   WF_CHECK_ARG(eps >= 0.f, "cuda rmsnorm: eps must be >= 0");
   if (tokens == 0) return 0;
   WF_CHECK_ARG(x && weight && out, "cuda rmsnorm: NULL %s",
                !x ? "input" : !weight ? "weight" : "output");
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
-  const bool gemma = flags == 1;
+  const bool gemma = (flags & WEFT_RMSNORM_GEMMA) != 0;
   cudaError_t e;
+  if (flags & WEFT_RMSNORM_DETERMINISTIC) {
+    const int64_t es = dtype == WEFT_F32 ? 4 : 2, epv = 16 / es;
+    WF_CHECK_ARG(hidden % epv == 0 && hidden / epv <= 32 * kDetMaxChunks,
+                 "cuda rmsnorm: deterministic mode needs hidden a multiple of %lld and at most %lld "
+                 "(got %lld)", (long long)epv, (long long)(epv * 32 * kDetMaxChunks), (long long)hidden);
+    WF_CHECK_ARG(aligned16(x) && aligned16(weight) && aligned16(out) &&
+                 (!residual || aligned16(residual)) && (!residual_out || aligned16(residual_out)),
+                 "cuda rmsnorm: deterministic mode needs 16-byte aligned tensors");
+    switch (dtype) {
+    case WEFT_F32: e = launch_det<float>(x, residual, weight, out, residual_out, tokens, hidden, eps, gemma, s); break;
+    case WEFT_F16: e = launch_det<__half>(x, residual, weight, out, residual_out, tokens, hidden, eps, gemma, s); break;
+    default: e = launch_det<__nv_bfloat16>(x, residual, weight, out, residual_out, tokens, hidden, eps, gemma, s); break;
+    }
+    if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "rmsnorm kernel launch", e);
+    return 0;
+  }
   switch (dtype) {
   case WEFT_F32: e = launch<float>(x, residual, weight, out, residual_out, tokens, hidden, eps, gemma, s); break;
   case WEFT_F16: e = launch<__half>(x, residual, weight, out, residual_out, tokens, hidden, eps, gemma, s); break;

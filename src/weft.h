@@ -299,7 +299,12 @@ int weft_cuda_stream_capturing(void *stream, int *capturing);
  * residual_out = v rounded to dtype, out = residual_out * rsqrt(mean(v^2) +
  * eps) * w (flags 1 = Gemma, 1 + w). residual and residual_out may be NULL;
  * out may alias x and residual_out may alias residual. dtype: f32, f16,
- * bf16. Async on stream. */
+ * bf16. Async on stream. flags | WEFT_RMSNORM_DETERMINISTIC: the fused
+ * kernel's arithmetic instead (the sum of squares of the rounded
+ * residual_out in its one fixed order, kernels/common.cuh; w + (-0.0)), so
+ * all-reduce + this equals the fused kernel with WEFT_FUSION_DETERMINISTIC
+ * bit for bit; needs 16-byte aligned rows (hidden * size % 16 == 0). */
+enum { WEFT_RMSNORM_GEMMA = 1, WEFT_RMSNORM_DETERMINISTIC = 2 };
 int weft_cuda_rmsnorm(const void *x, const void *residual, const void *weight,
                       void *out, void *residual_out, int64_t tokens,
                       int64_t hidden, int dtype, float eps, int flags,
@@ -419,7 +424,10 @@ int weft_vmm_stats(int64_t *live, int64_t *live_bytes, int64_t *created);
  * (default 1: kernels use programmatic dependent launch). */
 typedef struct weft_ar weft_ar;
 enum { WEFT_AR_AUTO = 0, WEFT_AR_ONESHOT = 1, WEFT_AR_TWOSHOT = 2, WEFT_AR_ONESHOT_FLAG = 3,
-       WEFT_AR_NO_PDL = 256 /* or'ed into algo: launch without programmatic dependent launch */ };
+       WEFT_AR_NO_PDL = 256, /* or'ed into algo: launch without programmatic dependent launch */
+       WEFT_AR_DETERMINISTIC = 512 /* or'ed into algo: every kernel sums the same sanitised inputs
+                                      (-0.0 -> +0.0 as the one-shot's Lamport buffers need), so
+                                      one-shot, flag one-shot and two-shot agree bit for bit */ };
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out);
 int weft_ar_destroy(weft_ar *ar);
 int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype, int algo,
@@ -474,7 +482,10 @@ enum { WEFT_FUSION_AR = 0, WEFT_FUSION_AR_RMSNORM = 1, WEFT_FUSION_AR_RMSNORM_FP
 enum { WEFT_FUSION_AUTO = 0, WEFT_FUSION_ONESHOT = 1, WEFT_FUSION_TWOSHOT = 2 };
 enum {
   WEFT_FUSION_GEMMA = 1, WEFT_FUSION_FP32_ACC = 2, WEFT_FUSION_PDL = 4,
-  WEFT_FUSION_TRIGGER_AT_END = 8
+  WEFT_FUSION_TRIGGER_AT_END = 8,
+  WEFT_FUSION_DETERMINISTIC = 16 /* residual_out = round(round(sum) + residual): as all-reduce then
+                                    weft_cuda_rmsnorm(WEFT_RMSNORM_DETERMINISTIC), bit for bit;
+                                    needs FP32_ACC */
 };
 typedef struct weft_fusion_opts {
   int64_t max_tokens;          /* most tokens of one call */
@@ -486,7 +497,7 @@ typedef struct weft_fusion_opts {
 typedef struct weft_fusion_params {
   int pattern;                 /* WEFT_FUSION_AR, _AR_RMSNORM, _AR_RMSNORM_FP8 */
   int algo;                    /* WEFT_FUSION_AUTO, _ONESHOT, _TWOSHOT */
-  int flags;                   /* WEFT_FUSION_GEMMA | _FP32_ACC | _PDL | _TRIGGER_AT_END */
+  int flags;                   /* WEFT_FUSION_GEMMA | _FP32_ACC | _PDL | _TRIGGER_AT_END | _DETERMINISTIC */
   int dtype;                   /* of input, residual, weight and the outputs */
   int64_t tokens, hidden;      /* tokens 0: nothing to do */
   const void *input;           /* [tokens][hidden] this rank's partial sums */

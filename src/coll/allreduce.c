@@ -284,7 +284,7 @@ static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, co
 int weft_ar_resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, const char **why) {
   WF_CHECK_ARG(ar && kind, "allreduce resolve: NULL argument");
   const char *w;
-  int rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, kind, &w);
+  int rc = resolve(ar, count, dtype, algo & ~(WEFT_AR_NO_PDL | WEFT_AR_DETERMINISTIC), kind, &w);
   if (!rc && why) *why = w;
   return rc;
 }
@@ -319,12 +319,13 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
   WF_CHECK_ARG(ar && grid && threads, "allreduce shape: NULL argument");
   int kind;
   const char *why;
-  int rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, &kind, &why);
+  int rc = resolve(ar, count, dtype, algo & ~(WEFT_AR_NO_PDL | WEFT_AR_DETERMINISTIC), &kind, &why);
   if (rc) return rc;
   wf_ar_args a = ar->base;
   a.count = count;
   a.dtype = dtype;
   a.kind = kind;
+  a.determ = (algo & WEFT_AR_DETERMINISTIC) != 0;
   int e = wf_ar_shape(&a, grid, threads);
   return e ? wf_cuda_err(__FILE__, __LINE__, "allreduce shape", (cudaError_t)e) : 0;
 }
@@ -340,7 +341,7 @@ int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype,
   int kind;
   const char *why;
   const int pdl = ar->pdl && !(algo & WEFT_AR_NO_PDL);
-  rc = resolve(ar, count, dtype, algo & ~WEFT_AR_NO_PDL, &kind, &why);
+  rc = resolve(ar, count, dtype, algo & ~(WEFT_AR_NO_PDL | WEFT_AR_DETERMINISTIC), &kind, &why);
   if (rc) return rc;
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
   rc = wf_dc_begin(&ar->dc, s, "allreduce");
@@ -353,6 +354,7 @@ int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype,
   a.kind = kind;
   a.timeout_ns = (uint64_t)ar->dc.timeout_ms * 1000000u;
   a.pdl = pdl;
+  a.determ = (algo & WEFT_AR_DETERMINISTIC) != 0;
   int e = wf_ar_launch(&a, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "allreduce kernel launch", (cudaError_t)e);
   wf_dc_end(&ar->dc, s, !e);

@@ -50,6 +50,8 @@ typedef struct wf_ar_args {
   int threads;                  /* Lamport: <= 256; flag one-shot: <= 512 (multiples of 32) */
   int sub;                      /* flag one-shot: round = threads x 2 x sub vectors */
   int split;                    /* flag one-shot: 1 = separate pusher and reducer blocks */
+  int determ;                   /* WEFT_AR_DETERMINISTIC: the flag kernels sanitise their inputs
+                                   as the Lamport one-shot does (same sums on every path) */
 } wf_ar_args;
 
 static inline uint64_t wf_ar_nvec(uint64_t count, int esize) {

@@ -322,7 +322,9 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
                "%s: unknown pattern %d (0 AR, 1 AR+RMSNorm, 2 AR+RMSNorm+FP8)", op, p->pattern);
   WF_CHECK_ARG(p->algo >= WEFT_FUSION_AUTO && p->algo <= WEFT_FUSION_TWOSHOT,
                "%s: unknown algorithm %d (0 auto, 1 one-shot, 2 two-shot)", op, p->algo);
-  WF_CHECK_ARG((p->flags & ~15) == 0, "%s: unknown flags 0x%x", op, (unsigned)p->flags);
+  WF_CHECK_ARG((p->flags & ~31) == 0, "%s: unknown flags 0x%x", op, (unsigned)p->flags);
+  WF_CHECK_ARG(!(p->flags & WEFT_FUSION_DETERMINISTIC) || (p->flags & WEFT_FUSION_FP32_ACC),
+               "%s: deterministic mode needs f32 accumulation (FUSION_FP32_ACC)", op);
   const int es = esize(p->dtype);
   WF_CHECK_ARG(es, "%s: dtype %s (%d) not supported (f32, f16, bf16)", op, dtype_name(p->dtype),
                p->dtype);

@@ -36,7 +36,8 @@ enum { WF_FUSED_SITE_LAMPORT = 1, WF_FUSED_SITE_RS = 2, WF_FUSED_SITE_AG = 3, WF
 
 /* wf_fused_args.flags (same bits as the public WEFT_FUSION_* flags) */
 enum {
-  WF_FUSED_GEMMA = 1, WF_FUSED_FP32_ACC = 2, WF_FUSED_PDL = 4, WF_FUSED_TRIGGER_AT_END = 8
+  WF_FUSED_GEMMA = 1, WF_FUSED_FP32_ACC = 2, WF_FUSED_PDL = 4, WF_FUSED_TRIGGER_AT_END = 8,
+  WF_FUSED_DETERMINISTIC = 16 /* the sum rounded to the dtype before the residual (needs FP32_ACC) */
 };
 /* wf_fused_args.pattern (== WEFT_FUSION_AR / _AR_RMSNORM / _AR_RMSNORM_FP8) */
 enum { WF_FUSED_AR = 0, WF_FUSED_ARN = 1, WF_FUSED_ARN_FP8 = 2 };
