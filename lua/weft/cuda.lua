@@ -270,7 +270,8 @@ local NORM_DTYPES = { f32 = 0, f16 = 1, bf16 = 2 }
 -- Residual add + RMSNorm on device tensors (kernels/norm.cu):
 --   residual_out = x + residual; out = rmsnorm(residual_out) * weight
 -- opts: out=, residual_out= (tensors; default: new tensors), gemma=true,
--- stream=. residual may be nil (plain RMSNorm). Returns out, residual_out.
+-- stream=, deterministic=true (the fused kernel's arithmetic, bit for bit: weft_cuda_rmsnorm
+-- with WEFT_RMSNORM_DETERMINISTIC). residual may be nil (plain RMSNorm). Returns out, residual_out.
 function M.rmsnorm(x, residual, weight, eps, opts)
   opts = opts or {}
   local tensor = require "weft.tensor"
@@ -308,7 +309,8 @@ function M.rmsnorm(x, residual, weight, eps, opts)
   if res_out ~= nil then want(res_out, "residual_out") end
   check(C.weft_cuda_rmsnorm(x.ptr, residual and residual.ptr, weight.ptr, out.ptr,
                             res_out and res_out.ptr, tokens, hidden, code, eps or 1e-6,
-                            opts.gemma and 1 or 0, stream_handle(opts.stream)), "rmsnorm")
+                            (opts.gemma and 1 or 0) + (opts.deterministic and 2 or 0),
+                            stream_handle(opts.stream)), "rmsnorm")
   return out, res_out
 end
 

@@ -38,6 +38,7 @@ local ar_rule, ar_why, ar_why_not, ar_lines, fused_lines = K.ar_rule, K.ar_why, 
 local M = {}
 
 local group_mod           -- weft.group, given to install()
+local DETERMINISTIC = 512 -- WEFT_AR_DETERMINISTIC, or'ed into the algorithm
 
 -- The public surface of the modules above, re-exported (the same tables and
 -- functions: M.config, M.custom_ar_checks, ... are theirs, edited in place).
@@ -55,7 +56,8 @@ function car.all_reduce(g, op, t, out_ptr, rop, code)
     g._ar_pick_error = nil
     error("weft: all_reduce: " .. perr, 0)
   end
-  local algo = g._ar_pick or 0
+  local det = g._ar_det
+  local algo = (g._ar_pick or 0) + (det and DETERMINISTIC or 0)
   local d = dev_of(g, op, t)
   if d.ar_state == nil then d = M.ensure_ar(g) end
   if d.ar_state == "broken" then
@@ -70,6 +72,10 @@ function car.all_reduce(g, op, t, out_ptr, rop, code)
   elseif t.nbytes > ar.max_bytes then why = fmt("%d bytes exceed the workspace's %d", t.nbytes, ar.max_bytes)
   elseif not ptr_aligned(out_ptr) then why = "output not 16-byte aligned" end
   if why then
+    if det then
+      error(fmt("weft: all_reduce: deterministic mode: group %s cannot take weft's kernels for this call: %s "
+                .. "(NCCL never sums in this mode; WEFT_CUSTOM_AR_MAX_BYTES sizes the workspace)", gname(g), why), 0)
+    end
     if forced then
       error(fmt("weft: all_reduce: all_reduce=%s cannot be served on group %s: %s", forced, gname(g), why), 0)
     end
@@ -241,6 +247,17 @@ function M.fused(g, x, residual, weight, eps, opts)
     end
     d = M.setup(g, op)
   end
+  local det, derr = S.determ_state(g)
+  if derr then error("weft: " .. op .. ": " .. derr, 0) end
+  if det then
+    if opts.fp32_acc == false then
+      fail(op, g, "deterministic mode needs f32 accumulation (fp32_acc = false is refused)", gname(g))
+    end
+    if fp8 then
+      fail(op, g, "deterministic mode does not cover FP8 output (the fused kernel quantises the f32 norm, "
+                  .. "the unfused path the rounded one)", gname(g))
+    end
+  end
   on_device(g, op, d, x); on_device(g, op, d, residual); on_device(g, op, d, weight)
   on_device(g, op, d, opts.norm_out); on_device(g, op, d, opts.residual_out); on_device(g, op, d, opts.quant_out)
 
@@ -256,6 +273,7 @@ function M.fused(g, x, residual, weight, eps, opts)
     if fo == nil then fo = {}; g._fused_opts = fo end
     fo.max_tokens, fo.algo, fo.gemma, fo.pdl = fused_tokens_cap(opts), algo, opts.gemma, opts.pdl
     fo.fp32_acc, fo.trigger_completion_at_end = opts.fp32_acc, opts.trigger_completion_at_end
+    fo.deterministic = det
     fo.use_attn_tp_group, fo.norm_out, fo.residual_out = opts.use_attn_tp_group, norm_out, res_out
     fo.quant_out, fo.scale = quant_out, scale_t
     fo.stream = opts.stream ~= nil and CUDA().stream_handle(opts.stream) or nil
@@ -277,7 +295,7 @@ function M.fused(g, x, residual, weight, eps, opts)
     src = norm_out
   end
   CUDA().rmsnorm(src, rc, wc, eps, { out = norm_out, residual_out = res_out, gemma = opts.gemma,
-                                     stream = opts.stream })
+                                     stream = opts.stream, deterministic = det })
   if xc ~= x then xc:free() end
   if rc ~= residual then rc:free() end
   if wc ~= weight then wc:free() end
@@ -332,6 +350,13 @@ M.rules = {
           .. "else all_reduce + the norm kernel (checks below)",
     why_not = "host tensors: all-reduce, then weft_host_rmsnorm",
     detail = function(g, op, t) if is_device(t) then return fused_lines(g, op, t) end end },
+  { name = "deterministic mode", device = true, backend = "determ_refused", cacheable = true,
+    ops = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true },
+    when = K.det_refused, why = K.det_refused_why,
+    why_not = function(g, _, t)
+      if not is_device(t) then return "host tensor (every host backend reduces in rank order)" end
+      return policy.deterministic(g) and "not a float sum: exact in any order" or "off"
+    end },
   { name = "host staging (no NCCL)", device = true, backend = "device_host", cacheable = true,
     when = function(g, _, t) local d = g._dev; return is_device(t) and d ~= nil and d.nccl == nil end,
     why = stage_why,
@@ -384,6 +409,12 @@ function M.install(gm)
   gm.register_backend("device_host", stage)
   gm.register_backend("fused", {
     fused_allreduce_rmsnorm = function(g, _, x, r, w, eps, opts) return M.fused(g, x, r, w, eps, opts) end,
+  })
+  local function refuse(g, op, t, rop) error("weft: " .. op .. ": " .. K.det_refused_why(g, op, t, rop), 0) end
+  gm.register_backend("determ_refused", {
+    all_reduce = function(g, op, t, _, rop) refuse(g, op, t, rop) end,
+    reduce_scatter = function(g, op, t, _, _, rop) refuse(g, op, t, rop) end,
+    reduce_scatterv = function(g, op, t, _, _, rop) refuse(g, op, t, rop) end,
   })
   gm.register_backend("invalid_override", setmetatable({}, { __index = function()
     return function(_, op) error(fmt("weft: %s: %s", op, tostring(policy.override_error)), 0) end

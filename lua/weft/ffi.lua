@@ -4,7 +4,7 @@
 local ffi = require "ffi"
 
 local M = {}
-M.ABI_VERSION = 2
+M.ABI_VERSION = 3
 
 ffi.cdef [[ const char *weft_ffi_cdef(void); ]]
 

@@ -40,7 +40,7 @@ local max, floor, type, tostring, error, pcall = math.max, math.floor, type, tos
 
 M.PATTERN = { ar = 0, ar_rmsnorm = 1, ar_rmsnorm_fp8 = 2 }
 M.ALGO = { auto = 0, oneshot = 1, twoshot = 2 }
-M.FLAG = { gemma = 1, fp32_acc = 2, pdl = 4, trigger_at_end = 8 }
+M.FLAG = { gemma = 1, fp32_acc = 2, pdl = 4, trigger_at_end = 8, deterministic = 16 }
 M.DTYPE = { f32 = 0, f16 = 1, bf16 = 2 }
 local DTYPE, ESIZE = M.DTYPE, { f32 = 4, f16 = 2, bf16 = 2 }
 local ALGO, PATTERN, FLAG = M.ALGO, M.PATTERN, M.FLAG
@@ -331,7 +331,8 @@ local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
 -- opts: max_tokens (declared maximum, default 2048), algo ("auto"|"oneshot"|
 -- "twoshot"), fp32_acc (default true), gemma, pdl (default true, as the
 -- seed launches), trigger_completion_at_end, use_attn_tp_group (default
--- true), norm_out=, residual_out= (preallocated outputs), stream (raw
+-- true), deterministic (the bit-identical variant, WEFT_FUSION_DETERMINISTIC),
+-- norm_out=, residual_out= (preallocated outputs), stream (raw
 -- cudaStream_t), quant_out= with scale= (FP8 pattern: an e4m3 tensor like x
 -- and a device f32 tensor of one element; weft.device_backends checks them).
 -- Errors (raised): dtype mix, shape mismatch, hidden not a multiple of 8,
@@ -384,6 +385,7 @@ function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
   p.flags = (opts.fp32_acc == false and 0 or FLAG.fp32_acc) + (opts.gemma and FLAG.gemma or 0)
             + (opts.pdl == false and 0 or FLAG.pdl)
             + (opts.trigger_completion_at_end and FLAG.trigger_at_end or 0)
+            + (opts.deterministic and FLAG.deterministic or 0)
   p.tokens, p.hidden = tokens, hidden
   p.input, p.residual, p.weight = x.ptr, residual.ptr, weight.ptr
   p.out, p.residual_out, p.norm_out = nil, res_out.ptr, norm_out.ptr

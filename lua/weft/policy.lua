@@ -211,6 +211,59 @@ do
   end
 end
 
+---------------------------------------------------------------- deterministic mode
+-- policy.set{deterministic = true|false|"default" [, group = g]} or
+-- WEFT_DETERMINISTIC=1 (read at load): every device all_reduce and
+-- fused_allreduce_rmsnorm of f32/f16/bf16 gives bits that depend only on the
+-- row's inputs (docs/policy.md §9). The value is local to this process; a
+-- group agrees on it over its cpu group (weft.device.setup): at its first
+-- device call, and at set time when policy.set is given the group object
+-- (then policy.set is collective over that group). M.determ_hooks.agree(g,
+-- value) is that agreement (installed by weft.device.setup).
+M.determ_hooks = {}
+M.determ_env_error = nil
+M.determ_env = false
+do
+  local v = os.getenv("WEFT_DETERMINISTIC")
+  if v == "1" or v == "true" or v == "on" then M.determ_env = true
+  elseif v ~= nil and v ~= "" and v ~= "0" and v ~= "false" and v ~= "off" then
+    M.determ_env_error = ("WEFT_DETERMINISTIC=%q is not 1 or 0 (or unset it)"):format(v)
+  end
+end
+
+-- deterministic(g) -> on (bool), source: the group's own setting, else the
+-- global one, else WEFT_DETERMINISTIC (false when none)
+function M.deterministic(g)
+  local gs = g ~= nil and M.overrides.groups[g.unique_name] or nil
+  if gs ~= nil and gs.deterministic ~= nil then return gs.deterministic, gs.deterministic_src end
+  local v = M.overrides.global.deterministic
+  if v ~= nil then return v, M.overrides.global.deterministic_src end
+  if M.determ_env then return true, "WEFT_DETERMINISTIC=1" end
+  return false, "default"
+end
+
+local function set_deterministic(o, g, name)
+  local v = o.deterministic
+  if v ~= true and v ~= false and v ~= "default" then
+    error(("weft: policy.set: deterministic = %s is not true, false or \"default\""):format(tostring(v)), 3)
+  end
+  local slot = M.overrides.global
+  if name then slot = M.overrides.groups[name] or {} end
+  -- the value the group will see once this is stored
+  local eff = v
+  if v == "default" then
+    eff = name and M.overrides.global.deterministic
+    if eff == nil then eff = M.determ_env end
+  end
+  if type(g) == "table" and M.determ_hooks.agree then
+    local ok, err = pcall(M.determ_hooks.agree, g, eff)   -- collective over g; raises on disagreement
+    if not ok then error(tostring(err), 3) end
+  end
+  if name then M.overrides.groups[name] = slot end
+  if v == "default" then slot.deterministic, slot.deterministic_src = nil, nil
+  else slot.deterministic, slot.deterministic_src = v, name and "policy.set{group=...}" or "policy.set" end
+end
+
 function M.set(o)
   if type(o) ~= "table" then error("weft: policy.set: expected a table like {all_reduce = \"nccl\"}", 2) end
   local g, name = o.group, nil
@@ -220,10 +273,10 @@ function M.set(o)
     else error("weft: policy.set: group must be a GroupCoordinator or a group name, got " .. type(g), 2) end
   end
   for k, v in pairs(o) do
-    if k ~= "group" then
+    if k ~= "group" and k ~= "deterministic" then
       local allowed = M.OVERRIDES[k]
       if not allowed then
-        error(("weft: policy.set: unknown key %q (%s, group)"):format(tostring(k), choices(M.OVERRIDES)), 2)
+        error(("weft: policy.set: unknown key %q (%s, deterministic, group)"):format(tostring(k), choices(M.OVERRIDES)), 2)
       end
       if v ~= "default" and not allowed[v] then
         error(("weft: policy.set: %s = %s is not one of %s, default"):format(k, tostring(v), choices(allowed)), 2)
@@ -236,13 +289,14 @@ function M.set(o)
       end
     end
   end
+  if o.deterministic ~= nil then set_deterministic(o, g, name) end
   local slot = M.overrides.global
   if name then
     slot = M.overrides.groups[name] or {}
     M.overrides.groups[name] = slot
   end
   for k, v in pairs(o) do
-    if k ~= "group" then
+    if k ~= "group" and k ~= "deterministic" then
       if v == "default" then slot[k], slot[k .. "_src"] = nil, nil
       else slot[k], slot[k .. "_src"] = v, name and "policy.set{group=...}" or "policy.set" end
       if k == "all_reduce" and not name then M.override_error = nil end
@@ -374,6 +428,12 @@ function M.explain(g, t, op, rop)
     if v then ov[#ov + 1] = ("%s=%s (%s)"):format(k, v, tostring(src)) end
   end
   if #ov > 0 then out[#out + 1] = "  overrides: " .. table.concat(ov, ", ") end
+  local det, dsrc = M.deterministic(g)
+  if det then
+    out[#out + 1] = ("  deterministic: on (%s): weft's kernels sum in rank order at every size, NCCL never "
+                     .. "sums floats; the group agrees on it at its first device call"):format(tostring(dsrc))
+  end
+  if M.determ_env_error then out[#out + 1] = "  deterministic error: " .. M.determ_env_error end
   if M.override_error then out[#out + 1] = "  override error: " .. M.override_error end
   if M.tuned_path then out[#out + 1] = "  policy file: " .. M.tuned_path
   elseif M.tuned_error then out[#out + 1] = "  policy file ignored: " .. M.tuned_error

@@ -183,14 +183,19 @@ function M.install()
       for r = 0, tonumber(height) - 1 do ffi.copy(d + r * dpitch, s + r * spitch, width) end
     end)
   end
+  -- calls made with the deterministic bit, per kind (tests read them)
+  M.det_calls = { ar = 0, ar_plain = 0, fusion = 0, fusion_plain = 0, rmsnorm = 0, rmsnorm_plain = 0 }
+  local DC = M.det_calls
   F.weft_cuda_rmsnorm = function(x, res, w, out, res_out, tokens, hidden, dtype, eps, flags)
+    if flags >= 4 then return fail(EINVAL, "cuda rmsnorm: unknown flags " .. tonumber(flags)) end
+    if flags >= 2 then DC.rmsnorm = DC.rmsnorm + 1 else DC.rmsnorm_plain = DC.rmsnorm_plain + 1 end
     local n = tonumber(tokens) * tonumber(hidden) * ES[dtype]
     return defer(function()
       local tx = R.weft_host_alloc(n)
       ffi.copy(tx, x, n)
       local tr = nil
       if res ~= nil then tr = R.weft_host_alloc(n); ffi.copy(tr, res, n) end
-      local rc = R.weft_host_rmsnorm(tx, tr, w, out, res_out, tokens, hidden, dtype, eps, flags)
+      local rc = R.weft_host_rmsnorm(tx, tr, w, out, res_out, tokens, hidden, dtype, eps, flags % 2)
       R.weft_host_free(tx)
       if tr ~= nil then R.weft_host_free(tr) end
       assert(rc == 0, "fake rmsnorm failed")
@@ -421,7 +426,7 @@ function M.install()
     if not es then return fail(EINVAL, "allreduce: dtype not supported (f32, f16, bf16)") end
     if count == 0 then return fail(EINVAL, "allreduce: count is 0") end
     if count * es > s.max_bytes then return fail(EINVAL, "allreduce: exceeds the workspace") end
-    if algo % 256 > 3 then return fail(EINVAL, "allreduce: unknown algorithm") end
+    if algo % 256 > 3 or algo >= 1024 then return fail(EINVAL, "allreduce: unknown algorithm") end
     return 0, es
   end
   F.weft_ar_resolve = function(h, count, dtype, algo, kind, why)
@@ -439,6 +444,7 @@ function M.install()
     if rc ~= 0 then return rc end
     if addr(inp) % 16 ~= 0 or addr(out) % 16 ~= 0 then return fail(EINVAL, "allreduce: buffers must be 16-byte aligned") end
     s.calls = s.calls + 1
+    if algo >= 512 then DC.ar = DC.ar + 1 else DC.ar_plain = DC.ar_plain + 1 end
     return defer(function()
       local parts = raw(s.g, "allgather", bytes_of(inp, count * es))
       reduce_parts(out, parts, 0, count, dtype, 0)
@@ -474,6 +480,9 @@ function M.install()
     if tokens > s.max_tokens or hidden > s.hidden then return fail(EINVAL, "fusion run: larger than the workspace") end
     if hidden % 8 ~= 0 then return fail(EINVAL, "fusion run: hidden must be a multiple of 8") end
     local pattern, flags, eps = p.pattern, p.flags, p.eps
+    if flags >= 32 then return fail(EINVAL, "fusion run: unknown flags") end
+    if flags >= 16 and flags % 4 < 2 then return fail(EINVAL, "fusion run: deterministic mode needs FP32_ACC") end
+    if flags >= 16 then DC.fusion = DC.fusion + 1 else DC.fusion_plain = DC.fusion_plain + 1 end
     local inp, res, w, res_out, norm_out = p.input, p.residual, p.weight, p.residual_out, p.norm_out
     local quant, scale = p.quant_out, p.scale
     if pattern == 2 and (quant == nil or scale == nil) then return fail(EINVAL, "fusion run: FP8 needs quant_out and scale") end

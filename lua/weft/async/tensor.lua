@@ -30,8 +30,16 @@ local function is_device(t) return t.device ~= nil and t.device ~= "cpu" end
 ---------------------------------------------------------------- backends
 -- The backend the policy picks for (g, op, t, rop), or nil for a device
 -- tensor without a NCCL communicator in g.device_group.
+local DET_FLOAT = { f32 = true, f16 = true, bf16 = true, f64 = true }
 local function backend(g, op, t, rop)
   if t and is_device(t) then
+    -- deterministic mode (docs/policy.md §10): NCCL never sums floats; nil
+    -- sends the call to the blocking form, i.e. the group's policy (weft's
+    -- deterministic kernels, or its clear refusal)
+    if rop ~= nil and rop ~= "max" and rop ~= "min" and DET_FLOAT[t.dtype]
+       and mod("weft.policy").deterministic(g) then
+      return nil
+    end
     local dg = g.device_group
     if dg and dg.handle ~= nil and type(dg.device) == "number" then return "nccl", dg end
     return nil

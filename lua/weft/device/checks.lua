@@ -105,21 +105,47 @@ M.custom_ar_checks = {
 
 -- The rule's predicate: records the algorithm (g._ar_pick) or, under an
 -- override the group cannot serve, the error the call raises (g._ar_pick_error).
+-- Deterministic mode (weft.device.setup determ_state): every f32/f16/bf16
+-- sum takes the kernels, with their bit-identical variant; whatever stops
+-- them (the size, the workspace, alignment, a shared GPU, an nccl override)
+-- is an error naming the check, never NCCL (whose order changes with size).
+local function det_sum(t, rop)
+  return AR_DTYPES[t.dtype] and (rop == nil or rop == "sum")
+end
+
 local function ar_rule(g, t, rop)
   g._ar_pick_error = nil
+  g._ar_det = false
   local d = g._dev
   local mode = policy.mode()
+  local det, derr = S.determ_state(g)
+  if derr then g._ar_pick_error = derr; return true end
+  det = det and det_sum(t, rop)
   local ov, src = policy.override(g, "all_reduce")
-  if ov == "nccl" then return false end
+  if ov == "nccl" then
+    if det then
+      g._ar_pick_error = fmt("deterministic mode: all_reduce=nccl (%s) on group %s: NCCL's summation order "
+                             .. "changes with the size (NCCL never sums in this mode: drop the override or "
+                             .. "the mode)", tostring(src), gname(g))
+      return true
+    end
+    return false
+  end
   local checks = M.custom_ar_checks
   for i = 1, #checks do
     local c = checks[i]
-    if not (ov ~= nil and c.override_skips) then
+    if not ((ov ~= nil or det) and c.override_skips) then
       if not c.check(g, t, rop, d, mode, false) then
-        if ov ~= nil and c.kind ~= "type" then
+        if (ov ~= nil or det) and c.kind ~= "type" then
           local _, why = c.check(g, t, rop, d, mode, true)
-          g._ar_pick_error = fmt("all_reduce=%s (%s) cannot be served on group %s: %s: %s",
-                                 ov, tostring(src), gname(g), c.name, tostring(why))
+          if det then
+            g._ar_pick_error = fmt("deterministic mode: all_reduce of %s %s on group %s cannot take weft's "
+                                   .. "kernels: %s: %s (NCCL never sums in this mode)", tostring(t.dtype),
+                                   policy.human_bytes(tonumber(t.nbytes) or 0), gname(g), c.name, tostring(why))
+          else
+            g._ar_pick_error = fmt("all_reduce=%s (%s) cannot be served on group %s: %s: %s",
+                                   ov, tostring(src), gname(g), c.name, tostring(why))
+          end
           return true
         end
         return false
@@ -129,10 +155,11 @@ local function ar_rule(g, t, rop)
   local algo = ov
   if algo == nil then
     local be = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes))
-    if be == "nccl" then return false end
-    algo = be or "auto"
+    if be == "nccl" and not det then return false end
+    algo = (be ~= "nccl" and be) or "auto"
   end
   g._ar_pick = mod("weft.custom_ar").ALGO[algo] or 0
+  g._ar_det = det
   return true
 end
 
@@ -140,13 +167,21 @@ end
 local function ar_lines(g, t, rop)
   local lines, d, mode = {}, g._dev, policy.mode()
   local ov, src = policy.override(g, "all_reduce")
+  local det, derr = S.determ_state(g)
+  det = det and det_sum(t, rop)
+  if derr then lines[#lines + 1] = "x deterministic mode: " .. derr end
   for _, c in ipairs(M.custom_ar_checks) do
-    if ov ~= nil and c.override_skips then
-      lines[#lines + 1] = fmt("- %s: skipped (override all_reduce=%s)", c.name, ov)
+    if (ov ~= nil or det) and c.override_skips then
+      lines[#lines + 1] = fmt("- %s: skipped (%s)", c.name, ov and ("override all_reduce=" .. ov) or "deterministic mode")
     else
       local ok, why = c.check(g, t, rop, d, mode, true)
       lines[#lines + 1] = fmt("%s %s: %s", ok and "+" or "x", c.name, tostring(why))
     end
+  end
+  if det then
+    lines[#lines + 1] = "= deterministic mode: weft's kernels at every size up to the workspace (one-shot, "
+                        .. "flag one-shot and two-shot sum the sanitised inputs in rank order, f32, one rounding: "
+                        .. "the same bits); a call they cannot take raises, NCCL never sums"
   end
   if ov ~= nil then
     lines[#lines + 1] = fmt("= override all_reduce=%s (%s)", ov, tostring(src))
@@ -163,7 +198,8 @@ local function ar_lines(g, t, rop)
 end
 
 local function ar_why(g, _, t, rop)
-  if g._ar_pick_error then return "override error: " .. g._ar_pick_error end
+  local e = g._ar_pick_error
+  if e then return (e:find("^deterministic") and "error: " or "override error: ") .. e end
   local ov, src = policy.override(g, "all_reduce")
   local algo = ov
   local how = ov and ("override, " .. tostring(src)) or nil
@@ -178,8 +214,9 @@ local function ar_why(g, _, t, rop)
     local k, w = d.ar:resolve(t.numel, t.dtype, algo)
     if k then kernel = fmt(" -> %s kernel (%s)", k, w) end
   end
-  return fmt("weft custom all-reduce, %s (%s)%s; in place, reads the input inside the kernel "
-             .. "(graph-safe without registration)", algo, how, kernel)
+  return fmt("weft custom all-reduce, %s (%s)%s%s; in place, reads the input inside the kernel "
+             .. "(graph-safe without registration)", algo, how, kernel,
+             g._ar_det and ", deterministic (bit-identical kernels)" or "")
 end
 
 local function ar_why_not(g, _, t, rop)
@@ -194,6 +231,28 @@ local function ar_why_not(g, _, t, rop)
     end
   end
   return "the policy file says nccl at this size"
+end
+
+---------------------------------------------------------------- deterministic refusal
+-- Device reductions with float arithmetic that weft's kernels do not serve
+-- (reduce_scatter, f64, prod, ...): refused in deterministic mode rather
+-- than sent to NCCL or host staging. Integer reductions and float max/min
+-- (exact whatever the order) go on as usual.
+local FLOAT = { f32 = true, f16 = true, bf16 = true, f64 = true }
+local ARITH = { sum = true, prod = true, avg = true, mean = true }
+local function det_refused(g, _, t, rop)
+  if not is_device(t) or g.world_size <= 1 then return false end
+  local on, err = S.determ_state(g)
+  if err then return true end
+  return on and FLOAT[t.dtype] and ARITH[rop or "sum"] or false
+end
+local function det_refused_why(g, op, t, rop)
+  local _, err = S.determ_state(g)
+  if err then return err end
+  return fmt("deterministic mode: device %s of %s %s on group %s has no deterministic path (weft's kernels serve "
+             .. "all_reduce sums of f32/f16/bf16 and fused_allreduce_rmsnorm; NCCL's order changes with the size): "
+             .. "all_reduce and take your part, or turn the mode off", op, tostring(t.dtype), tostring(rop or "sum"),
+             gname(g))
 end
 
 ---------------------------------------------------------------- fused
@@ -360,5 +419,6 @@ end
 M.AR_DTYPES, M.ptr_aligned, M.fused_tokens_cap = AR_DTYPES, ptr_aligned, fused_tokens_cap
 M.ar_rule, M.ar_lines, M.ar_why, M.ar_why_not, M.fused_lines = ar_rule, ar_lines, ar_why, ar_why_not, fused_lines
 M.check_all_reduce, M.check_fused = check_all_reduce, check_fused
+M.det_refused, M.det_refused_why = det_refused, det_refused_why
 
 return M

@@ -175,6 +175,61 @@ local function shared_gpu_mode(g, d, sharers, votes, op)
   end
 end
 
+---------------------------------------------------------------- deterministic mode
+-- The switch (weft.policy.deterministic) is local; the group agrees on it
+-- here, so that no rank runs weft's kernels in one mode while a peer runs
+-- them (or NCCL) in the other. Two places, both collective calls every rank
+-- makes anyway, so the agreement adds no round that one rank could enter
+-- alone:
+--  * the group's first device call (setup): each rank's value rides on the
+--    set-up all-gather; mixed -> every rank raises, naming both sides;
+--  * policy.set{deterministic = v, group = g} (collective over g): an
+--    all-gather of v, bounded by the group's timeout; mixed -> raises on
+--    every rank, and nothing is stored.
+-- A later local change (policy.set without the group object, on some rank)
+-- never starts a collective: the next device call of the group raises
+-- before it enqueues anything, naming the agreed value and how to change it.
+local function determ_votes_error(g, votes, op)
+  local on, off, bad = {}, {}, {}
+  for i, v in ipairs(votes) do
+    if v == "1" then on[#on + 1] = i elseif v == "0" then off[#off + 1] = i else bad[#bad + 1] = i end
+  end
+  if #bad > 0 then
+    return fmt("weft: %s: group %s: WEFT_DETERMINISTIC is invalid on ranks %s%s", op, gname(g), rank_list(g, bad),
+               policy.determ_env_error and (" (here: " .. policy.determ_env_error .. ")") or "")
+  end
+  if #on > 0 and #off > 0 then
+    return fmt("weft: %s: group %s: deterministic mode is on for ranks %s and off for ranks %s "
+               .. "(set policy.set{deterministic = ...} or WEFT_DETERMINISTIC alike on every rank, before the "
+               .. "group's first device call)", op, gname(g), rank_list(g, on), rank_list(g, off))
+  end
+  return nil, #on > 0
+end
+
+-- policy.set{deterministic = v, group = g}: collective over g
+policy.determ_hooks.agree = function(g, v)
+  if g.world_size <= 1 or not g.is_member or g.destroyed or g.cpu_group == nil then return end
+  local votes = g.cpu_group:allgather(v and "1" or "0")
+  local err = determ_votes_error(g, votes, "policy.set")
+  if err then error(err, 0) end
+  local d = g._dev
+  if d ~= nil then d.determ = v and true or false end
+  g._dispatch = nil
+end
+
+-- determ_state(g) -> on (bool), err (nil or the message a device call raises):
+-- the group's agreed value once its device state exists, else the local one
+function M.determ_state(g)
+  if policy.determ_env_error then return false, "weft: " .. policy.determ_env_error end
+  local on, src = policy.deterministic(g)
+  local d = g._dev
+  if d == nil or d.determ == nil or d.determ == on then return on, nil end
+  return d.determ, fmt("deterministic mode is %s on this rank (%s) but group %s agreed on %s at its first "
+                       .. "device call: change it with policy.set{deterministic = %s, group = g} on every rank "
+                       .. "(collective over the group), or before the group's first device call",
+                       on and "on" or "off", tostring(src), gname(g), d.determ and "on" or "off", tostring(on))
+end
+
 -- why weft's kernels cannot serve the group's device state d (ranks sharing
 -- a GPU outside the shared-GPU test mode), or nil
 function M.kernel_block(d)
@@ -191,6 +246,7 @@ function M.setup(g, op)
   local cuda = CUDA()
   if g.world_size <= 1 or not g.is_member then
     d = { device = cuda.current_device(), scratch = {}, retired = {}, nccl_why = "group of one rank" }
+    d.determ = policy.deterministic(g) and true or false
     g._dev = d
     return d
   end
@@ -199,11 +255,14 @@ function M.setup(g, op)
   local nccl = mod("weft.nccl")
   local have_nccl, nccl_msg = nccl.version()
   local host = hostname()
-  local list = g.cpu_group:allgather(fmt("%s\t%d\t%d\t%s", host, dev, have_nccl and 1 or 0, shared_gpu_vote()))
+  local dvote = policy.determ_env_error and "E" or (policy.deterministic(g) and "1" or "0")
+  local list = g.cpu_group:allgather(fmt("%s\t%d\t%d\t%s\t%s", host, dev, have_nccl and 1 or 0, dvote,
+                                         shared_gpu_vote()))
   local seen, shared, missing = {}, nil, nil
-  local sharers, votes = {}, {}
+  local sharers, votes, dvotes = {}, {}, {}
   for i, s in ipairs(list) do
-    local h, dv, nk, vote = s:match("^(.*)\t(%-?%d+)\t(%d)\t(.*)$")
+    local h, dv, nk, dt, vote = s:match("^(.*)\t(%-?%d+)\t(%d)\t(%w)\t(.*)$")
+    dvotes[i] = dt
     local key = tostring(h) .. "\t" .. tostring(dv)
     if seen[key] and not shared then
       shared = fmt("ranks %d and %d share cuda:%s on %s", g.ranks[seen[key]], g.ranks[i], tostring(dv), tostring(h))
@@ -213,7 +272,9 @@ function M.setup(g, op)
     votes[i] = vote
     if nk ~= "1" and not missing then missing = g.ranks[i] end
   end
-  d = { device = dev, scratch = {}, retired = {}, shared = shared }
+  local derr, don = determ_votes_error(g, dvotes, op)
+  if derr then error(derr, 0) end             -- the same message on every rank; no state kept
+  d = { device = dev, scratch = {}, retired = {}, shared = shared, determ = don }
   if shared then shared_gpu_mode(g, d, sharers, votes, op) end
   local existing = g.device_group
   if existing ~= nil and type(existing) == "table" and existing.handle ~= nil then
