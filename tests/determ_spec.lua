@@ -1,0 +1,236 @@
+-- Deterministic mode (docs/policy.md §9) on the CPU: the switch
+-- (policy.set{deterministic}, WEFT_DETERMINISTIC), the routing (every float
+-- device sum to weft's kernels with their bit-identical variant, errors
+-- instead of NCCL, refusals), explain, the agreement across ranks (at the
+-- group's first device call and through policy.set with the group, on 2
+-- real ranks over a pretend GPU: tests/helpers/determ_ranks.lua), and the
+-- GPU worker itself rehearsed on the pretend GPU
+-- (tests/helpers/gpu_determ_worker.lua, WEFT_FAKE_DEVICE=1). The bits
+-- themselves need the GPU: tests/gpu_determ_spec.lua.
+local weft = require "weft"
+local spec = require "helpers.spec_util"
+local policy = require "weft.policy"
+local db = require "weft.device_backends"
+local T = weft.tensor
+
+local ROOT = os.getenv("PWD") or "."
+local MIB = 1048576
+
+local keep = {}
+local function dev(shape, dtype)
+  local h = T.empty(shape, dtype or "bf16")
+  keep[#keep + 1] = h
+  return T.wrap(h.ptr, shape, dtype or "bf16", "cuda:0", h)
+end
+
+local runs = {}
+local fake_ar = {
+  max_bytes = 64 * MIB, oneshot_max = 8 * MIB,
+  resolve = function(_, _, _, algo) return algo == "twoshot" and "twoshot" or "oneshot", "fake" end,
+  run = function(_, _, _, _, _, algo) runs[#runs + 1] = algo end,
+}
+
+local function group(o)
+  o = o or {}
+  local g = {
+    world_size = o.world or 2, same_node = o.same_node ~= false, unique_name = o.name or "tp.0",
+    rank = 0, rank_in_group = 0, is_member = true, ranks = { 0, 1, 2, 3, 4, 5, 6, 7 },
+  }
+  g._dev = { device = 0, nccl = { handle = true, device = 0 }, ar_state = "ready", ar = fake_ar,
+             ar_why = "fake workspace", scratch = {}, retired = {}, determ = o.determ }
+  return g
+end
+
+local function sel(g, t, op, rop) return (policy.select(g, op or "all_reduce", t, rop)) end
+
+local function reset()
+  policy.overrides.global, policy.overrides.groups = {}, {}
+  policy.override_error = nil
+  policy.clear_file()
+  policy.version = policy.version + 1
+  runs = {}
+end
+
+describe("deterministic mode: the switch", function()
+  before_each(reset)
+  teardown(reset)
+
+  it("is off by default, set per process or per group, validated", function()
+    local g = group()
+    assert.is_false((policy.deterministic(g)))
+    policy.set { deterministic = true }
+    local on, src = policy.deterministic(g)
+    assert.is_true(on); assert.are.equal("policy.set", src)
+    policy.set { deterministic = false, group = "tp.0" }          -- a name: local, no collective
+    assert.is_false((policy.deterministic(g)))
+    assert.is_true((policy.deterministic(group { name = "tp.1" })))
+    policy.set { deterministic = "default", group = "tp.0" }
+    assert.is_true((policy.deterministic(g)))
+    policy.set { deterministic = "default" }
+    assert.is_false((policy.deterministic(g)))
+    local ok, err = pcall(policy.set, { deterministic = "yes" })
+    assert.is_false(ok)
+    assert.matches("deterministic = yes is not true, false or \"default\"", err)
+    assert.is_false((policy.deterministic(g)))
+    ok, err = pcall(policy.set, { determinstic = true })
+    assert.is_false(ok)
+    assert.matches("unknown key \"determinstic\"", err)
+  end)
+
+  it("reads WEFT_DETERMINISTIC at load, and names a bad value", function()
+    local cmd = "cd %s && WEFT_DETERMINISTIC=%s luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path "
+                .. "local p = require 'weft.policy' print(p.deterministic(nil), p.determ_env_error)\" 2>&1"
+    assert.matches("^true\tnil", spec.shell(cmd:format(ROOT, "1")))
+    assert.matches("^false\tnil", spec.shell(cmd:format(ROOT, "0")))
+    assert.matches("^false\tWEFT_DETERMINISTIC=\"2\" is not 1 or 0", spec.shell(cmd:format(ROOT, "2")))
+  end)
+end)
+
+describe("deterministic mode: routing on a device-state stand-in", function()
+  setup(function() db._set_cuda_available(true) end)
+  teardown(function() db._set_cuda_available(nil); reset() end)
+  before_each(reset)
+
+  it("leaves the default policy as it was", function()
+    local g = group()
+    assert.are.equal("custom_ar", sel(g, dev({ 8, 4096 })))
+    assert.is_false(g._ar_det)
+    assert.are.equal("nccl", sel(g, dev({ 64 * MIB })))               -- 128 MiB: above the workspace
+    assert.are.equal("nccl", sel(g, dev({ 8, 4096 }), "reduce_scatter"))
+    assert.are.equal("nccl", sel(g, dev({ 8, 64 }, "f64")))
+    assert.is_nil(policy.explain(g, dev({ 8, 4096 })):find("deterministic", 1, true))
+  end)
+
+  it("sends every f32/f16/bf16 device sum to weft's kernels, and what they cannot take raises", function()
+    policy.set { deterministic = true }
+    local x = dev({ 8, 4096 })
+    local g = group()
+    assert.are.equal("custom_ar", sel(g, x))
+    assert.is_true(g._ar_det); assert.is_nil(g._ar_pick_error)
+    local function refused(gg, t, pattern)
+      assert.are.equal("custom_ar", sel(gg, t))
+      assert.matches(pattern, tostring(gg._ar_pick_error))
+      assert.matches("^deterministic mode: .*NCCL never sums in this mode", gg._ar_pick_error)
+    end
+    refused(group(), dev({ 64 * MIB }), "cannot take weft's kernels: size: 128 MiB > 64 MiB")
+    refused(group { world = 3 }, x, "world size: 3 ranks")
+    refused(group { same_node = false }, x, "one node")
+    local s = group(); s._dev.shared = "ranks 0 and 1 share cuda:0 on h"
+    refused(s, x, "one GPU per rank: ranks 0 and 1 share")
+    local f = group(); f._dev.ar_state, f._dev.ar, f._dev.ar_why = "failed", nil, "cuMemCreate failed"
+    refused(f, x, "peer access %(workspace%): cuMemCreate failed")
+    local flat = dev({ 4097 })
+    refused(group(), flat:narrow(0, 1, 4096), "16%-byte aligned")
+    -- the seed's per-kind table does not apply: NCCL is no option here
+    local pp = group { name = "pp.0" }
+    assert.are.equal("custom_ar", sel(pp, x)); assert.is_nil(pp._ar_pick_error)
+    -- an nccl override conflicts; the kernel overrides are all the same bits
+    policy.set { all_reduce = "nccl" }
+    refused(group(), x, "all_reduce=nccl")
+    policy.set { all_reduce = "twoshot" }
+    assert.are.equal("custom_ar", sel(g, x)); assert.is_nil(g._ar_pick_error)
+    policy.set { all_reduce = "default" }
+    -- exact in any order: as usual
+    assert.are.equal("nccl", sel(g, x, nil, "max"))
+    assert.are.equal("nccl", sel(g, dev({ 8, 64 }, "i32")))
+    assert.are.equal("nccl", sel(g, x, "all_gather"))
+    -- float sums the kernels do not serve: refused, never NCCL
+    assert.are.equal("determ_refused", sel(g, dev({ 8, 64 }, "f64")))
+    assert.are.equal("determ_refused", sel(g, x, nil, "prod"))
+    assert.are.equal("determ_refused", sel(g, x, "reduce_scatter"))
+    assert.are.equal("nccl", sel(g, dev({ 8, 64 }, "i32"), "reduce_scatter"))
+    -- host tensors: every host backend reduces in rank order already
+    assert.are.equal("shm", sel(g, T.zeros({ 8 }, "bf16")))
+    assert.are.equal("fused", sel(g, x, "fused_allreduce_rmsnorm"))
+  end)
+
+  it("ignores a policy file's nccl entries in the mode", function()
+    local path = os.tmpname()
+    local fh = io.open(path, "w")
+    fh:write([[return { version = 1, all_reduce = { ["*"] = { ["*"] = { { backend = "nccl" } } } } }]])
+    fh:close()
+    policy.load_file(path)
+    local g, x = group(), dev({ 8, 4096 })
+    assert.are.equal("nccl", sel(g, x))
+    policy.set { deterministic = true }
+    assert.are.equal("custom_ar", sel(g, x)); assert.is_nil(g._ar_pick_error)
+    os.remove(path)
+  end)
+
+  it("passes the deterministic bit to the kernels and never falls back to NCCL", function()
+    policy.set { deterministic = true }
+    local g, x = group(), dev({ 8, 4096 })
+    assert.are.equal("custom_ar", sel(g, x))
+    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0)
+    assert.are.equal(512, runs[1])                                     -- auto | WEFT_AR_DETERMINISTIC
+    policy.set { all_reduce = "twoshot" }
+    sel(g, x)
+    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0)
+    assert.are.equal(512 + 2, runs[2])
+    local out = dev({ 4097 }):narrow(0, 1, 4096)                        -- an unaligned output
+    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", x:view({ 8 * 4096 }):narrow(0, 0, 4096),
+                          out.ptr, "sum", 0)
+    assert.is_false(ok)
+    assert.matches("deterministic mode: group tp.0 cannot take weft's kernels for this call: output not 16%-byte aligned", err)
+    assert.are.equal(2, #runs)
+    policy.set { deterministic = false, all_reduce = "default" }
+    sel(g, x)
+    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0)
+    assert.are.equal(0, runs[3])
+  end)
+
+  it("explains the mode, the rule and the skipped check", function()
+    policy.set { deterministic = true }
+    local e = policy.explain(group(), dev({ 8, 4096 }))
+    assert.matches("deterministic: on %(policy.set%)", e)
+    assert.matches("= deterministic mode: weft's kernels at every size", e)
+    assert.matches("%- enabled on the group: skipped %(deterministic mode%)", e)
+    assert.matches("deterministic %(bit%-identical kernels%)", e)
+    e = policy.explain(group(), dev({ 8, 4096 }), "reduce_scatter")
+    assert.matches("deterministic mode: yes %-> determ_refused", e)
+  end)
+
+  it("raises at the next call when a rank changed the mode after its group agreed", function()
+    local g = group { determ = false }                                  -- agreed: off
+    policy.set { deterministic = true }                                -- local, later
+    assert.are.equal("custom_ar", sel(g, dev({ 8, 4096 })))
+    assert.matches("deterministic mode is on on this rank %(policy.set%) but group tp.0 agreed on off", g._ar_pick_error)
+    assert.matches("policy.set{deterministic = true, group = g} on every rank", g._ar_pick_error)
+    assert.are.equal("determ_refused", sel(g, dev({ 8, 4096 }), "reduce_scatter"))
+    assert.matches("x deterministic mode: deterministic mode is on", policy.explain(g, dev({ 8, 4096 })))
+    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", dev({ 8 }), nil, "sum", 0)
+    assert.is_false(ok); assert.matches("agreed on off", err)
+    assert.are.equal(0, #runs)                                         -- nothing launched
+  end)
+end)
+
+describe("deterministic mode on 2 ranks over a pretend GPU", function()
+  local function run(script, n, env)
+    return spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 %s LUA_PATH='%s/tests/?.lua;;' "
+                       .. "timeout -s KILL 400 scripts/weft-run -n %d --timeout 390 %s"):format(ROOT, env or "", ROOT, n, script))
+  end
+  local function passes(out, n, count)
+    assert.is_nil(out:match("FAIL [^\n]*"), out)
+    for r = 0, n - 1 do assert.matches("%[rank" .. r .. "%] DONE 0 failed", out) end
+    assert.matches("rc=0%s*$", out)
+    local k = 0
+    for _ in out:gmatch("%] PASS ") do k = k + 1 end
+    assert.are.equal(n * count, k, out)
+  end
+
+  it("agrees at the first device call and through policy.set, refuses and routes", function()
+    local t0 = os.time()
+    local out = run("tests/helpers/determ_ranks.lua", 2, "WEFT_CUSTOM_AR_MAX_BYTES=1048576")
+    passes(out, 2, 7)
+    assert.is_true(os.time() - t0 < 200, "took " .. (os.time() - t0) .. " s")
+  end)
+
+  it("rehearses the GPU worker at world 2", function()
+    passes(run("tests/helpers/gpu_determ_worker.lua", 2, "WEFT_DETERM_ROWS=1024"), 2, 12)
+  end)
+
+  it("rehearses the GPU worker at world 4 (ranks sharing pretend GPUs)", function()
+    passes(run("tests/helpers/gpu_determ_worker.lua", 4,
+               "WEFT_DETERM_ROWS=1024 WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 12)
+  end)
+end)
