@@ -1,4 +1,4 @@
--- Deterministic mode (docs/policy.md §9) on the CPU: the switch
+-- Deterministic mode (docs/policy.md §10) on the CPU: the switch
 -- (policy.set{deterministic}, WEFT_DETERMINISTIC), the routing (every float
 -- device sum to weft's kernels with their bit-identical variant, errors
 -- instead of NCCL, refusals), explain, the agreement across ranks (at the
@@ -142,6 +142,24 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     -- host tensors: every host backend reduces in rank order already
     assert.are.equal("shm", sel(g, T.zeros({ 8 }, "bf16")))
     assert.are.equal("fused", sel(g, x, "fused_allreduce_rmsnorm"))
+  end)
+
+  it("takes the store path, not Gloo's ring, for host float sums across nodes", function()
+    local saved = package.loaded["weft.host_nodes"]
+    package.loaded["weft.host_nodes"] = { built = true }
+    local g, h = group { same_node = false }, T.zeros({ 8 }, "f32")
+    local ok, err = pcall(function()
+      assert.are.equal("gloo", sel(g, h))
+      policy.set { deterministic = true }
+      assert.are.equal("store", sel(g, h))
+      assert.are.equal("store", sel(g, h, "reduce_scatter"))
+      assert.are.equal("gloo", sel(g, h, nil, "max"))                  -- exact in any order
+      assert.are.equal("gloo", sel(g, T.zeros({ 8 }, "i32")))
+      assert.are.equal("gloo", sel(g, h, "all_gather"))
+      assert.matches("Gloo's ring is not in rank order", policy.explain(g, h))
+    end)
+    package.loaded["weft.host_nodes"] = saved
+    if not ok then error(err, 0) end
   end)
 
   it("ignores a policy file's nccl entries in the mode", function()

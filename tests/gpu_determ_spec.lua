@@ -1,4 +1,4 @@
--- #gpu: deterministic mode (docs/policy.md §9) on one GPU, ranks sharing it
+-- #gpu: deterministic mode (docs/policy.md §10) on one GPU, ranks sharing it
 -- under MPS (scripts/weft-mps: one SM slice per rank), at worlds 2 and 4:
 -- tests/helpers/gpu_determ_worker.lua compares every row of 8192-row calls
 -- bit for bit with the same rows sent in calls of 1 / 7 / 128 / 1000 rows,

@@ -46,8 +46,22 @@ end
 M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 262144
 
 -- true, or false and why not (explain's text)
-function M.hier_applies(g, _, t, rop)
+-- Deterministic mode (M.deterministic, §10 of docs/policy.md): a float sum
+-- or product over Gloo (a ring: each chunk starts at another rank) is not in
+-- rank order; such host calls across nodes take the store path instead,
+-- which reduces in rank order like shm (weft_host_reduce).
+local DET_FLOAT = { f32 = true, f16 = true, bf16 = true, f64 = true }
+local DET_ARITH = { sum = true, prod = true, avg = true, mean = true }
+local DET_OPS = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true }
+local function det_host_ring(g, op, t, rop)
+  return DET_OPS[op] and t ~= nil and DET_FLOAT[t.dtype] and DET_ARITH[rop or "sum"]
+         and M.deterministic(g) or false
+end
+M.det_host_ring = det_host_ring
+
+function M.hier_applies(g, op, t, rop)
   if g.same_node then return false, "all ranks on one node" end
+  if det_host_ring(g, op, t, rop) then return false, "deterministic mode: Gloo's ring is not in rank order" end
   if not gloo_built() then return false, "weft was built without Gloo" end
   if host_forced(g) == "gloo" then return false, "flat Gloo forced (WEFT_HOST_BACKEND=gloo)" end
   if t == nil then return false, "no tensor given" end
@@ -87,10 +101,14 @@ M.rules = {
     end,
     why_not = function(g, op, t, rop) return select(2, M.hier_applies(g, op, t, rop)) end },
   { name = "gloo across nodes", backend = "gloo", cacheable = true,
-    when = function(g) return not g.same_node and gloo_built() end,
+    when = function(g, op, t, rop) return not g.same_node and gloo_built() and not det_host_ring(g, op, t, rop) end,
     why = "host tensor, ranks on several nodes: Gloo over TCP (full mesh, ring all-reduce)",
-    why_not = function(g)
-      return g.same_node and "all ranks on one node" or "weft was built without Gloo (libgloo-dev)"
+    why_not = function(g, op, t, rop)
+      if g.same_node then return "all ranks on one node" end
+      if det_host_ring(g, op, t, rop) then
+        return "deterministic mode: a float reduction over Gloo's ring is not in rank order (the store path is)"
+      end
+      return "weft was built without Gloo (libgloo-dev)"
     end },
   { name = "ranks on several nodes", backend = "store", cacheable = true,
     when = function(g) return not g.same_node end,
@@ -215,7 +233,7 @@ end
 -- policy.set{deterministic = true|false|"default" [, group = g]} or
 -- WEFT_DETERMINISTIC=1 (read at load): every device all_reduce and
 -- fused_allreduce_rmsnorm of f32/f16/bf16 gives bits that depend only on the
--- row's inputs (docs/policy.md §9). The value is local to this process; a
+-- row's inputs (docs/policy.md §10). The value is local to this process; a
 -- group agrees on it over its cpu group (weft.device.setup): at its first
 -- device call, and at set time when policy.set is given the group object
 -- (then policy.set is collective over that group). M.determ_hooks.agree(g,

@@ -1,5 +1,5 @@
 -- One rank of tests/gpu_determ_spec.lua: deterministic mode (docs/policy.md
--- §9) at world W, ranks sharing one GPU under MPS:
+-- §10) at world W, ranks sharing one GPU under MPS:
 --   scripts/weft-mps -n W -- scripts/weft-run -n W tests/helpers/gpu_determ_worker.lua
 -- Random inputs (with ±0.0 columns); every comparison is BIT FOR BIT (memcmp
 -- of the result bytes), never a tolerance:
