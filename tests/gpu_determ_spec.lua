@@ -18,8 +18,9 @@ local CHECKS = { "setup", "allreduce_batch_bf16", "allreduce_batch_f16_f32", "al
 local runs = {}
 local function run(w)
   if runs[w] then return runs[w][1], runs[w][2] end
-  local out, rc = spec.shell(("WEFT_TIMEOUT_MS=60000 timeout 900 scripts/weft-mps -n %d -- scripts/weft-run -n %d "
-                              .. "--timeout 840 tests/helpers/gpu_determ_worker.lua"):format(w, w))
+  -- bounded so that both worlds end within one 600 s device command
+  local out, rc = spec.shell(("WEFT_TIMEOUT_MS=30000 timeout 290 scripts/weft-mps -n %d -- scripts/weft-run -n %d "
+                              .. "--timeout 270 tests/helpers/gpu_determ_worker.lua"):format(w, w))
   local dir = os.getenv("OUT")
   if dir and dir ~= "" then
     local f = io.open(dir .. "/determ-w" .. w .. ".log", "w")

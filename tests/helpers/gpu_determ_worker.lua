@@ -349,7 +349,7 @@ check("default_unchanged", function()
   local yn, yr = g:fused_allreduce_rmsnorm(x, big.res:narrow(0, 0, 1000), big.w, 1e-6, { max_tokens = MAXT })
   local d = G.f64(yr); local r = G.f64(big.fr:narrow(0, 0, 1000))
   local ma = d:compare(r)
-  want(ma < 0.1, "default residual_out far from the deterministic one: %g", ma)
+  want(ma <= 0.25, "default residual_out far from the deterministic one: %g", ma)   -- a bf16 step at |x| < 32
   local bn, br = diff_rows(big.fn:narrow(0, 0, 1000), yn), diff_rows(big.fr:narrow(0, 0, 1000), yr)
   if me == 0 then print(("INFO default mode: %d / %d of 1000 rows' norm_out / residual_out bits differ from deterministic "
                          .. "(one rounding fewer)"):format(bn, br)) end
