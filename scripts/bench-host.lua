@@ -18,29 +18,17 @@
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
 local ffi = require "ffi"
+local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local bench = require "weft.bench"
 
-local function parse_args(argv)
-  local o = { worlds = "2,4", min = 1024, max = 64 * 1048576, factor = 4, iters = 200, warmup = 3, ["repeat"] = 3,
-              mpi = "build/mpi_allreduce", out = "bench/results" }
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "--no-mpi" then o.no_mpi = true
-    elseif a == "--worker" then o.worker = true
-    elseif a:match("^%-%-") and argv[i + 1] then
-      local k = a:sub(3):gsub("-", "_")
-      local v = argv[i + 1]
-      o[k] = tonumber(v) or v
-      i = i + 1
-    else
-      error("bench-host: unknown argument " .. a)
-    end
-    i = i + 1
-  end
-  return o
-end
-
-local opts = parse_args(arg or {})
+local opts = bench.parse_args(arg or {}, {
+  worlds = "2,4", min = 1024, max = 64 * 1048576, factor = 4, iters = 200, warmup = 3, ["repeat"] = 3,
+  mpi = "build/mpi_allreduce", out = "bench/results",
+}, {
+  ["--no-mpi"] = function(o) o.no_mpi = true end,
+  ["--worker"] = function(o) o.worker = true end,
+}, "bench-host")
 
 local function iters_for(bytes)
   local n = math.floor(256 * 1048576 / bytes)
@@ -129,12 +117,7 @@ end
 if os.getenv("RANK") and opts.worker then return worker() end
 
 ---------------------------------------------------------------- driver
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  local ok, _, code = p:close()
-  return out, (ok == true or code == 0)
-end
+local sh = bench.sh
 
 local function parse_lines(out, tag)
   local recs = {}
@@ -173,7 +156,6 @@ local function human(b)
 end
 
 local function driver()
-  local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
   local worlds = {}
   for w in tostring(opts.worlds):gmatch("%d+") do worlds[#worlds + 1] = tonumber(w) end
   local nproc = tonumber((sh("nproc"))) or 0
@@ -285,8 +267,7 @@ local function driver()
   f:write(table.concat(md, "\n") .. "\n")
   f:close()
   print(table.concat(md, "\n"))
-  package.path = root .. "/lua/?.lua;" .. package.path
-  local svg = require("weft.bench").plot(base .. ".json")
+  local svg = bench.plot(base .. ".json")
   print("wrote " .. base .. ".json and .md" .. (svg and " and .svg" or ""))
   os.exit(failed and 1 or 0)
 end

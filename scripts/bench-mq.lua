@@ -28,30 +28,19 @@
 --
 -- Under weft-run (RANK set, --worker) this file is the worker; otherwise the driver.
 local ffi = require "ffi"
+local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local bench = require "weft.bench"
 
-local function parse_args(argv)
-  local o = { worlds = "2,4,8", sizes = "64,1024,65536,1048576", iters = 200, stream = 1000, reps = 3,
-              out = "bench/results", chunk_bytes = 1048576, chunks = 8, pace_us = 500 }
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "--worker" then o.worker = true
-    elseif a == "--quick" then o.iters, o.stream, o.reps = 30, 100, 1
-    elseif a == "-h" or a == "--help" then o.help = true
-    elseif a:match("^%-%-") and argv[i + 1] then
-      local k = a:sub(3):gsub("-", "_")
-      local v = argv[i + 1]
-      o[k] = tonumber(v) or v
-      i = i + 1
-    else
-      error("bench-mq: unknown argument " .. a)
-    end
-    i = i + 1
-  end
-  return o
-end
-
-local opts = parse_args(arg or {})
+local function help(o) o.help = true end
+local opts = bench.parse_args(arg or {}, {
+  worlds = "2,4,8", sizes = "64,1024,65536,1048576", iters = 200, stream = 1000, reps = 3,
+  out = "bench/results", chunk_bytes = 1048576, chunks = 8, pace_us = 500,
+}, {
+  ["--worker"] = function(o) o.worker = true end,
+  ["--quick"] = function(o) o.iters, o.stream, o.reps = 30, 100, 1 end,
+  ["-h"] = help, ["--help"] = help,
+}, "bench-mq")
 if opts.help then
   local f = assert(io.open(arg[0]))
   f:read("*l")
@@ -78,7 +67,6 @@ end
 
 ---------------------------------------------------------------- worker
 local function worker()
-  local bench = require "weft.bench"
   local store = require "weft.store"
   local cpugroup = require "weft.cpugroup"
   local mq = require "weft.mq"
@@ -251,16 +239,8 @@ end
 if os.getenv("RANK") and opts.worker then return worker() end
 
 ---------------------------------------------------------------- driver
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-local bench = require "weft.bench"
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  local ok, _, code = p:close()
-  return out, (ok == true or code == 0)
-end
+local sh = bench.sh
 
 local function machine_name()
   if opts.machine then return opts.machine end

@@ -19,27 +19,16 @@
 -- last. Writes bench/results/soak-<machine>-<date>.json (DESIGN.md §7) and
 -- .md. Under weft-run (RANK set) this file is the rank.
 local ffi = require "ffi"
+local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local bench = require "weft.bench"
 
-local function parse_args(argv)
-  local o = { ranks = 4, small = 200000, big = 2000, small_bytes = 1024, big_bytes = 4 * 1048576,
-              samples = 20, out = "bench/results" }
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "--quick" then o.quick = true
-    elseif a:match("^%-%-") and argv[i + 1] then
-      o[a:sub(3):gsub("-", "_")] = tonumber(argv[i + 1]) or argv[i + 1]
-      i = i + 1
-    else
-      error("bench-soak: unknown argument " .. a .. " (see the header of scripts/bench-soak.lua)")
-    end
-    i = i + 1
-  end
-  if o.quick then o.small, o.big = math.min(o.small, 20000), math.min(o.big, 200) end
-  return o
-end
-
-local opts = parse_args(arg or {})
+local opts = bench.parse_args(arg or {}, {
+  ranks = 4, small = 200000, big = 2000, small_bytes = 1024, big_bytes = 4 * 1048576, samples = 20,
+  out = "bench/results",
+}, { ["--quick"] = function(o) o.quick = true end }, "bench-soak",
+   " (see the header of scripts/bench-soak.lua)")
+if opts.quick then opts.small, opts.big = math.min(opts.small, 20000), math.min(opts.big, 200) end
 
 ---------------------------------------------------------------- rank
 pcall(ffi.cdef, "long sysconf(int name);")
@@ -145,11 +134,6 @@ local function sh(cmd)
 end
 
 local function driver()
-  local root = arg[0]:match("^(.*)/scripts/[^/]*$") or "."
-  local bench = (function()
-    package.path = root .. "/lua/?.lua;" .. package.path
-    return require "weft.bench"
-  end)()
   local nproc = tonumber(sh("nproc")) or 0
   local machine = opts.machine or os.getenv("WEFT_MACHINE")
   if not machine then

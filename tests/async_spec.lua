@@ -3,15 +3,11 @@
 -- worker thread to the caller's, fork and Lua-VM safety, and every async
 -- collective with real processes (shared memory and the store path).
 local ROOT = os.getenv("PWD") or "."
+local U = require "helpers.spec_util"
 local ffi = require "ffi"
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
+local sh = U.shell
 
 local function luajit(script, env)
   return sh(("%s LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' timeout -s KILL 60 luajit %s/tests/helpers/%s")
@@ -23,11 +19,7 @@ local function ranks(n, env)
             :format(env or "", ROOT, n, ROOT))
 end
 
-local function count_ok(out)
-  local n = 0
-  for _ in out:gmatch("%] OK ") do n = n + 1 end
-  return n
-end
+local count_ok = U.count_ok
 
 describe("weft.async", function()
   local async, wffi, C, store_mod

@@ -12,11 +12,7 @@ local function run(n)
                  :format(ROOT, ROOT, n, ROOT))
 end
 
-local function count_ok(out)
-  local k = 0
-  for _ in out:gmatch("%] OK ") do k = k + 1 end
-  return k
-end
+local count_ok = U.count_ok
 
 describe("freed and in-use buffers #fault", function()
   local T

@@ -12,13 +12,7 @@ local S = require "helpers.spec_util"
 local shm_names = require "weft.shm_names"
 local clock = require "weft.clock"
 
-local function read(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = require("helpers.store_util").read_file
 
 -- Runs the helper in mode; returns the launcher's output, status, the
 -- run's pids, what rank 1 saw (the pending name) and the time it took.

@@ -15,56 +15,11 @@ local http = require "helpers.serve_http"
 local json = require "serve_json"
 local S = require "helpers.spec_util"
 local shm_names = require "weft.shm_names"
+local server = require "helpers.serve_server"
 
-pcall(ffi.cdef, "int kill(int pid, int sig);")
-pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
-local function alive(pid) return ffi.C.kill(pid, 0) == 0 end
-local function sleep_ms(ms) ffi.C.poll(nil, 0, ms) end
-
-local nginx_ok, nginx_why
-local function have_nginx()
-  if nginx_ok == nil then
-    local out, rc = S.shell(ROOT .. "/scripts/serve/ensure-nginx")
-    nginx_ok = rc == 0
-    nginx_why = out:gsub("rc=%d+%s*$", ""):gsub("%s+$", "")
-  end
-  return nginx_ok
-end
-
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return "" end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function start(n)
-  local port = assert(require("weft.launcher").free_port("127.0.0.1"))
-  local prefix = S.shell("mktemp -d /tmp/weft-fault-serve.XXXXXX"):match("^(%S+)")
-  local log = prefix .. ".log"
-  local cmd = ("WEFT_TIMEOUT_MS=4000 setsid %s/scripts/serve/start -n %d --port %d --prefix %s --hidden 64 > %s 2>&1 < /dev/null & echo $!")
-    :format(ROOT, n, port, prefix, log)
-  local pid = tonumber(S.shell(cmd):match("^(%d+)"))
-  local srv = { pid = pid, port = port, prefix = prefix, log = log }
-  local up = http.wait_up(port, "/health", 60000, function(st, body) return st == 200 and body:find('"status":"ok"', 1, true) end)
-  if not up then
-    local l = read_file(log)
-    ffi.C.kill(-pid, 9)
-    error(("server did not come up on port %d:\n%s"):format(port, l))
-  end
-  return srv
-end
-
-local function stop(srv)
-  if not srv or not srv.pid then return end
-  ffi.C.kill(-srv.pid, 15)
-  local deadline = http.now_ms() + 15000
-  while alive(srv.pid) and http.now_ms() < deadline do sleep_ms(50) end
-  if alive(srv.pid) then ffi.C.kill(-srv.pid, 9) end
-  S.shell(("rm -rf %s %s"):format(srv.prefix, srv.log))
-  srv.pid = nil
-end
+local have_nginx, alive, sleep_ms = server.have_nginx, server.alive, server.sleep_ms
+local function start(n) return server.start(n, { tag = "fault-serve", hidden = 64 }) end
+local stop = server.stop
 
 -- GET /health bounded by 1 s: status, decoded body, ms it took (raises past 1 s)
 local function health_1s(srv)
@@ -79,7 +34,7 @@ describe("a killed nginx worker (rank 0 of the served demo) #fault", function()
   teardown(function() stop(srv) end)
 
   it("/health answers within 1 s during and after the respawn, and says why it cannot serve", function()
-    if not have_nginx() then pending("nginx with the Lua module is not installed: " .. tostring(nginx_why)) return end
+    if not have_nginx() then pending(server.no_nginx()) return end
     local st, h = health_1s(srv)
     assert.are.equal(200, st)
     local worker = h.pid

@@ -9,14 +9,8 @@ local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
 local G = require "helpers.gpu_ranks"
-local store = require "weft.store"
-local cpugroup = require "weft.cpugroup"
 
-local function one_rank_group(name)
-  local s = store.open { host = "127.0.0.1", port = 0, server = true, timeout_ms = 5000 }
-  local g = cpugroup.new(s, name, { 0 }, 0, 5000)
-  return s, g
-end
+local one_rank_group = require("helpers.store_util").one_rank_group
 
 describe("weft all-reduce C API", function()
   it("declares the API (vmm, allreduce) and its constants", function()
@@ -79,16 +73,9 @@ end)
 -- ---------------------------------------------------------------- 2 GPUs
 
 local WORLD = 2
-local output, exit_ok
-
-local function run_once()
-  if not output then
-    output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_AR_BENCH", "build/ar_bench", "ar-bench"),
-                                    ("--validate --dead-peer --leak 200 --quick --max-bytes %d --out %%s")
-                                    :format(16 * 1048576))
-  end
-  return output, exit_ok
-end
+local run_once = G.harness_once(WORLD, "WEFT_AR_BENCH", "build/ar_bench", "ar-bench",
+                                ("--validate --dead-peer --leak 200 --quick --max-bytes %d --out %%s")
+                                :format(16 * 1048576))
 
 describe("weft all-reduce with 2 ranks #gpu", function()
   G.harness_checks({ it = it, assert = assert, pending = function(why) pending(why) end }, {

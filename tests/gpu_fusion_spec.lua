@@ -11,8 +11,6 @@ local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
 local G = require "helpers.gpu_ranks"
-local store = require "weft.store"
-local cpugroup = require "weft.cpugroup"
 
 local function opts(max_tokens, hidden, dtype)
   local o = ffi.new("weft_fusion_opts")
@@ -54,8 +52,7 @@ describe("weft fusion C API", function()
   end)
 
   it("refuses a group of one before touching CUDA, naming the group", function()
-    local s = store.open { host = "127.0.0.1", port = 0, server = true, timeout_ms = 5000 }
-    local g = cpugroup.new(s, "fusion_spec_w1", { 0 }, 0, 5000)
+    local s, g = require("helpers.store_util").one_rank_group("fusion_spec_w1")
     local out = ffi.new("weft_fusion *[1]")
     assert.are.equal(C.WEFT_EINVAL, C.weft_fusion_create(g.handle, opts(128, 4096), out))
     assert.matches("fusion_spec_w1", wffi.last_error())
@@ -75,15 +72,8 @@ end)
 -- ---------------------------------------------------------------- 2 GPUs
 
 local WORLD = 2
-local output, exit_ok
-
-local function run_once()
-  if not output then
-    output, exit_ok = G.run_harness(WORLD, G.harness("WEFT_FUSED_BENCH", "build/fused_bench", "fused-bench"),
-                                    "--quick --no-bench --out %s")
-  end
-  return output, exit_ok
-end
+local run_once = G.harness_once(WORLD, "WEFT_FUSED_BENCH", "build/fused_bench", "fused-bench",
+                                "--quick --no-bench --out %s")
 
 describe("weft fused all-reduce + RMSNorm with 2 ranks #gpu", function()
   G.harness_checks({ it = it, assert = assert, pending = function(why) pending(why) end }, {

@@ -7,13 +7,9 @@ local G = require "helpers.gpu_ranks"
 local tune = require "weft.tune"
 
 local ROOT = os.getenv("PWD") or "."
+local U = require "helpers.spec_util"
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
+local sh = U.shell
 
 describe("weft-tune without GPUs", function()
   it("--help lists the options", function()

@@ -3,6 +3,7 @@
 -- collective against a reference on 1, 2, 3, 4 and 8 ranks (shared memory and
 -- the store fallback), bad inputs, and the life cycle of the groups.
 local ROOT = os.getenv("PWD") or "."
+local U = require "helpers.spec_util"
 
 local function run(n, script, env, timeout)
   local parts = { "WEFT_TIMEOUT_MS=20000", ("LUA_PATH='%s/tests/?.lua;;'"):format(ROOT) }
@@ -16,11 +17,7 @@ local function run(n, script, env, timeout)
   return out, rc
 end
 
-local function count_ok(out)
-  local n = 0
-  for _ in out:gmatch("%] OK ") do n = n + 1 end
-  return n
-end
+local count_ok = U.count_ok
 
 local function assert_ran(out, rc, n_ok)
   assert(rc == 0, "ranks failed (rc=" .. tostring(rc) .. "):\n" .. out)

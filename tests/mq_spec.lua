@@ -8,8 +8,6 @@
 -- (processes started directly, since weft-run stops everyone when a rank
 -- dies); and nothing left behind in /dev/shm.
 local ffi = require "ffi"
-local store = require "weft.store"
-local cpugroup = require "weft.cpugroup"
 local mq = require "weft.mq"
 local wffi = require "weft.ffi"
 local util = require "helpers.store_util"
@@ -27,10 +25,7 @@ local before_all = leftovers()
 
 describe("weft.mq in one process", function()
   local s, g
-  before_each(function()
-    s = store.open { server = true, port = 0, timeout_ms = 5000 }
-    g = cpugroup.new(s, "solo", { 7 }, 0, 2000)
-  end)
+  before_each(function() s, g = util.one_rank_group("solo", 7, 2000) end)
   after_each(function()
     g:destroy()
     s:close()

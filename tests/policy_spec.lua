@@ -573,10 +573,7 @@ end)
 describe("weft.custom_ar and weft_cuda_memcpy2d_async without a GPU", function()
   it("refuses a group of one before touching CUDA, naming the group", function()
     local car = require "weft.custom_ar"
-    local store = require "weft.store"
-    local cpugroup = require "weft.cpugroup"
-    local s = store.open { host = "127.0.0.1", port = 0, server = true, timeout_ms = 5000 }
-    local g = cpugroup.new(s, "car_spec_w1", { 0 }, 0, 5000)
+    local s, g = require("helpers.store_util").one_rank_group("car_spec_w1")
     local ok, err = pcall(car.new, g, 1048576)
     assert.is_false(ok)
     assert.matches("weft: custom_ar.new: .*car_spec_w1.*world size 1 not supported", err)

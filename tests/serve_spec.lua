@@ -9,66 +9,17 @@ local ffi = require "ffi"
 local http = require "helpers.serve_http"
 local json = require "serve_json"
 local model = require "serve_model"
+local server = require "helpers.serve_server"
 
-pcall(ffi.cdef, "int kill(int pid, int sig);")
+-- (kill and poll are declared by helpers.serve_server)
 
 local HIDDEN = 128
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-
-local nginx_ok, nginx_why
-local function have_nginx()
-  if nginx_ok == nil then
-    local out, rc = sh(ROOT .. "/scripts/serve/ensure-nginx")
-    nginx_ok = rc == 0
-    nginx_why = out:gsub("rc=%d+%s*$", ""):gsub("%s+$", "")
-  end
-  return nginx_ok
-end
-
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return "" end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function alive(pid) return ffi.C.kill(pid, 0) == 0 end
-
--- Starts scripts/serve/start in its own session; returns the server or raises.
+local have_nginx = server.have_nginx
 local function start(n, extra)
-  local port = assert(require("weft.launcher").free_port("127.0.0.1"))
-  local prefix = sh("mktemp -d /tmp/weft-serve-test.XXXXXX"):match("^(%S+)")
-  local log = prefix .. ".log"
-  local cmd = ("WEFT_TIMEOUT_MS=4000 setsid %s/scripts/serve/start -n %d --port %d --prefix %s --hidden %d --debug %s > %s 2>&1 < /dev/null & echo $!")
-    :format(ROOT, n, port, prefix, HIDDEN, extra or "", log)
-  local pid = tonumber(sh(cmd):match("^(%d+)"))
-  local srv = { pid = pid, port = port, prefix = prefix, log = log, n = n }
-  local up = http.wait_up(port, "/health", 60000, function(st, body) return st == 200 and body:find('"status":"ok"', 1, true) end)
-  if not up then
-    local l = read_file(log)
-    srv.stop = true
-    error(("server did not come up on port %d:\n%s"):format(port, l))
-  end
-  return srv
+  return server.start(n, { tag = "serve-test", hidden = HIDDEN, args = "--debug " .. (extra or "") })
 end
-
-local function stop(srv)
-  if not srv or not srv.pid then return end
-  ffi.C.kill(-srv.pid, 15)                 -- the session: start, weft-run, nginx, workers
-  local deadline = http.now_ms() + 15000
-  while alive(srv.pid) and http.now_ms() < deadline do ffi.C.poll(nil, 0, 50) end
-  if alive(srv.pid) then ffi.C.kill(-srv.pid, 9) end
-  sh(("rm -rf %s %s"):format(srv.prefix, srv.log))
-  srv.pid = nil
-end
-pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
+local stop = server.stop
 
 local function health(srv)
   local st, body = http.request(srv.port, "GET", "/health", nil, 10000)
@@ -107,7 +58,7 @@ describe("served demo (nginx front end, weft ranks)", function()
     teardown(function() stop(srv) end)
 
     local function need()
-      if not have_nginx() then pending("nginx with the Lua module is not installed: " .. tostring(nginx_why)) return false end
+      if not have_nginx() then pending(server.no_nginx()) return false end
       return true
     end
 
@@ -295,7 +246,7 @@ describe("served demo (nginx front end, weft ranks)", function()
     teardown(function() stop(srv) end)
 
     it("answers concurrent requests correctly", function()
-      if not have_nginx() then pending("nginx with the Lua module is not installed: " .. tostring(nginx_why)) return end
+      if not have_nginx() then pending(server.no_nginx()) return end
       local _, h = health(srv)
       assert.are.equal("cpu", h.channel)
       assert.are.equal(3, h.world_size)

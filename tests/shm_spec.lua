@@ -5,8 +5,6 @@
 -- nothing left behind in /dev/shm. The fork()-based C test of the same engine
 -- (tests/c/shm_fork_test.c) runs with `make shm-test-c`.
 local ffi = require "ffi"
-local store = require "weft.store"
-local cpugroup = require "weft.cpugroup"
 local shm = require "weft.shm"
 local util = require "helpers.store_util"
 local spec = require "helpers.spec_util"
@@ -28,10 +26,7 @@ local before_all = leftovers()
 
 describe("weft.shm in one process", function()
   local s, g
-  before_each(function()
-    s = store.open { server = true, port = 0, timeout_ms = 5000 }
-    g = cpugroup.new(s, "solo", { 7 }, 0, 2000)
-  end)
+  before_each(function() s, g = util.one_rank_group("solo", 7, 2000) end)
   after_each(function()
     g:destroy()
     s:close()

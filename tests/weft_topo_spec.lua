@@ -255,13 +255,7 @@ describe("weft-topo", function()
   end)
 
   describe("--svg", function()
-    local function slurp(path)
-      local f = io.open(path)
-      if not f then return nil end
-      local s = f:read("*a")
-      f:close()
-      return s
-    end
+    local slurp = require("helpers.store_util").read_file
 
     it("writes the picture and says so on stderr", function()
       local file = os.tmpname()

@@ -6,6 +6,36 @@ local M = {}
 
 local floor, fmt, concat = math.floor, string.format, table.concat
 
+-- A benchmark script's command line into o (its defaults): "--some-key v"
+-- sets o.some_key (a number when v reads as one); flags[a](o) handles the
+-- options that take no value; anything else raises "<name>: unknown
+-- argument a<hint>".
+function M.parse_args(argv, o, flags, name, hint)
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if flags[a] then flags[a](o)
+    elseif a:match("^%-%-") and argv[i + 1] then
+      local k = a:sub(3):gsub("-", "_")
+      local v = argv[i + 1]
+      o[k] = tonumber(v) or v
+      i = i + 1
+    else
+      error(name .. ": unknown argument " .. a .. (hint or ""), 2)
+    end
+    i = i + 1
+  end
+  return o
+end
+
+-- Runs a shell command line: its output (stderr too) and whether it exited 0.
+function M.sh(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("*a")
+  local ok, _, code = p:close()
+  return out, (ok == true or code == 0)
+end
+
 function M.median(xs)
   local t = {}
   for i = 1, #xs do t[i] = xs[i] end

@@ -87,18 +87,8 @@ M.complete, M.open_input = repl_input.complete, repl_input.open_input
 M.open_link = repl_link.open_link
 
 ---------------------------------------------------------------- ranks as text
--- "0-3", "0,2,5-7"
-function M.ranks_str(list)
-  local t, i = {}, 1
-  while i <= #list do
-    local j = i
-    while list[j + 1] == list[j] + 1 do j = j + 1 end
-    t[#t + 1] = j > i + 1 and (list[i] .. "-" .. list[j]) or
-                (j == i + 1 and (list[i] .. "," .. list[j]) or tostring(list[i]))
-    i = j + 1
-  end
-  return concat(t, ",")
-end
+-- "0-3", "0,2,5-7" (weft-run's form; loaded on first use)
+function M.ranks_str(list) return require("weft.launcher").ranks_text(list) end
 
 -- "0,2,5-7" -> {0,2,5,6,7} (sorted, unique) or nil, message
 function M.parse_ranks(s, world)

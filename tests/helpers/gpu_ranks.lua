@@ -44,6 +44,17 @@ function G.run_harness(world, harness, args)
   return output, output:match("rc=0%s*$") ~= nil
 end
 
+-- o.run for G.harness_checks: on its first call builds the harness ($env,
+-- else `default`, made by `make -s target`) and runs it (G.run_harness);
+-- every call returns that run's output and whether it exited 0.
+function G.harness_once(world, env, default, target, args)
+  local output, ok
+  return function()
+    if not output then output, ok = G.run_harness(world, G.harness(env, default, target), args) end
+    return output, ok
+  end
+end
+
 -- The lines of check group `label` in the output: its FAIL lines (and any
 -- FATAL), and whether it reported PASS.
 function G.group_result(output, label)

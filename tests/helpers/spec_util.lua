@@ -24,6 +24,13 @@ function S.shell(cmd)
   return out, tonumber(out:match("rc=(%d+)%s*$"))
 end
 
+-- How many "<prefix>] OK " lines the rank workers printed.
+function S.count_ok(out)
+  local n = 0
+  for _ in out:gmatch("%] OK ") do n = n + 1 end
+  return n
+end
+
 -- A function that, on its first call, builds the C test binary `target` (a
 -- make target under BUILD) into a fresh temporary folder, runs it with a time
 -- limit and removes the folder; every call returns what it printed followed

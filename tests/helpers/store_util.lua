@@ -148,6 +148,14 @@ end
 M.OP = { HELLO = 1, AUTH = 2, AUTH_OK = 3, SET = 4, GET = 5, ADD = 6, CHECK = 7, CAS = 8,
          DELETE = 9, NUM_KEYS = 10, RESP = 11 }
 
+-- A store server on a free loopback port and a cpu group of one on it
+-- (global rank `rank`, default 0; timeout_ms default 5000): s, g. The specs'
+-- one-process checks; close with g:destroy(); s:close().
+function M.one_rank_group(name, rank, timeout_ms)
+  local s = require("weft.store").open { host = "127.0.0.1", port = 0, server = true, timeout_ms = 5000 }
+  return s, require("weft.cpugroup").new(s, name, { rank or 0 }, 0, timeout_ms or 5000)
+end
+
 ---------------------------------------------------------------- processes
 
 function M.root()

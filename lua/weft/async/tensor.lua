@@ -70,6 +70,15 @@ function M.current_stream()
 end
 local current_stream = M.current_stream
 
+-- Fills g's descriptor d for a NCCL call on dg: t's elements from t.ptr to
+-- out_ptr, on the current stream. (desc(g, op) is called by the collective
+-- itself, so its errors keep pointing at the collective's caller.)
+local function nccl_fill(d, kind, dg, t, out_ptr)
+  d.kind, d.comm, d["in"], d.out, d.count = kind, dg.handle, t.ptr, out_ptr, t.numel
+  d.dtype, d.device, d.stream = DT_CODE[t.dtype], dg.device, current_stream()
+  return d
+end
+
 -- Runs the blocking method (after draining) for what has no async path yet.
 local function fallback(g, op, method, ...)
   Q.drain(g)
@@ -133,10 +142,7 @@ function M.all_reduce(g, t, rop)
   -- calls on the communicator, so the blocking form serves them
   if be == "nccl" and (rop == "max" or rop == "min") and NAN_DTYPES[t.dtype] then be = nil end
   if be == "nccl" then
-    local stream = current_stream()
-    local d = desc(g, op)
-    d.kind, d.comm, d["in"], d.out, d.count = K.NCCL_ALL_REDUCE, dg.handle, t.ptr, t.ptr, t.numel
-    d.dtype, d.op, d.device, d.stream = DT_CODE[t.dtype], code, dg.device, stream
+    nccl_fill(desc(g, op), K.NCCL_ALL_REDUCE, dg, t, t.ptr).op = code
     return submit(g, op, t, nil, t)
   elseif be == "shm" then
     local c = shm_comm(g)
@@ -187,10 +193,7 @@ function M.all_gather(g, t, dim, out)
   for i = 1, dim do outer = outer * t.shape[i] end
   local be, dg = backend(g, op, t)
   if be == "nccl" and outer == 1 then
-    local stream = current_stream()
-    local d = desc(g, op)
-    d.kind, d.comm, d["in"], d.out, d.count = K.NCCL_ALL_GATHER, dg.handle, t.ptr, out.ptr, t.numel
-    d.dtype, d.device, d.stream = DT_CODE[t.dtype], dg.device, stream
+    nccl_fill(desc(g, op), K.NCCL_ALL_GATHER, dg, t, out.ptr)
     return submit(g, op, { t, out }, nil, out)
   end
   if (be == "shm" or be == "shm_gather") and outer == 1 then
@@ -254,10 +257,7 @@ function M.broadcast(g, t, src)
   if g.world_size == 1 or t.numel == 0 then return finished(op, gname(g), t) end
   local be, dg = backend(g, op, t)
   if be == "nccl" then
-    local stream = current_stream()
-    local d = desc(g, op)
-    d.kind, d.comm, d["in"], d.out, d.count = K.NCCL_BROADCAST, dg.handle, t.ptr, t.ptr, t.numel
-    d.dtype, d.root, d.device, d.stream = DT_CODE[t.dtype], src, dg.device, stream
+    nccl_fill(desc(g, op), K.NCCL_BROADCAST, dg, t, t.ptr).root = src
     return submit(g, op, t, nil, t)
   elseif be == "shm" or be == "shm_gather" then
     local c = shm_comm(g)
