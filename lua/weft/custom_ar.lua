@@ -68,9 +68,11 @@ function AR:run(inp, out, count, dtype, algo, stream, no_pdl)
   local h = live(self, "run")
   local a = code_of(ALGO, algo or 0, "algorithm", "run")
   if no_pdl then a = a + M.NO_PDL end
-  if C.weft_ar_run(h, inp, out or inp, count, code_of(DTYPES, dtype, "dtype", "run"), a, sh(stream)) ~= 0 then
-    raise("run")
-  end
+  local rc = C.weft_ar_run(h, inp, out or inp, count, code_of(DTYPES, dtype, "dtype", "run"), a, sh(stream))
+  -- refused before anything was enqueued (size, dtype: the same answer on
+  -- every rank): the handle stays usable; anything else is a failed launch
+  self.refused = rc == C.WEFT_EINVAL
+  if rc ~= 0 then raise("run") end
 end
 
 -- resolve(count, dtype, algo) -> kernel name, why; nil, message when the call

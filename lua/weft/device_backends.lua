@@ -82,6 +82,7 @@ function car.all_reduce(g, op, t, out_ptr, rop, code)
     return nccl_be.all_reduce(g, op, t, out_ptr, rop, code)
   end
   local ok, err = pcall(ar.run, ar, t.ptr, out_ptr, t.numel, t.dtype, algo)
+  if not ok and ar.refused then error(err, 0) end   -- refused before launch: state unchanged
   if not ok then
     -- a kernel failed (a peer late past the timeout, an abort) on this rank,
     -- maybe not on the others (a late peer's own call may succeed). Moving
