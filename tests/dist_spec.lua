@@ -170,15 +170,18 @@ describe("weft.dist", function()
       assert.are.equal("shm_gather", (policy.select(g, "all_reduce", x, "prod")))
       assert.are.equal("shm", (policy.select(g, "all_gather", T.zeros({ 2 }, "u8"))))
       g.same_node = false
-      -- across nodes: Gloo where weft was built with it (flat below
-      -- hier_min_bytes, or with one rank per node), else the store path
-      local across = require("weft.host_nodes").built and "gloo" or "store"
-      assert.are.equal(across, (policy.select(g, "all_reduce", x)))
-      if across == "gloo" then
-        g.node_count = 1   -- the stand-in's layout: fewer nodes than ranks, so big tensors go hierarchical
+      -- across nodes: Gloo where weft was built with it (hierarchical where a
+      -- node has several ranks; the store for small all-reduces with one
+      -- rank per node), else the store path
+      if require("weft.host_nodes").built then
         local big = T.zeros({ 1024, 1024 }, "bf16")
+        assert.are.equal("store", (policy.select(g, "all_reduce", x)))          -- small, one rank per node
+        assert.are.equal("gloo", (policy.select(g, "all_reduce", big)))
+        assert.are.equal("gloo", (policy.select(g, "broadcast", x)))
+        g.node_count = 1   -- the stand-in's layout: fewer nodes than ranks
         assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", big)))
-        assert.are.equal("gloo", (policy.select(g, "all_reduce", big, "prod")))
+        assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", x)))
+        assert.are.equal("gloo", (policy.select(g, "all_reduce", big, "prod")))   -- shm does not reduce prod
         assert.are.equal("gloo", (policy.select(g, "reduce_scatter", big)))
         g.host_backend = "gloo"
         assert.are.equal("gloo", (policy.select(g, "all_reduce", big)))
@@ -186,6 +189,8 @@ describe("weft.dist", function()
         assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", x)))
         g.host_backend, g.node_count = nil, nil
         big:free()
+      else
+        assert.are.equal("store", (policy.select(g, "all_reduce", x)))
       end
       g.same_node, g.host_backend = true, "store"
       assert.are.equal("store", (policy.select(g, "broadcast", x)))

@@ -261,7 +261,9 @@ end }))
 local function select_backend(g, op, t, rop)
   local name, why, cacheable = policy.select(g, op, t, rop)
   local be = name and M.backends[name]
-  if name == "store" and not g.same_node then require("weft.host_nodes").warn_store(g) end
+  if name == "store" and not g.same_node and not require("weft.host_nodes").built then
+    require("weft.host_nodes").warn_store(g)
+  end
   if not be then
     error(("weft: %s: policy chose backend %q for group %s but it is not registered (%s)")
           :format(op, tostring(name), gname(g), tostring(why)), 0)

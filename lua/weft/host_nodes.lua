@@ -16,15 +16,15 @@
 -- Host send/recv of tensors go over Gloo too: a 256-byte header (dtype,
 -- shape, bytes) the receiver checks, then the bytes.
 local ffi = require "ffi"
+local wffi = require "weft.ffi"
 
-local ffi_cast, ffi_string, ffi_copy, ffi_fill = ffi.cast, ffi.string, ffi.copy, ffi.fill
+local ffi_string, ffi_copy, ffi_fill = ffi.string, ffi.copy, ffi.fill
 local concat, fmt = table.concat, string.format
 local error, tostring = error, tostring
 
 local M = {}
 
 local G          -- weft.group, given to install()
-local u8p = ffi.typeof("uint8_t *")
 
 local gloo_mod
 local function gloo()
@@ -173,6 +173,32 @@ local gloo_backend = {
 }
 M.gloo_backend = gloo_backend
 
+-- Small tensors among the node leaders: one all-gather through the store
+-- and a local reduction in rank order (weft_host_reduce) beats Gloo's ring,
+-- whose every step is a hand-off between Gloo's loop thread and the caller
+-- (on 2 busy CPUs: store ~50-100 us, Gloo ~200-400 us up to 16 KiB;
+-- crossover near 64 KiB at 2 leaders; bench/results/host-allreduce-nodes-*).
+-- The bound is on what each leader gathers (bytes x leaders): every byte
+-- goes through rank 0's store server.
+M.LEADERS_STORE_MAX = tonumber(os.getenv("WEFT_HIER_STORE_MAX")) or 131072
+
+local function leaders_store_reduce(g, h, src, out_ptr, t, dc, code)
+  local nb = t.nbytes
+  local list = h.leaders_cpu:allgather(ffi_string(src, nb))
+  local n = #list
+  local srcs = h._srcs
+  if not srcs or h._nsrcs < n then srcs = ffi.new("const void *[?]", n); h._srcs, h._nsrcs = srcs, n end
+  for i = 1, n do
+    if #list[i] ~= nb then
+      error(fmt("weft: all_reduce: node leader %d passed %d bytes, this one %d (group %s)",
+                i - 1, #list[i], nb, g.unique_name), 0)
+    end
+    srcs[i - 1] = list[i]
+  end
+  local rc = wffi.C.weft_host_reduce(out_ptr, srcs, n, t.numel, dc, code)
+  if rc ~= 0 then error("weft: " .. wffi.last_error(), 0) end
+end
+
 local hier_backend = setmetatable({
   all_reduce = function(g, _, t, out_ptr, _, code)
     local h = hier(g)
@@ -183,7 +209,12 @@ local hier_backend = setmetatable({
       src = out_ptr
     end
     if h.leaders_gloo then
-      local ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code)
+      local ok, err
+      if t.nbytes * g.node_count <= M.LEADERS_STORE_MAX then
+        ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code)
+      else
+        ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code)
+      end
       if not ok then
         -- the node's other ranks wait in the broadcast below: tell them why, now
         if h.local_shm then

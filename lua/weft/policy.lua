@@ -43,7 +43,20 @@ end
 -- leaders) from this many bytes on; below it flat Gloo's single ring wins.
 -- bench/results/host-allreduce-nodes-*.md has the measurement;
 -- WEFT_HIER_MIN_BYTES overrides, WEFT_HOST_BACKEND=gloo|hier forces.
-M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 262144
+M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 0
+
+-- One rank per node, small all-reduces: one all-gather through the store and
+-- a local reduction beat Gloo's ring (each ring step is a hand-off between
+-- Gloo's loop thread and the caller): up to this many bytes x ranks.
+M.store_small_max = tonumber(os.getenv("WEFT_STORE_SMALL_MAX")) or 131072
+
+function M.store_small_applies(g, _, t, rop)
+  if g.same_node or not gloo_built() or t == nil then return false end
+  local f = host_forced(g)
+  if f == "gloo" or f == "hier" then return false end
+  if (g.node_count or g.world_size) < g.world_size then return false end
+  return (tonumber(t.nbytes) or 0) * g.world_size <= M.store_small_max
+end
 
 -- true, or false and why not (explain's text)
 -- Deterministic mode (M.deterministic, §10 of docs/policy.md): a float sum
@@ -94,12 +107,20 @@ M.rules = {
     when = function(g, op, t, rop) return M.hier_applies(g, op, t, rop) == true end,
     why = function(g, _, t)
       return ("host tensor of %s across %d nodes: shm all-reduce inside each node, Gloo among "
-        .. "the %d node leaders, shm broadcast back (from %s on this beats flat Gloo: "
-        .. "policy.hier_min_bytes, measured on simulated nodes)")
+        .. "the %d node leaders (through the store when small), shm broadcast back (faster "
+        .. "than flat Gloo from %s on: policy.hier_min_bytes, measured on simulated nodes)")
         :format(human_bytes(t and tonumber(t.nbytes) or 0), g.node_count or 0, g.node_count or 0,
                 human_bytes(M.hier_min_bytes))
     end,
     why_not = function(g, op, t, rop) return select(2, M.hier_applies(g, op, t, rop)) end },
+  { name = "small across nodes", backend = "store", ops = { all_reduce = true },
+    when = function(g, op, t, rop) return M.store_small_applies(g, op, t, rop) end,
+    why = function(g, _, t)
+      return ("host tensor of %s, one rank per node: one all-gather through the store and a "
+        .. "local reduction (below policy.store_small_max = %s gathered, faster than Gloo's ring)")
+        :format(human_bytes(t and tonumber(t.nbytes) or 0), human_bytes(M.store_small_max))
+    end,
+    why_not = "not one rank per node, or too large, or forced" },
   { name = "gloo across nodes", backend = "gloo", cacheable = true,
     when = function(g, op, t, rop) return not g.same_node and gloo_built() and not det_host_ring(g, op, t, rop) end,
     why = "host tensor, ranks on several nodes: Gloo over TCP (full mesh, ring all-reduce)",
