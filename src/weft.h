@@ -101,6 +101,11 @@ int weft_store_num_keys(weft_store *s, int64_t *n);
  * "rank R (pid P, host H) died". get/wait cannot know who would set a key,
  * so any gone rank of the world ends them. */
 int weft_store_register_rank(weft_store *s, int rank, int world);
+/* The ranks of the world that are gone (tombstones), polled up to wait_ms
+ * until one appears: *n of them, described in buf ("rank R (pid P, host H),
+ * ..."). For callers whose own wait failed elsewhere (a peer's connection,
+ * another group) and who want to name the first cause. */
+int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n);
 
 /* ---- interrupt (src/core/interrupt.c) ----
  * While armed, weft's blocking host waits (cpu group and store waits, shm
@@ -131,6 +136,10 @@ int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len,
 int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op);
 int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len);
 int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len);
+/* This rank gives up on the group: every member's current and later waits
+ * on it fail with WEFT_EABORT "aborted: why" (e.g. a node leader whose own
+ * node failed tells the other leaders what happened). */
+int weft_cpugroup_abort(weft_cpugroup *g, const char *why);
 
 /* ---- host data plane: shared-memory communicator (src/host/shm.c) ----
  * Collective create among ranks of one node; the segment is unlinked as soon

@@ -29,7 +29,7 @@ describe("simulated nodes", function()
     for _, l in ipairs(N.rank_lines(out)) do
       assert.are.equal(l.rank >= 2 and 1 or 0, l.node)
     end
-    assert.is_truthy(out:find("gloo across nodes: yes", 1, true) or out:find("ranks on several nodes: yes", 1, true), out)
+    assert.is_truthy(out:find(" across nodes: yes", 1, true) or out:find("ranks on several nodes: yes", 1, true), out)
   end)
 
   it("3 nodes x 1 rank: every rank its own node", function()

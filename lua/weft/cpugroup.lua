@@ -80,6 +80,12 @@ function M.new(store, name, ranks, my_index, timeout_ms)
   }, Group)
 end
 
+-- this rank gives up: every member's waits on the group fail, naming why
+function Group:abort(why)
+  local h = self.handle
+  if h ~= nil then C.weft_cpugroup_abort(h, tostring(why or "")) end
+end
+
 function Group:barrier()
   check(C.weft_cpugroup_barrier(handle_of(self, "barrier")))
 end

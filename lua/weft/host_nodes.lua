@@ -199,13 +199,37 @@ local function leaders_store_reduce(g, h, src, out_ptr, t, dc, code)
   if rc ~= 0 then error("weft: " .. wffi.last_error(), 0) end
 end
 
+-- a failure of one step, with the world's dead ranks appended when the
+-- message does not name them (the first death may be outside this group:
+-- a node leader that exited after its own node failed)
+local gone_buf, gone_n = ffi.new("char[2048]"), ffi.new("int[1]")
+local function with_gone(g, err)
+  local msg = tostring(err)
+  local st = g.cpu_group and g.cpu_group.store
+  if not (st and st.handle) then return msg end
+  if wffi.C.weft_store_gone_ranks(st.handle, 500, gone_buf, 2048, gone_n) ~= 0 or gone_n[0] == 0 then
+    return msg
+  end
+  local gone = ffi_string(gone_buf)
+  if msg:find(gone, 1, true) then return msg end
+  return msg .. " (gone from the job: " .. gone .. ")"
+end
+
 local hier_backend = setmetatable({
   all_reduce = function(g, _, t, out_ptr, _, code)
     local h = hier(g)
     local dc = G.DT_CODE[t.dtype]
     local src = t.ptr
     if h.local_shm then
-      h.local_shm:all_reduce(src, out_ptr, t.numel, dc, code)
+      local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code)
+      if not ok then
+        -- a leader whose node failed tells the other leaders why (they wait for it)
+        if h.leaders_cpu then
+          local who = tostring(err):match("(rank %d+ %b()) died") or tostring(err):match("(rank %d+ %(global %d+, pid %d+, host [^)]*%)) died")
+          h.leaders_cpu:abort(who and (who .. " died on node " .. g.node_index) or tostring(err):sub(1, 300))
+        end
+        error(with_gone(g, err), 0)
+      end
       src = out_ptr
     end
     if h.leaders_gloo then
@@ -216,13 +240,15 @@ local hier_backend = setmetatable({
         ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code)
       end
       if not ok then
-        -- the node's other ranks wait in the broadcast below: tell them why, now
+        local msg = with_gone(g, err)
+        -- the node's other ranks wait in the broadcast below: tell them why,
+        -- now (the shm abort keeps ~100 bytes: the dead ranks, else a hint)
         if h.local_shm then
-          local who = tostring(err):match("group '[^']*': (rank %d+ %b().-) died")
-          h.local_shm:abort(who and ("Gloo: " .. who .. " died")
-                            or "its Gloo all-reduce among the node leaders failed")
+          local who = msg:match("gone from the job: (.-)%)$") or msg:match("(rank %d+ %b().-) died")
+          h.local_shm:abort(who and (who .. " died")
+                            or "the node leaders' exchange failed (see that rank's error)")
         end
-        error(err, 0)
+        error(msg, 0)
       end
     end
     if h.local_shm then h.local_shm:broadcast(out_ptr, t.nbytes, 0) end

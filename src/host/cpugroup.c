@@ -456,3 +456,11 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
 }
 
 weft_store *wf_cpugroup_store(weft_cpugroup *g) { return g ? g->s : NULL; }
+
+int weft_cpugroup_abort(weft_cpugroup *g, const char *why) {
+  WF_CHECK_ARG(g, "cpugroup abort: group is NULL");
+  char msg[600];
+  snprintf(msg, sizeof msg, "rank %d gave up on cpugroup '%s': %s", g->ranks[g->me], g->name,
+           why && *why ? why : "aborted by its caller");
+  return weft_store_set(g->s, g->abort_key, msg, strlen(msg));
+}

@@ -364,3 +364,10 @@ int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, cha
     usleep(50 * 1000);
   }
 }
+
+int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n) {
+  WF_CHECK_ARG(s && buf && len > 0 && n, "store gone_ranks: NULL argument");
+  buf[0] = '\0';
+  *n = wf_store_gone_among(s, NULL, 0, wait_ms, buf, len);
+  return 0;
+}
