@@ -41,6 +41,14 @@ struct Recorded {
 
 using ms = std::chrono::milliseconds;
 
+// a + b without std::operator+ (a weak template instance that a CUDA build's
+// link would export from the .so: check-exports)
+std::string cat(const std::string &a, const std::string &b) {
+  std::string r(a);
+  r.append(b);
+  return r;
+}
+
 // gloo::rendezvous::Store over weft's store: keys under a per-context
 // prefix; every wait bounded by the group's timeout, and its failure says
 // whose address did not arrive.
@@ -52,14 +60,14 @@ class WeftStore : public gloo::rendezvous::Store {
         timeout_ms_(timeout_ms) {}
 
   void set(const std::string &key, const std::vector<char> &data) override {
-    std::string k = prefix_ + key;
+    std::string k = cat(prefix_, key);
     int rc = weft_store_set(s_, k.c_str(), data.data(), data.size());
     if (rc) throw Recorded{wf_error_context(rc, "publishing this rank's Gloo address")};
     mine_.push_back(k);
   }
 
   std::vector<char> get(const std::string &key) override {
-    std::string k = prefix_ + key;
+    std::string k = cat(prefix_, key);
     const void *v = nullptr;
     size_t len = 0;
     int rc = weft_store_get(s_, k.c_str(), timeout_ms_, &v, &len);
@@ -73,7 +81,7 @@ class WeftStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string> &keys, const ms &timeout) override {
     std::vector<std::string> full;
     std::vector<const char *> arr;
-    for (const auto &k : keys) full.push_back(prefix_ + k);
+    for (const auto &k : keys) full.push_back(cat(prefix_, k));
     for (const auto &k : full) arr.push_back(k.c_str());
     int t = (int)timeout.count();
     if (t <= 0 || t > timeout_ms_) t = timeout_ms_;
@@ -164,9 +172,10 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
       std::string a = cause.substr(b + 1, e - b - 1);
       for (int i = 0; i < c->size; i++)
         if (i != c->me && i < (int)c->addrs.size() && c->addrs[i] == a)
-          at += (at.empty() ? "" : ", ") + std::to_string(c->ranks[i]);
-      if (!at.empty()) at = "lost the connection to rank(s) " + at + " at " + a + " (no death seen "
-                            "by the store, or the store is gone with rank 0): ";
+          at.append(at.empty() ? "" : ", ").append(std::to_string(c->ranks[i]));
+      if (!at.empty())
+        at = std::string("lost the connection to rank(s) ").append(at).append(" at ").append(a)
+                 .append(" (no death seen by the store, or the store is gone with rank 0): ");
     }
     rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s", op, c->name.c_str(), at.c_str(),
                   cause.c_str());
