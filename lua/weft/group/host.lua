@@ -1,0 +1,217 @@
+-- weft.group.host — the host data path of weft.group (lua/weft/group.lua):
+-- grow-only scratch buffers (weft_host_alloc), the local reduction in rank
+-- order (weft_host_reduce, src/host/hostops.c), the registry of backends
+-- with the store, shm and shm_gather backends (weft.shm over
+-- src/host/shm.c; the cpu group over src/host/cpugroup.c), the per-group
+-- memo of the policy's choice, and the re-raising of a lower layer's error
+-- as "weft: <op>: group <name>: <cause>".
+local ffi = require "ffi"
+local wffi = require "weft.ffi"
+local policy = require "weft.policy"
+local K = require "weft.group.checks"
+
+local C = wffi.C
+local ffi_copy, ffi_cast, ffi_string = ffi.copy, ffi.cast, ffi.string
+local type, tostring, error, pcall, tonumber, setmetatable, require =
+  type, tostring, error, pcall, tonumber, setmetatable, require
+local concat = table.concat
+local gname, REDUCE_OPS = K.gname, K.REDUCE_OPS
+
+local M = {}
+
+local u8p = ffi.typeof("uint8_t *")
+
+---------------------------------------------------------------- scratch memory
+local have_host_alloc = pcall(function() return C.weft_host_alloc end)
+
+local function alloc_bytes(n)
+  if n < 64 then n = 64 end
+  if have_host_alloc then
+    local p = C.weft_host_alloc(n)
+    if p == nil then error(("weft: alloc: out of host memory (%d bytes)"):format(n), 0) end
+    return ffi.gc(ffi_cast(u8p, p), C.weft_host_free)
+  end
+  return ffi.new("uint8_t[?]", n)
+end
+
+-- grow-only per-group scratch buffers, by slot
+function M.scratch(self, slot, n)
+  local s = self._scratch_bufs
+  local cur = s[slot]
+  if cur and cur.n >= n then return cur.p end
+  local nn = cur and math.max(n, cur.n * 2) or n
+  local p = alloc_bytes(nn)
+  s[slot] = { p = p, n = nn }
+  return p
+end
+
+---------------------------------------------------------------- local reduction
+-- Reduce `nblocks` blocks (array of pointers, 1-based) of `count` elements into
+-- dst, in block order, with weft_host_reduce: the shm engine's kernels, so
+-- every rank and every backend computes bit-identical results (integers wrap,
+-- f16/bf16 accumulate in f32 and round once, max/min propagate NaN). Never in
+-- Lua numbers: their conversions back to integers depend on the JIT state.
+local DT_CODE = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6, f8e4m3 = 7 }
+local DT_SIZE = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, i64 = 8, u8 = 1, f64 = 8, f8e4m3 = 1 }
+M.DT_CODE, M.DT_SIZE = DT_CODE, DT_SIZE
+local srcs_ct = ffi.typeof("const void *[?]")
+
+function M.reduce_blocks(self, dst, blocks, count, dtype, rop)
+  local n = #blocks
+  local srcs = self._reduce_srcs
+  if srcs == nil or self._reduce_srcs_n < n then
+    srcs = srcs_ct(n)
+    self._reduce_srcs, self._reduce_srcs_n = srcs, n
+  end
+  for r = 1, n do srcs[r - 1] = blocks[r] end
+  wffi.check(C.weft_host_reduce(dst, srcs, n, count, DT_CODE[dtype], REDUCE_OPS[rop]), "reduce")
+end
+
+---------------------------------------------------------------- backends
+M.backends = {}
+
+function M.register_backend(name, impl)
+  assert(type(name) == "string" and type(impl) == "table", "weft: register_backend(name, impl)")
+  M.backends[name] = impl
+end
+
+local function shm_comm(g)
+  local c = g._shm
+  if c then return c end
+  local shm = require "weft.shm"
+  -- chunk per rank: WEFT_SHM_BYTES, else weft.group.SHM_BYTES, else weft.shm's default
+  local per_rank = tonumber(os.getenv("WEFT_SHM_BYTES")) or require("weft.group").SHM_BYTES
+  c = shm.new(g.cpu_group, per_rank)
+  g._shm = c
+  return c
+end
+
+local function lens_error(g, op, lens, mine)
+  local parts = {}
+  for i = 1, #lens do parts[i] = ("rank %d: %d"):format(g.ranks[i], lens[i]) end
+  error(("weft: %s: ranks passed different sizes on group %s (bytes %s; this rank %d)")
+        :format(op, gname(g), concat(parts, ", "), mine), 0)
+end
+
+-- store: every rank's bytes through the cpu group's all-gather
+local store_backend = {
+  gather_bytes = function(g, op, src, nbytes, dst)
+    local list = g.cpu_group:allgather(ffi_string(src, nbytes))
+    local lens, bad = {}, false
+    for i = 1, #list do lens[i] = #list[i]; if lens[i] ~= nbytes then bad = true end end
+    if bad then lens_error(g, op, lens, nbytes) end
+    local d = ffi_cast(u8p, dst)
+    for i = 1, #list do ffi_copy(d + (i - 1) * nbytes, list[i], nbytes) end
+  end,
+  broadcast = function(g, op, ptr, nbytes, src)
+    local me = g.rank_in_group
+    local data = g.cpu_group:broadcast(me == src and ffi_string(ptr, nbytes) or nil, src)
+    if #data ~= nbytes then
+      error(("weft: %s: rank %d broadcast %d bytes on group %s, this rank expected %d")
+            :format(op, g.ranks[src + 1], #data, gname(g), nbytes), 0)
+    end
+    if me ~= src then ffi_copy(ptr, data, nbytes) end
+  end,
+}
+M.register_backend("store", store_backend)
+
+local shm_gather_backend = {
+  gather_bytes = function(g, _, src, nbytes, dst)
+    shm_comm(g):all_gather(src, dst, nbytes)
+  end,
+  broadcast = function(g, _, ptr, nbytes, src)
+    shm_comm(g):broadcast(ptr, nbytes, src)
+  end,
+}
+M.register_backend("shm_gather", shm_gather_backend)
+
+M.register_backend("shm", {
+  gather_bytes = shm_gather_backend.gather_bytes,
+  broadcast = shm_gather_backend.broadcast,
+  all_reduce = function(g, _, t, out_ptr, _, opcode)
+    shm_comm(g):all_reduce(t.ptr, out_ptr, t.numel, DT_CODE[t.dtype], opcode)
+  end,
+  -- input laid out as world contiguous chunks; out receives this rank's chunk
+  reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, rop, opcode)
+    shm_comm(g):reduce_scatter(inp, out, count_out, DT_CODE[dtype], opcode)
+  end,
+})
+
+M.register_backend("no_device_backend", setmetatable({}, { __index = function(_, k)
+  return function(g, op)
+    error(("weft: %s: device tensors on group %s need a device backend (none registered; "
+          .. "is weft.cuda loaded and the group's device communicator created?)"):format(op, gname(g)), 0)
+  end
+end }))
+
+local function select_backend(g, op, t, rop)
+  local name, why, cacheable = policy.select(g, op, t, rop)
+  local be = name and M.backends[name]
+  if name == "store" and not g.same_node and not require("weft.host_nodes").built then
+    require("weft.host_nodes").warn_store(g)
+  end
+  if not be then
+    error(("weft: %s: policy chose backend %q for group %s but it is not registered (%s)")
+          :format(op, tostring(name), gname(g), tostring(why)), 0)
+  end
+  return be, name, cacheable
+end
+
+-- The hot path: a per-group memo of cacheable decisions, keyed by op, dtype,
+-- device and reduction (nested tables: no key building per call); dropped
+-- whenever the policy table changes (policy.version) or the group changes
+-- state (g._dispatch = nil).
+local function backend_for(g, op, t, rop)
+  local memo = g._dispatch
+  if memo == nil or memo.version ~= policy.version then
+    memo = { version = policy.version }
+    g._dispatch = memo
+  end
+  local a = memo[op]
+  local dt, dev = t and t.dtype or "", t and t.device or ""
+  local b = a and a[dt]
+  local c = b and b[dev]
+  local e = c and c[rop or ""]
+  if e then return e[1], e[2] end
+  local be, name, cacheable = select_backend(g, op, t, rop)
+  if cacheable then
+    if not a then a = {}; memo[op] = a end
+    if not b then b = {}; a[dt] = b end
+    if not c then c = {}; b[dev] = c end
+    c[rop or ""] = { be, name }
+  end
+  return be, name
+end
+
+-- Re-raise a failure of the layer below as "weft: <op>: group <name>: <cause>"
+-- (the cause keeps its own naming of the C call, the ranks, the timeout).
+local function rethrow(g, op, ok, ...)
+  if ok then return ... end
+  local msg = tostring((...))
+  local i = msg:find("weft: ", 1, true)
+  if i then msg = msg:sub(i) end
+  if msg:find("^weft: " .. op .. ":") then error(msg, 0) end
+  error(("weft: %s: group %s: %s"):format(op, gname(g), (msg:gsub("^weft: ", ""))), 0)
+end
+
+local function call_be(g, op, f, ...)
+  return rethrow(g, op, pcall(f, g, op, ...))
+end
+
+local function cpu(g, op, method, ...)
+  local c = g.cpu_group
+  return rethrow(g, op, pcall(c[method], c, ...))
+end
+
+-- all-gather `nbytes` from src into dst (world * nbytes), through backend `be`
+local function gather_bytes(g, be, op, src, nbytes, dst)
+  if not be.gather_bytes then
+    error(("weft: %s: backend cannot gather on group %s"):format(op, gname(g)), 0)
+  end
+  call_be(g, op, be.gather_bytes, src, nbytes, dst)
+end
+
+M.shm_comm, M.backend_for, M.rethrow, M.call_be, M.cpu, M.gather_bytes =
+  shm_comm, backend_for, rethrow, call_be, cpu, gather_bytes
+
+return M
