@@ -147,14 +147,14 @@ describe("deterministic mode: routing on a device-state stand-in", function()
   it("takes the store path, not Gloo's ring, for host float sums across nodes", function()
     local saved = package.loaded["weft.host_nodes"]
     package.loaded["weft.host_nodes"] = { built = true }
-    local g, h = group { same_node = false }, T.zeros({ 8 }, "f32")
+    local g, h = group { same_node = false }, T.zeros({ 1048576 }, "f32")   -- above the small-call store route
     local ok, err = pcall(function()
       assert.are.equal("gloo", sel(g, h))
       policy.set { deterministic = true }
       assert.are.equal("store", sel(g, h))
       assert.are.equal("store", sel(g, h, "reduce_scatter"))
       assert.are.equal("gloo", sel(g, h, nil, "max"))                  -- exact in any order
-      assert.are.equal("gloo", sel(g, T.zeros({ 8 }, "i32")))
+      assert.are.equal("gloo", sel(g, T.zeros({ 1048576 }, "i32")))
       assert.are.equal("gloo", sel(g, h, "all_gather"))
       assert.matches("Gloo's ring is not in rank order", policy.explain(g, h))
     end)
