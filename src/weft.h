@@ -171,7 +171,7 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out);
 int weft_same_node(weft_cpugroup *g, int root, uint8_t *flags);
 
 /* ---- gloo: host collectives across nodes on Gloo's TCP transport
- *      (src/gloo_shim.cc; src/gloo_stubs.c in a build without Gloo) ----
+ *      (src/host/gloo_shim.cc; src/host/gloo_stubs.c in a build without Gloo) ----
  * Built where Gloo's headers are (mk/gloo.mk); otherwise weft_gloo_available
  * says 0 and every other call fails with WEFT_ENODEV "built without Gloo".
  * create is collective over g: each rank listens on `host` (NULL or "": the

@@ -1,5 +1,5 @@
 -- weft.gloo — host collectives across nodes on Gloo's TCP transport
--- (src/gloo_shim.cc). Raw pointers, counts in elements, C dtype/op codes;
+-- (src/host/gloo_shim.cc). Raw pointers, counts in elements, C dtype/op codes;
 -- the GroupCoordinator's cross-node backends (weft.host_nodes) adapt tensors.
 --   gloo.available() -> true when weft was built with Gloo
 --   local c = gloo.new(cpugroup [, host])     -- collective over the group
@@ -16,6 +16,7 @@
 -- that died, and leaves the communicator unusable.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
@@ -93,12 +94,6 @@ function Comm:set_timeout(ms)
 end
 
 -- Local teardown only (closes this rank's connections); idempotent.
-function Comm:destroy()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  C.weft_gloo_destroy(h)
-end
+Comm.destroy = binding.destroyer(C.weft_gloo_destroy)
 
 return M

@@ -36,6 +36,7 @@ static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static wf_dc *g_live;
 
 static void live_add(wf_dc *d) {
+  wf_cuda_set_wait_checks(NULL, wf_dc_poll_all);   /* every host wait reads the error words */
   pthread_mutex_lock(&g_live_mu);
   d->next_live = g_live;
   g_live = d;
@@ -227,9 +228,5 @@ void wf_dc_abort(wf_dc *d) {
   __sync_synchronize();
   if (!d->failed) d->failed = WEFT_EABORT;
 }
-
-#else
-
-int wf_dc_poll_all(const char *op) { (void)op; return 0; }
 
 #endif /* WEFT_HAVE_CUDA */

@@ -99,8 +99,13 @@ int wf_dc_workspace(wf_dc *d, weft_cpugroup *g, size_t bytes, const char *op);
 void *wf_dc_peer(const wf_dc *d, int i);
 /* Allocates and maps the host words; 0, or the error (recorded). Once
  * mapped, the handle is in the registry that host waits poll
- * (wf_dc_poll_all, src/cuda/cuda_internal.h) until wf_dc_release. */
+ * (wf_dc_poll_all, installed as the CUDA layer's done-wait check) until
+ * wf_dc_release. */
 int wf_dc_map_host(wf_dc *d);
+/* Reads the error words of every live handle (the custom all-reduce, fusion
+ * workspaces): 0, or the first failed kernel's report (group, rank, peer,
+ * wait site, call) under op. Sticky until the handle is destroyed. */
+int wf_dc_poll_all(const char *op);
 /* The vote after this rank's workspace init (local_rc: its outcome, its
  * message still in weft_last_error()), so that no peer pushes into a
  * workspace before its owner initialised it: 0 when every rank is ready,

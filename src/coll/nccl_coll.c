@@ -388,7 +388,7 @@ int weft_nccl_synchronize(weft_nccl *c, void *stream) {
   int us = 0, polls = 0;
   for (;;) {
     cudaError_t e = cudaStreamQuery(s);
-    if (e == cudaSuccess) return wf_dc_poll_all("nccl synchronize");  /* weft's kernels too */
+    if (e == cudaSuccess) return wf_cuda_check_done("nccl synchronize");  /* weft's kernels too */
     if (e != cudaErrorNotReady) return wf_cuda_err(__FILE__, __LINE__, "nccl synchronize", e);
     ncclResult_t st = ncclSuccess;
     wf_nc.ncclCommGetAsyncError(c->comm, &st);

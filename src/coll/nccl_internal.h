@@ -83,8 +83,12 @@ ncclResult_t wf_nccl_poll_until(ncclComm_t comm, int64_t deadline);
 int wf_nccl_wait_ready(weft_nccl *c, const char *op);
 /* Starts the watchdog thread once: 0, or pthread_create's error. */
 int wf_nccl_wd_start(void);
-/* Registry of live communicators (the watchdog and wf_nccl_poll_all walk it). */
+/* Registry of live communicators (the watchdog and wf_nccl_poll_all walk it);
+ * the first add installs wf_nccl_poll_all as the CUDA layer's pending-wait check. */
 void wf_nccl_reg_add(weft_nccl *c);
+/* Poll every live communicator for an asynchronous error; a failed one is
+ * aborted and its error returned under op. 0 when all are fine. */
+int wf_nccl_poll_all(const char *op);
 void wf_nccl_reg_remove(weft_nccl *c);
 /* The slow end of wf_nccl_wd_disarm: the watchdog took the call over. */
 int wf_nccl_wd_taken(weft_nccl *c);

@@ -159,6 +159,7 @@ int wf_nccl_poll_all(const char *op) {
 }
 
 void wf_nccl_reg_add(weft_nccl *c) {
+  wf_cuda_set_wait_checks(wf_nccl_poll_all, NULL);   /* every host wait polls NCCL errors */
   pthread_mutex_lock(&g_reg_mu);
   c->next = g_reg;
   g_reg = c;

@@ -46,6 +46,12 @@ void wf_backoff(int *us, int max_us);
 int wf_interrupted(char *why, size_t n);
 int wf_interrupt_armed(void);
 
+/* Graph-capture nesting depth of the calling thread (src/core/capture.c;
+ * src/cuda/graph.c counts it): wf_capture_active() is 1 while the thread
+ * captures a CUDA graph through weft. */
+extern __thread int wf_tl_capture_depth;
+int wf_capture_active(void);
+
 #define WF_CHECK_ARG(cond, ...) \
   do { if (!(cond)) return wf_error(WEFT_EINVAL, __VA_ARGS__); } while (0)
 

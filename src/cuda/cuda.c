@@ -209,7 +209,7 @@ int weft_cuda_pointer_device(const void *p, int *dev) {
 /* ---- bounded waits ----
  * The host waits of the API (synchronize, copy, stream/event waits) also
  * read the error words of weft's own kernels once the work is done
- * (wf_dc_poll_all), as the waits poll NCCL's async errors: a custom
+ * (wf_cuda_check_done: devcoll.c), as the waits poll NCCL's async errors: a custom
  * all-reduce or fusion kernel that gave up on a peer is reported where its
  * wrong output would be read, not at the next call. */
 
@@ -228,7 +228,7 @@ int wf_cuda_wait_stream(cudaStream_t s, int timeout_ms, const char *op) {
     cudaError_t e = cudaStreamQuery(s);
     if (e == cudaSuccess) return 0;
     if (e != cudaErrorNotReady) return wf_cuda_err(__FILE__, __LINE__, op, e);
-    int rc = wf_nccl_poll_all(op);
+    int rc = wf_cuda_check_pending(op);
     if (rc) return rc;
     if (wf_now_ms() > deadline)
       return wf_error(WEFT_ETIMEOUT, "%s: stream did not finish within %d ms "
@@ -247,7 +247,7 @@ static int wait_event(cudaEvent_t ev, const char *op) {
     cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return 0;
     if (e != cudaErrorNotReady) return wf_cuda_err(__FILE__, __LINE__, op, e);
-    int rc = wf_nccl_poll_all(op);
+    int rc = wf_cuda_check_pending(op);
     if (rc) return rc;
     if (wf_now_ms() > deadline)
       return wf_error(WEFT_ETIMEOUT, "%s: event not reached within %d ms", op,
@@ -271,7 +271,7 @@ int weft_cuda_synchronize(void) {
   rc = wf_cuda_wait_stream(NULL, wf_cuda_timeout_ms(), "cuda synchronize");
   if (rc) return rc;
   WF_CUDA_CHECK(cudaDeviceSynchronize());
-  return wf_dc_poll_all("cuda synchronize");
+  return wf_cuda_check_done("cuda synchronize");
 }
 
 /* ---- copies ---- */
@@ -287,7 +287,7 @@ int weft_cuda_memcpy(void *dst, const void *src, size_t bytes) {
   if (rc) return rc;
   WF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   rc = wf_cuda_wait_stream(s, wf_cuda_timeout_ms(), "cuda copy");
-  return rc ? rc : wf_dc_poll_all("cuda copy");
+  return rc ? rc : wf_cuda_check_done("cuda copy");
 }
 
 int weft_cuda_memcpy_async(void *dst, const void *src, size_t bytes, void *stream) {
@@ -335,7 +335,7 @@ int weft_cuda_stream_synchronize(void *stream) {
   int rc = ensure();
   if (rc) return rc;
   rc = wf_cuda_wait_stream(pick(stream), wf_cuda_timeout_ms(), "cuda stream synchronize");
-  return rc ? rc : wf_dc_poll_all("cuda stream synchronize");
+  return rc ? rc : wf_cuda_check_done("cuda stream synchronize");
 }
 
 int weft_cuda_stream_wait_stream(void *stream, void *other) {
@@ -398,7 +398,7 @@ int weft_cuda_event_synchronize(void *event) {
   int rc = ensure();
   if (rc) return rc;
   rc = wait_event((cudaEvent_t)event, "cuda event synchronize");
-  return rc ? rc : wf_dc_poll_all("cuda event synchronize");
+  return rc ? rc : wf_cuda_check_done("cuda event synchronize");
 }
 
 int weft_cuda_event_elapsed(void *start, void *end, float *ms) {
@@ -406,7 +406,7 @@ int weft_cuda_event_elapsed(void *start, void *end, float *ms) {
   int rc = ensure();
   if (rc) return rc;
   rc = wait_event((cudaEvent_t)end, "cuda event elapsed");
-  if (!rc) rc = wf_dc_poll_all("cuda event elapsed");
+  if (!rc) rc = wf_cuda_check_done("cuda event elapsed");
   if (rc) return rc;
   WF_CUDA_CHECK(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
   return 0;

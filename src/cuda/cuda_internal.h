@@ -15,13 +15,15 @@
  *    `return WEFT_ECUDA` from the enclosing function. Use them only in
  *    functions that return int and own nothing that needs cleanup at that
  *    point; otherwise use wf_cuda_err()/wf_cu_err() and clean up yourself.
- *  - wf_capture_active(): 1 while the calling thread captures a CUDA graph
- *    through weft (weft_cuda_graph_begin, thread-local capture mode); cpugroup.c
- *    refuses store collectives then (a graph cannot replay them).
+ *  - wf_capture_active() (core/internal.h): 1 while the calling thread
+ *    captures a CUDA graph through weft (weft_cuda_graph_begin, thread-local
+ *    capture mode); cpugroup.c refuses store collectives then.
+ *  - wf_cuda_set_wait_checks(): the checks of the layer above (src/coll/)
+ *    that every bounded host wait runs.
  *
  * Code using wf_cu or CUDA types must sit inside `#if WEFT_HAVE_CUDA`; without
  * CUDA only the declarations outside that block exist (wf_cuda_init returns
- * WEFT_ENODEV, wf_capture_active 0). Never create a multicast object here
+ * WEFT_ENODEV). Never create a multicast object here
  * (cuMulticastCreate is deliberately absent). */
 #ifndef WEFT_CUDA_INTERNAL_H
 #define WEFT_CUDA_INTERNAL_H
@@ -41,7 +43,6 @@ extern "C" {   /* the .cu files in kernels/ include this too */
 #include "core/internal.h"
 
 int wf_cuda_init(void);
-int wf_capture_active(void);
 /* Device of the calling thread (after wf_cuda_init; sets it from the default
  * device on first use). */
 int wf_cuda_device(int *dev);
@@ -104,16 +105,17 @@ int wf_cuda_wait_stream(cudaStream_t s, int timeout_ms, const char *op);
 
 /* WEFT_CUDA_TIMEOUT_MS (default 300000), read once by wf_cuda_init. */
 int wf_cuda_timeout_ms(void);
-/* Graph-capture nesting depth of the calling thread (src/cuda/graph.c). */
-extern __thread int wf_tl_capture_depth;
-/* Poll every live NCCL communicator for an asynchronous error (src/coll/nccl.c);
- * a failed one is aborted and its error returned. 0 when all are fine. */
-int wf_nccl_poll_all(const char *op);
-/* Read the error words of every live weft device-collective handle (the
- * custom all-reduce, fusion workspaces; src/coll/devcoll.c): 0, or the first
- * failed kernel's report (group, rank, peer, wait site, call) under op.
- * Called by every host wait once the stream or event is done. */
-int wf_dc_poll_all(const char *op);
+/* The checks every bounded host wait runs (src/cuda/cuda.c), installed by
+ * the collectives above this layer when their first object is made, so the
+ * CUDA layer never calls up into them: `pending` while a stream or event is
+ * not done (NCCL's asynchronous errors: src/coll/nccl_watch.c), `done` once
+ * it is (the error words of weft's kernels: src/coll/devcoll.c). Each returns
+ * 0 or an error code with the message set under op. Either may be NULL (kept
+ * as it is); thread-safe, idempotent. */
+typedef int (*wf_wait_check)(const char *op);
+void wf_cuda_set_wait_checks(wf_wait_check pending, wf_wait_check done);
+int wf_cuda_check_pending(const char *op);
+int wf_cuda_check_done(const char *op);
 
 #ifdef __cplusplus
 }

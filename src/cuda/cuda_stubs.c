@@ -11,7 +11,6 @@ static int nodev(void) {
 int wf_cuda_init(void) { return nodev(); }
 int wf_cuda_device(int *dev) { (void)dev; return nodev(); }
 int wf_cuda_timeout_ms(void) { return 300000; }
-int wf_nccl_poll_all(const char *op) { (void)op; return 0; }
 
 int weft_cuda_device_count(int *n) {
   WF_CHECK_ARG(n, "cuda device_count: NULL out-parameter");

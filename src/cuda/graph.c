@@ -1,13 +1,9 @@
 /* graph.c — CUDA-graph capture: begin on a stream in thread-local mode, end and
- * instantiate, launch, destroy; and the "is this thread capturing" query the
- * control plane uses to refuse store collectives a graph could not replay. */
+ * instantiate, launch, destroy; counts the thread's capture depth
+ * (wf_tl_capture_depth, src/core/capture.c) that the other layers read. */
 #include "cuda_internal.h"
 
 #include <stdlib.h>
-
-__thread int wf_tl_capture_depth;
-
-int wf_capture_active(void) { return wf_tl_capture_depth > 0; }
 
 #if WEFT_HAVE_CUDA
 

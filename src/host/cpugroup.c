@@ -30,10 +30,9 @@
  * arrives); broadcast is one per member; send and recv one each.
  */
 #include "cpugroup.h"
-#include "cuda/cuda_internal.h"
 #include "core/internal.h"
 #include "store/store_proto.h"
-#include "gloo_glue.h"
+#include "store/store_share.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,6 +4,7 @@
  * store_client.c, the handshake in store_auth.c; wire format and limits:
  * store_proto.h. */
 #include "store_internal.h"
+#include "store_share.h"
 
 #include <pthread.h>
 #include <stdio.h>

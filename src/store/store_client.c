@@ -2,7 +2,7 @@
  * guarded by the handle's mutex, with a deadline on every read and write;
  * connect with backoff, framed send and receive, one reconnect per call.
  * Every handle (the server's own included) is such a client. */
-#include "gloo_glue.h"
+#include "store_share.h"
 #include "store_internal.h"
 
 #include <fcntl.h>

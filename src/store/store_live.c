@@ -18,7 +18,7 @@
  * A host that vanishes without closing its sockets is not seen here (TCP
  * does not tell): that still ends at the timeout. */
 #include "core/futex.h"
-#include "gloo_glue.h"
+#include "store_share.h"
 #include "store_internal.h"
 
 #include <stdio.h>

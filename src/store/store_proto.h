@@ -132,8 +132,5 @@ const char *wf_store_note(weft_store *s);
  * the rank's registration (store_live.c); just "rank R" when this handle is
  * not registered. For timeout messages. */
 void wf_store_live_describe(weft_store *s, const char *op, int rank, char *buf, size_t n);
-/* References held by cpu groups: the handle's memory outlives close(). */
-void wf_store_ref(weft_store *s);
-void wf_store_unref(weft_store *s);
 
 #endif

@@ -30,7 +30,7 @@ extern "C" {
 #include "core/internal.h"
 #include "host/cpugroup.h"
 }
-#include "gloo_glue.h"
+#include "store/store_share.h"
 
 namespace {
 

@@ -1,0 +1,31 @@
+/* store_share.h — the store's calls for the layers above it that weft.h does
+ * not carry (cpugroup.c, the Gloo shim: C and C++): references that keep a
+ * handle's memory past close(), the local address that reaches the server,
+ * and which ranks are gone. Implemented in store.c, store_client.c,
+ * store_live.c. */
+#ifndef WF_STORE_SHARE_H
+#define WF_STORE_SHARE_H
+
+#include "weft.h"
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* References held by cpu groups and Gloo contexts (store.c). */
+void wf_store_ref(weft_store *s);
+void wf_store_unref(weft_store *s);
+/* The local address of this handle's connection to the server: what a
+ * peer on another node can reach (store_client.c). */
+int wf_store_local_addr(weft_store *s, char *buf, size_t n);
+/* How many ranks of the world (ranks[]: the group, a subset; NULL: all) have
+ * a store tombstone, polled up to wait_ms; all described in who: "rank R
+ * (pid P, host H), ..." (store_live.c). 0: none. */
+int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
+                        size_t whon);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
