@@ -119,26 +119,7 @@ if os.getenv("RANK") and opts.worker then return worker() end
 ---------------------------------------------------------------- driver
 local sh = bench.sh
 
-local function parse_lines(out, tag)
-  local recs = {}
-  for line in out:gmatch("[^\n]+") do
-    local body = line:match(tag .. " (world=.*)$")
-    if body then
-      local r = {}
-      for k, v in body:gmatch("([%w_]+)=(%S+)") do r[k] = tonumber(v) or v end
-      recs[#recs + 1] = r
-    end
-  end
-  return recs
-end
-
-local function json_value(v)
-  if type(v) == "number" then
-    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%d"):format(v) end
-    return ("%.6g"):format(v)
-  end
-  return ('"%s"'):format(tostring(v):gsub('[%c"\\]', function(c) return ("\\u%04x"):format(c:byte()) end))
-end
+local parse_lines, json_value, human = bench.tagged_records, bench.json, bench.human_bytes
 
 local function json_record(r)
   local keys = { "op", "backend", "mode", "dtype", "world", "bytes", "iters", "us", "min_us", "busbw_gbs" }
@@ -149,22 +130,10 @@ local function json_record(r)
   return "{" .. table.concat(parts, ", ") .. "}"
 end
 
-local function human(b)
-  if b >= 1048576 then return ("%d MiB"):format(b / 1048576) end
-  if b >= 1024 then return ("%d KiB"):format(b / 1024) end
-  return ("%d B"):format(b)
-end
-
 local function driver()
   local worlds = {}
   for w in tostring(opts.worlds):gmatch("%d+") do worlds[#worlds + 1] = tonumber(w) end
-  local nproc = tonumber((sh("nproc"))) or 0
-  local machine = opts.machine or os.getenv("WEFT_MACHINE")
-  if not machine then
-    machine = (sh("hostname -s"):gsub("%s+$", ""))
-    if machine == "" or machine:find("[^%w%-_.]") then machine = "host" end
-    machine = ("%s-%dcpu"):format(machine, nproc)
-  end
+  local machine, nproc = bench.cpu_machine(opts.machine)
   local date = os.date("%Y-%m-%d")
   -- WEFT_COMMIT: the tree's commit where the copy's own git is stale (device runs)
   local commit = os.getenv("WEFT_COMMIT") or (sh("git -C " .. root .. " rev-parse --short HEAD"):gsub("%s+$", ""))
@@ -263,12 +232,7 @@ local function driver()
     md[#md + 1] = table.concat(row)
     b = b * opts.factor
   end
-  f = assert(io.open(base .. ".md", "w"))
-  f:write(table.concat(md, "\n") .. "\n")
-  f:close()
-  print(table.concat(md, "\n"))
-  local svg = bench.plot(base .. ".json")
-  print("wrote " .. base .. ".json and .md" .. (svg and " and .svg" or ""))
+  bench.finish_results(base, md)
   os.exit(failed and 1 or 0)
 end
 

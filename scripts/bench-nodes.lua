@@ -19,44 +19,15 @@
 -- (tcp,vader,self: like weft's hierarchy); --bind-to none and
 -- mpi_yield_when_idle, as 4 ranks share 2 CPUs here. Writes
 -- bench/results/host-allreduce-nodes-<machine>-<date>.{json,md}.
-local function parse_args(argv)
-  local o = { nodes = 2, per_node = 2, min = 1024, max = 64 * 1048576, factor = 4, iters = 200,
-              store_iters = 10, ["repeat"] = 3, mpi = "build/mpi_allreduce", out = "bench/results", warmup = 3 }
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "--no-mpi" then o.no_mpi = true
-    elseif a:match("^%-%-") and argv[i + 1] then
-      o[a:sub(3):gsub("-", "_")] = tonumber(argv[i + 1]) or argv[i + 1]
-      i = i + 1
-    else error("bench-nodes: unknown argument " .. a) end
-    i = i + 1
-  end
-  o.store_max = o.store_max or o.max
-  return o
-end
-local opts = parse_args(arg or {})
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  local ok, _, code = p:close()
-  return out, (ok == true or code == 0)
-end
-
-local function parse_lines(out, tag)
-  local recs = {}
-  for line in out:gmatch("[^\n]+") do
-    local body = line:match(tag .. " (world=.*)$")
-    if body then
-      local r = {}
-      for k, v in body:gmatch("([%w_]+)=(%S+)") do r[k] = tonumber(v) or v end
-      recs[#recs + 1] = r
-    end
-  end
-  return recs
-end
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local bench = require "weft.bench"
+local opts = bench.parse_args(arg or {}, {
+  nodes = 2, per_node = 2, min = 1024, max = 64 * 1048576, factor = 4, iters = 200,
+  store_iters = 10, ["repeat"] = 3, mpi = "build/mpi_allreduce", out = "bench/results", warmup = 3,
+}, { ["--no-mpi"] = function(o) o.no_mpi = true end }, "bench-nodes")
+opts.store_max = opts.store_max or opts.max
+local sh, parse_lines, json_value, human = bench.sh, bench.tagged_records, bench.json, bench.human_bytes
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -92,28 +63,8 @@ local function run_side(s)
   return recs, ok and #recs > 0
 end
 
-local function human(b)
-  if b >= 1048576 then return ("%d MiB"):format(b / 1048576) end
-  if b >= 1024 then return ("%d KiB"):format(b / 1024) end
-  return ("%d B"):format(b)
-end
-
-local function json_value(v)
-  if type(v) == "number" then
-    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%d"):format(v) end
-    return ("%.6g"):format(v)
-  end
-  return ('"%s"'):format(tostring(v))
-end
-
 local function main()
-  local nproc = tonumber((sh("nproc"))) or 0
-  local machine = opts.machine or os.getenv("WEFT_MACHINE")
-  if not machine then
-    machine = (sh("hostname -s"):gsub("%s+$", ""))
-    if machine == "" or machine:find("[^%w%-_.]") then machine = "host" end
-    machine = ("%s-%dcpu"):format(machine, nproc)
-  end
+  local machine, nproc = bench.cpu_machine(opts.machine)
   local date = os.date("%Y-%m-%d")
   local commit = os.getenv("WEFT_COMMIT") or (sh("git -C " .. q(root) .. " rev-parse --short HEAD"):gsub("%s+$", ""))
   local best, failed = {}, false   -- best[key][bytes] = record
@@ -137,8 +88,9 @@ local function main()
   os.execute("mkdir -p " .. q(opts.out))
   local base = ("%s/host-allreduce-nodes-%s-%s"):format(opts.out, machine, date)
   local lines = {}
-  local b = opts.min
-  while b <= opts.max do
+  local sizes, size = {}, opts.min
+  while size <= opts.max do sizes[#sizes + 1] = size; size = size * opts.factor end
+  for _, b in ipairs(sizes) do
     for _, s in ipairs(sides) do
       local r = best[s.key] and best[s.key][b]
       if r then
@@ -149,7 +101,6 @@ local function main()
         lines[#lines + 1] = "    {" .. table.concat(parts, ", ") .. "}"
       end
     end
-    b = b * opts.factor
   end
   local f = assert(io.open(base .. ".json", "w"))
   f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "nodes": %d,\n  "ranks_per_node": %d,\n  "runs": %d,\n  "records": [\n%s\n  ]\n}\n')
@@ -169,8 +120,7 @@ local function main()
   head[#head + 1] = " best weft / MPI tcp | best weft / store |"
   sep[#sep + 1] = "---|---|"
   md[#md + 1] = table.concat(head); md[#md + 1] = table.concat(sep)
-  b = opts.min
-  while b <= opts.max do
+  for _, b in ipairs(sizes) do
     local row = { ("| %s |"):format(human(b)) }
     for _, s in ipairs(sides) do
       local r = best[s.key] and best[s.key][b]
@@ -182,13 +132,8 @@ local function main()
     row[#row + 1] = (wb and m) and (" %.2f |"):format(wb / m.us) or " - |"
     row[#row + 1] = (wb and st) and (" 1/%.1f |"):format(st.us / wb) or " - |"
     md[#md + 1] = table.concat(row)
-    b = b * opts.factor
   end
-  f = assert(io.open(base .. ".md", "w"))
-  f:write(table.concat(md, "\n") .. "\n")
-  f:close()
-  print(table.concat(md, "\n"))
-  print("wrote " .. base .. ".json and .md")
+  bench.finish_results(base, md)
   os.exit(failed and 1 or 0)
 end
 

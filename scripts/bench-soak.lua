@@ -126,21 +126,10 @@ local function rank_main()
 end
 
 ---------------------------------------------------------------- driver
-local function sh(cmd)
-  local p = io.popen(cmd)
-  local s = p:read("*a")
-  p:close()
-  return s
-end
+local function sh(cmd) return (bench.sh(cmd)) end
 
 local function driver()
-  local nproc = tonumber(sh("nproc")) or 0
-  local machine = opts.machine or os.getenv("WEFT_MACHINE")
-  if not machine then
-    machine = sh("hostname -s"):gsub("%s+$", "")
-    if machine == "" or machine:find("[^%w%-_.]") then machine = "host" end
-    machine = ("%s-%dcpu"):format(machine, nproc)
-  end
+  local machine, nproc = bench.cpu_machine(opts.machine)
   local args = { "--small", opts.small, "--big", opts.big, "--small-bytes", opts.small_bytes,
                  "--big-bytes", opts.big_bytes, "--samples", opts.samples }
   local cmd = ("cd %s && %s/scripts/weft-run -n %d scripts/bench-soak.lua %s 2>&1; echo \"rc=$?\"")

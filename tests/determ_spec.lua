@@ -16,12 +16,7 @@ local T = weft.tensor
 local ROOT = os.getenv("PWD") or "."
 local MIB = 1048576
 
-local keep = {}
-local function dev(shape, dtype)
-  local h = T.empty(shape, dtype or "bf16")
-  keep[#keep + 1] = h
-  return T.wrap(h.ptr, shape, dtype or "bf16", "cuda:0", h)
-end
+local dev = spec.dev_standin
 
 local runs = {}
 local fake_ar = {
@@ -30,16 +25,7 @@ local fake_ar = {
   run = function(_, _, _, _, _, algo) runs[#runs + 1] = algo end,
 }
 
-local function group(o)
-  o = o or {}
-  local g = {
-    world_size = o.world or 2, same_node = o.same_node ~= false, unique_name = o.name or "tp.0",
-    rank = 0, rank_in_group = 0, is_member = true, ranks = { 0, 1, 2, 3, 4, 5, 6, 7 },
-  }
-  g._dev = { device = 0, nccl = { handle = true, device = 0 }, ar_state = "ready", ar = fake_ar,
-             ar_why = "fake workspace", scratch = {}, retired = {}, determ = o.determ }
-  return g
-end
+local function group(o) return spec.group_standin(o, fake_ar) end
 
 local function sel(g, t, op, rop) return (policy.select(g, op or "all_reduce", t, rop)) end
 

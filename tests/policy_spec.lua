@@ -17,13 +17,7 @@ local T = weft.tensor
 local ROOT = os.getenv("PWD") or "."
 local MIB = 1048576
 
--- a device tensor stand-in: host storage, labelled cuda:0 (never dereferenced here)
-local keep = {}
-local function dev(shape, dtype)
-  local h = T.empty(shape, dtype or "bf16")
-  keep[#keep + 1] = h
-  return T.wrap(h.ptr, shape, dtype or "bf16", "cuda:0", h)
-end
+local dev = spec.dev_standin   -- host storage labelled cuda:0
 
 local fake_ar = {
   max_bytes = 64 * MIB, oneshot_max = 8 * MIB,
@@ -33,18 +27,7 @@ local fake_ar = {
 }
 
 -- a group stand-in; dev_state: the device state after set-up (nil: not set up)
-local function group(o)
-  o = o or {}
-  local g = {
-    world_size = o.world or 2, same_node = o.same_node ~= false, unique_name = o.name or "tp.0",
-    rank = 0, rank_in_group = 0, is_member = true, ranks = { 0, 1, 2, 3, 4, 5, 6, 7 },
-  }
-  if o.setup ~= false then
-    g._dev = { device = 0, nccl = { handle = true, device = 0 }, ar_state = "ready", ar = fake_ar,
-               ar_why = "fake workspace", scratch = {}, retired = {} }
-  end
-  return g
-end
+local function group(o) return spec.group_standin(o, fake_ar) end
 
 local function sel(g, t, op, rop) return (policy.select(g, op or "all_reduce", t, rop)) end
 

@@ -231,6 +231,82 @@ describe("weft.topology", function()
     assert.is_true(checked > 100)
   end)
 
+  -- initialize_model_parallel's loops (seeds/sglang_parallel_state.py.txt),
+  -- transcribed one for one: the reference of the sweep below
+  local function seed_groups(tp, pp, ep, attn_dp, attn_cp, moe_dp)
+    local world, ntp = tp * pp, tp * pp / tp
+    local attn_tp, moe_tp = tp / attn_cp / attn_dp, tp / ep / moe_dp
+    local function range(st, en, step)
+      local r = {}
+      for i = st, en - 1, step or 1 do r[#r + 1] = i end
+      return r
+    end
+    local G = { tp = {} }
+    for i = 0, ntp - 1 do G.tp[#G.tp + 1] = range(i * tp, (i + 1) * tp) end
+    if attn_cp == tp then G.attn_cp = G.tp else
+      G.attn_cp = {}
+      for t = 0, ntp - 1 do for d = 0, attn_dp - 1 do for a = 0, attn_tp - 1 do
+        local st = t * tp + d * attn_tp * attn_cp + a
+        local en = t * tp + (d + 1) * attn_tp * attn_cp + a
+        G.attn_cp[#G.attn_cp + 1] = range(st, en, attn_tp)
+      end end end
+    end
+    -- attention TP and MoE TP: the seed's two loops of consecutive blocks
+    local function blocks(count, size)
+      local out = {}
+      for t = 0, ntp - 1 do for c = 0, count - 1 do
+        out[#out + 1] = range(t * tp + c * size, t * tp + (c + 1) * size)
+      end end
+      return out
+    end
+    G.attn_tp = attn_tp == tp and G.tp or blocks(attn_cp * attn_dp, attn_tp)
+    if attn_cp > moe_dp then G.moe_dp = G.attn_cp elseif moe_dp == tp then G.moe_dp = G.tp else
+      G.moe_dp = {}
+      for t = 0, ntp - 1 do for c = 0, moe_tp * ep - 1 do
+        G.moe_dp[#G.moe_dp + 1] = range(t * tp + c, (t + 1) * tp + c, moe_tp * ep)
+      end end
+    end
+    if ep == tp then G.moe_ep = G.tp else
+      G.moe_ep = {}
+      for t = 0, ntp - 1 do for d = 0, moe_dp - 1 do for m = 0, moe_tp - 1 do
+        local st = t * tp + d * ep * moe_tp + m
+        G.moe_ep[#G.moe_ep + 1] = range(st, st + ep * moe_tp, moe_tp)
+      end end end
+    end
+    G.moe_tp = moe_tp == tp and G.tp or blocks(ep * moe_dp, moe_tp)
+    G.pp = {}
+    for i = 0, world / pp - 1 do G.pp[#G.pp + 1] = range(i, world, world / pp) end
+    return G
+  end
+
+  it("every kind's layout is the seed's, loop for loop (sweep)", function()
+    local checked = 0
+    for _, tp in ipairs({ 1, 2, 4, 6, 8, 12, 16 }) do
+      for _, pp in ipairs({ 1, 2, 3 }) do
+        for _, ep in ipairs({ 1, 2, 3, 4, 8 }) do
+          for _, adp in ipairs({ 1, 2, 3, 4 }) do
+            for _, acp in ipairs({ 1, 2, 4, 8 }) do
+              for _, mdp in ipairs({ 1, 2, 4 }) do
+                if tp % (acp * adp) == 0 and tp % (ep * mdp) == 0 then
+                  local p = topology.plan { world_size = tp * pp, tp = tp, pp = pp, ep = ep,
+                                            attn_dp = adp, attn_cp = acp, moe_dp = mdp }
+                  local want = seed_groups(tp, pp, ep, adp, acp, mdp)
+                  for kind, list in pairs(want) do
+                    local got = p.groups[kind] or p.groups[p.aliases[kind]]
+                    assert.are.same(list, got, ("%s at tp=%d pp=%d ep=%d attn_dp=%d attn_cp=%d moe_dp=%d")
+                                    :format(kind, tp, pp, ep, adp, acp, mdp))
+                  end
+                  checked = checked + 1
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+    assert.is_true(checked > 300, "checked " .. checked)
+  end)
+
   it("to_json gives the exact compact form, kinds in fixed order", function()
     local p = topology.plan { world_size = 4, tp = 2, pp = 2 }
     assert.are.equal(

@@ -36,6 +36,34 @@ function M.sh(cmd)
   return out, (ok == true or code == 0)
 end
 
+-- The records a benchmark's ranks print as "<tag> world=<n> key=value ...":
+-- one table a line, numbers as numbers.
+function M.tagged_records(out, tag)
+  local recs = {}
+  for line in out:gmatch("[^\n]+") do
+    local body = line:match(tag .. " (world=.*)$")
+    if body then
+      local r = {}
+      for k, v in body:gmatch("([%w_]+)=(%S+)") do r[k] = tonumber(v) or v end
+      recs[#recs + 1] = r
+    end
+  end
+  return recs
+end
+
+-- The name of a CPU-only machine for a results file, and its CPU count:
+-- `name` (a --machine option), else WEFT_MACHINE, else "<hostname>-<n>cpu".
+function M.cpu_machine(name)
+  local nproc = tonumber((M.sh("nproc"))) or 0
+  local machine = name or os.getenv("WEFT_MACHINE")
+  if not machine or machine == "" then
+    machine = (M.sh("hostname -s"):gsub("%s+$", ""))
+    if machine == "" or machine:find("[^%w%-_.]") then machine = "host" end
+    machine = fmt("%s-%dcpu", machine, nproc)
+  end
+  return machine, nproc
+end
+
 function M.median(xs)
   local t = {}
   for i = 1, #xs do t[i] = xs[i] end
@@ -245,6 +273,19 @@ function M.write(dir, name, doc, markdown)
   f:write(markdown)
   f:close()
   return base .. ".json", base .. ".md", M.plot(base .. ".json", doc)
+end
+
+-- Beside <base>.json (written by the caller): <base>.md from an array of
+-- markdown lines, shown too, and the charts (<base>.svg) where there is
+-- something to draw; says what it wrote.
+function M.finish_results(base, md_lines)
+  local text = concat(md_lines, "\n") .. "\n"
+  local f = assert(io.open(base .. ".md", "w"))
+  f:write(text)
+  f:close()
+  io.write(text)
+  local svg = M.plot(base .. ".json")
+  print("wrote " .. base .. ".json and .md" .. (svg and " and .svg" or ""))
 end
 
 -- Markdown table from a header array and rows of strings.

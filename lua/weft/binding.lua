@@ -10,6 +10,7 @@
 --   B.need_group(cpugroup)       -- raises unless a live weft.cpugroup (for new)
 --   binding.stream(s)            -- a weft.cuda stream's handle, or s as it is
 --   binding.release(obj)         -- obj.handle without its finalizer, obj.handle = nil
+--   binding.destroyer(cfree)     -- a destroy method: release, then cfree(handle)
 --   binding.check(rc)            -- raises "weft: <weft_last_error()>" when rc ~= 0
 -- Error levels name the caller of the binding's method (the functions here
 -- are called straight from the method).
@@ -64,6 +65,15 @@ function M.release(obj)
   obj.handle = nil
   ffi_gc(h, nil)
   return h
+end
+
+-- A destroy method: releases obj.handle (binding.release) and frees it with
+-- the C destructor `free`; idempotent.
+function M.destroyer(free)
+  return function(obj)
+    local h = M.release(obj)
+    if h ~= nil then free(h) end
+  end
 end
 
 -- For messages that name the operation already (the C library's do).

@@ -156,10 +156,7 @@ function Group:set_timeout(ms)
 end
 
 -- Idempotent and local (no collective); the store stays usable.
-function Group:destroy()
-  local h = binding.release(self)
-  if h ~= nil then C.weft_cpugroup_destroy(h) end
-end
+Group.destroy = binding.destroyer(C.weft_cpugroup_destroy)
 
 function Group:__tostring()
   return ("weft.cpugroup('%s', index %d of %d%s)"):format(self.name, self.my_index, self.size,

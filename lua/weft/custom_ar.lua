@@ -111,9 +111,6 @@ function AR:abort()
 end
 
 -- Local; waits (bounded) for this rank's last call, then frees everything.
-function AR:destroy()
-  local h = binding.release(self)
-  if h ~= nil then C.weft_ar_destroy(h) end
-end
+AR.destroy = binding.destroyer(C.weft_ar_destroy)
 
 return M

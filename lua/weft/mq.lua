@@ -18,6 +18,7 @@
 -- message naming who and why. Messages already in the ring stay readable.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 local serialize = require "weft.serialize"
 
 local C = wffi.C
@@ -173,13 +174,7 @@ end
 
 -- Local and idempotent (no collective). Peers that still wait on this rank
 -- get an error naming it.
-function Q:destroy()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  C.weft_mq_destroy(h)
-end
+Q.destroy = binding.destroyer(C.weft_mq_destroy)
 
 function Q:__tostring()
   return ("weft.mq(group '%s', index %d of %d, writer %d, %d chunks of %d bytes%s)")

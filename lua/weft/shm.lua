@@ -26,6 +26,7 @@
 -- calls on each path.
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
+local binding = require "weft.binding"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
@@ -141,13 +142,7 @@ function M.is_shared(ptr, bytes)
 end
 
 -- Local teardown only (never a collective); idempotent.
-function Comm:destroy()
-  local h = self.handle
-  if h == nil then return end
-  self.handle = nil
-  ffi_gc(h, nil)
-  C.weft_shm_destroy(h)
-end
+Comm.destroy = binding.destroyer(C.weft_shm_destroy)
 
 function Comm:__tostring()
   return ("weft.shm(group '%s', %d ranks, %d bytes per rank%s)")

@@ -118,79 +118,42 @@ function M.plan(args)
     groups.dcp = g
   end
 
-  -- attention context parallel: stride attn_tp inside each (TP group, DP slice)
-  if attn_cp == tp then
-    aliases.attn_cp = "tp"
-  else
-    g = {}
+  -- The sub-groups of every TP group: each TP group is `outer` blocks of
+  -- size * stride ranks; a block holds `stride` groups of `size` ranks,
+  -- `stride` apart (stride 1: consecutive ranks).
+  local function inside_tp(outer, size, stride)
+    local out = {}
     for t = 0, ntp - 1 do
-      for d = 0, attn_dp - 1 do
-        for a = 0, attn_tp - 1 do
-          local st = t * tp + d * attn_tp * attn_cp + a
-          local en = t * tp + (d + 1) * attn_tp * attn_cp + a
-          g[#g + 1] = range(st, en, attn_tp)
+      for d = 0, outer - 1 do
+        for a = 0, stride - 1 do
+          local st = t * tp + d * size * stride + a
+          out[#out + 1] = range(st, st + size * stride, stride)
         end
       end
     end
-    groups.attn_cp = g
+    return out
   end
+
+  -- attention context parallel: stride attn_tp inside each (TP group, DP slice)
+  if attn_cp == tp then aliases.attn_cp = "tp" else groups.attn_cp = inside_tp(attn_dp, attn_cp, attn_tp) end
 
   -- attention tensor parallel: consecutive blocks of attn_tp
-  if attn_tp == tp then
-    aliases.attn_tp = "tp"
-  else
-    g = {}
-    for t = 0, ntp - 1 do
-      for c = 0, attn_cp * attn_dp - 1 do
-        g[#g + 1] = range(t * tp + c * attn_tp, t * tp + (c + 1) * attn_tp)
-      end
-    end
-    groups.attn_tp = g
-  end
+  if attn_tp == tp then aliases.attn_tp = "tp" else groups.attn_tp = inside_tp(attn_cp * attn_dp, attn_tp, 1) end
 
-  -- MoE data parallel
+  -- MoE data parallel: stride moe_tp * ep across each TP group
   if attn_cp > moe_dp then
     aliases.moe_dp = aliases.attn_cp or "attn_cp"
   elseif moe_dp == tp then
     aliases.moe_dp = "tp"
   else
-    g = {}
-    for t = 0, ntp - 1 do
-      for c = 0, moe_tp * ep - 1 do
-        g[#g + 1] = range(t * tp + c, (t + 1) * tp + c, moe_tp * ep)
-      end
-    end
-    groups.moe_dp = g
+    groups.moe_dp = inside_tp(1, moe_dp, moe_tp * ep)
   end
 
   -- MoE expert parallel: stride moe_tp inside each (TP group, MoE DP slice)
-  if ep == tp then
-    aliases.moe_ep = "tp"
-  else
-    g = {}
-    for t = 0, ntp - 1 do
-      for d = 0, moe_dp - 1 do
-        for m = 0, moe_tp - 1 do
-          local st = t * tp + d * ep * moe_tp + m
-          g[#g + 1] = range(st, st + ep * moe_tp, moe_tp)
-        end
-      end
-    end
-    groups.moe_ep = g
-  end
+  if ep == tp then aliases.moe_ep = "tp" else groups.moe_ep = inside_tp(moe_dp, ep, moe_tp) end
 
   -- MoE tensor parallel: consecutive blocks of moe_tp
-  if moe_tp == tp then
-    aliases.moe_tp = "tp"
-  else
-    g = {}
-    for t = 0, ntp - 1 do
-      for c = 0, ep * moe_dp - 1 do
-        g[#g + 1] = range(t * tp + c * moe_tp, t * tp + (c + 1) * moe_tp)
-      end
-    end
-    groups.moe_tp = g
-  end
+  if moe_tp == tp then aliases.moe_tp = "tp" else groups.moe_tp = inside_tp(ep * moe_dp, moe_tp, 1) end
 
   -- pipeline parallel: stride world/pp
   local npp = idiv(world, pp)

@@ -8,12 +8,8 @@ local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 local fake = require("helpers.fake_device")
 fake.install()
-local G = require "helpers.gpu_ranks"
-local weft = require "weft"
-local T = weft.tensor
-local policy = require "weft.policy"
-local db = require "weft.device_backends"
-local async = require "weft.async"
+local R = require "helpers.gpu_worker"
+local G, weft, T, policy, db, async = R.G, R.weft, R.T, R.policy, R.db, R.async
 
 local world = weft.init { timeout_ms = 20000 }
 local me, W = world.rank, world.world_size

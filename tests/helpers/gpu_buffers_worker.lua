@@ -9,13 +9,8 @@
 -- being read quietly. Prints "PASS <name> (<s> s)" or "FAIL <name>: <why>".
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-if os.getenv("WEFT_FAKE_DEVICE") == "1" then require("helpers.fake_device").install() end  -- CPU rehearsal
-local G = require "helpers.gpu_ranks"
-local weft = require "weft"
-local T = weft.tensor
-local cuda = require "weft.cuda"
-local car = require "weft.custom_ar"
-local async = require "weft.async"
+local R = require "helpers.gpu_worker"
+local G, weft, T, cuda, car, async = R.G, R.weft, R.T, R.cuda, R.car, R.async
 local group = require "weft.group"
 async.install(group.GroupCoordinator, group)
 

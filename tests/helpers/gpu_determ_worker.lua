@@ -18,17 +18,10 @@
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 local FAKE = os.getenv("WEFT_FAKE_DEVICE") == "1"
-if FAKE then require("helpers.fake_device").install() end
+local R = require "helpers.gpu_worker"
 local ffi = require "ffi"
 local bit = require "bit"
-local G = require "helpers.gpu_ranks"
-local weft = require "weft"
-local T = weft.tensor
-local cuda = require "weft.cuda"
-local policy = require "weft.policy"
-local db = require "weft.device_backends"
-local graph = require "weft.graph"
-local async = require "weft.async"
+local G, weft, T, cuda, policy, db, graph, async = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph, R.async
 
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 

@@ -14,15 +14,8 @@
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-if os.getenv("WEFT_FAKE_DEVICE") == "1" then require("helpers.fake_device").install() end  -- CPU rehearsal
-local G = require "helpers.gpu_ranks"
-local weft = require "weft"
-local T = weft.tensor
-local cuda = require "weft.cuda"
-local policy = require "weft.policy"
-local db = require "weft.device_backends"
-local graph = require "weft.graph"
-local car = require "weft.custom_ar"
+local R = require "helpers.gpu_worker"
+local G, weft, T, cuda, policy, db, graph, car = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph, R.car
 local N = require "helpers.nan_cases"
 
 local world = weft.init { timeout_ms = 30000 }

@@ -12,14 +12,8 @@
 -- Prints "PASS <name>" / "FAIL <name>: why" per check; exits 1 on a failure.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-if os.getenv("WEFT_FAKE_DEVICE") == "1" then require("helpers.fake_device").install() end  -- CPU rehearsal
-local G = require "helpers.gpu_ranks"
-local weft = require "weft"
-local T = weft.tensor
-local cuda = require "weft.cuda"
-local policy = require "weft.policy"
-local db = require "weft.device_backends"
-local graph = require "weft.graph"
+local R = require "helpers.gpu_worker"
+local G, weft, T, cuda, policy, db, graph = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph
 
 local world = weft.init { timeout_ms = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000 }
 local me, W = world.rank, world.world_size

@@ -69,4 +69,30 @@ function S.dev_shm(keep)
   return table.concat(t, " ")
 end
 
+-- A device tensor stand-in for the policy specs: host storage labelled
+-- "cuda:0" (never dereferenced), its host tensor kept alive for the run.
+local standins = {}
+function S.dev_standin(shape, dtype)
+  local T = require("weft").tensor
+  local h = T.empty(shape, dtype or "bf16")
+  standins[#standins + 1] = h
+  return T.wrap(h.ptr, shape, dtype or "bf16", "cuda:0", h)
+end
+
+-- A group stand-in with a prepared device state (o.setup == false: none yet)
+-- whose custom all-reduce is `ar`: o.world (2), o.same_node (true), o.name
+-- ("tp.0"), o.determ (the agreed deterministic flag).
+function S.group_standin(o, ar)
+  o = o or {}
+  local g = {
+    world_size = o.world or 2, same_node = o.same_node ~= false, unique_name = o.name or "tp.0",
+    rank = 0, rank_in_group = 0, is_member = true, ranks = { 0, 1, 2, 3, 4, 5, 6, 7 },
+  }
+  if o.setup ~= false then
+    g._dev = { device = 0, nccl = { handle = true, device = 0 }, ar_state = "ready", ar = ar,
+               ar_why = "fake workspace", scratch = {}, retired = {}, determ = o.determ }
+  end
+  return g
+end
+
 return S
