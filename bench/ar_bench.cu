@@ -201,6 +201,7 @@ static void nccl_run(const void *in, void *out, size_t count, int dt, cudaStream
 static int esz(int dt) { return dt == WEFT_F32 ? 4 : 2; }
 static const char *dtn(int dt) { return dt == WEFT_F32 ? "f32" : dt == WEFT_F16 ? "f16" : "bf16"; }
 static const char *algon(int a) {
+  if (a & WEFT_AR_DETERMINISTIC) return (a & 0xff) == 0 ? "auto-determ" : "determ";
   if (a & WEFT_AR_NO_PDL) {
     a &= 0xff;
     return a == 0 ? "auto-nopdl" : a == 1 ? "oneshot-nopdl" : a == 2 ? "twoshot-nopdl" : "oneshot-flag-nopdl";
@@ -893,10 +894,12 @@ static void make_bufs(size_t bytes, std::vector<DBuf> &ins, std::vector<DBuf> &o
   CK(cudaStreamSynchronize(g_s));
 }
 
-static const char *kBackends[] = {"nccl", "oneshot", "oneshot-flag", "twoshot", "auto", "oneshot-nopdl"};
+static const char *kBackends[] = {"nccl", "oneshot", "oneshot-flag", "twoshot", "auto", "auto-determ",
+                                  "oneshot-nopdl"};
 
 static void bench(size_t max_bytes) {
-  const int backends[] = {-1, 1, 3, 2, 0};
+  // auto-determ: deterministic mode (issue 18) beside the default, same buffers
+  const int backends[] = {-1, 1, 3, 2, 0, WEFT_AR_AUTO | WEFT_AR_DETERMINISTIC};
   const double t0 = now_s();
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= (g_quick ? 4 : 2)) {
     std::vector<DBuf> ins, outs;
@@ -958,6 +961,15 @@ static void bench(size_t max_bytes) {
     printf("  %-8s %-13s %8.2f | %8.2f%s | %8.2f\n", fmt_bytes(bytes).c_str(), best->backend.c_str(), best->us,
            au ? au->us : 0.0, au && au->us > best->us * 1.03 ? " (>3% off)" : "", nc ? nc->us : 0.0);
   }
+  // deterministic mode against the default (goal: <= 1.15x everywhere)
+  double worst = 0;
+  size_t worst_at = 0;
+  for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 2) {
+    const Rec *au = find_rec("all_reduce", "auto", "graph", bytes);
+    const Rec *de = find_rec("all_reduce", "auto-determ", "graph", bytes);
+    if (au && de && de->us / au->us > worst) { worst = de->us / au->us; worst_at = bytes; }
+  }
+  if (worst_at) printf("deterministic / default (graph): worst %.3fx at %s\n", worst, fmt_bytes(worst_at).c_str());
   printf("measured crossovers: Lamport one-shot best up to %s; two-shot first best at %s\n",
          last_lamport_best ? fmt_bytes(last_lamport_best).c_str() : "-",
          first_twoshot_best ? fmt_bytes(first_twoshot_best).c_str() : "-");

@@ -866,6 +866,9 @@ static void bench(int quick, weft_nccl *nccl, weft_ar *war) {
         rec("fused_ar_rmsnorm", "fused_twoshot", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_TWOSHOT, PDL));
       rec("fused_ar_rmsnorm", "fused_auto", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, PDL));
       rec("fused_ar_rmsnorm", "fused_auto_nopdl", fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, 0));
+      /* deterministic mode (issue 18), same buffers: goal <= 1.15x fused_auto */
+      rec("fused_ar_rmsnorm", "fused_auto_determ",
+          fused(WEFT_FUSION_AR_RMSNORM, WEFT_FUSION_AUTO, PDL | WEFT_FUSION_DETERMINISTIC));
       rec("all_reduce", "fused_ar_oneshot", fused(WEFT_FUSION_AR, WEFT_FUSION_ONESHOT, PDL));
       if (T >= g_world) rec("all_reduce", "fused_ar_twoshot", fused(WEFT_FUSION_AR, WEFT_FUSION_TWOSHOT, PDL));
       if (nccl) {
@@ -1143,11 +1146,12 @@ static void write_results(const char *dir, const char *machine, const char *comm
   fprintf(m, "CUDA-graph replay, median µs per call (the slower rank's), fresh random data; "
           "commit %s; correctness checks: %d passed, %d failed. Fused and weft_ar rows: launched with "
           "programmatic dependent launch (the default of group:fused_allreduce_rmsnorm and of weft_ar); "
-          "fused_auto_nopdl: without. unfused: NCCL all-reduce, then weft's norm kernel.\n", commit, g_pass, g_fail);
+          "fused_auto_nopdl: without; fused_auto_determ: deterministic mode (WEFT_FUSION_DETERMINISTIC). unfused: NCCL all-reduce, then weft's norm kernel.\n", commit, g_pass, g_fail);
   const char *backs[][2] = {
       {"fused_ar_rmsnorm", "fused_oneshot"}, {"fused_ar_rmsnorm", "fused_twoshot"},
       {"fused_ar_rmsnorm", "fused_auto"},    {"fused_ar_rmsnorm", "fused_auto_nopdl"},
-      {"fused_ar_rmsnorm", "unfused"},       {"all_reduce", "fused_ar_oneshot"},
+      {"fused_ar_rmsnorm", "fused_auto_determ"}, {"fused_ar_rmsnorm", "unfused"},
+      {"all_reduce", "fused_ar_oneshot"},
       {"all_reduce", "fused_ar_twoshot"},    {"all_reduce", "weft_ar"},
       {"all_reduce", "nccl"}};
   for (int64_t H : {4096, 8192}) {
@@ -1189,6 +1193,14 @@ static void write_results(const char *dir, const char *machine, const char *comm
       if (ar > 0)
         fprintf(m, "| vs best plain all-reduce | %lld | %.2f | %.2f | %.2f | 1.15 | %s |\n",
                 (long long)T, fb, ar, fb / ar, fb <= 1.15 * ar ? "PASS" : "FAIL");
+      const double de = find("fused_ar_rmsnorm", "fused_auto_determ", T, H);
+      const double au = find("fused_ar_rmsnorm", "fused_auto", T, H);
+      if (de > 0 && au > 0)
+        fprintf(m, "| deterministic vs default | %lld | %.2f | %.2f | %.2f | 1.15 | %s |\n",
+                (long long)T, de, au, de / au, de <= 1.15 * au ? "PASS" : "FAIL");
+      if (de > 0)
+        fprintf(m, "| deterministic vs FlashInfer | %lld | %.2f | %.2f | %.2f | 1.00 | %s |\n",
+                (long long)T, de, fi, de / fi, de <= fi ? "PASS" : "FAIL");
     }
   }
   /* one-shot vs two-shot, every size: the auto switch (WEFT_FUSION_ONESHOT_MAX)
