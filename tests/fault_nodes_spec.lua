@@ -59,9 +59,13 @@ describe("faults across simulated nodes #fault", function()
     end)
   end
 
-  it("a rank that stalls past the timeout: the others fail at the timeout naming the group and op", function()
+  for _, case in ipairs { { "the leaders' Gloo ring", {} },
+                          { "flat Gloo's synchronous small path", { NODES_STALL_NUMEL = "256", WEFT_HOST_BACKEND = "gloo" } } } do
+  it("a rank that stalls past the timeout (" .. case[1] .. "): the others fail at the timeout naming the group and op", function()
+    local env = { WEFT_TIMEOUT_MS = "2000" }
+    for k, v in pairs(case[2]) do env[k] = v end
     local out, rc, wall = run_or_skip { nodes = 2, per_node = 2, timeout = 60,
-      env = { WEFT_TIMEOUT_MS = "2000" }, args = { "tests/helpers/nodes_ranks.lua", "stall", "3" } }
+      env = env, args = { "tests/helpers/nodes_ranks.lua", "stall", "3" } }
     if not out then return end
     local stall
     local fails = 0
@@ -81,6 +85,7 @@ describe("faults across simulated nodes #fault", function()
     both_launchers_failed(out, rc)
     assert.is_true(wall < 30, ("the run took %.1f s"):format(wall))
   end)
+  end
 
   it("a node started with a wrong secret is refused, with a clear message on both sides", function()
     local out, rc, wall = run_or_skip { nodes = 2, per_node = 1, timeout = 60,

@@ -2,6 +2,7 @@
 -- (src/host/gloo_shim.cc). Raw pointers, counts in elements, C dtype/op codes;
 -- the GroupCoordinator's cross-node backends (weft.host_nodes) adapt tensors.
 --   gloo.available() -> true when weft was built with Gloo
+--   gloo.small_path(size, bytes) -> true when such an all_reduce takes the small path
 --   local c = gloo.new(cpugroup [, host])     -- collective over the group
 --   c:all_reduce(in_ptr, out_ptr, count, dtype_code, op_code)  -- in == out: in place
 --   c:all_gather(in_ptr, out_ptr, bytes)      -- out holds world * bytes
@@ -15,6 +16,7 @@
 -- the group's timeout; a failure names the group, the operation and a rank
 -- that died, and leaves the communicator unusable.
 local ffi = require "ffi"
+local bit = require "bit"
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
 
@@ -30,6 +32,12 @@ Comm.__index = Comm
 
 function M.available()
   return C.weft_gloo_available() == 1
+end
+
+-- true when all_reduce of `bytes` in a group of `size` ranks takes the
+-- shim's small path (synchronous mesh, recursive doubling: weft_gloo_small_max)
+function M.small_path(size, bytes)
+  return size > 1 and bit.band(size, size - 1) == 0 and bytes <= tonumber(C.weft_gloo_small_max())
 end
 
 function M.new(cpugroup, host)

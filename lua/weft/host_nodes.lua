@@ -173,11 +173,13 @@ local gloo_backend = {
 }
 M.gloo_backend = gloo_backend
 
--- Small tensors among the node leaders: one all-gather through the store
--- and a local reduction in rank order (weft_host_reduce) beats Gloo's ring,
--- whose every step is a hand-off between Gloo's loop thread and the caller
--- (on 2 busy CPUs: store ~50-100 us, Gloo ~200-400 us up to 16 KiB;
--- crossover near 64 KiB at 2 leaders; bench/results/host-allreduce-nodes-*).
+-- Small tensors among the node leaders: the shim's small path (a power-of-two
+-- number of leaders, up to weft_gloo_small_max bytes: recursive doubling on
+-- synchronous pairs, ~20 us at 1 KiB between 2 leaders) where it applies;
+-- else (3, 5, ... nodes) one all-gather through the store and a local
+-- reduction in rank order beats Gloo's ring, whose every step is a hand-off
+-- between Gloo's loop thread and the caller (on 2 busy CPUs: store ~50-100
+-- us, ring ~200-400 us up to 16 KiB; bench/results/host-allreduce-nodes-*).
 -- The bound is on what each leader gathers (bytes x leaders): every byte
 -- goes through rank 0's store server.
 M.LEADERS_STORE_MAX = tonumber(os.getenv("WEFT_HIER_STORE_MAX")) or 131072
@@ -234,7 +236,7 @@ local hier_backend = setmetatable({
     end
     if h.leaders_gloo then
       local ok, err
-      if t.nbytes * g.node_count <= M.LEADERS_STORE_MAX then
+      if t.nbytes * g.node_count <= M.LEADERS_STORE_MAX and not gloo().small_path(g.node_count, t.nbytes) then
         ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code)
       else
         ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code)

@@ -47,15 +47,19 @@ M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 0
 
 -- One rank per node, small all-reduces: one all-gather through the store and
 -- a local reduction beat Gloo's ring (each ring step is a hand-off between
--- Gloo's loop thread and the caller): up to this many bytes x ranks.
+-- Gloo's loop thread and the caller): up to this many bytes x ranks, except
+-- where the Gloo shim's small path applies (a power-of-two group up to
+-- weft_gloo_small_max bytes: synchronous pairs, faster than the store).
 M.store_small_max = tonumber(os.getenv("WEFT_STORE_SMALL_MAX")) or 131072
 
-function M.store_small_applies(g, _, t, rop)
+function M.store_small_applies(g, op, t, rop)
   if g.same_node or not gloo_built() or t == nil then return false end
   local f = host_forced(g)
   if f == "gloo" or f == "hier" then return false end
   if (g.node_count or g.world_size) < g.world_size then return false end
-  return (tonumber(t.nbytes) or 0) * g.world_size <= M.store_small_max
+  local nb = tonumber(t.nbytes) or 0
+  if op == "all_reduce" and require("weft.gloo").small_path(g.world_size, nb) then return false end
+  return nb * g.world_size <= M.store_small_max
 end
 
 -- true, or false and why not (explain's text)
@@ -107,7 +111,7 @@ M.rules = {
     when = function(g, op, t, rop) return M.hier_applies(g, op, t, rop) == true end,
     why = function(g, _, t)
       return ("host tensor of %s across %d nodes: shm all-reduce inside each node, Gloo among "
-        .. "the %d node leaders (through the store when small), shm broadcast back (faster "
+        .. "the %d node leaders (small: Gloo's synchronous small path for a power-of-two number of leaders, else through the store), shm broadcast back (faster "
         .. "than flat Gloo from %s on: policy.hier_min_bytes, measured on simulated nodes)")
         :format(human_bytes(t and tonumber(t.nbytes) or 0), g.node_count or 0, g.node_count or 0,
                 human_bytes(M.hier_min_bytes))

@@ -12,6 +12,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <chrono>
@@ -143,6 +145,17 @@ struct weft_gloo {
   std::mutex busy;
   bool broken = false;
   std::string broken_why;
+  std::string prefix;                  // this context's store keys
+
+  // Small all-reduces (power-of-two groups, up to sync_cap bytes): a second
+  // mesh whose pairs run in Gloo's synchronous mode, so the calling thread
+  // reads its socket itself (one wake-up per message, not the loop thread's
+  // and then the caller's). Made at the first such call, on every rank alike.
+  std::shared_ptr<gloo::rendezvous::Context> sctx;
+  std::vector<uint8_t> sync_out;                         // what this rank sends
+  std::vector<std::vector<uint8_t>> sync_in;             // per partner: what arrives
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> sync_send, sync_recv;
+  size_t sync_cap = 0;
 };
 
 namespace {
@@ -156,36 +169,37 @@ constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use pre
 int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
   char who[1200];
   int gone = wf_store_gone_among(c->s, c->ranks.data(), c->size, 1000, who, sizeof who);
+  // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
+  std::string at;
+  size_t b = cause.find('['), e = cause.find(']');
+  if (b != std::string::npos && e != std::string::npos && e > b) {
+    std::string a = cause.substr(b + 1, e - b - 1);
+    for (int i = 0; i < c->size; i++)
+      if (i != c->me && i < (int)c->addrs.size() && c->addrs[i] == a)
+        at.append(at.empty() ? "" : ", ").append(std::to_string(c->ranks[i]));
+    if (!at.empty()) at = std::string("rank(s) ").append(at).append(" at ").append(a);
+  }
   int rc;
   if (gone > 0)
     rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
                   "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), who,
                   cause.c_str());
-  else if (cause.find("imed out") != std::string::npos)
+  else if (cause.find("imed out") != std::string::npos || cause.find("timeout") != std::string::npos)
     rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
-                  "timeout (gloo: %s)", op, c->name.c_str(), c->timeout_ms, cause.c_str());
-  else {
-    // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
-    std::string at;
-    size_t b = cause.find('['), e = cause.find(']');
-    if (b != std::string::npos && e != std::string::npos && e > b) {
-      std::string a = cause.substr(b + 1, e - b - 1);
-      for (int i = 0; i < c->size; i++)
-        if (i != c->me && i < (int)c->addrs.size() && c->addrs[i] == a)
-          at.append(at.empty() ? "" : ", ").append(std::to_string(c->ranks[i]));
-      if (!at.empty())
-        at = std::string("lost the connection to rank(s) ").append(at).append(" at ").append(a)
-                 .append(" (no death seen by the store, or the store is gone with rank 0): ");
-    }
-    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s", op, c->name.c_str(), at.c_str(),
+                  "timeout%s%s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
+                  at.empty() ? "" : ", waiting for ", at.c_str(), cause.c_str());
+  else
+    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s%s%s", op, c->name.c_str(),
+                  at.empty() ? "" : "lost the connection to ", at.c_str(),
+                  at.empty() ? "" : " (no death seen by the store, or the store is gone with rank 0): ",
                   cause.c_str());
-  }
   c->broken = true;
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", weft_last_error());
   c->broken_why = msg;
   try {
     if (c->ctx) c->ctx->closeConnections();
+    if (c->sctx) c->sctx->closeConnections();
   } catch (...) {
   }
   wf_error(rc, "%s", msg);   // closeConnections may have touched the message
@@ -245,6 +259,94 @@ void run_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dt
   gloo::allreduce(o);
 }
 
+// The largest all-reduce of the synchronous small path (WEFT_GLOO_SMALL_MAX,
+// bytes; 0 turns it off). 1 MiB: on 2 simulated nodes it beat Gloo's ring
+// up to 1 MiB and was even at 4 MiB (bench/results/host-allreduce-nodes-*).
+size_t small_max() {
+  static const size_t v = [] {
+    const char *e = getenv("WEFT_GLOO_SMALL_MAX");
+    return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)1 << 20;
+  }();
+  return v;
+}
+
+constexpr int kSyncSlot = 0x5e;
+
+// The synchronous mesh (see weft_gloo): the second full mesh through the
+// store; the log2(size) pairs recursive doubling uses (partner me ^ mask)
+// switched to synchronous mode, with one send and one receive buffer of
+// sync_cap bytes each. Collective (the first small all-reduce).
+void make_sync_mesh(weft_gloo *c) {
+  const size_t cap = small_max();
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(c->me, c->size);
+  ctx->setTimeout(ms(c->timeout_ms));
+  WeftStore store(c->s, c->prefix + "sync/", c->name, c->ranks.data(), c->size, c->timeout_ms);
+  try {
+    ctx->connectFullMesh(store, c->dev);
+  } catch (...) {
+    store.forget();
+    throw;
+  }
+  c->sync_out.assign(cap, 0);
+  c->sync_in.assign(c->size, std::vector<uint8_t>());
+  c->sync_send.clear();
+  c->sync_recv.clear();
+  c->sync_send.resize(c->size);
+  c->sync_recv.resize(c->size);
+  for (int mask = 1; mask < c->size; mask <<= 1) {
+    const int i = c->me ^ mask;
+    auto &pair = ctx->getPair(i);
+    c->sync_in[i].assign(cap, 0);
+    c->sync_recv[i] = pair->createRecvBuffer(kSyncSlot, c->sync_in[i].data(), cap);
+    c->sync_send[i] = pair->createSendBuffer(kSyncSlot, c->sync_out.data(), cap);
+    pair->setSync(true, false);   // blocking reads in the caller, bounded by the context's timeout
+  }
+  // every rank has read every address once all are connected: a barrier on
+  // the main context, then the keys can go
+  gloo::BarrierOptions b(c->ctx);
+  b.setTag(c->tag++);
+  b.setTimeout(ms(c->timeout_ms));
+  gloo::barrier(b);
+  store.forget();
+  c->sctx = ctx;
+  c->sync_cap = cap;
+}
+
+// Recursive doubling over the synchronous mesh: log2(size) exchanges of the
+// whole buffer with partner me ^ mask. The lower index of a pair sends
+// first, the higher receives first (blocking writes never wait on each
+// other), and both reduce (lower, higher) in that order, so every rank gets
+// the same bits, in rank order within each half.
+void sync_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype, int op) {
+  const size_t bytes = count * weft_dtype_size(dtype);
+  if (!c->sctx) make_sync_mesh(c);
+  uint8_t *acc = c->sync_out.data();
+  if (acc != in) memcpy(acc, in, bytes);
+  for (int mask = 1; mask < c->size; mask <<= 1) {
+    const int peer = c->me ^ mask;
+    auto &sb = c->sync_send[peer];
+    auto &rb = c->sync_recv[peer];
+    if (c->me < peer) {
+      sb->send(0, bytes);
+      sb->waitSend();
+      rb->waitRecv();
+    } else {
+      rb->waitRecv();
+      sb->send(0, bytes);
+      sb->waitSend();
+    }
+    const uint8_t *theirs = c->sync_in[peer].data();
+    const void *srcs[2] = {c->me < peer ? acc : theirs, c->me < peer ? theirs : acc};
+    if (weft_host_reduce(acc, srcs, 2, count, dtype, op))
+      throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+  }
+  memcpy(out, acc, bytes);
+}
+
+bool sync_applies(const weft_gloo *c, size_t bytes) {
+  return c->size > 1 && (c->size & (c->size - 1)) == 0 && bytes <= small_max();
+}
+
 void wait_send(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
   if (!b.waitSend(ms(c->timeout_ms))) throw std::runtime_error("send aborted");
 }
@@ -257,6 +359,8 @@ void wait_recv(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
 extern "C" {
 
 int weft_gloo_available(void) { return 1; }
+
+size_t weft_gloo_small_max(void) { return small_max(); }
 
 int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
   static const char op[] = "weft_gloo_create";
@@ -299,6 +403,7 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
     c->timeout_ms = timeout;
     c->sent.assign(size, 0);
     c->recvd.assign(size, 0);
+    c->prefix = prefix;
   } catch (...) {
     if (c) { wf_store_unref(s); delete c; }
     return wf_error(WEFT_ENOMEM, "%s: group '%s': out of memory", op, name);
@@ -342,6 +447,9 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
 int weft_gloo_destroy(weft_gloo *c) {
   if (!c) return 0;
   try {
+    c->sync_send.clear();
+    c->sync_recv.clear();
+    c->sctx.reset();
     c->ctx.reset();
     c->dev.reset();
   } catch (...) {
@@ -367,6 +475,7 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
   size_t es = weft_dtype_size(dtype);
   return guarded(c, "all_reduce", [&] {
     if (c->size == 1) { if (in != out) memcpy(out, in, count * es); return; }
+    if (sync_applies(c, count * es)) { sync_allreduce(c, in, out, count, dtype, op); return; }
     switch (es) {
       case 1: run_allreduce<uint8_t>(c, in, out, count, dtype, op); break;
       case 2: run_allreduce<uint16_t>(c, in, out, count, dtype, op); break;

@@ -11,6 +11,7 @@ static int nogloo(void) {
 }
 
 int weft_gloo_available(void) { return 0; }
+size_t weft_gloo_small_max(void) { return 0; }
 int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
   (void)g; (void)host;
   if (out) *out = NULL;

@@ -302,7 +302,8 @@ end
 local function stall(victim)
   own_failure_only()
   local world = weft.init()
-  local x = T.ones({ 65536 }, "f32")
+  -- NODES_STALL_NUMEL: 65536 (the leaders' Gloo ring) or 256 (Gloo's synchronous small path)
+  local x = T.ones({ tonumber(os.getenv("NODES_STALL_NUMEL")) or 65536 }, "f32")
   world:all_reduce(x)
   local okc, err = pcall(function()
     for i = 1, 1000000 do
