@@ -175,12 +175,20 @@ describe("weft.dist", function()
       -- rank per node), else the store path
       if require("weft.host_nodes").built then
         local big = T.zeros({ 1024, 1024 }, "bf16")
+        assert.are.equal("gloo", (policy.select(g, "all_reduce", x)))           -- small: Gloo's small path
+        g.world_size = 3                                                          -- no small path there:
         assert.are.equal("store", (policy.select(g, "all_reduce", x)))          -- small, one rank per node
+        g.world_size = 2
         assert.are.equal("gloo", (policy.select(g, "all_reduce", big)))
         assert.are.equal("gloo", (policy.select(g, "broadcast", x)))
         g.node_count = 1   -- the stand-in's layout: fewer nodes than ranks
         assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", big)))
+        -- small and a power-of-two group: flat Gloo's small path beats the hierarchy
+        assert.are.equal("gloo", (policy.select(g, "all_reduce", x)))
+        assert.matches("flat Gloo takes its small path", policy.explain(g, x), 1, true)
+        g.world_size = 3   -- no small path: the ring would run, the hierarchy wins
         assert.are.equal("gloo_hier", (policy.select(g, "all_reduce", x)))
+        g.world_size = 2
         assert.are.equal("gloo", (policy.select(g, "all_reduce", big, "prod")))   -- shm does not reduce prod
         assert.are.equal("gloo", (policy.select(g, "reduce_scatter", big)))
         g.host_backend = "gloo"

@@ -62,6 +62,14 @@ describe("simulated nodes", function()
     all_ok(out, rc, 4, { "world all_reduce every dtype x op x odd size", "shutdown" })
   end)
 
+  it("2 x 2: flat Gloo, recursive halving at every size in 4 KiB chunks (empty and odd halves, many chunks)", function()
+    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 120,
+      env = { WEFT_HOST_BACKEND = "gloo", WEFT_GLOO_HALVING_MIN = "1", WEFT_GLOO_CHUNK = "4096" },
+      args = { "tests/helpers/nodes_ranks.lua", "collectives" } }
+    if not out then return end
+    all_ok(out, rc, 4, { "world all_reduce every dtype x op x odd size", "shutdown" })
+  end)
+
   it("3 x 1: host collectives across three nodes", function()
     local out, rc = run_or_skip { nodes = 3, per_node = 1, timeout = 120,
       args = { "tests/helpers/nodes_ranks.lua", "collectives" } }

@@ -40,10 +40,13 @@ local function gloo_built()
 end
 
 -- Hierarchical all-reduce across nodes (shm inside nodes, Gloo among node
--- leaders) from this many bytes on; below it flat Gloo's single ring wins.
+-- leaders) from this many bytes on, or wherever flat Gloo would run its
+-- ring; below it, where the Gloo shim's small path applies (a power-of-two
+-- group), flat Gloo wins: one exchange per round, no shm hops (2 x 2 nodes:
+-- 40-150 µs against 115-220 µs up to 64 KiB, even at 256 KiB).
 -- bench/results/host-allreduce-nodes-*.md has the measurement;
 -- WEFT_HIER_MIN_BYTES overrides, WEFT_HOST_BACKEND=gloo|hier forces.
-M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 0
+M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 262144
 
 -- One rank per node, small all-reduces: one all-gather through the store and
 -- a local reduction beat Gloo's ring (each ring step is a hand-off between
@@ -89,9 +92,10 @@ function M.hier_applies(g, op, t, rop)
   end
   if host_forced(g) == "hier" then return true end
   local nb = tonumber(t.nbytes) or 0
-  if nb < M.hier_min_bytes then
-    return false, ("%s is below policy.hier_min_bytes (%s): flat Gloo is faster there")
-      :format(human_bytes(nb), human_bytes(M.hier_min_bytes))
+  if nb < M.hier_min_bytes and op == "all_reduce" and require("weft.gloo").small_path(g.world_size, nb) then
+    return false, ("%s is below policy.hier_min_bytes (%s) and flat Gloo takes its small path "
+                   .. "(recursive doubling over %d ranks): faster there")
+      :format(human_bytes(nb), human_bytes(M.hier_min_bytes), g.world_size)
   end
   return true
 end

@@ -9,13 +9,16 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/buffer.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +26,11 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <poll.h>
+#include <sched.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdexcept>
 #include <string>
 #include <sys/random.h>
@@ -152,10 +160,11 @@ struct weft_gloo {
   // reads its socket itself (one wake-up per message, not the loop thread's
   // and then the caller's). Made at the first such call, on every rank alike.
   std::shared_ptr<gloo::rendezvous::Context> sctx;
-  std::vector<uint8_t> sync_out;                         // what this rank sends
   std::vector<std::vector<uint8_t>> sync_in;             // per partner: what arrives
-  std::vector<std::unique_ptr<gloo::transport::Buffer>> sync_send, sync_recv;
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> sync_recv;   // per partner, over sync_in
+  std::vector<int> sync_fd;                              // per partner: its socket, polled only
   size_t sync_cap = 0;
+  size_t sync_chunk = 0;                                 // agreed by the group (see exchange)
 };
 
 namespace {
@@ -265,12 +274,105 @@ void run_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dt
 size_t small_max() {
   static const size_t v = [] {
     const char *e = getenv("WEFT_GLOO_SMALL_MAX");
+    return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)4 << 20;
+  }();
+  return v;
+}
+
+// The synchronous mesh's slots, one per direction: lower rank -> higher on
+// kSyncUp, higher -> lower on kSyncDown. A send buffer is made per call and,
+// when destroyed, Gloo forgets whatever buffer of this rank has its slot;
+// with a slot per direction that is never this rank's receive buffer.
+constexpr int kSyncUp = 0x5e, kSyncDown = 0x5f;
+int sync_slot(int from, int to) { return from < to ? kSyncUp : kSyncDown; }
+
+// An exchange with a partner moves chunks of at most this many bytes, each
+// side writing one chunk, then reading the partner's: a chunk fits in the
+// socket's buffers (Gloo sizes the send buffer to the message; the peer's
+// receive buffer is 128 KiB by default), so neither blocking write waits for
+// a reader and both directions move at once (WEFT_GLOO_CHUNK).
+size_t chunk_bytes() {
+  static const size_t v = [] {
+    const char *e = getenv("WEFT_GLOO_CHUNK");
+    const size_t n = e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)1 << 20;
+    return n < 4096 ? (size_t)4096 : n & ~(size_t)63;
+  }();
+  return v;
+}
+
+// From this many bytes the small path reduce-scatters by recursive halving
+// and all-gathers by recursive doubling (each rank sends 2(W-1)/W of the
+// message instead of log2(W) times it; twice the rounds), below it recursive
+// doubling of the whole message (WEFT_GLOO_HALVING_MIN).
+size_t halving_min() {
+  static const size_t v = [] {
+    const char *e = getenv("WEFT_GLOO_HALVING_MIN");
     return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)1 << 20;
   }();
   return v;
 }
 
-constexpr int kSyncSlot = 0x5e;
+// Up to this many microseconds a small all-reduce polls its partner's
+// socket (yielding the CPU between looks) before it blocks in Gloo's read:
+// a blocked reader costs a wake-up per message, tens of µs on a VM whose
+// idle vCPU has halted (WEFT_GLOO_SPIN_US; 0 blocks at once).
+int spin_us() {
+  static const int v = [] {
+    const char *e = getenv("WEFT_GLOO_SPIN_US");
+    return e && *e ? atoi(e) : 200;
+  }();
+  return v;
+}
+
+// Gloo keeps a pair's socket to itself (and Debian's headers for its tcp
+// pair are incomplete); the small path only polls it, never reads it. A
+// connected pair's address is its socket's local name: the one open socket
+// with that name is the pair's. None, or more than one: -1 (no polling).
+int pair_fd(gloo::transport::Pair &pair) {
+  const auto &want = static_cast<const gloo::transport::tcp::Address &>(pair.address()).getSockaddr();
+  const socklen_t wlen = want.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1, n = 0;
+  while (struct dirent *e = readdir(d)) {
+    char *end;
+    const long fd = strtol(e->d_name, &end, 10);
+    if (*end || end == e->d_name || fd == dirfd(d)) continue;
+    sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname((int)fd, (sockaddr *)&ss, &len) != 0 || len != wlen) continue;
+    if (memcmp(&ss, &want, wlen) == 0) { found = (int)fd; n++; }
+  }
+  closedir(d);
+  return n == 1 ? found : -1;
+}
+
+void spin_until_readable(int fd) {
+  const int us = spin_us();
+  if (fd < 0 || us <= 0) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  struct pollfd p = {fd, POLLIN, 0};
+  for (;;) {
+    if (poll(&p, 1, 0) != 0) return;   // data, an error or a hang-up: Gloo's read reports it
+    if (std::chrono::steady_clock::now() >= end) return;
+    sched_yield();
+  }
+}
+
+// The largest chunk a blocking write of this socket hands to the kernel
+// without a reader: half the send buffer it reports once sized (the kernel
+// doubles what is asked, for its own bookkeeping), whole elements of every
+// dtype. Unknown socket: 64 KiB, well under the default buffers.
+uint64_t safe_chunk(int fd) {
+  uint64_t want = chunk_bytes();
+  if (fd < 0) return std::min<uint64_t>(want, 64 << 10);
+  int v = (int)std::min<uint64_t>(want, 1u << 30);
+  socklen_t len = sizeof v;
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, len) != 0 || getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, &len) != 0)
+    return std::min<uint64_t>(want, 64 << 10);
+  const uint64_t half = ((uint64_t)v / 2) & ~(uint64_t)63;
+  return std::max<uint64_t>(4096, std::min(want, half));
+}
 
 // The synchronous mesh (see weft_gloo): the second full mesh through the
 // store; the log2(size) pairs recursive doubling uses (partner me ^ mask)
@@ -287,20 +389,28 @@ void make_sync_mesh(weft_gloo *c) {
     store.forget();
     throw;
   }
-  c->sync_out.assign(cap, 0);
   c->sync_in.assign(c->size, std::vector<uint8_t>());
-  c->sync_send.clear();
   c->sync_recv.clear();
-  c->sync_send.resize(c->size);
   c->sync_recv.resize(c->size);
+  c->sync_fd.assign(c->size, -1);
+  uint64_t chunk = chunk_bytes();
   for (int mask = 1; mask < c->size; mask <<= 1) {
     const int i = c->me ^ mask;
     auto &pair = ctx->getPair(i);
     c->sync_in[i].assign(cap, 0);
-    c->sync_recv[i] = pair->createRecvBuffer(kSyncSlot, c->sync_in[i].data(), cap);
-    c->sync_send[i] = pair->createSendBuffer(kSyncSlot, c->sync_out.data(), cap);
+    c->sync_recv[i] = pair->createRecvBuffer(sync_slot(i, c->me), c->sync_in[i].data(), cap);
     pair->setSync(true, false);   // blocking reads in the caller, bounded by the context's timeout
+    c->sync_fd[i] = pair_fd(*pair);
+    chunk = std::min(chunk, safe_chunk(c->sync_fd[i]));
   }
+  // both sides of a pair must count the same chunks: the group's smallest
+  gloo::AllreduceOptions a(c->ctx);
+  a.setInput(&chunk, 1);
+  a.setOutput(&chunk, 1);
+  a.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(&gloo::min<uint64_t>));
+  a.setTag(c->tag++);
+  a.setTimeout(ms(c->timeout_ms));
+  gloo::allreduce(a);
   // every rank has read every address once all are connected: a barrier on
   // the main context, then the keys can go
   gloo::BarrierOptions b(c->ctx);
@@ -310,37 +420,96 @@ void make_sync_mesh(weft_gloo *c) {
   store.forget();
   c->sctx = ctx;
   c->sync_cap = cap;
+  c->sync_chunk = chunk;
 }
 
-// Recursive doubling over the synchronous mesh: log2(size) exchanges of the
-// whole buffer with partner me ^ mask. The lower index of a pair sends
-// first, the higher receives first (blocking writes never wait on each
-// other), and both reduce (lower, higher) in that order, so every rank gets
-// the same bits, in rank order within each half.
-void sync_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype, int op) {
-  const size_t bytes = count * weft_dtype_size(dtype);
-  if (!c->sctx) make_sync_mesh(c);
-  uint8_t *acc = c->sync_out.data();
-  if (acc != in) memcpy(acc, in, bytes);
-  for (int mask = 1; mask < c->size; mask <<= 1) {
-    const int peer = c->me ^ mask;
-    auto &sb = c->sync_send[peer];
-    auto &rb = c->sync_recv[peer];
-    if (c->me < peer) {
-      sb->send(0, bytes);
-      sb->waitSend();
-      rb->waitRecv();
-    } else {
-      rb->waitRecv();
-      sb->send(0, bytes);
+// One exchange with the partner over the synchronous mesh: this rank's
+// bytes [soff, soff + sn) of the accumulator go to the same offsets of the
+// partner's receive buffer, and the partner's bytes [roff, roff + rn) (it
+// sends them to its own offsets) arrive in ours. Chunk by chunk, each side
+// writes its chunk k, then reads the partner's and hands it to got(off, n)
+// (a reduction or a copy) while the partner's next chunk is on its way. The
+// sizes are known on both sides, so both count chunks alike.
+template <class Got>
+void exchange(weft_gloo *c, int peer, gloo::transport::Buffer *sb, size_t soff, size_t sn, size_t roff, size_t rn,
+              Got got) {
+  auto &rb = c->sync_recv[peer];
+  const size_t ch = c->sync_chunk;
+  for (size_t o = 0; o < sn || o < rn; o += ch) {
+    if (o < sn) {
+      sb->send(soff + o, sn - o < ch ? sn - o : ch, soff + o);
       sb->waitSend();
     }
-    const uint8_t *theirs = c->sync_in[peer].data();
-    const void *srcs[2] = {c->me < peer ? acc : theirs, c->me < peer ? theirs : acc};
-    if (weft_host_reduce(acc, srcs, 2, count, dtype, op))
-      throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+    if (o < rn) {
+      spin_until_readable(c->sync_fd[peer]);
+      rb->waitRecv();
+      got(roff + o, rn - o < ch ? rn - o : ch);
+    }
   }
-  memcpy(out, acc, bytes);
+}
+
+// acc[off, off + n) (bytes) = reduce(lower rank's, higher rank's) of the
+// pair, so every rank computes the same tree: ((r0 + r1) + (r2 + r3)) ... in
+// rank order within each half, whichever algorithm below ran.
+void reduce_pair(weft_gloo *c, int peer, uint8_t *acc, size_t off, size_t n, size_t es, int dtype, int op) {
+  uint8_t *mine = acc + off;
+  const uint8_t *theirs = c->sync_in[peer].data() + off;
+  const void *srcs[2] = {c->me < peer ? mine : theirs, c->me < peer ? theirs : mine};
+  if (weft_host_reduce(mine, srcs, 2, n / es, dtype, op))
+    throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+}
+
+// The small path (power-of-two groups): partners me ^ mask, mask = 1, 2, 4...
+// Below halving_min(): recursive doubling, the whole message each round.
+// From it: recursive halving (the rank without the mask bit keeps the lower
+// half of its range, sends the upper), then recursive doubling of the owned
+// ranges in reverse order. Both give every rank the same bits. The result
+// is built in `out` itself: the send buffers are views of it, made per call
+// (a send buffer is local to this rank: nothing to register with the peer),
+// so nothing is copied in or out. Chunks are whole elements (sync_chunk is
+// a multiple of every dtype's size).
+void sync_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype, int op) {
+  const size_t es = weft_dtype_size(dtype), bytes = count * es;
+  if (!c->sctx) make_sync_mesh(c);
+  uint8_t *acc = static_cast<uint8_t *>(out);
+  if (in != out) memmove(acc, in, bytes);
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> sends;
+  for (int mask = 1; mask < c->size; mask <<= 1)
+    sends.push_back(c->sctx->getPair(c->me ^ mask)->createSendBuffer(sync_slot(c->me, c->me ^ mask), acc, bytes));
+  auto reduce = [&](int peer) {
+    return [c, peer, acc, es, dtype, op](size_t off, size_t n) { reduce_pair(c, peer, acc, off, n, es, dtype, op); };
+  };
+  if (bytes < halving_min()) {
+    for (int mask = 1, k = 0; mask < c->size; mask <<= 1, k++) {
+      const int peer = c->me ^ mask;
+      exchange(c, peer, sends[k].get(), 0, bytes, 0, bytes, reduce(peer));
+    }
+    return;
+  }
+  size_t lo = 0, hi = count;
+  std::vector<std::pair<size_t, size_t>> owned;   // the range before each halving
+  for (int mask = 1, k = 0; mask < c->size; mask <<= 1, k++) {
+    const int peer = c->me ^ mask;
+    const size_t mid = lo + (hi - lo) / 2;
+    owned.emplace_back(lo, hi);
+    const bool low = (c->me & mask) == 0;
+    const size_t klo = low ? lo : mid, khi = low ? mid : hi;   // kept
+    const size_t glo = low ? mid : lo, ghi = low ? hi : mid;   // given away
+    exchange(c, peer, sends[k].get(), glo * es, (ghi - glo) * es, klo * es, (khi - klo) * es, reduce(peer));
+    lo = klo;
+    hi = khi;
+  }
+  for (int k = (int)owned.size() - 1; k >= 0; k--) {
+    const int peer = c->me ^ (1 << k);
+    const auto whole = owned[k];
+    // the partner owns the rest of `whole`
+    const size_t plo = lo == whole.first ? hi : whole.first, phi = lo == whole.first ? whole.second : lo;
+    const uint8_t *from = c->sync_in[peer].data();
+    exchange(c, peer, sends[k].get(), lo * es, (hi - lo) * es, plo * es, (phi - plo) * es,
+             [acc, from](size_t off, size_t n) { memcpy(acc + off, from + off, n); });
+    lo = whole.first;
+    hi = whole.second;
+  }
 }
 
 bool sync_applies(const weft_gloo *c, size_t bytes) {
@@ -447,7 +616,6 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
 int weft_gloo_destroy(weft_gloo *c) {
   if (!c) return 0;
   try {
-    c->sync_send.clear();
     c->sync_recv.clear();
     c->sctx.reset();
     c->ctx.reset();
