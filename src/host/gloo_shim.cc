@@ -269,8 +269,10 @@ void run_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dt
 }
 
 // The largest all-reduce of the synchronous small path (WEFT_GLOO_SMALL_MAX,
-// bytes; 0 turns it off). 1 MiB: on 2 simulated nodes it beat Gloo's ring
-// up to 1 MiB and was even at 4 MiB (bench/results/host-allreduce-nodes-*).
+// bytes; 0 turns it off). 4 MiB: on 2 simulated nodes x 2 ranks it beat
+// Gloo's ring at every size up to there (2.9 against 4.2 ms at 1 MiB, 11.1
+// against 15.8 ms at 4 MiB; bench/results/host-allreduce-nodes-*). Each rank
+// keeps a receive buffer this large per partner (log2 W of them).
 size_t small_max() {
   static const size_t v = [] {
     const char *e = getenv("WEFT_GLOO_SMALL_MAX");
@@ -288,9 +290,9 @@ int sync_slot(int from, int to) { return from < to ? kSyncUp : kSyncDown; }
 
 // An exchange with a partner moves chunks of at most this many bytes, each
 // side writing one chunk, then reading the partner's: a chunk fits in the
-// socket's buffers (Gloo sizes the send buffer to the message; the peer's
-// receive buffer is 128 KiB by default), so neither blocking write waits for
-// a reader and both directions move at once (WEFT_GLOO_CHUNK).
+// socket's send buffer (safe_chunk caps it at what the kernel grants), so
+// neither blocking write waits for a reader and both directions move at
+// once (WEFT_GLOO_CHUNK; 1 MiB: 64 KiB chunks were 2-4x slower per byte).
 size_t chunk_bytes() {
   static const size_t v = [] {
     const char *e = getenv("WEFT_GLOO_CHUNK");
@@ -303,11 +305,11 @@ size_t chunk_bytes() {
 // From this many bytes the small path reduce-scatters by recursive halving
 // and all-gathers by recursive doubling (each rank sends 2(W-1)/W of the
 // message instead of log2(W) times it; twice the rounds), below it recursive
-// doubling of the whole message (WEFT_GLOO_HALVING_MIN).
+// doubling of the whole message (WEFT_GLOO_HALVING_MIN; 256 KiB, measured).
 size_t halving_min() {
   static const size_t v = [] {
     const char *e = getenv("WEFT_GLOO_HALVING_MIN");
-    return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)1 << 20;
+    return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)256 << 10;
   }();
   return v;
 }
