@@ -42,13 +42,7 @@ describe("#gpu device collectives across simulated nodes", function()
     it(name, function()
       local out = usable()
       if not out then return end
-      for r = 0, 1 do
-        local tag = ("[node%d rank%d] "):format(r, r)
-        local fail = out:match("%[node" .. r .. " rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
-        assert.is_nil(fail, tag .. name .. ": " .. tostring(fail))
-        assert.is_truthy(out:find(tag .. "PASS " .. name .. " (", 1, true),
-                         tag .. "never reported " .. name .. "; output tail:\n" .. out:sub(-4000))
-      end
+      G.assert_ranks_passed(assert, out, name, 2, function(r) return ("[node%d rank%d] "):format(r, r) end)
     end)
   end
 

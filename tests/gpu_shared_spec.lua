@@ -41,13 +41,7 @@ describe("#gpu shared GPU (MPS)", function()
       it(("world %d: %s"):format(w, name), function()
         local ok, out = usable(w)
         if not ok then return end
-        for r = 0, w - 1 do
-          local tag = "[rank" .. r .. "] "
-          local fail = out:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
-          assert.is_nil(fail, tag .. name .. ": " .. tostring(fail))
-          assert.is_truthy(out:find(tag .. "PASS " .. name .. " (", 1, true),
-                           tag .. "never reported " .. name .. "; output tail:\n" .. out:sub(-4000))
-        end
+        G.assert_ranks_passed(assert, out, name, w)
       end)
     end
     it(("world %d: every rank exits cleanly"):format(w), function()

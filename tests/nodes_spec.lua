@@ -4,6 +4,7 @@
 -- and TCP between nodes. Needs root; elsewhere every test is pending.
 -- The rank side is tests/helpers/nodes_ranks.lua.
 local N = require "helpers.nodes_util"
+local G = require "helpers.gpu_ranks"
 
 local function run_or_skip(o)
   local out, rc, wall = N.run(o)
@@ -48,26 +49,31 @@ describe("simulated nodes", function()
                          "pp all_reduce every dtype x op x odd size", "pp send/recv and barrier", "shutdown" })
   end)
 
-  it("2 x 2: the hierarchical all-reduce at every size (WEFT_HOST_BACKEND=hier)", function()
-    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 120,
-      env = { WEFT_HOST_BACKEND = "hier" }, args = { "tests/helpers/nodes_ranks.lua", "collectives" } }
-    if not out then return end
-    all_ok(out, rc, 4, { "world all_reduce every dtype x op x odd size", "shutdown" })
-  end)
+  -- the world all-reduce suite once per forced route
+  for _, case in ipairs {
+    { "the hierarchical all-reduce at every size (WEFT_HOST_BACKEND=hier)", { WEFT_HOST_BACKEND = "hier" } },
+    { "flat Gloo forced: the synchronous small path at world 4 (two rounds), the ring above it",
+      { WEFT_HOST_BACKEND = "gloo" } },
+    { "flat Gloo, recursive halving at every size in 4 KiB chunks (empty and odd halves, many chunks)",
+      { WEFT_HOST_BACKEND = "gloo", WEFT_GLOO_HALVING_MIN = "1", WEFT_GLOO_CHUNK = "4096" } },
+  } do
+    it("2 x 2: " .. case[1], function()
+      local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 120, env = case[2],
+        args = { "tests/helpers/nodes_ranks.lua", "collectives" } }
+      if not out then return end
+      all_ok(out, rc, 4, { "world all_reduce every dtype x op x odd size", "shutdown" })
+    end)
+  end
 
-  it("2 x 2: flat Gloo forced: the synchronous small path at world 4 (two rounds), the ring above it", function()
-    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 120,
-      env = { WEFT_HOST_BACKEND = "gloo" }, args = { "tests/helpers/nodes_ranks.lua", "collectives" } }
+  it("2 x 1: device collectives across nodes on the pretend GPU (gpu_nodes_worker: NCCL, refusals in explain)", function()
+    local out, rc = run_or_skip { nodes = 2, per_node = 1, timeout = 120, env = { WEFT_FAKE_DEVICE = "1" },
+      args = { "tests/helpers/gpu_nodes_worker.lua" } }
     if not out then return end
-    all_ok(out, rc, 4, { "world all_reduce every dtype x op x odd size", "shutdown" })
-  end)
-
-  it("2 x 2: flat Gloo, recursive halving at every size in 4 KiB chunks (empty and odd halves, many chunks)", function()
-    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 120,
-      env = { WEFT_HOST_BACKEND = "gloo", WEFT_GLOO_HALVING_MIN = "1", WEFT_GLOO_CHUNK = "4096" },
-      args = { "tests/helpers/nodes_ranks.lua", "collectives" } }
-    if not out then return end
-    all_ok(out, rc, 4, { "world all_reduce every dtype x op x odd size", "shutdown" })
+    assert.are.equal(0, rc, out)
+    for _, name in ipairs { "nodes_layout", "nccl_across_nodes", "other_collectives", "custom_ar_refused",
+                            "fused_refused_and_right" } do
+      G.assert_ranks_passed(assert, out, name, 2, function(r) return ("[node%d rank%d] "):format(r, r) end)
+    end
   end)
 
   it("3 x 1: host collectives across three nodes", function()

@@ -61,22 +61,13 @@ end)
 -- ---------------------------------------------------------------- all_reduce
 check("all_reduce_nccl_forced", function()
   policy.set { all_reduce = "nccl", group = tp }
-  local seed = 100
-  for _, dt in ipairs { "f32", "f16", "bf16", "i32", "i64", "f64", "u8" } do
-    for _, op in ipairs(dt == "u8" and { "sum" } or { "sum", "max", "min", "prod" }) do
-      for _, n in ipairs { 1, 1023, 65539 } do
-        seed = seed + 10
-        local h = ints(seed + me, n, dt)
-        local d = on_dev(h)
-        want(policy.select(tp, "all_reduce", d, op) == "nccl", "%s %s: backend %s", dt, op,
-             tostring(policy.select(tp, "all_reduce", d, op)))
-        tp:all_reduce(d, op)
-        tp:all_reduce(h, op)
-        same(d, h, ("nccl %s %s n=%d"):format(dt, op, n))
-        d:free(); h:free()
-      end
-    end
-  end
+  G.each_case(me, DEV, 100, { 1, 1023, 65539 }, function(h, d, op, label)
+    want(policy.select(tp, "all_reduce", d, op) == "nccl", "%s: backend %s", label,
+         tostring(policy.select(tp, "all_reduce", d, op)))
+    tp:all_reduce(d, op)
+    tp:all_reduce(h, op)
+    same(d, h, "nccl " .. label)
+  end)
 end)
 
 check("all_reduce_custom_eager", function()

@@ -42,20 +42,11 @@ check("nccl_across_nodes", function()
   local info = db.info(world)
   want(info.nccl, "no NCCL communicator across nodes: %s", tostring(info.nccl_why))
   want(policy.select(world, "all_reduce", x) == "nccl", "backend %s", tostring(policy.select(world, "all_reduce", x)))
-  local seed = 100
-  for _, dt in ipairs { "f32", "f16", "bf16", "i32", "i64", "f64", "u8" } do
-    for _, op in ipairs(dt == "u8" and { "sum" } or { "sum", "max", "min", "prod" }) do
-      for _, n in ipairs { 1, 1023, 65539 } do
-        seed = seed + 10
-        local h = ints(seed + me, n, dt)
-        local d = h:clone(DEV)
-        world:all_reduce(d, op)
-        world:all_reduce(h, op)
-        same(d, h, ("%s %s n=%d"):format(dt, op, n))
-        d:free(); h:free()
-      end
-    end
-  end
+  G.each_case(me, DEV, 100, { 1, 1023, 65539 }, function(h, d, op, label)
+    world:all_reduce(d, op)
+    world:all_reduce(h, op)
+    same(d, h, label)
+  end)
 end)
 
 check("other_collectives", function()

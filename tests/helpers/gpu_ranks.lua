@@ -90,6 +90,21 @@ function G.run_once(o)
   end
 end
 
+-- Asserts that every rank r < world printed "PASS <name><pass_end>" (default
+-- " (") and no "FAIL <name>: ...", in output whose lines carry tag(r) (default
+-- "[rank<r>] "; simulated nodes: "[node<k> rank<r>] ").
+function G.assert_ranks_passed(assert, output, name, world, tag, pass_end)
+  tag = tag or function(r) return "[rank" .. r .. "] " end
+  for r = 0, world - 1 do
+    local t = tag(r)
+    local at = output:find(t .. "FAIL " .. name .. ": ", 1, true)
+    local fail = at and output:sub(at):match("^[^\n]*")
+    assert.is_nil(fail, t .. name .. ": " .. tostring(fail))
+    assert.is_truthy(output:find(t .. "PASS " .. name .. (pass_end or " ("), 1, true),
+                     t .. "never reported " .. name .. "; output tail:\n" .. output:sub(-4000))
+  end
+end
+
 -- Inside a spec's describe: one test per name in o.checks (every rank of
 -- o.world printed "PASS <name><o.pass_end>" and no "FAIL <name>: ..."), and
 -- "both ranks exit cleanly"; the rank script runs once (G.run_once(o)), and
@@ -115,13 +130,7 @@ function G.rank_checks(bt, o)
     it(name, function()
       local output = usable()
       if not output then return end
-      for r = 0, o.world - 1 do
-        local tag = "[rank" .. r .. "] "
-        local fail = output:match("%[rank" .. r .. "%] FAIL " .. name .. ": ([^\n]*)")
-        assert.is_nil(fail, tag .. name .. ": " .. tostring(fail))
-        assert.is_truthy(output:find(tag .. "PASS " .. name .. o.pass_end, 1, true),
-                         tag .. "never reported " .. name .. "; output:\n" .. output)
-      end
+      G.assert_ranks_passed(assert, output, name, o.world, nil, o.pass_end)
     end)
   end
 
@@ -227,6 +236,24 @@ function G.checks(world, S, after)
     os.exit(failed == 0 and 0 or 1)
   end
   return check, done
+end
+
+-- The dtype x reduction x count sweep of the exact all-reduce checks: for
+-- each case, h (a host tensor of small integers, seeded for rank `me`) and d
+-- (its copy on `dev`) go to fn(h, d, label); both are freed after. u8 only
+-- sums (products and extremes of bytes wrap differently per backend).
+function G.each_case(me, dev, seed, counts, fn)
+  for _, dt in ipairs { "f32", "f16", "bf16", "i32", "i64", "f64", "u8" } do
+    for _, op in ipairs(dt == "u8" and { "sum" } or { "sum", "max", "min", "prod" }) do
+      for _, n in ipairs(counts) do
+        seed = seed + 10
+        local h = G.ints(seed + me, n, dt)
+        local d = h:clone(dev)
+        fn(h, d, op, ("%s %s n=%d"):format(dt, op, n))
+        d:free(); h:free()
+      end
+    end
+  end
 end
 
 -- A host tensor of small integers (-16..15) as dtype, deterministic in seed
