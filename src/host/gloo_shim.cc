@@ -269,14 +269,15 @@ void run_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dt
 }
 
 // The largest all-reduce of the synchronous small path (WEFT_GLOO_SMALL_MAX,
-// bytes; 0 turns it off). 4 MiB: on 2 simulated nodes x 2 ranks it beat
-// Gloo's ring at every size up to there (2.9 against 4.2 ms at 1 MiB, 11.1
-// against 15.8 ms at 4 MiB; bench/results/host-allreduce-nodes-*). Each rank
-// keeps a receive buffer this large per partner (log2 W of them).
+// bytes; 0 turns it off). 16 MiB: on 2 simulated nodes x 2 ranks it beat
+// Gloo's ring at every size up to there (1.4 against 4.2 ms at 1 MiB, 30-34
+// against 48 ms at 16 MiB; bench/results/host-allreduce-nodes-*). A rank
+// keeps a receive buffer per partner (log2 W of them) as large as its
+// largest small all-reduce so far.
 size_t small_max() {
   static const size_t v = [] {
     const char *e = getenv("WEFT_GLOO_SMALL_MAX");
-    return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)4 << 20;
+    return e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)16 << 20;
   }();
   return v;
 }
@@ -292,11 +293,14 @@ int sync_slot(int from, int to) { return from < to ? kSyncUp : kSyncDown; }
 // side writing one chunk, then reading the partner's: a chunk fits in the
 // socket's send buffer (safe_chunk caps it at what the kernel grants), so
 // neither blocking write waits for a reader and both directions move at
-// once (WEFT_GLOO_CHUNK; 1 MiB: 64 KiB chunks were 2-4x slower per byte).
+// once (WEFT_GLOO_CHUNK). 60 KiB: a chunk and Gloo's header stay under 64
+// KiB; at 64 KiB and above back-to-back exchanges stall (2 nodes, 1 MiB
+// all-reduce in a loop: 0.52 ms with 60 KiB chunks, 0.69 with 32 KiB, 4.3
+// with 64 KiB, 1.5 with 128 KiB, 1.0 with 1 MiB).
 size_t chunk_bytes() {
   static const size_t v = [] {
     const char *e = getenv("WEFT_GLOO_CHUNK");
-    const size_t n = e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)1 << 20;
+    const size_t n = e && *e ? (size_t)strtoull(e, nullptr, 0) : (size_t)60 << 10;
     return n < 4096 ? (size_t)4096 : n & ~(size_t)63;
   }();
   return v;
@@ -378,10 +382,10 @@ uint64_t safe_chunk(int fd) {
 
 // The synchronous mesh (see weft_gloo): the second full mesh through the
 // store; the log2(size) pairs recursive doubling uses (partner me ^ mask)
-// switched to synchronous mode, with one send and one receive buffer of
-// sync_cap bytes each. Collective (the first small all-reduce).
+// switched to synchronous mode, each with a receive buffer (grown on
+// demand: sync_room). Collective (the first small all-reduce).
 void make_sync_mesh(weft_gloo *c) {
-  const size_t cap = small_max();
+  const size_t cap = std::min<size_t>(small_max(), 64 << 10);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(c->me, c->size);
   ctx->setTimeout(ms(c->timeout_ms));
   WeftStore store(c->s, c->prefix + "sync/", c->name, c->ranks.data(), c->size, c->timeout_ms);
@@ -470,9 +474,28 @@ void reduce_pair(weft_gloo *c, int peer, uint8_t *acc, size_t off, size_t n, siz
 // (a send buffer is local to this rank: nothing to register with the peer),
 // so nothing is copied in or out. Chunks are whole elements (sync_chunk is
 // a multiple of every dtype's size).
+// Receive buffers of at least `bytes` for every partner: a larger one (the
+// next power of two, at most small_max) replaces a smaller one. Local: in
+// synchronous mode this rank's thread alone reads its sockets, so nothing
+// lands in a buffer before the call that waits for it.
+void sync_room(weft_gloo *c, size_t bytes) {
+  if (bytes <= c->sync_cap) return;
+  size_t cap = c->sync_cap;
+  while (cap < bytes) cap <<= 1;
+  cap = std::min(cap, small_max());
+  for (int mask = 1; mask < c->size; mask <<= 1) {
+    const int i = c->me ^ mask;
+    c->sync_recv[i].reset();   // unregisters the slot before the new buffer takes it
+    c->sync_in[i].assign(cap, 0);
+    c->sync_recv[i] = c->sctx->getPair(i)->createRecvBuffer(sync_slot(i, c->me), c->sync_in[i].data(), cap);
+  }
+  c->sync_cap = cap;
+}
+
 void sync_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype, int op) {
   const size_t es = weft_dtype_size(dtype), bytes = count * es;
   if (!c->sctx) make_sync_mesh(c);
+  sync_room(c, bytes);
   uint8_t *acc = static_cast<uint8_t *>(out);
   if (in != out) memmove(acc, in, bytes);
   std::vector<std::unique_ptr<gloo::transport::Buffer>> sends;
