@@ -23,7 +23,7 @@ local function both_launchers_failed(out, rc)
 end
 
 describe("faults across simulated nodes #fault", function()
-  for _, case in ipairs { { "flat Gloo", 4096 }, { "hierarchical", 131072 } } do
+  for _, case in ipairs { { "flat Gloo", 4096 }, { "hierarchical", 524288 } } do
     it("a rank killed on node 1 (" .. case[1] .. "): every other rank fails within 5 s naming it", function()
       local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60,
         env = { NODES_KILL_NUMEL = tostring(case[2]) }, args = { "tests/helpers/nodes_ranks.lua", "kill", "3" } }

@@ -43,10 +43,11 @@ end
 -- leaders) from this many bytes on, or wherever flat Gloo would run its
 -- ring; below it, where the Gloo shim's small path applies (a power-of-two
 -- group), flat Gloo wins: one exchange per round, no shm hops (2 x 2 nodes:
--- 40-150 µs against 115-220 µs up to 64 KiB, even at 256 KiB).
+-- 48-110 µs against 100-180 µs up to 64 KiB; within noise at 256 KiB - 1
+-- MiB; the hierarchy 1.7-2x faster from 4 MiB).
 -- bench/results/host-allreduce-nodes-*.md has the measurement;
 -- WEFT_HIER_MIN_BYTES overrides, WEFT_HOST_BACKEND=gloo|hier forces.
-M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 262144
+M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 1048576
 
 -- One rank per node, small all-reduces: one all-gather through the store and
 -- a local reduction beat Gloo's ring (each ring step is a hand-off between

@@ -281,7 +281,7 @@ end
 local function kill(victim)
   own_failure_only()
   local world = weft.init()
-  -- NODES_KILL_NUMEL: 4096 (flat Gloo) or 65536+ (hierarchical: shm + leaders)
+  -- NODES_KILL_NUMEL: 4096 (flat Gloo) or 262144+ (hierarchical from 1 MiB: shm + leaders)
   local x = T.ones({ tonumber(os.getenv("NODES_KILL_NUMEL")) or 4096 }, "f32")
   world:all_reduce(x)     -- everybody connected and through one collective
   local okc, err = pcall(function()
