@@ -59,8 +59,11 @@ describe("faults across simulated nodes #fault", function()
     end)
   end
 
-  for _, case in ipairs { { "the leaders' Gloo ring", {} },
-                          { "flat Gloo's synchronous small path", { NODES_STALL_NUMEL = "256", WEFT_HOST_BACKEND = "gloo" } } } do
+  for _, case in ipairs {
+    { "flat Gloo's ring", { NODES_STALL_NUMEL = "65536", WEFT_HOST_BACKEND = "gloo", WEFT_GLOO_SMALL_MAX = "0" } },
+    { "flat Gloo's small path, recursive doubling", { NODES_STALL_NUMEL = "256", WEFT_HOST_BACKEND = "gloo" } },
+    { "the hierarchy, leaders' recursive halving in chunks", { NODES_STALL_NUMEL = "1048576" } },
+  } do
   it("a rank that stalls past the timeout (" .. case[1] .. "): the others fail at the timeout naming the group and op", function()
     local env = { WEFT_TIMEOUT_MS = "2000" }
     for k, v in pairs(case[2]) do env[k] = v end

@@ -302,7 +302,7 @@ end
 local function stall(victim)
   own_failure_only()
   local world = weft.init()
-  -- NODES_STALL_NUMEL: 65536 (the leaders' Gloo ring) or 256 (Gloo's synchronous small path)
+  -- NODES_STALL_NUMEL: f32 elements per call (tests/fault_nodes_spec.lua picks the route with it)
   local x = T.ones({ tonumber(os.getenv("NODES_STALL_NUMEL")) or 65536 }, "f32")
   world:all_reduce(x)
   local okc, err = pcall(function()
