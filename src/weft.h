@@ -196,10 +196,11 @@ int weft_gloo_set_timeout(weft_gloo *c, int timeout_ms);
 int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype,
                          int op);
 /* all_reduce of at most this many bytes in a group of a power-of-two size
- * takes the small path: recursive doubling on a second mesh whose pairs run
- * in Gloo's synchronous mode (the caller reads its socket: one wake-up per
- * message instead of two), made at the first such call; every rank gets the
- * same bits. WEFT_GLOO_SMALL_MAX (default 1 MiB; 0: off). 0 without Gloo. */
+ * takes the small path: a second mesh whose pairs run in Gloo's synchronous
+ * mode (the caller reads its socket), made at the first such call; recursive
+ * doubling below 256 KiB, recursive halving + doubling from it, full-duplex
+ * chunked exchanges; every rank gets the same bits. WEFT_GLOO_SMALL_MAX
+ * (default 16 MiB; 0: off). 0 without Gloo. */
 size_t weft_gloo_small_max(void);
 /* out: world * bytes, rank i's bytes at i * bytes */
 int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes);

@@ -35,7 +35,7 @@ function M.available()
 end
 
 -- true when all_reduce of `bytes` in a group of `size` ranks takes the
--- shim's small path (synchronous mesh, recursive doubling: weft_gloo_small_max)
+-- shim's small path (synchronous mesh, recursive doubling / halving: weft_gloo_small_max)
 function M.small_path(size, bytes)
   return size > 1 and bit.band(size, size - 1) == 0 and bytes <= tonumber(C.weft_gloo_small_max())
 end

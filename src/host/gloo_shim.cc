@@ -465,15 +465,6 @@ void reduce_pair(weft_gloo *c, int peer, uint8_t *acc, size_t off, size_t n, siz
     throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
 }
 
-// The small path (power-of-two groups): partners me ^ mask, mask = 1, 2, 4...
-// Below halving_min(): recursive doubling, the whole message each round.
-// From it: recursive halving (the rank without the mask bit keeps the lower
-// half of its range, sends the upper), then recursive doubling of the owned
-// ranges in reverse order. Both give every rank the same bits. The result
-// is built in `out` itself: the send buffers are views of it, made per call
-// (a send buffer is local to this rank: nothing to register with the peer),
-// so nothing is copied in or out. Chunks are whole elements (sync_chunk is
-// a multiple of every dtype's size).
 // Receive buffers of at least `bytes` for every partner: a larger one (the
 // next power of two, at most small_max) replaces a smaller one. Local: in
 // synchronous mode this rank's thread alone reads its sockets, so nothing
@@ -492,6 +483,15 @@ void sync_room(weft_gloo *c, size_t bytes) {
   c->sync_cap = cap;
 }
 
+// The small path (power-of-two groups): partners me ^ mask, mask = 1, 2, 4...
+// Below halving_min(): recursive doubling, the whole message each round.
+// From it: recursive halving (the rank without the mask bit keeps the lower
+// half of its range, sends the upper), then recursive doubling of the owned
+// ranges in reverse order. Both give every rank the same bits. The result
+// is built in `out` itself: the send buffers are views of it, made per call
+// (a send buffer is local to this rank: nothing to register with the peer),
+// so nothing is copied in or out. Chunks are whole elements (sync_chunk is
+// a multiple of every dtype's size).
 void sync_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype, int op) {
   const size_t es = weft_dtype_size(dtype), bytes = count * es;
   if (!c->sctx) make_sync_mesh(c);
