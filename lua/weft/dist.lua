@@ -108,6 +108,40 @@ local function close_after_failure(store)
   store:close()
 end
 
+local function sleep_ms(ms)
+  local ffi = require "ffi"
+  if not pcall(function() return ffi.C.weft_dist_poll_ end) then
+    ffi.cdef [[ int weft_dist_poll_(void *fds, unsigned long n, int timeout) __asm__("poll"); ]]
+  end
+  ffi.C.weft_dist_poll_(nil, 0, ms)
+end
+
+-- Rank 0's store, or its own. A rank whose shutdown ended early (rank 0 was
+-- still busy) must not join the store of the world it left: that store
+-- would close under it a moment later ("rank 0 is gone"). Its key
+-- weft/shutdown (the goodbyes) marks it; wait, sleeping, until rank 0 has
+-- closed it and opened the next one, within the timeout.
+local function open_store(timeout)
+  local store = require "weft.store"
+  local now_ms = require("weft.clock").now_ms
+  local deadline = now_ms() + timeout
+  while true do
+    local s = store.open { host = S.master_addr, port = S.master_port, server = S.rank == 0,
+                           timeout_ms = timeout }
+    if S.rank == 0 then return s end
+    local ok, old = pcall(s.check, s, { "weft/shutdown" })
+    if ok and not old then return s end
+    s:close()
+    if not ok then error(old, 0) end
+    if now_ms() >= deadline then
+      error(("weft: init: the store at %s:%d is still the previous world's, which rank 0 is shutting "
+             .. "down (weft.shutdown() there did not finish within %d ms)")
+            :format(S.master_addr, S.master_port, timeout), 0)
+    end
+    sleep_ms(100)
+  end
+end
+
 local function group_opts(name, ranks, extra)
   local o = {
     name = name, ranks = ranks, rank = S.rank, local_rank = S.local_rank, store = S.store,
@@ -145,9 +179,7 @@ function M.init(opts)
   S.host_backend = FORCED[hb] and hb or nil
   S.world_same_node = nil
   if S.world_size > 1 then
-    local store = require "weft.store"
-    S.store = store.open { host = S.master_addr, port = S.master_port, server = S.rank == 0,
-                           timeout_ms = timeout }
+    S.store = open_store(timeout)
     -- from here a death of this rank is seen by the others within ~200 ms
     local rok, rerr = pcall(S.store.register_rank, S.store, S.rank, S.world_size)
     if not rok then S.store:close(); S.store = nil; error(rerr, 2) end
@@ -533,6 +565,25 @@ function M.recover()
 end
 
 ---------------------------------------------------------------- shutdown
+-- Returns only once rank 0 closed the server, so an init right after (as in
+-- weft.recover()) never meets the old store: a wait for a key nobody sets
+-- then ends with WEFT_ECLOSED. Judged by the code: the messages of other
+-- failures (a timeout) name the key, whose name says "closed" too.
+local function wait_store_closed(store)
+  local wffi = require "weft.ffi"
+  local C, ffi = wffi.C, require "ffi"
+  local v, l = ffi.new("const void *[1]"), ffi.new("size_t[1]")
+  local rc = C.weft_store_get(store.handle, "weft/shutdown/closed", S.timeout_ms, v, l)
+  if rc == C.WEFT_ECLOSED then return end
+  if rc == C.WEFT_ETIMEOUT then
+    error(("weft: shutdown: rank 0 did not close the store within %d ms (it has not called "
+           .. "weft.shutdown() yet, or is still busy); this rank's groups are gone, and "
+           .. "weft.init() waits until rank 0 has closed that store"):format(S.timeout_ms), 0)
+  end
+  error(("weft: shutdown: waiting for rank 0 to close the store: %s")
+        :format(rc == 0 and "the key weft/shutdown/closed was set by someone else" or wffi.last_error()), 0)
+end
+
 -- Destroys every group (locally), then closes the store. Rank 0 (the store
 -- server) waits until every other rank has said goodbye, bounded by the
 -- timeout, so no rank loses the store in the middle of its last request.
@@ -550,12 +601,7 @@ function M.shutdown()
         local need = S.world_size - 1
         if S.rank ~= 0 then
           if store:add("weft/shutdown", 1) == need then store:set("weft/shutdown/done", "1") end
-          -- return only once rank 0 closed the server (this wait then fails
-          -- with "closed"), so an init right after never meets the old store
-          local ok2, e2 = pcall(store.get, store, "weft/shutdown/closed", S.timeout_ms)
-          if ok2 or not tostring(e2):find("closed", 1, true) then
-            error(("weft: shutdown: rank 0 did not close the store within %d ms"):format(S.timeout_ms), 0)
-          end
+          wait_store_closed(store)
         else
           store:get("weft/shutdown/done", S.timeout_ms)
         end
