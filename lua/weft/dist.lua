@@ -486,8 +486,10 @@ function M.create_custom_group(ranks, name, opts)
     if #ranks > 1 then agree_custom(name, ranks, gen, timeout) end
     -- only members count, so the counter agrees among exactly those who meet
     S.custom_counter[key] = gen + 1
-    g = group.new(group_opts(name, ranks, { cpugroup_name = ("cg%d/%s"):format(gen, key),
-                                            timeout_ms = timeout }))
+    -- one cpu group name per rank set: its generation counter (a store key
+    -- per member, src/host/cpugroup.c) keeps a re-created group apart from
+    -- the old one, so create + destroy cycles add no keys (issue 24)
+    g = group.new(group_opts(name, ranks, { cpugroup_name = "cg/" .. key, timeout_ms = timeout }))
     if #ranks > 1 then
       -- every member has read every list: the lobby key can go
       group.exchange(g, op, op, "")
@@ -498,6 +500,14 @@ function M.create_custom_group(ranks, name, opts)
   end
   S.custom[#S.custom + 1] = g
   return g
+end
+
+-- g:destroy() forgets a custom group here too (shutdown destroys the rest)
+group.destroy_hooks[#group.destroy_hooks + 1] = function(g)
+  local list = S.custom
+  for i = #list, 1, -1 do
+    if list[i] == g then table.remove(list, i); return end
+  end
 end
 
 ---------------------------------------------------------------- getters
@@ -592,7 +602,7 @@ function M.shutdown()
   local world, store = S.world, S.store
   local err
   M.destroy_model_parallel()
-  for _, g in ipairs(S.custom) do g:destroy() end
+  for i = #S.custom, 1, -1 do S.custom[i]:destroy() end  -- each removes itself
   S.custom = {}
   if world then world:destroy() end
   if store then
