@@ -1,0 +1,36 @@
+-- One rank of tests/fault_custom_groups_spec.lua (issue 24 item 8), under
+-- weft-run: create_custom_group + barrier + destroy, <warm> times, then
+-- <cycles> times more; prints
+--   CYCLES keys <before> <after> rss_kb <before> <after> custom <n>
+-- (keys: the store's key count, read by rank 0; custom: #dist.state.custom).
+local weft = require "weft"
+local dist = require "weft.dist"
+local warm, cycles = tonumber(arg[1]), tonumber(arg[2])
+
+local function rss_kb()
+  local f = assert(io.open("/proc/self/status"))
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match("VmRSS:%s+(%d+)"))
+end
+
+local w = weft.init()
+local ranks = {}
+for r = 0, w.world_size - 1 do ranks[#ranks + 1] = r end
+local function cycle()
+  local g = weft.create_custom_group(ranks, "cycled")
+  g:barrier()
+  g:destroy()
+end
+local function settle()
+  w:barrier()   -- every rank's cycles are done before rank 0 counts
+  collectgarbage(); collectgarbage()
+  return w.rank == 0 and dist.state.store:num_keys() or -1, rss_kb()
+end
+for _ = 1, warm do cycle() end
+local k0, r0 = settle()
+for _ = 1, cycles do cycle() end
+local k1, r1 = settle()
+print(("CYCLES keys %d %d rss_kb %d %d custom %d"):format(k0, k1, r0, r1, #dist.state.custom))
+w:barrier()
+weft.shutdown()
