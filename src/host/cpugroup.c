@@ -68,7 +68,7 @@ struct weft_cpugroup {
   size_t tmpcap;
   char op[320];            /* "cpugroup '<name>' <op>" for messages */
   char abort_key[300];     /* "<prefix>/<gen>/abort" */
-  char broken[1024];        /* why this group refuses work, "" while usable */
+  char broken[1024];       /* why this group refuses work, "" while usable */
 };
 
 static int grow(uint8_t **p, size_t *cap, size_t need) {
@@ -198,7 +198,8 @@ static int failed(weft_cpugroup *g, int rc, const char *what, uint64_t seq, wf_g
   if (rc == WEFT_EABORT || (rc == WEFT_ECLOSED && (strstr(weft_last_error(), " died ") ||
                             strstr(weft_last_error(), "without weft.shutdown"))))
     return note_failure(g, rc);  /* the abort is out already (own key taken back), or a rank died */
-  int reachable = rc == WEFT_EINVAL || rc == WEFT_EAUTH;  /* the store answered, or nothing was sent */
+  /* the store answered (a refusal: a wrong secret, the store full), or nothing was sent */
+  int reachable = rc == WEFT_EINVAL || rc == WEFT_EAUTH || rc == WEFT_ENOMEM;
   if (rc == WEFT_ETIMEOUT && q && q->nmissing > 0) {
     /* a member that timed out a moment earlier took its key back: its
      * abort names who really did not arrive */
