@@ -17,7 +17,9 @@
 -- (tp.0, tp.1, pp.0, ...); a custom group is its name (default "custom").
 -- Every rank creates the groups it belongs to in one fixed order (KINDS), so
 -- creation never deadlocks; each cpu group's store keys also carry a
--- generation number, so re-initializing never meets a previous group's keys.
+-- generation number (its counter in the store, src/host/cpugroup.c), so
+-- re-initializing never meets a previous group's keys, and re-creating a
+-- group adds no store key.
 local group = require "weft.group"
 
 local M = {}
@@ -338,8 +340,7 @@ function M.initialize_model_parallel(opts)
     msg = msg:sub(msg:find("weft: ", 1, true) or 1)   -- its position is validate's caller's: ours now
     error(msg .. (need and need > S.world_size and launcher_hint(need) or ""), 2)
   end
-  S.generation = S.generation + 1
-  local gen = S.generation
+  S.generation = S.generation + 1   -- initializations so far (the cpu groups count their own)
   local aliases = plan.aliases or {}
   local created = {}
   local function build(kind, lists, name_prefix)
@@ -347,7 +348,7 @@ function M.initialize_model_parallel(opts)
       for _, r in ipairs(ranks) do
         if r == S.rank then
           local name = name_prefix .. "." .. (i - 1)
-          return group.new(group_opts(name, ranks, { cpugroup_name = ("mp%d/%s"):format(gen, name),
+          return group.new(group_opts(name, ranks, { cpugroup_name = "mp/" .. name,
             -- the seed gives the TP group the message-queue broadcaster
             use_mq_broadcaster = kind == "tp" and os.getenv("WEFT_USE_MQ_BROADCASTER") == "1" }))
         end
