@@ -162,3 +162,54 @@ describe("weft.store under abuse #fault", function()
     assert.is_true(tonumber(ms) < 8000, "rank 0 failed after " .. ms .. " ms: " .. msg)
   end)
 end)
+
+-- Issue 24 item 9: what the server holds is bounded in total, not only per
+-- frame. Four clients each try 4 values of 32 MiB (512 MiB) at a server
+-- capped at 128 MiB: the ones past the cap are refused with the message that
+-- names WEFT_STORE_MAX_TOTAL, and the server's peak RSS stays near the cap.
+describe("weft.store total memory cap #fault", function()
+  it("a server capped at 128 MiB refuses 32 MiB SETs past it, clearly, and its peak RSS stays bounded", function()
+    local CAP, VAL, CLIENTS, EACH = 128 * 2^20, 32 * 2^20, 4, 4
+    local port = util.free_port()
+    local slog = os.tmpname()
+    local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
+                             .. "serve %d 60000"):format(CAP, port), 70, slog)
+    local out = wait_for(slog, "SERVING", 10000)
+    local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+    local ok, err = pcall(function()
+      assert.is_truthy(server, "server did not start: " .. out)
+      local logs, pids = {}, {}
+      for i = 1, CLIENTS do
+        logs[i] = os.tmpname()
+        pids[i] = util.spawn(("luajit tests/helpers/store_fault.lua fill %d %d %d"):format(port, EACH, VAL), 60, logs[i])
+      end
+      local stored, refused = 0, 0
+      for i = 1, CLIENTS do
+        assert.is_true(util.reap(pids[i], 50000), "client " .. i .. " did not finish")
+        local text = util.read_file(logs[i]) or ""
+        os.remove(logs[i])
+        assert.is_truthy(text:find("FILLED", 1, true), text)
+        for line in text:gmatch("[^\n]+") do
+          if line:find("^SET %d+ ok") then stored = stored + 1 end
+          local msg = line:match("^SET %d+ refused (.*)")
+          if msg then
+            refused = refused + 1
+            assert.is_truthy(msg:find("the store is full", 1, true) and msg:find("WEFT_STORE_MAX_TOTAL", 1, true)
+                             and msg:find("total limit of " .. CAP .. " bytes", 1, true), msg)
+          end
+        end
+      end
+      -- the cap admits 3 values (plus keys), never more; the rest are refused
+      assert.is_true(stored >= 1 and stored <= CAP / VAL, ("%d values stored"):format(stored))
+      assert.are.equal(CLIENTS * EACH, stored + refused)
+      local status = util.read_file("/proc/" .. server .. "/status") or ""
+      local hwm = tonumber(status:match("VmHWM:%s+(%d+) kB"))
+      assert.is_truthy(hwm, status)
+      -- the cap, one frame copied while it is stored, and the process itself
+      assert.is_true(hwm * 1024 < CAP + 2 * VAL + 64 * 2^20,
+                     ("server peak RSS %d MiB with a %d MiB cap"):format(math.floor(hwm / 1024), CAP / 2^20))
+    end)
+    stop_server(spid, slog, port, nil)
+    if not ok then error(err, 0) end
+  end)
+end)

@@ -17,7 +17,9 @@
 -- (tp.0, tp.1, pp.0, ...); a custom group is its name (default "custom").
 -- Every rank creates the groups it belongs to in one fixed order (KINDS), so
 -- creation never deadlocks; each cpu group's store keys also carry a
--- generation number, so re-initializing never meets a previous group's keys.
+-- generation number (its counter in the store, src/host/cpugroup.c), so
+-- re-initializing never meets a previous group's keys, and re-creating a
+-- group adds no store key.
 local group = require "weft.group"
 
 local M = {}
@@ -108,6 +110,40 @@ local function close_after_failure(store)
   store:close()
 end
 
+local function sleep_ms(ms)
+  local ffi = require "ffi"
+  if not pcall(function() return ffi.C.weft_dist_poll_ end) then
+    ffi.cdef [[ int weft_dist_poll_(void *fds, unsigned long n, int timeout) __asm__("poll"); ]]
+  end
+  ffi.C.weft_dist_poll_(nil, 0, ms)
+end
+
+-- Rank 0's store, or its own. A rank whose shutdown ended early (rank 0 was
+-- still busy) must not join the store of the world it left: that store
+-- would close under it a moment later ("rank 0 is gone"). Its key
+-- weft/shutdown (the goodbyes) marks it; wait, sleeping, until rank 0 has
+-- closed it and opened the next one, within the timeout.
+local function open_store(timeout)
+  local store = require "weft.store"
+  local now_ms = require("weft.clock").now_ms
+  local deadline = now_ms() + timeout
+  while true do
+    local s = store.open { host = S.master_addr, port = S.master_port, server = S.rank == 0,
+                           timeout_ms = timeout }
+    if S.rank == 0 then return s end
+    local ok, old = pcall(s.check, s, { "weft/shutdown" })
+    if ok and not old then return s end
+    s:close()
+    if not ok then error(old, 0) end
+    if now_ms() >= deadline then
+      error(("weft: init: the store at %s:%d is still the previous world's, which rank 0 is shutting "
+             .. "down (weft.shutdown() there did not finish within %d ms)")
+            :format(S.master_addr, S.master_port, timeout), 0)
+    end
+    sleep_ms(100)
+  end
+end
+
 local function group_opts(name, ranks, extra)
   local o = {
     name = name, ranks = ranks, rank = S.rank, local_rank = S.local_rank, store = S.store,
@@ -145,9 +181,7 @@ function M.init(opts)
   S.host_backend = FORCED[hb] and hb or nil
   S.world_same_node = nil
   if S.world_size > 1 then
-    local store = require "weft.store"
-    S.store = store.open { host = S.master_addr, port = S.master_port, server = S.rank == 0,
-                           timeout_ms = timeout }
+    S.store = open_store(timeout)
     -- from here a death of this rank is seen by the others within ~200 ms
     local rok, rerr = pcall(S.store.register_rank, S.store, S.rank, S.world_size)
     if not rok then S.store:close(); S.store = nil; error(rerr, 2) end
@@ -306,8 +340,7 @@ function M.initialize_model_parallel(opts)
     msg = msg:sub(msg:find("weft: ", 1, true) or 1)   -- its position is validate's caller's: ours now
     error(msg .. (need and need > S.world_size and launcher_hint(need) or ""), 2)
   end
-  S.generation = S.generation + 1
-  local gen = S.generation
+  S.generation = S.generation + 1   -- initializations so far (the cpu groups count their own)
   local aliases = plan.aliases or {}
   local created = {}
   local function build(kind, lists, name_prefix)
@@ -315,7 +348,7 @@ function M.initialize_model_parallel(opts)
       for _, r in ipairs(ranks) do
         if r == S.rank then
           local name = name_prefix .. "." .. (i - 1)
-          return group.new(group_opts(name, ranks, { cpugroup_name = ("mp%d/%s"):format(gen, name),
+          return group.new(group_opts(name, ranks, { cpugroup_name = "mp/" .. name,
             -- the seed gives the TP group the message-queue broadcaster
             use_mq_broadcaster = kind == "tp" and os.getenv("WEFT_USE_MQ_BROADCASTER") == "1" }))
         end
@@ -454,8 +487,10 @@ function M.create_custom_group(ranks, name, opts)
     if #ranks > 1 then agree_custom(name, ranks, gen, timeout) end
     -- only members count, so the counter agrees among exactly those who meet
     S.custom_counter[key] = gen + 1
-    g = group.new(group_opts(name, ranks, { cpugroup_name = ("cg%d/%s"):format(gen, key),
-                                            timeout_ms = timeout }))
+    -- one cpu group name per rank set: its generation counter (a store key
+    -- per member, src/host/cpugroup.c) keeps a re-created group apart from
+    -- the old one, so create + destroy cycles add no keys (issue 24)
+    g = group.new(group_opts(name, ranks, { cpugroup_name = "cg/" .. key, timeout_ms = timeout }))
     if #ranks > 1 then
       -- every member has read every list: the lobby key can go
       group.exchange(g, op, op, "")
@@ -466,6 +501,14 @@ function M.create_custom_group(ranks, name, opts)
   end
   S.custom[#S.custom + 1] = g
   return g
+end
+
+-- g:destroy() forgets a custom group here too (shutdown destroys the rest)
+group.destroy_hooks[#group.destroy_hooks + 1] = function(g)
+  local list = S.custom
+  for i = #list, 1, -1 do
+    if list[i] == g then table.remove(list, i); return end
+  end
 end
 
 ---------------------------------------------------------------- getters
@@ -533,6 +576,25 @@ function M.recover()
 end
 
 ---------------------------------------------------------------- shutdown
+-- Returns only once rank 0 closed the server, so an init right after (as in
+-- weft.recover()) never meets the old store: a wait for a key nobody sets
+-- then ends with WEFT_ECLOSED. Judged by the code: the messages of other
+-- failures (a timeout) name the key, whose name says "closed" too.
+local function wait_store_closed(store)
+  local wffi = require "weft.ffi"
+  local C, ffi = wffi.C, require "ffi"
+  local v, l = ffi.new("const void *[1]"), ffi.new("size_t[1]")
+  local rc = C.weft_store_get(store.handle, "weft/shutdown/closed", S.timeout_ms, v, l)
+  if rc == C.WEFT_ECLOSED then return end
+  if rc == C.WEFT_ETIMEOUT then
+    error(("weft: shutdown: rank 0 did not close the store within %d ms (it has not called "
+           .. "weft.shutdown() yet, or is still busy); this rank's groups are gone, and "
+           .. "weft.init() waits until rank 0 has closed that store"):format(S.timeout_ms), 0)
+  end
+  error(("weft: shutdown: waiting for rank 0 to close the store: %s")
+        :format(rc == 0 and "the key weft/shutdown/closed was set by someone else" or wffi.last_error()), 0)
+end
+
 -- Destroys every group (locally), then closes the store. Rank 0 (the store
 -- server) waits until every other rank has said goodbye, bounded by the
 -- timeout, so no rank loses the store in the middle of its last request.
@@ -541,7 +603,7 @@ function M.shutdown()
   local world, store = S.world, S.store
   local err
   M.destroy_model_parallel()
-  for _, g in ipairs(S.custom) do g:destroy() end
+  for i = #S.custom, 1, -1 do S.custom[i]:destroy() end  -- each removes itself
   S.custom = {}
   if world then world:destroy() end
   if store then
@@ -550,12 +612,7 @@ function M.shutdown()
         local need = S.world_size - 1
         if S.rank ~= 0 then
           if store:add("weft/shutdown", 1) == need then store:set("weft/shutdown/done", "1") end
-          -- return only once rank 0 closed the server (this wait then fails
-          -- with "closed"), so an init right after never meets the old store
-          local ok2, e2 = pcall(store.get, store, "weft/shutdown/closed", S.timeout_ms)
-          if ok2 or not tostring(e2):find("closed", 1, true) then
-            error(("weft: shutdown: rank 0 did not close the store within %d ms"):format(S.timeout_ms), 0)
-          end
+          wait_store_closed(store)
         else
           store:get("weft/shutdown/done", S.timeout_ms)
         end

@@ -30,6 +30,8 @@ void wf_env_store_limits(wf_store_limits *l) {
   l->max_preauth = wf_env_long("WEFT_STORE_MAX_PREAUTH", 256);
   l->read_ms = wf_env_long("WEFT_STORE_READ_TIMEOUT_MS", 10000);
   l->idle_ms = wf_env_long("WEFT_STORE_IDLE_MS", 0);
+  l->max_total = wf_env_long("WEFT_STORE_MAX_TOTAL", 0);
+  if (l->max_total < 0) l->max_total = 0;
   if (l->max_conns < 0) l->max_conns = 0;
   if (l->max_preauth <= 0) l->max_preauth = 256;
   if (l->read_ms <= 0) l->read_ms = 10000;

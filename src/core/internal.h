@@ -32,6 +32,8 @@ typedef struct wf_store_limits {
   long max_preauth;  /* WEFT_STORE_MAX_PREAUTH: connections still in the handshake */
   long read_ms;      /* WEFT_STORE_READ_TIMEOUT_MS: handshake, and a frame's base deadline */
   long idle_ms;      /* WEFT_STORE_IDLE_MS: close idle authenticated connections (0: never) */
+  long long max_total; /* WEFT_STORE_MAX_TOTAL: bytes of keys and values held, and frames being
+                        * read, at once (0: derive, a quarter of the RAM, at least 1 GiB) */
 } wf_store_limits;
 void wf_env_store_limits(wf_store_limits *l);
 

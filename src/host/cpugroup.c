@@ -25,6 +25,14 @@
  * collectives they completed, and the next one would pair a stale key with
  * a fresh one.
  *
+ * Giving up (give_up below): a member whose collective failed after it took
+ * its sequence number (a timeout above all) takes back its own key of that
+ * collective, publishes the abort key and refuses further use. A stopped
+ * member that resumes can then never complete the failed collective from
+ * the keys left behind, nor pair its call k with the others' retry k+1
+ * (issue 24: that silently shifted every later result); its wait ends with
+ * the abort within a slice, and weft.recover() rebuilds the groups.
+ *
  * Round trips: barrier and all-gather are ONE request each (set own key +
  * wait for / multi-get all keys, answered by the server when the last member
  * arrives); broadcast is one per member; send and recv one each.
@@ -60,7 +68,7 @@ struct weft_cpugroup {
   size_t tmpcap;
   char op[320];            /* "cpugroup '<name>' <op>" for messages */
   char abort_key[300];     /* "<prefix>/<gen>/abort" */
-  char broken[600];        /* why this group refuses work, "" while usable */
+  char broken[1024];       /* why this group refuses work, "" while usable */
 };
 
 static int grow(uint8_t **p, size_t *cap, size_t need) {
@@ -132,6 +140,77 @@ static int note_failure(weft_cpugroup *g, int rc) {
     return wf_error(rc, "%s. The group cannot be used any more: rebuild the groups on every rank "
                     "with weft.recover() (docs/faults.md)", msg);
   return wf_error(rc, "%s. The job cannot go on without that rank (docs/faults.md)", msg);
+}
+
+/* This rank gives up on collective #seq after its request failed with rc
+ * (message set): the group is broken here and, when the store answered
+ * (reachable), on every member: the abort key is published and own_key
+ * (this rank's key of the collective, NULL: none) taken back, so nobody
+ * completes that collective later. Called with the store locked. */
+static int give_up(weft_cpugroup *g, int rc, const char *what, uint64_t seq, const char *own_key,
+                   int reachable) {
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", weft_last_error());
+  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", msg);
+  if (reachable) {
+    char pre[300], why[1200];
+    int pl = snprintf(pre, sizeof pre, "cpugroup '%s' %s: ", g->name, what);
+    const char *cause = (pl > 0 && !strncmp(msg, pre, (size_t)pl)) ? msg + pl : msg;
+    int len = snprintf(why, sizeof why, "rank %d gave up on cpugroup '%s' (communicator aborted): "
+                       "its %s #%llu failed: %s", g->ranks[g->me], g->name, what,
+                       (unsigned long long)seq, cause);
+    if (len < 0) len = 0;
+    if ((size_t)len >= sizeof why) len = (int)sizeof why - 1;
+    wf_store_set_locked(g->s, g->op, g->abort_key, why, (size_t)len, 0);
+    if (own_key) wf_store_delete_locked(g->s, g->op, own_key);
+  }
+  return wf_error(rc, "%s. The group is aborted%s (no member may pair this call with a later "
+                  "one): rebuild the groups on every rank with weft.recover() (docs/faults.md)",
+                  msg, reachable ? " on every member" : " here");
+}
+
+/* The abort key's value into why (cut to n), when it is set: a poll. */
+static int abort_seen(weft_cpugroup *g, char *why, size_t n) {
+  const char *akey[1] = {g->abort_key};
+  const void *v = NULL;
+  size_t len = 0;
+  int miss;  /* not g->missing: it holds the timed-out wait's list */
+  wf_get_req q = {.keys = akey, .n = 1, .timeout_ms = 0, .vals = &v, .lens = &len, .missing = &miss};
+  if (wf_store_get_locked(g->s, g->op, &q) != 0) { wf_clear_error(); return 0; }
+  size_t l = len < n - 1 ? len : n - 1;
+  memcpy(why, v, l);
+  why[l] = '\0';
+  return 1;
+}
+
+/* This rank's collective ends because another member aborted the group
+ * (why: the abort key's value): own_key is taken back. */
+static int aborted(weft_cpugroup *g, const char *why, const char *own_key) {
+  if (own_key) wf_store_delete_locked(g->s, g->op, own_key);
+  wf_error(WEFT_EABORT, "%s: aborted: %s", g->op, why);
+  return note_failure(g, WEFT_EABORT);
+}
+
+/* A failed request of collective #seq: the error that ends it, the group
+ * broken. missing_verb: how a missing member is described on a timeout. */
+static int failed(weft_cpugroup *g, int rc, const char *what, uint64_t seq, wf_get_req *q,
+                  const char *own_key, const char *missing_verb) {
+  if (rc == WEFT_EABORT || (rc == WEFT_ECLOSED && (strstr(weft_last_error(), " died ") ||
+                            strstr(weft_last_error(), "without weft.shutdown"))))
+    return note_failure(g, rc);  /* the abort is out already (own key taken back), or a rank died */
+  /* the store answered (a refusal: a wrong secret, the store full), or nothing was sent */
+  int reachable = rc == WEFT_EINVAL || rc == WEFT_EAUTH || rc == WEFT_ENOMEM;
+  if (rc == WEFT_ETIMEOUT && q && q->nmissing > 0) {
+    /* a member that timed out a moment earlier took its key back: its
+     * abort names who really did not arrive */
+    char why[600];
+    opname(g, what);
+    if (abort_seen(g, why, sizeof why)) return aborted(g, why, own_key);
+    rc = timeout_error(g, what, q->nmissing, missing_verb);
+    reachable = 1;
+  }
+  opname(g, what);
+  return give_up(g, rc, what, seq, own_key, reachable);
 }
 
 static int refuse_broken(weft_cpugroup *g, const char *what) {
@@ -255,8 +334,8 @@ static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t l
                   .put_key = g->keys[g->me], .put_val = in, .put_len = len,
                   .put_reads = (uint32_t)g->size, .vals = g->vals, .lens = g->lens,
                   .missing = g->missing, .owners = g->ranks, .abort_key = g->abort_key};
-  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
-  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) rc = timeout_error(g, what, q.nmissing, "did not arrive");
+  rc = wf_store_get_locked(g->s, op, &q);
+  if (rc) rc = failed(g, rc, what, seq, &q, g->keys[g->me], "did not arrive");
   if (rc == 0 && !novalues) {
     /* Copy out while the store's reply buffer is still ours. */
     size_t total = 0;
@@ -339,7 +418,27 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
     coll_key(g, root, seq, "broadcast");
     const char *op = opname(g, "broadcast");
     if ((rc = wf_store_lock(g->s, op))) return rc;
-    rc = wf_store_set_locked(g->s, op, g->keys[root], in, len, (uint32_t)(g->size - 1));
+    /* set the key and poll the abort key in one request: a root that was
+     * stopped while the others gave up learns it here (it sends, it never
+     * waits), and takes its key back */
+    const char *akey[1] = {g->abort_key};
+    wf_get_req q = {.keys = akey, .n = 1, .timeout_ms = 0, .flags = WF_GET_PUT,
+                    .put_key = g->keys[root], .put_val = in, .put_len = len,
+                    .put_reads = (uint32_t)(g->size - 1), .vals = g->vals, .lens = g->lens,
+                    .missing = g->missing};
+    rc = wf_store_get_locked(g->s, op, &q);
+    if (rc == WEFT_EAGAIN && q.nmissing == 1) {
+      rc = 0;  /* no abort: the usual case */
+      wf_clear_error();
+    } else if (rc == 0) {
+      char why[600];
+      size_t l = g->lens[0] < sizeof why - 1 ? g->lens[0] : sizeof why - 1;
+      memcpy(why, g->vals[0], l);
+      why[l] = '\0';
+      rc = aborted(g, why, g->keys[root]);
+    } else {
+      rc = failed(g, rc, "broadcast", seq, NULL, g->keys[root], NULL);
+    }
     wf_store_unlock(g->s);
     return rc;
   }
@@ -350,11 +449,9 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
                   .vals = g->vals, .lens = g->lens, .missing = g->missing,
                   .owners = &g->ranks[root], .abort_key = g->abort_key};
-  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
-  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
-    g->missing[0] = root;
-    rc = timeout_error(g, "broadcast", 1, "(the root) did not arrive");
-  }
+  rc = wf_store_get_locked(g->s, op, &q);
+  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) g->missing[0] = root;
+  if (rc) rc = failed(g, rc, "broadcast", seq, &q, NULL, "(the root) did not arrive");
   if (!rc) {
     if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
       rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);

@@ -411,6 +411,14 @@ static void b_key(weft_store *s, const void *ctx) {
   wf_store_wb_key(&s->rq, key, strlen(key));
 }
 
+int wf_store_delete_locked(weft_store *s, const char *op, const char *key) {
+  int rc = check_key(op, key);
+  if (rc) return rc;
+  int32_t st = 0;
+  wf_rd r;
+  return wf_store_cl_request(s, op, WF_OP_DELETE, 0, 0, b_key, key, &st, &r);
+}
+
 int weft_store_delete(weft_store *s, const char *key, int *deleted) {
   int rc = check_key("store delete", key);
   if (rc || (rc = wf_store_lock(s, "store delete"))) return rc;

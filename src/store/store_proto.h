@@ -122,6 +122,7 @@ void wf_store_unlock(weft_store *s);
 int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *r);
 int wf_store_set_locked(weft_store *s, const char *op, const char *key,
                         const void *val, size_t len, uint32_t reads);
+int wf_store_delete_locked(weft_store *s, const char *op, const char *key);
 int wf_store_add_locked(weft_store *s, const char *op, const char *key,
                         int64_t delta, int64_t *result);
 int wf_store_default_timeout(weft_store *s);

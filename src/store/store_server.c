@@ -21,6 +21,12 @@
 
 #define ACCEPT_BATCH 64        /* accepts per loop turn: reads interleave with a flood */
 #define FRAME_MS_PER_KIB 1     /* whole-frame deadline: read timeout + 1 ms per KiB (~1 MB/s) */
+/* The total cap (WEFT_STORE_MAX_TOTAL) refuses big values first: frames of
+ * up to SMALL_FRAME bytes (the control plane: registrations, tombstones,
+ * abort keys, votes) may go CONTROL_RESERVE past it, so a store filled with
+ * data still lets the ranks fail and name why. */
+#define SMALL_FRAME (64u << 10)
+#define CONTROL_RESERVE (64ull << 20)
 
 typedef struct entry {
   struct entry *next;
@@ -59,6 +65,9 @@ typedef struct conn {
   uint8_t *live_key;   /* WF_SET_LIVE: the key naming this connection's rank */
   uint32_t live_klen;
   int lost;            /* ended from the client's side (EOF, reset) */
+  uint64_t reserved;   /* payload bytes of the frame being read, counted in inflight */
+  int discard;         /* the frame is over the total cap: read, dropped, refused */
+  uint64_t dgot;       /* payload bytes dropped so far */
 } conn;
 
 /* The server's state; wf_store_srv outside this file. */
@@ -74,6 +83,9 @@ typedef struct wf_store_srv {
   struct pollfd *pfd;
   int cap_pfd;
   size_t max_value;
+  uint64_t max_total;           /* WEFT_STORE_MAX_TOTAL */
+  uint64_t stored;              /* bytes of keys and values in the table */
+  uint64_t inflight;            /* payload bytes of frames being read */
   int64_t read_to;
   long max_conns, max_preauth;  /* admission caps (resolved at start) */
   int64_t idle_ms;              /* 0: idle authenticated connections stay */
@@ -132,10 +144,19 @@ static int tab_grow(srv *v) {
   return 0;
 }
 
-/* Sets key to a copy of val; 0 ok, -1 out of memory. */
+/* Whether holding `add` more bytes would pass the total cap (small frames
+ * may use the control reserve). */
+static int over_total(const srv *v, uint64_t add) {
+  uint64_t cap = v->max_total + (add <= SMALL_FRAME ? CONTROL_RESERVE : 0);
+  return v->stored + v->inflight + add > cap;
+}
+
+/* Sets key to a copy of val; 0 ok, -1 out of memory, -2 over the total cap. */
 static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32_t reads) {
   uint64_t h = key_hash(k.p, k.len);
   entry **pp = tab_slot(v, k.p, k.len, h);
+  uint64_t old = *pp ? (*pp)->vlen : 0, grow = *pp ? 0 : k.len;
+  if (vlen > old && over_total(v, grow + vlen - old)) return -2;
   uint8_t *copy = malloc(vlen ? vlen : 1);
   if (!copy) return -1;
   if (vlen) memcpy(copy, val, vlen);
@@ -144,6 +165,7 @@ static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32
     (*pp)->val = copy;
     (*pp)->vlen = vlen;
     (*pp)->reads = reads;
+    v->stored = v->stored - old + vlen;
     return 0;
   }
   entry *e = calloc(1, sizeof *e);
@@ -154,6 +176,7 @@ static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32
   e->next = NULL;
   *pp = e;
   v->nent++;
+  v->stored += (uint64_t)k.len + vlen;
   if (v->nent > v->nb) tab_grow(v);  /* failure only costs speed */
   return 0;
 }
@@ -163,6 +186,7 @@ static int tab_del(srv *v, wf_store_kref k) {
   if (!*pp) return 0;
   entry *e = *pp;
   *pp = e->next;
+  v->stored -= (uint64_t)e->klen + e->vlen;
   entry_free(e);
   v->nent--;
   return 1;
@@ -220,6 +244,24 @@ static void resp_error(srv *v, conn *c, int32_t status, const char *msg) {
 }
 
 static void resp_ok(srv *v, conn *c) { resp_begin(c, 0); frame_end(v, c, WF_OP_RESP); }
+
+/* The clear refusal of a value (or a frame, of `bytes`) over the total cap. */
+static void refuse_full(srv *v, conn *c, uint64_t bytes) {
+  char msg[400];
+  snprintf(msg, sizeof msg, "the store is full: %llu more bytes would pass its total limit of %llu "
+           "bytes (it holds %llu bytes of keys and values, %llu more being received; "
+           "WEFT_STORE_MAX_TOTAL, docs/store.md)", (unsigned long long)bytes,
+           (unsigned long long)v->max_total, (unsigned long long)v->stored,
+           (unsigned long long)v->inflight);
+  wf_log(1, "store server: %s", msg);
+  resp_error(v, c, WEFT_ENOMEM, msg);
+}
+
+/* A failed tab_set (rc -1: no memory, -2: over the total cap) of the frame just read. */
+static void set_refused(srv *v, conn *c, int rc) {
+  if (rc == -2) refuse_full(v, c, c->in.len);
+  else resp_error(v, c, WEFT_ENOMEM, "server out of memory");
+}
 
 /* ---- claims and rejections: what the waiting ranks are told ----
  * A client rejected for a wrong secret is recorded (address and claimed
@@ -386,7 +428,8 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
   c->cursor = 0;
   c->gflags = c->flags;
   if (put) {
-    if (tab_set(v, pk, pv, pn, preads)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    int rc = tab_set(v, pk, pv, pn, preads);
+    if (rc) { set_refused(v, c, rc); return 0; }
     wake_waiters(v);
   }
   if (get_complete(v, c)) get_answer(v, c);
@@ -465,7 +508,8 @@ static int handle_frame(srv *v, conn *c) {
   case WF_OP_SET: {
     uint32_t reads = wf_rd_u32(&r);
     if (wf_store_rd_key(&r, &k) || wf_store_rd_val(&r, v->max_value, &a, &an) || r.pos != r.len) return -1;
-    if (tab_set(v, k, a, an, reads)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    int rc = tab_set(v, k, a, an, reads);
+    if (rc) { set_refused(v, c, rc); return 0; }
     if (c->flags & WF_SET_LIVE) live_bind(v, c, k);
     resp_ok(v, c);
     wake_waiters(v);
@@ -489,7 +533,8 @@ static int handle_frame(srv *v, conn *c) {
     cur += delta;
     char num[24];
     int len = snprintf(num, sizeof num, "%lld", (long long)cur);
-    if (tab_set(v, k, num, (size_t)len, 0)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+    int rc = tab_set(v, k, num, (size_t)len, 0);
+    if (rc) { set_refused(v, c, rc); return 0; }
     resp_begin(c, 0);
     wf_store_wb_u64(&c->out, (uint64_t)cur);
     frame_end(v, c, WF_OP_RESP);
@@ -517,7 +562,8 @@ static int handle_frame(srv *v, conn *c) {
     entry *e = tab_find(v, k);
     int swap = e ? (e->vlen == an && memcmp(e->val, a, an) == 0) : an == 0;
     if (swap) {
-      if (tab_set(v, k, b, bn, 0)) { resp_error(v, c, WEFT_ENOMEM, "server out of memory"); return 0; }
+      int rc = tab_set(v, k, b, bn, 0);
+      if (rc) { set_refused(v, c, rc); return 0; }
       e = tab_find(v, k);
     }
     resp_begin(c, 0);
@@ -617,6 +663,37 @@ static void conn_read(srv *v, conn *c) {
       c->in.len = 0;
       c->in.err = 0;
       if (c->state == C_READY) frame_deadline(v, c, c->plen);
+      /* a big frame that would pass the total cap is read and dropped, then
+       * refused: the client gets a clear answer, the server holds nothing */
+      if (c->state == C_READY && c->plen > SMALL_FRAME && over_total(v, c->plen)) {
+        c->discard = 1;
+        c->dgot = 0;
+      } else {
+        c->reserved = c->plen;
+        v->inflight += c->plen;
+      }
+    }
+    if (c->discard) {
+      if (c->dgot < c->plen) {
+        uint8_t junk[16384];
+        size_t room = sizeof junk;
+        if (room > c->plen - c->dgot) room = (size_t)(c->plen - c->dgot);
+        if (room > budget) room = budget;
+        ssize_t n = recv(c->fd, junk, room, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n <= 0) { c->lost = 1; conn_close(c, "connection ended inside a frame"); return; }
+        c->dgot += (uint64_t)n;
+        budget -= (size_t)n;
+        if (c->dgot < c->plen) continue;
+      }
+      c->discard = 0;
+      c->have_hdr = 0;
+      c->hgot = 0;
+      c->t_active = wf_now_ms();
+      c->rdeadline = 0;
+      refuse_full(v, c, c->plen);
+      return;
     }
     if (c->in.len < c->plen) {
       size_t want = (size_t)c->plen - c->in.len;
@@ -641,6 +718,8 @@ static void conn_read(srv *v, conn *c) {
     c->hgot = 0;
     c->t_active = wf_now_ms();
     if (c->state == C_READY) c->rdeadline = 0;
+    v->inflight -= c->reserved;  /* from here the table counts what it keeps */
+    c->reserved = 0;
     if (handle_frame(v, c) < 0) { conn_close(c, "malformed frame"); return; }
     if (c->state != C_PARKED) wf_store_wb_trim(&c->in);
     if (c->dead || c->state == C_PARKED || c->out.len) return;
@@ -806,7 +885,7 @@ static void srv_expire(srv *v, int64_t now) {
     if (v->c[i]->dead && v->c[i]->lost && v->c[i]->live_key) live_gone(v, v->c[i]);
   int j = 0;
   for (int i = 0; i < v->nc; i++) {
-    if (v->c[i]->dead) conn_free(v->c[i]);
+    if (v->c[i]->dead) { v->inflight -= v->c[i]->reserved; conn_free(v->c[i]); }
     else v->c[j++] = v->c[i];
   }
   v->nc = j;
@@ -892,8 +971,14 @@ static void srv_limits(srv *v) {
   v->idle_ms = l.idle_ms;
   v->max_conns = l.max_conns > 0 ? l.max_conns : derived;
   v->max_preauth = l.max_preauth;
-  wf_log(2, "store server: at most %ld connections, %ld pre-auth, handshake %lld ms",
-         v->max_conns, v->max_preauth, (long long)v->read_to);
+  if (l.max_total > 0) v->max_total = (uint64_t)l.max_total;
+  else {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t quarter = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 : 0;
+    v->max_total = quarter > (1ull << 30) ? quarter : (1ull << 30);
+  }
+  wf_log(2, "store server: at most %ld connections, %ld pre-auth, handshake %lld ms, %llu bytes held",
+         v->max_conns, v->max_preauth, (long long)v->read_to, (unsigned long long)v->max_total);
 }
 
 static void srv_free(srv *v) {

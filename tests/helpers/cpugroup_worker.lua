@@ -113,20 +113,26 @@ end
 
 local function missing_rank()
   local tmo = tonumber(os.getenv("CPG_TIMEOUT_MS") or "1500")
-  local world = cpugroup.new(s, "world", all, rank, tmo)
   local first_absent
   for r = n - 1, 0, -1 do if absent[r] then first_absent = r end end
-  local function timed(name, f, ...)
+  -- a collective that timed out aborts its group (issue 24): each operation
+  -- runs on a fresh group of the same name, and a second call on the same
+  -- group must be refused at once
+  local function timed(name, method, ...)
+    local world = cpugroup.new(s, "world", all, rank, tmo)
     local t0 = util.now_ms()
-    local ok, e = pcall(f, ...)
+    local ok, e = pcall(world[method], world, ...)
     say(("%s ok=%s ms=%d msg=%s"):format(name, tostring(ok), util.now_ms() - t0, tostring(e)))
+    t0 = util.now_ms()
+    ok, e = pcall(world[method], world, ...)
+    say(("AGAIN_%s ok=%s ms=%d msg=%s"):format(name, tostring(ok), util.now_ms() - t0, tostring(e)))
+    world:destroy()
   end
-  timed("BARRIER", world.barrier, world)
-  timed("ALLGATHER", world.allgather, world, "x")
-  timed("ALLREDUCE", world.allreduce_i64, world, { 1 }, "and")
-  timed("BROADCAST", world.broadcast, world, nil, first_absent)
-  timed("RECV", world.recv, world, first_absent)
-  world:destroy()
+  timed("BARRIER", "barrier")
+  timed("ALLGATHER", "allgather", "x")
+  timed("ALLREDUCE", "allreduce_i64", { 1 }, "and")
+  timed("BROADCAST", "broadcast", nil, first_absent)
+  timed("RECV", "recv", first_absent)
 end
 
 local ok, err = pcall(mode == "absent" and missing_rank or normal)

@@ -7,6 +7,9 @@
 --                                            reopening the ones the server closes, for SECONDS;
 --                                            prints "FULL" once N were opened, then
 --                                            "FLOOD opened <n> greeted <n> shed <n>"; closes all
+--   store_fault.lua fill PORT COUNT BYTES     sets COUNT keys of BYTES bytes each; prints
+--                                            "SET <i> ok" or "SET <i> refused <message>", then
+--                                            "FILLED"
 --   store_fault.lua rank                      a rank of a 2-rank run: rank 1 has a wrong secret;
 --                                            prints "INIT OK" or "ERR <ms> <message>"
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -28,6 +31,7 @@ if not pcall(ffi.typeof, "wsf_rlimit") then
   ]]
 end
 local RLIMIT_NOFILE = 7
+pcall(ffi.cdef, "int getpid(void);")
 
 local function nofile()
   local r = ffi.new("wsf_rlimit")
@@ -39,8 +43,20 @@ if mode == "serve" then
   local store = require "weft.store"
   local s = store.open { port = tonumber(arg[2]), server = true, timeout_ms = 5000 }
   local soft, hard = nofile()
-  say(("SERVING %d nofile %d %d"):format(s.port, soft, hard))
+  say(("SERVING %d nofile %d %d pid %d"):format(s.port, soft, hard, C.getpid()))
   pcall(s.get, s, "done", tonumber(arg[3]))
+  s:close()
+elseif mode == "fill" then
+  local store = require "weft.store"
+  local s = store.open { port = tonumber(arg[2]), timeout_ms = 20000 }
+  local n, bytes = tonumber(arg[3]), tonumber(arg[4])
+  local val = ("v"):rep(bytes)
+  local tag = tostring(C.getpid())
+  for i = 1, n do
+    local ok, e = pcall(s.set, s, ("fill/%s/%d"):format(tag, i), val)
+    say(ok and ("SET %d ok"):format(i) or ("SET %d refused %s"):format(i, tostring(e)))
+  end
+  say("FILLED")
   s:close()
 elseif mode == "flood" then
   local port, n, secs = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
