@@ -393,6 +393,23 @@ check("refusals before anything is enqueued", function()
   if fake then want(#fake.fx_runs == before, "a refused call reached the kernel") end
 end)
 
+if not ON_DEV then
+  check("host: norm output and FP8 output from the same call", function()
+    local dt, H, Tn = DTYPES[1], HIDDEN[1], 3
+    local x, res, w = gen({ Tn, H }, dt, 31 + me), gen({ Tn, H }, dt, 32), gen({ H }, dt, 33)
+    local no, ro, q = world:fused_allreduce_rmsnorm(x, res, w, 1e-6, { fp8 = true, scale = 0.5 })
+    want(q ~= nil and q.dtype == "f8e4m3", "no quant_out")
+    -- quant = e4m3(norm * 2): compare with the conversion of the returned norm
+    local h = no:to("f32")
+    local p = ffi.cast("float *", h.ptr)
+    for i = 0, h.numel - 1 do p[i] = p[i] * 2 end
+    local want_q = h:to("f8e4m3")
+    equal_bytes(q, want_q, "quant_out")
+    same_everywhere(ro, "fp8 call residual_out")
+    for _, v in ipairs { x, res, w, no, ro, q, h, want_q } do v:free() end
+  end)
+end
+
 if ON_DEV and W > 1 then
   check("graph capture: replays on new data, fused", function()
     local dt, H, Tn = DTYPES[1], HIDDEN[1], 6
