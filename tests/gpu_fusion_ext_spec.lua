@@ -8,7 +8,8 @@
 -- bit-identical, the unfused path within the same bounds, a graph replayed on
 -- new data, explain, deterministic mode, refusals. Needs one GPU and
 -- nvidia-cuda-mps-control (else pending). With $OUT set, each world's output
--- is kept there (fusion-ext-w<W>.log). FX_WORLDS narrows the worlds.
+-- is kept there (fusion-ext-w<W>.log). FX_WORLDS narrows the worlds, FX_TIMEOUT_S
+-- bounds each (default 200).
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
@@ -18,9 +19,11 @@ local HIDDEN = { [2] = "256,4096,7168", [4] = "4096", [6] = "1024", [8] = "4096"
 local runs = {}
 local function run(w)
   if runs[w] then return runs[w][1], runs[w][2] end
+  local limit = tonumber(os.getenv("FX_TIMEOUT_S") or "") or 200   -- per world
   local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=%s FX_TOKENS=1,7,33 WEFT_TIMEOUT_MS=30000 LUA_PATH='%s/tests/?.lua;;' "
-                              .. "timeout 200 scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout 190 "
-                              .. "tests/helpers/fusion_ext_ranks.lua"):format(HIDDEN[w], os.getenv("PWD") or ".", w, w))
+                              .. "timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d "
+                              .. "tests/helpers/fusion_ext_ranks.lua"):format(HIDDEN[w], os.getenv("PWD") or ".", limit, w, w,
+                                                                             limit - 10))
   local dir = os.getenv("OUT")
   if dir and dir ~= "" then
     local f = io.open(dir .. "/fusion-ext-w" .. w .. ".log", "w")
