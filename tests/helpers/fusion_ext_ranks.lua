@@ -38,6 +38,8 @@ local function list(env, default)
 end
 local HIDDEN, TOKENS, DTYPES = list("FX_HIDDEN", "256"), list("FX_TOKENS", "1,7,33"), list("FX_DTYPES", "bf16,f16")
 local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
+-- half the smallest subnormal: the rounding model's absolute term (fl(v) = v(1+d) + e, |e| <= ETA)
+local ETA = { bf16 = 2 ^ -134, f16 = 2 ^ -25 }
 local K = 4
 
 ---------------------------------------------------------------- data
@@ -89,7 +91,7 @@ local function check_rows(what, got, ref, bound, n)
 end
 
 -- rstd and the norm with its bound, row by row
-local function norm_ref(y, Ey, w, eps, rows, H, u, gemma)
+local function norm_ref(y, Ey, w, eps, rows, H, u, gemma, eta)
   local n, En = ffi.new("double[?]", rows * H), ffi.new("double[?]", rows * H)
   for r = 0, rows - 1 do
     local ss, cross = 0, 0
@@ -104,7 +106,7 @@ local function norm_ref(y, Ey, w, eps, rows, H, u, gemma)
       local i = r * H + j
       local wj = w[j] + (gemma and 1 or 0)
       n[i] = y[i] * rstd * wj
-      En[i] = math.abs(wj) * rstd * Ey[i] * 2 + math.abs(n[i]) * (rel * 2 + K * u) + 1e-30
+      En[i] = math.abs(wj) * rstd * Ey[i] * 2 + math.abs(n[i]) * (rel * 2 + K * u) + eta * (1 + 2 * rstd * math.abs(wj))
     end
   end
   return n, En
@@ -135,7 +137,7 @@ end
 
 -- the reference of a case: y (residual_out) and its bound, norm and its bound
 local function reference(cs, residual, weight, weight_pre)
-  local Tn, H, u = cs.tokens, cs.hidden, U[cs.dtype]
+  local Tn, H, u, eta = cs.tokens, cs.hidden, U[cs.dtype], ETA[cs.dtype]
   local n = Tn * H
   local sum, Ssum = ffi.new("double[?]", n), ffi.new("double[?]", n)
   for r = 0, W - 1 do
@@ -180,18 +182,18 @@ local function reference(cs, residual, weight, weight_pre)
     local s2, Es = ffi.new("double[?]", n), ffi.new("double[?]", n)
     for i = 0, n - 1 do s2[i] = sum[i]; Es[i] = K * u * (math.abs(sum[i]) + Ssum[i] * 2 ^ -16) + 1e-30 end
     local _, wp = f64(weight_pre)
-    local pn, Ep = norm_ref(s2, Es, wp, cs.eps_pre, Tn, H, u, cs.gemma)
+    local pn, Ep = norm_ref(s2, Es, wp, cs.eps_pre, Tn, H, u, cs.gemma, eta)
     for i = 0, m - 1 do
       y[i] = pn[i] + res[i]
-      Ey[i] = Ep[i] + K * u * (math.abs(y[i]) + math.abs(pn[i]))
+      Ey[i] = Ep[i] + K * u * (math.abs(y[i]) + math.abs(pn[i])) + 2 * eta
     end
   else
     for i = 0, m - 1 do
       y[i] = sum[off + i] + res[i]
-      Ey[i] = K * u * (math.abs(y[i]) + Ssum[off + i] + math.abs(res[i])) + 1e-30
+      Ey[i] = K * u * (math.abs(y[i]) + Ssum[off + i] + math.abs(res[i])) + 2 * eta
     end
   end
-  local nr, En = norm_ref(y, Ey, w, cs.eps, rows, H, u, cs.gemma)
+  local nr, En = norm_ref(y, Ey, w, cs.eps, rows, H, u, cs.gemma, eta)
   return { y = y, Ey = Ey, n = nr, En = En, m = m, rows = rows }
 end
 
