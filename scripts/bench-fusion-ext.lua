@@ -22,6 +22,12 @@
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+-- WEFT_FAKE_DEVICE=1: a CPU rehearsal of the script's logic on the pretend GPU
+-- (tests/helpers/fake_device.lua; its times mean nothing)
+if os.getenv("WEFT_FAKE_DEVICE") == "1" then
+  package.path = root .. "/tests/?.lua;" .. package.path
+  require("helpers.fake_device").install()
+end
 local bench = require "weft.bench"
 local fmt = string.format
 

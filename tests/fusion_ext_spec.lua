@@ -134,10 +134,10 @@ describe("every pattern against f64", function()
     end)
   end
   it("a pretend GPU, 2 ranks: fused (one-shot, two-shot), unfused, graph, explain, deterministic", function()
-    passes(run(2, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,7"), 2, 12)
+    passes(run(2, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,7"), 2, 13)
   end)
   it("a pretend GPU, 4 ranks sharing it", function()
     passes(run(4, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,5 WEFT_ALLOW_SHARED_GPU=1 "
-                  .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 12)
+                  .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 13)
   end)
 end)

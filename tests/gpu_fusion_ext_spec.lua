@@ -14,11 +14,11 @@ local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
 local HIDDEN = { [2] = "256,4096,7168", [4] = "4096", [6] = "1024", [8] = "4096" }
--- per rank: 4 patterns x 2 dtypes per hidden size, then refusals, graph, explain, deterministic
+-- per rank: 4 patterns x 2 dtypes per hidden size, then refusals, two graph checks, explain, deterministic
 local function checks(w)
   local n = 0
   for _ in HIDDEN[w]:gmatch("[^,]+") do n = n + 1 end
-  return 8 * n + 4
+  return 8 * n + 5
 end
 
 local runs = {}

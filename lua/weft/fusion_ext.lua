@@ -271,6 +271,18 @@ end
 
 local function scales_dtype(c) return DT[c.scales.dtype] end
 
+-- t is no longer needed by this call: freed, or while a graph is being
+-- captured kept on the group until it is destroyed (the graph uses it at
+-- every replay)
+local function release(g, t)
+  if policy.mode() == "graph" then
+    g._fx_keep = g._fx_keep or {}
+    g._fx_keep[#g._fx_keep + 1] = t
+  else
+    t:free()
+  end
+end
+
 ---------------------------------------------------------------- host path
 -- The local MoE partial [tokens][hidden] (host or device), into out.
 -- With res and w (device, one rank): residual_out and norm_out of the call too.
@@ -290,10 +302,10 @@ local function moe_partial(c, out, device, res, w)
     rc = C.weft_host_moe_reduce(x.ptr, s.ptr, scales_dtype(c), pptr, rows, sh and sh.ptr, out.ptr,
                                 c.tokens, c.hidden, c.top_k, DT[c.dtype])
   end
-  if x ~= c.x then x:free() end
-  if s ~= c.scales then s:free() end
-  if sh and sh ~= c.shared then sh:free() end
-  if perm and perm ~= c.perm then perm:free() end
+  if x ~= c.x then release(c.g, x) end
+  if s ~= c.scales then release(c.g, s) end
+  if sh and sh ~= c.shared then release(c.g, sh) end
+  if perm and perm ~= c.perm then release(c.g, perm) end
   wffi.check(rc, c.op .. " (local MoE reduction)", 2)
 end
 
@@ -538,52 +550,71 @@ local function run_fused(g, c, algo)
   return true
 end
 
--- the unfused device path: separate device calls, graph-capturable
+-- the unfused device path: separate device calls, graph-capturable. Its
+-- intermediates live in the group's device scratch (weft.device.setup
+-- scratch: kept until the group is destroyed), never in tensors freed after
+-- the call: a captured graph reads and writes them at every replay.
+-- Contiguous copies of strided inputs made while capturing are kept on the
+-- group for the same reason.
 local function run_unfused(g, c, det)
   local tm, cuda = T(), CUDA()
   outputs(c)
   local tmp = {}
-  local function scratch(shape) local t = tm.empty(shape, c.dtype, c.device); tmp[#tmp + 1] = t; return t end
+  local capturing = policy.mode() == "graph"
+  local d = g._dev
+  local function scratch(shape, slot)
+    local n = 1
+    for i = 1, #shape do n = n * shape[i] end
+    local p = S().scratch(d, "fusion_ext_" .. slot, max(n * c.x:elem_size(), 16))
+    return tm.wrap(p, shape, c.dtype, c.device)
+  end
+  local function temp(t, orig)
+    if t ~= orig then
+      if capturing then
+        g._fx_keep = g._fx_keep or {}
+        g._fx_keep[#g._fx_keep + 1] = t
+      else
+        tmp[#tmp + 1] = t
+      end
+    end
+    return t
+  end
   local ok, err = pcall(function()
-    local res, w = c.residual:contiguous(), c.weight:contiguous()
-    if res ~= c.residual then tmp[#tmp + 1] = res end
-    if w ~= c.weight then tmp[#tmp + 1] = w end
+    local res, w = temp(c.residual:contiguous(), c.residual), temp(c.weight:contiguous(), c.weight)
     local nopts = { out = c.norm_out, residual_out = c.residual_out, gemma = c.gemma, stream = c.stream,
                     deterministic = det }
     if (c.pattern == "moe" or c.pattern == "finalize") and g.world_size == 1 and not det then
       -- one rank: the reduction, residual and norm in one kernel (kernels/moe_reduce.cu)
       moe_partial(c, nil, true, res, w)
     elseif c.pattern == "moe" or c.pattern == "finalize" then
-      local part = scratch({ c.tokens, c.hidden })
+      local part = scratch({ c.tokens, c.hidden }, "a")
       moe_partial(c, part, true)
       if g.world_size > 1 then g:all_reduce(part, "sum") end
       cuda.rmsnorm(part, res, w, c.eps, nopts)
     elseif c.pattern == "prepost" then
-      local x = c.x:contiguous()
-      if x ~= c.x then tmp[#tmp + 1] = x end
-      local sum = scratch({ c.tokens, c.hidden })
+      local x = temp(c.x:contiguous(), c.x)
+      local sum = scratch({ c.tokens, c.hidden }, "a")
       if g.world_size > 1 then g:all_reduce(x, "sum", sum) else sum:copy_(x) end
-      local pre = scratch({ c.tokens, c.hidden })
-      local wp = c.weight_pre:contiguous()
-      if wp ~= c.weight_pre then tmp[#tmp + 1] = wp end
+      local pre = scratch({ c.tokens, c.hidden }, "b")
+      local wp = temp(c.weight_pre:contiguous(), c.weight_pre)
       cuda.rmsnorm(sum, nil, wp, c.eps_pre, { out = pre, gemma = c.gemma, stream = c.stream, deterministic = det })
       cuda.rmsnorm(pre, res, w, c.eps, nopts)
     else
-      local x = c.x:contiguous()
-      if x ~= c.x then tmp[#tmp + 1] = x end
+      local x = temp(c.x:contiguous(), c.x)
       local slice
       if g.world_size == 1 then
         slice = x
-      elseif det then
-        -- deterministic: the rank-order all-reduce, then this rank's rows
-        local sum = scratch({ c.tokens, c.hidden })
+      elseif det or (capturing and policy.select(g, "reduce_scatter", x) == "device_host") then
+        -- deterministic mode (a rank-order sum), or a capture where the
+        -- reduce-scatter could only go through host memory (no NCCL: ranks
+        -- sharing a GPU): weft's all-reduce, then this rank's rows (whole rows: contiguous)
+        local sum = scratch({ c.tokens, c.hidden }, "a")
         g:all_reduce(x, "sum", sum)
         slice = sum:narrow(0, g.rank_in_group * c.rows, c.rows)
       else
-        slice = scratch({ c.rows, c.hidden })
+        slice = scratch({ c.rows, c.hidden }, "a")
         g:reduce_scatter(x, 0, slice)
       end
-      if not slice:is_contiguous() then slice = slice:contiguous(); tmp[#tmp + 1] = slice end
       cuda.rmsnorm(slice, res, w, c.eps, nopts)
       if c.all_gather then
         if g.world_size > 1 then g:all_gather(c.norm_out, 0, c.gathered_out) else c.gathered_out:copy_(c.norm_out) end
@@ -692,6 +723,8 @@ function M.install(gm)
   gm.destroy_hooks[#gm.destroy_hooks + 1] = function(g)
     local m = g._fusion_ext
     if m then pcall(m.cleanup, m); g._fusion_ext = nil end
+    for _, t in ipairs(g._fx_keep or {}) do pcall(t.free, t) end
+    g._fx_keep = nil
   end
   -- weft.graph.capture{fusion = {max_tokens=, hidden=, dtype=, ext = true}}
   gm.graph_hooks.enter[#gm.graph_hooks.enter + 1] = function(g, ctx)

@@ -212,6 +212,20 @@ function M.install()
   end
   F.weft_cuda_stream_wait_stream = function() return 0 end
   F.weft_cuda_stream_wait_event = function() return 0 end
+  -- events: the host clock when the work queued before them ran (timing only)
+  local events = {}
+  local clock = require "weft.clock"
+  F.weft_cuda_event_create = function(_, out) next_id = next_id + 16; out[0] = ffi.cast("void *", next_id); events[next_id] = 0; return 0 end
+  F.weft_cuda_event_destroy = function(e) events[addr(e)] = nil; return 0 end
+  F.weft_cuda_event_record = function(e)
+    local k = addr(e)
+    return defer(function() events[k] = tonumber(clock.now_ns()) end)
+  end
+  F.weft_cuda_event_synchronize = function() return 0 end
+  F.weft_cuda_event_elapsed = function(a, b, ms)
+    ms[0] = ((events[addr(b)] or 0) - (events[addr(a)] or 0)) / 1e6
+    return 0
+  end
   F.weft_cuda_stream_set_current = function(s) cur_stream = s; return 0 end
   F.weft_cuda_stream_get_current = function(out) out[0] = cur_stream; return 0 end
   F.weft_cuda_stream_capturing = function(_, c) c[0] = capturing and 1 or 0; return 0 end

@@ -213,7 +213,7 @@ local function call(cs, t, residual, weight, weight_pre, o)
     opts.eps_pre = cs.eps_pre
     return world:fused_allreduce_prepost_rmsnorm(t.x, residual, weight_pre, weight, cs.eps, opts)
   end
-  opts.all_gather = true
+  opts.all_gather = not o.no_gather
   opts.gathered_out = o.gathered_out
   return world:fused_reduce_scatter_rmsnorm(t.x, residual, weight, cs.eps, opts)
 end
@@ -437,6 +437,54 @@ if ON_DEV and W > 1 then
       check_rows("graph replay " .. it .. " residual_out", ro, ref.y, ref.Ey, ref.m)
     end
     cap:destroy()
+  end)
+
+  check("graph capture of every pattern, fused and unfused: replays on new data", function()
+    -- the unfused path's intermediates must outlive the call (a graph replays them)
+    local dt, H = DTYPES[1], HIDDEN[1]
+    local graph = require "weft.graph"
+    for _, path in ipairs { "fused", "unfused" } do
+      for _, pat in ipairs { "moe", "finalize", "prepost", "rs" } do
+        local Tn = pat == "rs" and 2 * W or 5
+        local rows = pat == "rs" and 2 or Tn
+        local cs = { pattern = pat, dtype = dt, tokens = Tn, hidden = H, top_k = 2, shared = true, eps = 1e-6,
+                     eps_pre = 1e-5, scales_dtype = "f32", seed = 7000 }
+        if pat == "finalize" then cs.rows = Tn * 2 + 3 end
+        local t = on_device(inputs(cs, me))
+        local res, w, wp = dev(gen({ rows, H }, dt, 7001)), dev(gen({ H }, dt, 7002)), dev(gen({ H }, dt, 7003))
+        local no, ro = T.empty({ rows, H }, dt, DEV), T.empty({ rows, H }, dt, DEV)
+        -- ranks sharing a GPU have no NCCL: an all-gather cannot be captured
+        -- there (weft's own kernels all-reduce only), so the unfused
+        -- reduce-scatter is captured without it
+        local shared = world._dev and world._dev.shared ~= nil
+        local no_gather = pat == "rs" and path == "unfused" and shared
+        local go = (pat == "rs" and not no_gather) and T.empty({ Tn, H }, dt, DEV) or nil
+        if path == "unfused" then policy.set { fused = "unfused" } end
+        local cap = graph.capture(function()
+          call(cs, t, res, w, wp, { norm_out = no, residual_out = ro, gathered_out = go, no_gather = no_gather })
+        end, { groups = { world }, fusion = { max_tokens = 64, hidden = H, dtype = dt, ext = true } })
+        want(world:fusion_ext_last() == path, "%s %s: captured the %s path", pat, path, tostring(world:fusion_ext_last()))
+        -- other allocations between capture and replay must not land in its intermediates
+        local junk = {}
+        for i = 1, 4 do junk[i] = T.full({ Tn * 4, H }, 1000 + i, dt, DEV) end
+        for it = 1, 2 do
+          cs.seed = 7000 + it * 31
+          if pat == "finalize" then cs.rows = Tn * 2 + 3 end
+          local nt = inputs(cs, me)
+          for k, v in pairs(nt) do t[k]:copy_(v); v:free() end
+          cap:replay()
+          require("weft.cuda").synchronize()
+          local ref = reference(cs, res, w, wp)
+          check_rows(("graph %s %s replay %d norm_out"):format(pat, path, it), no, ref.n, ref.En, ref.m)
+          check_rows(("graph %s %s replay %d residual_out"):format(pat, path, it), ro, ref.y, ref.Ey, ref.m)
+        end
+        cap:destroy()
+        policy.set { fused = "default" }
+        for _, j in ipairs(junk) do j:free() end
+        for _, v in ipairs { res, w, wp, no, ro, go } do v:free() end
+        free_all(t, {})
+      end
+    end
   end)
 
   check("explain names the checks and the last path", function()
