@@ -141,3 +141,61 @@ describe("every pattern against f64", function()
                   .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 13)
   end)
 end)
+
+describe("weft.fusion_ext decision (the policy rule's checks)", function()
+  local fx = require "weft.fusion_ext"
+  local policy = require "weft.policy"
+  local function tensor(dtype, contiguous)
+    return { dtype = dtype or "bf16", shape = { 8, 4096 }, device = "cuda:0",
+             is_contiguous = function() return contiguous ~= false end }
+  end
+  local function call(o)
+    o = o or {}
+    local t = tensor(o.dtype, o.contiguous)
+    return { pattern = o.pattern or "moe", dtype = t.dtype, tokens = o.tokens or 8, hidden = o.hidden or 4096,
+             x = t, residual = t, weight = t, max_tokens = o.max_tokens, algo = o.algo }
+  end
+  local function group(o)
+    o = o or {}
+    return { world_size = o.world or 2, same_node = o.same_node ~= false, unique_name = o.name or "fx_tp" }
+  end
+  after_each(function() policy.set { fused = "default", deterministic = "default" } end)
+
+  it("fuses bf16/f16 on one node, names the algorithm and why", function()
+    local path, why, algo = fx.decision(group(), call())
+    assert.are.equal("fused", path)
+    assert.are.equal("auto", algo)
+    assert.matches("fused kernel, auto", why)
+    assert.are.equal("twoshot", select(3, fx.decision(group(), call { pattern = "rs" })))
+    assert.are.equal("oneshot", select(3, fx.decision(group(), call { algo = "oneshot" })))
+  end)
+
+  it("sends every other case to the unfused path, with the failed check", function()
+    local cases = {
+      { group { world = 1 }, call(), "more than one rank" },
+      { group { same_node = false }, call(), "one node" },
+      { group { world = 9 }, call(), "world size <= 8" },
+      { group(), call { dtype = "f32" }, "dtype bf16 or f16: f32" },
+      { group(), call { hidden = 32768 }, "hidden a multiple of 8" },
+      { group(), call { contiguous = false }, "contiguous" },
+      { group(), call { tokens = 4096 }, "tokens within the workspace: 4096 tokens > the workspace's 2048" },
+    }
+    for _, c in ipairs(cases) do
+      local path, why = fx.decision(c[1], c[2])
+      assert.are.equal("unfused", path, c[3])
+      assert.matches(c[3]:gsub("%p", "%%%0"), why)
+    end
+    policy.set { fused = "unfused" }
+    assert.matches("override fused=unfused", select(2, fx.decision(group(), call())))
+    policy.set { fused = "default", deterministic = true }
+    assert.matches("not deterministic mode: deterministic mode", select(2, fx.decision(group(), call())))
+  end)
+
+  it("lists every check for explain", function()
+    local _, _, _, lines = fx.decision(group(), call(), true)
+    local text = table.concat(lines, "\n")
+    for _, name in ipairs { "override", "one GPU per rank", "not deterministic mode", "workspace", "= fused kernel" } do
+      assert.is_truthy(text:find(name, 1, true), name)
+    end
+  end)
+end)
