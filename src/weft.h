@@ -549,6 +549,93 @@ int weft_fusion_abort(weft_fusion *f);       /* waiting kernels return; workspac
 int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes);
 int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok);
 
+/* ---- more fusion patterns (src/coll/fusion_ext.c, kernels/fused_ext.cu;
+ *      local pieces: src/host/moe_host.c, kernels/moe_reduce.cu) ----
+ * FlashInfer's AllReduceFusionOp patterns beyond AR + residual + RMSNorm:
+ *   MOE_AR_RMSNORM          x_t = shared_t + sum_k scales[k][t] * input[k][t]
+ *                           (input [top_k][tokens][hidden], scales [top_k][tokens]),
+ *                           then all-reduce + residual + RMSNorm;
+ *   MOE_FINALIZE_AR_RMSNORM x_t = shared_t + sum_k scales[t][k] * input[perm[t][k]]
+ *                           (input [expert_rows][hidden] in permuted order,
+ *                           perm and scales [tokens][top_k]), then the same;
+ *   AR_PREPOST_RMSNORM      residual_out = rmsnorm(sum x) * weight_pre + residual,
+ *                           norm_out = rmsnorm(residual_out) * weight;
+ *   RS_RMSNORM              reduce-scatter by tokens (tokens % world == 0): this
+ *                           rank's slice s = [rank * T/W, (rank+1) * T/W):
+ *                           residual_out = (sum x)[s] + residual, norm_out =
+ *                           rmsnorm(residual_out) * weight ([T/W][hidden] each),
+ *                           gathered_out (optional, [T][hidden]) = all-gather of norm_out.
+ * f32 accumulation everywhere; a rank's MoE partial x_t is rounded to the dtype
+ * once (as the unfused path stores it); ranks summed in rank order; the norms'
+ * sums of squares in one order fixed by hidden alone, so every rank and both
+ * algorithms give bit-identical outputs. Scales are f32, or the input dtype
+ * with FX_SCALES_DTYPE. A permutation entry outside [0, expert_rows) makes its
+ * token's rows NaN (device data cannot be checked before the launch).
+ * dtypes bf16, f16; hidden a multiple of 8, <= 16384; top_k 1..16. Same
+ * workspace rules, waits, errors and graph safety as weft_fusion; one-shot
+ * (every rank reduces every row) and two-shot (token ranges); RS_RMSNORM is
+ * one algorithm of its own (TWOSHOT; ONESHOT refused). */
+typedef struct weft_fusion_ext weft_fusion_ext;
+enum {
+  WEFT_FX_MOE_AR_RMSNORM = 1, WEFT_FX_MOE_FINALIZE_AR_RMSNORM = 2,
+  WEFT_FX_AR_PREPOST_RMSNORM = 3, WEFT_FX_RS_RMSNORM = 4
+};
+enum { WEFT_FX_GEMMA = 1, WEFT_FX_PDL = 4, WEFT_FX_SCALES_DTYPE = 32 };
+typedef struct weft_fusion_ext_params {
+  int pattern;                 /* WEFT_FX_* */
+  int algo;                    /* WEFT_FUSION_AUTO, _ONESHOT, _TWOSHOT */
+  int flags;                   /* WEFT_FX_GEMMA | _PDL | _SCALES_DTYPE */
+  int dtype;                   /* bf16 or f16: input, shared, residual, weights, outputs */
+  int64_t tokens, hidden;      /* tokens of the whole batch (RS: before the scatter); 0: nothing */
+  int32_t top_k;               /* MoE patterns: 1..16 */
+  int64_t expert_rows;         /* FINALIZE: rows of input */
+  const void *input;           /* see the patterns above */
+  const void *scales;          /* MoE patterns */
+  const int32_t *permutation;  /* FINALIZE: [tokens][top_k] row of input */
+  const void *shared_output;   /* MoE patterns, optional: [tokens][hidden] */
+  const void *residual;        /* [tokens][hidden] (RS: [tokens / world][hidden]) */
+  const void *weight;          /* [hidden]: the norm (PREPOST: the one after the add) */
+  const void *weight_pre;      /* PREPOST: [hidden], the norm before the add */
+  void *residual_out;          /* like residual */
+  void *norm_out;              /* like residual */
+  void *gathered_out;          /* RS, optional: [tokens][hidden] */
+  float eps, eps_pre;          /* eps_pre: PREPOST's first norm */
+  void *stream;
+} weft_fusion_ext_params;
+int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out);
+int weft_fusion_ext_destroy(weft_fusion_ext *f);
+int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p);
+/* Same validation as run; *algo: the kernel run would use; *why: static text. */
+int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
+                            const char **why);
+int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidden, int dtype,
+                               int algo, int *ok);
+int weft_fusion_ext_check_error(weft_fusion_ext *f);
+int weft_fusion_ext_abort(weft_fusion_ext *f);
+int weft_fusion_ext_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes);
+int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok);
+
+/* The local MoE reduction (one rank, no communication), f32 accumulation in
+ * k order after the shared output, rounded once to dtype:
+ *   out_t = round(shared_t + sum_k scale(t, k) * expert(t, k))
+ * perm == NULL: expert(t, k) = input[k][t], scale(t, k) = scales[k][t] (MOE layout);
+ * else expert(t, k) = input[perm[t][k]], scale(t, k) = scales[t][k] (FINALIZE layout).
+ * scales_dtype: WEFT_F32 or dtype. shared may be NULL. dtype f32, f16, bf16.
+ * Host: a permutation entry outside [0, expert_rows) is refused (EINVAL, nothing
+ * written); device: that token's row is NaN. */
+int weft_host_moe_reduce(const void *input, const void *scales, int scales_dtype,
+                         const int32_t *perm, int64_t expert_rows, const void *shared, void *out,
+                         int64_t tokens, int64_t hidden, int top_k, int dtype);
+/* Device twin of weft_host_moe_reduce; with weight != NULL also the single-rank
+ * fused end of an MoE layer in one kernel: residual_out = round(out + residual),
+ * norm_out = rmsnorm(residual_out) * w (out may then be NULL: not stored).
+ * flags: WEFT_RMSNORM_GEMMA. hidden * esize % 16 == 0. Async on stream. */
+int weft_cuda_moe_reduce(const void *input, const void *scales, int scales_dtype,
+                         const int32_t *perm, int64_t expert_rows, const void *shared, void *out,
+                         const void *residual, const void *weight, void *residual_out,
+                         void *norm_out, int64_t tokens, int64_t hidden, int top_k, int dtype,
+                         float eps, int flags, void *stream);
+
 /* ---- mq: message-queue broadcaster, one writer to the node's other ranks
  *      (src/host/mq.c) ----
  * A shared-memory ring of `chunks` slots of `chunk_bytes` (0: defaults

@@ -57,7 +57,8 @@ describe("weft.policy device rules", function()
     for i, r in ipairs(policy.rules) do names[i] = r.name end
     local order = table.concat(names, " | ")
     assert.matches("^single rank | no CUDA | invalid WEFT_ALLREDUCE | custom all%-reduce %(should_custom_ar%) | "
-                   .. "fused kernel | deterministic mode | host staging %(no NCCL%) | NCCL | forced store |", order)
+                   .. "fused kernel | fused kernel %(MoE, pre/post norm, reduce%-scatter%) | deterministic mode | "
+                   .. "host staging %(no NCCL%) | NCCL | forced store |", order)
     -- every rule is data: a backend, a predicate, a reason
     for _, r in ipairs(policy.rules) do
       assert.is_string(r.backend); assert.is_function(r.when); assert.is_truthy(r.why)

@@ -677,6 +677,12 @@ function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
   if x.device ~= "cpu" then
     error(("weft: %s: device tensors need a device backend on group %s"):format(op, gname(self)), 2)
   end
+  if (opts.fp8 or opts.quant_out ~= nil) then   -- refused before the all-reduce, not after
+    local s = opts.scale
+    if not ((type(s) == "number" and s > 0) or (T().is_tensor(s) and s.dtype == "f32" and s.numel == 1)) then
+      fail(2, op, "FP8 output needs scale: a positive number or an f32 tensor of one element (group %s)", gname(self))
+    end
+  end
   local src = x.ptr
   if self.world_size > 1 then
     -- reduce into scratch: x stays as the caller gave it
@@ -686,7 +692,40 @@ function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
   local tokens = x.numel / hidden
   wffi.check(C.weft_host_rmsnorm(src, residual.ptr, weight.ptr, norm_out.ptr, res_out.ptr,
                                  tokens, hidden, DT_CODE[x.dtype], eps, opts.gemma and 1 or 0), op, 2)
+  if opts.fp8 or opts.quant_out ~= nil then
+    -- the norm output and its FP8 (e4m3, satfinite) quantisation from the same call
+    return norm_out, res_out, M.host_quantize_fp8(self, op, norm_out, opts.scale, opts.quant_out)
+  end
   return norm_out, res_out
+end
+
+-- quant = e4m3_satfinite(norm * (1 / scale)) of a host tensor (the f32
+-- reciprocal once, as the fused kernel); scale: a number or a one-element f32 tensor
+function M.host_quantize_fp8(g, op, norm, scale, quant)
+  local s = scale
+  if T().is_tensor(s) then
+    if s.dtype ~= "f32" or s.numel ~= 1 then fail(3, op, "FP8 scale must be an f32 tensor of one element (group %s)", gname(g)) end
+    s = s:to_table()[1]
+    if type(s) == "table" then s = s[1] end
+  end
+  if type(s) ~= "number" or not (s > 0) then fail(3, op, "FP8 output needs a positive scale (group %s)", gname(g)) end
+  if quant ~= nil then
+    check_tensor(g, op, quant, "quant_out")
+    if quant.dtype ~= "f8e4m3" or not same_shape(quant.shape, norm.shape) then
+      fail(3, op, "quant_out must be an f8e4m3 tensor of shape %s (group %s)", shape_str(norm.shape), gname(g))
+    end
+  else
+    quant = T().empty(norm.shape, "f8e4m3", "cpu")
+  end
+  local h = norm:to("f32")
+  local inv = ffi.new("float[1]", 1 / s)
+  local p = ffi_cast("float *", h.ptr)
+  local k = inv[0]
+  for i = 0, h.numel - 1 do p[i] = p[i] * k end
+  local q = h:to("f8e4m3")
+  quant:copy_(q)
+  q:free(); h:free()
+  return quant
 end
 
 ---------------------------------------------------------------- device
@@ -695,6 +734,10 @@ end
 require("weft.device_backends").install(M)
 -- Host tensors of groups across nodes (Gloo; weft.host_nodes).
 require("weft.host_nodes").install(M)
+-- The fusion patterns beyond all-reduce + RMSNorm: g:fused_moe_allreduce_rmsnorm,
+-- g:fused_moe_finalize_allreduce_rmsnorm, g:fused_allreduce_prepost_rmsnorm,
+-- g:fused_reduce_scatter_rmsnorm, g:prepare_fusion_ext (weft.fusion_ext).
+require("weft.fusion_ext").install(M)
 
 return M
 

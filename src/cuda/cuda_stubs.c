@@ -92,6 +92,17 @@ int weft_cuda_rmsnorm(const void *x, const void *residual, const void *weight, v
   return nodev();
 }
 
+int weft_cuda_moe_reduce(const void *input, const void *scales, int scales_dtype,
+                         const int32_t *perm, int64_t expert_rows, const void *shared, void *out,
+                         const void *residual, const void *weight, void *residual_out,
+                         void *norm_out, int64_t tokens, int64_t hidden, int top_k, int dtype,
+                         float eps, int flags, void *stream) {
+  (void)input; (void)scales; (void)scales_dtype; (void)perm; (void)expert_rows; (void)shared;
+  (void)out; (void)residual; (void)weight; (void)residual_out; (void)norm_out; (void)tokens;
+  (void)hidden; (void)top_k; (void)dtype; (void)eps; (void)flags; (void)stream;
+  return nodev();
+}
+
 int weft_nccl_version(int *version) {
   if (version) *version = 0;
   return nodev();

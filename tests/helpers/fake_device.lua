@@ -212,6 +212,20 @@ function M.install()
   end
   F.weft_cuda_stream_wait_stream = function() return 0 end
   F.weft_cuda_stream_wait_event = function() return 0 end
+  -- events: the host clock when the work queued before them ran (timing only)
+  local events = {}
+  local clock = require "weft.clock"
+  F.weft_cuda_event_create = function(_, out) next_id = next_id + 16; out[0] = ffi.cast("void *", next_id); events[next_id] = 0; return 0 end
+  F.weft_cuda_event_destroy = function(e) events[addr(e)] = nil; return 0 end
+  F.weft_cuda_event_record = function(e)
+    local k = addr(e)
+    return defer(function() events[k] = tonumber(clock.now_ns()) end)
+  end
+  F.weft_cuda_event_synchronize = function() return 0 end
+  F.weft_cuda_event_elapsed = function(a, b, ms)
+    ms[0] = ((events[addr(b)] or 0) - (events[addr(a)] or 0)) / 1e6
+    return 0
+  end
   F.weft_cuda_stream_set_current = function(s) cur_stream = s; return 0 end
   F.weft_cuda_stream_get_current = function(out) out[0] = cur_stream; return 0 end
   F.weft_cuda_stream_capturing = function(_, c) c[0] = capturing and 1 or 0; return 0 end
@@ -516,6 +530,105 @@ function M.install()
     end)
   end
   M.fusion_runs = function() local n = 0; for _, s in pairs(fus) do n = n + s.runs end; return n end
+
+  ---------------------------------------------------------------- more fusion patterns
+  -- (src/coll/fusion_ext.c): the contributions through the real host MoE
+  -- reduction, the rank sum in f64 through the cpu group, the norms through
+  -- the real host norm; records each run's pattern and algorithm.
+  local fxs = {}
+  M.fx_runs = {}
+  F.weft_cuda_moe_reduce = function(inp, sc, sdt, perm, rows, shared, out, res, w, res_out, norm_out,
+                                    tokens, hidden, top_k, dtype, eps, flags)
+    local n = tonumber(tokens) * tonumber(hidden)
+    local es = ES[dtype]
+    if perm ~= nil then
+      for i = 0, tonumber(tokens) * top_k - 1 do
+        if perm[i] < 0 or perm[i] >= rows then return fail(EINVAL, "fake moe_reduce: permutation out of range (the real kernel writes NaN)") end
+      end
+    end
+    M.moe_reduce_calls = (M.moe_reduce_calls or 0) + 1
+    return defer(function()
+      local own = nil
+      local dst = out
+      if dst == nil then own = R.weft_host_alloc(n * es); dst = own end
+      assert(R.weft_host_moe_reduce(inp, sc, sdt, perm, rows, shared, dst, tokens, hidden, top_k, dtype) == 0)
+      if w ~= nil then
+        assert(R.weft_host_rmsnorm(dst, res, w, norm_out, res_out, tokens, hidden, dtype, eps, flags % 2) == 0)
+      end
+      if own ~= nil then R.weft_host_free(own) end
+    end)
+  end
+  local function fx_of(h) local s = fxs[addr(h)]; assert(s, "fake fusion_ext: unknown workspace"); return s end
+  F.weft_fusion_ext_preflight = function(_, _, ok) ok[0] = 1; return 0 end
+  F.weft_fusion_ext_create = function(gh, o, out)
+    local g = group_of(gh)
+    if o.dtype ~= 1 and o.dtype ~= 2 then return fail(EINVAL, "fusion_ext create: dtype (bf16, f16)") end
+    raw(g, "barrier")
+    next_id = next_id + 16
+    fxs[next_id] = { g = g, max_tokens = tonumber(o.max_tokens), hidden = tonumber(o.hidden), runs = 0 }
+    out[0] = ffi.cast("weft_fusion_ext *", next_id)
+    return 0
+  end
+  F.weft_fusion_ext_destroy = function(h) if h ~= nil then fxs[addr(h)] = nil end; return 0 end
+  F.weft_fusion_ext_sufficient = function(h, tokens, hidden, dtype, _, ok)
+    local s = fx_of(h)
+    ok[0] = (tonumber(tokens) <= s.max_tokens and tonumber(hidden) <= s.hidden and (dtype == 1 or dtype == 2)) and 1 or 0
+    return 0
+  end
+  F.weft_fusion_ext_check_error = function() return 0 end
+  F.weft_fusion_ext_run = function(h, p)
+    local s = fx_of(h)
+    local W, me = s.g.world_size, s.g.rank_in_group
+    local tokens, hidden, dtype, pat = tonumber(p.tokens), tonumber(p.hidden), p.dtype, p.pattern
+    if tokens > s.max_tokens or hidden > s.hidden then return fail(EINVAL, "fusion_ext run: larger than the workspace") end
+    if dtype ~= 1 and dtype ~= 2 then return fail(EINVAL, "fusion_ext run: dtype") end
+    if pat == 4 and tokens % W ~= 0 then return fail(EINVAL, "fusion_ext run: tokens do not divide") end
+    if pat == 4 and p.algo == 1 then return fail(EINVAL, "fusion_ext run: reduce-scatter one-shot refused") end
+    if p.flags >= 64 then return fail(EINVAL, "fusion_ext run: unknown flags") end
+    s.runs = s.runs + 1
+    M.fx_runs[#M.fx_runs + 1] = { pattern = pat, algo = p.algo, tokens = tokens }
+    local n, es = tokens * hidden, 2
+    local gemma = p.flags % 2
+    local c = {}
+    for _, k in ipairs { "input", "scales", "permutation", "shared_output", "residual", "weight", "weight_pre",
+                         "residual_out", "norm_out", "gathered_out" } do c[k] = p[k] end
+    local top_k, rows, sdt, eps, eps_pre = p.top_k, p.expert_rows, (p.flags >= 32) and dtype or 0, p.eps, p.eps_pre
+    return defer(function()
+      local part = R.weft_host_alloc(n * es)
+      if pat <= 2 then
+        local perm = pat == 2 and c.permutation or nil
+        local nrows = pat == 2 and rows or top_k * tokens
+        assert(R.weft_host_moe_reduce(c.input, c.scales, sdt, perm, nrows, c.shared_output, part, tokens, hidden,
+                                      top_k, dtype) == 0)
+      else
+        ffi.copy(part, c.input, n * es)
+      end
+      local parts = raw(s.g, "allgather", bytes_of(part, n * es))
+      local sum = ffi.new("double[?]", n)
+      local tmp = ffi.new("double[?]", n)
+      for r = 1, #parts do
+        assert(R.weft_host_convert(ffi.cast("const uint8_t *", parts[r]), dtype, tmp, F64, n) == 0)
+        for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
+      end
+      assert(R.weft_host_convert(sum, F64, part, dtype, n) == 0)   -- the sum, rounded
+      local rows_out, off = tokens, 0
+      if pat == 4 then rows_out = tokens / W; off = me * rows_out * hidden * es end
+      local src = ffi.cast("uint8_t *", part) + off
+      if pat == 3 then
+        local pre = R.weft_host_alloc(n * es)
+        assert(R.weft_host_rmsnorm(part, nil, c.weight_pre, pre, nil, tokens, hidden, dtype, eps_pre, gemma) == 0)
+        ffi.copy(part, pre, n * es)
+        R.weft_host_free(pre)
+      end
+      assert(R.weft_host_rmsnorm(src, c.residual, c.weight, c.norm_out, c.residual_out, rows_out, hidden, dtype,
+                                 eps, gemma) == 0)
+      if pat == 4 and c.gathered_out ~= nil then
+        local all = raw(s.g, "allgather", bytes_of(c.norm_out, rows_out * hidden * es))
+        for r = 1, #all do ffi.copy(ffi.cast("uint8_t *", c.gathered_out) + (r - 1) * rows_out * hidden * es, all[r], rows_out * hidden * es) end
+      end
+      R.weft_host_free(part)
+    end)
+  end
   return M
 end
 

@@ -1,0 +1,439 @@
+/* fusion_ext.c — host side of the fusion patterns beyond AR + residual +
+ * RMSNorm (kernels/fused_ext.cu): MoE reduction / MoE finalize + all-reduce
+ * + residual + RMSNorm, pre/post norm, reduce-scatter + residual + RMSNorm
+ * (+ all-gather). Its own workspace (layout: fusion_ext_internal.h) with the
+ * same plumbing as src/coll/fusion.c (devcoll.h: VMM mapping, host words,
+ * bounded waits, error reports, one call in flight). Everything a call needs
+ * is validated before anything is enqueued. */
+#include "fusion_ext_internal.h"
+#include "devcoll.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIB ((int64_t)1024)
+#define MIB (KIB * KIB)
+
+static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+#define esize wf_dc_esize
+#define dtype_name wf_dc_dtype_name
+
+typedef struct layout {
+  int64_t off_flags, off_os, off_rs, off_ag, os_slot, rs_slot, total;
+} layout;
+
+static int64_t os_tokens_of(const weft_fusion_opts *o) {
+  return o->oneshot_max_tokens < 0 ? 0
+         : o->oneshot_max_tokens == 0 || o->oneshot_max_tokens > o->max_tokens ? o->max_tokens
+                                                                              : o->oneshot_max_tokens;
+}
+
+static layout layout_of(const weft_fusion_opts *o, int world) {
+  layout l;
+  const int64_t row = o->hidden * esize(o->dtype);
+  const int64_t rows_per = (o->max_tokens + world - 1) / world;
+  l.os_slot = os_tokens_of(o) * row;
+  l.rs_slot = rows_per * row;
+  l.off_flags = align_up((int64_t)sizeof(wfx_state), 4096);
+  l.off_os = align_up(l.off_flags + 2 * 2 * WFX_MAX_BLOCKS * 8 * 8, 4096);
+  l.off_rs = l.off_os + align_up(2 * (int64_t)world * l.os_slot, 4096);
+  l.off_ag = l.off_rs + align_up(2 * (int64_t)world * l.rs_slot, 4096);
+  l.total = l.off_ag + align_up(2 * (int64_t)world * l.rs_slot, 4096);
+  return l;
+}
+
+static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
+  WF_CHECK_ARG(o, "%s: NULL options", op);
+  WF_CHECK_ARG(world >= 2 && world <= WFX_MAX_WORLD, "%s: world size %d not supported (2..%d)", op,
+               world, WFX_MAX_WORLD);
+  WF_CHECK_ARG(o->dtype == WEFT_BF16 || o->dtype == WEFT_F16,
+               "%s: dtype %s (%d) not supported (bf16, f16)", op, dtype_name(o->dtype), o->dtype);
+  WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WFX_MAX_HIDDEN && o->hidden % 8 == 0,
+               "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)o->hidden,
+               WFX_MAX_HIDDEN);
+  WF_CHECK_ARG(o->max_tokens >= 1 && o->max_tokens <= ((int64_t)1 << 24),
+               "%s: max_tokens %lld out of range [1, 2^24]", op, (long long)o->max_tokens);
+  return 0;
+}
+
+int weft_fusion_ext_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
+  WF_CHECK_ARG(bytes, "fusion_ext workspace_bytes: NULL out-parameter");
+  int rc = check_opts(opts, world, "fusion_ext workspace_bytes");
+  if (rc) return rc;
+  *bytes = (size_t)layout_of(opts, world).total;
+  return 0;
+}
+
+static const char *pattern_name(int p) {
+  switch (p) {
+    case WEFT_FX_MOE_AR_RMSNORM: return "MoE + all-reduce + RMSNorm";
+    case WEFT_FX_MOE_FINALIZE_AR_RMSNORM: return "MoE finalize + all-reduce + RMSNorm";
+    case WEFT_FX_AR_PREPOST_RMSNORM: return "all-reduce + pre/post RMSNorm";
+    case WEFT_FX_RS_RMSNORM: return "reduce-scatter + RMSNorm";
+    default: return "unknown pattern";
+  }
+}
+
+/* [p, p+n) overlaps [q, q+m) */
+static int overlaps(const void *p, size_t n, const void *q, size_t m) {
+  const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return p && q && a < b + m && b < a + n;
+}
+
+/* The checks that need no workspace: the call itself. */
+static int check_call(const weft_fusion_ext_params *p, int world, const char *op) {
+  WF_CHECK_ARG(p, "%s: NULL params", op);
+  WF_CHECK_ARG(p->pattern >= WEFT_FX_MOE_AR_RMSNORM && p->pattern <= WEFT_FX_RS_RMSNORM,
+               "%s: unknown pattern %d (1 MoE, 2 MoE finalize, 3 pre/post norm, 4 reduce-scatter)",
+               op, p->pattern);
+  WF_CHECK_ARG(p->algo >= WEFT_FUSION_AUTO && p->algo <= WEFT_FUSION_TWOSHOT,
+               "%s: unknown algorithm %d (0 auto, 1 one-shot, 2 two-shot)", op, p->algo);
+  WF_CHECK_ARG((p->flags & ~(WEFT_FX_GEMMA | WEFT_FX_PDL | WEFT_FX_SCALES_DTYPE)) == 0,
+               "%s: unknown flags 0x%x", op, (unsigned)p->flags);
+  WF_CHECK_ARG(p->dtype == WEFT_BF16 || p->dtype == WEFT_F16,
+               "%s: dtype %s (%d) not supported by the fused kernels (bf16, f16)", op,
+               dtype_name(p->dtype), p->dtype);
+  WF_CHECK_ARG(p->tokens >= 0, "%s: tokens %lld < 0", op, (long long)p->tokens);
+  WF_CHECK_ARG(p->hidden >= 8 && p->hidden % 8 == 0 && p->hidden <= WFX_MAX_HIDDEN,
+               "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)p->hidden,
+               WFX_MAX_HIDDEN);
+  const int moe = p->pattern <= WEFT_FX_MOE_FINALIZE_AR_RMSNORM;
+  const int fin = p->pattern == WEFT_FX_MOE_FINALIZE_AR_RMSNORM;
+  const int rs = p->pattern == WEFT_FX_RS_RMSNORM, pp = p->pattern == WEFT_FX_AR_PREPOST_RMSNORM;
+  WF_CHECK_ARG(!moe || (p->top_k >= 1 && p->top_k <= WFX_MAX_TOPK), "%s: top_k %d out of range [1, %d]",
+               op, p->top_k, WFX_MAX_TOPK);
+  WF_CHECK_ARG(!rs || p->tokens % world == 0,
+               "%s: %lld tokens do not divide among %d ranks (reduce-scatter by tokens: pad the batch)",
+               op, (long long)p->tokens, world);
+  WF_CHECK_ARG(!rs || p->algo != WEFT_FUSION_ONESHOT,
+               "%s: reduce-scatter has one kernel (two-shot's first half); one-shot refused", op);
+  WF_CHECK_ARG(p->input && p->residual && p->weight && p->residual_out && p->norm_out,
+               "%s: needs input, residual, weight, residual_out and norm_out", op);
+  WF_CHECK_ARG(!moe || p->scales, "%s: MoE patterns need scales", op);
+  WF_CHECK_ARG(!fin || (p->permutation && p->expert_rows >= 1),
+               "%s: MoE finalize needs the permutation and expert_rows >= 1", op);
+  WF_CHECK_ARG(!pp || p->weight_pre, "%s: pre/post norm needs weight_pre", op);
+  WF_CHECK_ARG(p->eps >= 0.f && p->eps == p->eps && (!pp || (p->eps_pre >= 0.f && p->eps_pre == p->eps_pre)),
+               "%s: eps must be >= 0", op);
+  const size_t es = 2, row = (size_t)p->hidden * es, tb = (size_t)p->tokens * row;
+  const size_t sl = rs ? tb / (size_t)world : tb;
+  const size_t in_b = fin ? (size_t)p->expert_rows * row : moe ? tb * (size_t)p->top_k : tb;
+  const size_t sc_b = (size_t)p->tokens * (size_t)(moe ? p->top_k : 0) *
+                      ((p->flags & WEFT_FX_SCALES_DTYPE) ? es : 4);
+  struct { const char *name; const void *ptr; size_t len; size_t al; } buf[] = {
+      {"input", p->input, in_b, 16},
+      {"scales", moe ? p->scales : NULL, sc_b, (p->flags & WEFT_FX_SCALES_DTYPE) ? 2 : 4},
+      {"permutation", fin ? (const void *)p->permutation : NULL, (size_t)p->tokens * (size_t)p->top_k * 4, 4},
+      {"shared_output", moe ? p->shared_output : NULL, tb, 16},
+      {"residual", p->residual, sl, 16},
+      {"weight", p->weight, row, 16},
+      {"weight_pre", pp ? p->weight_pre : NULL, row, 16},
+      {"residual_out", p->residual_out, sl, 16},
+      {"norm_out", p->norm_out, sl, 16},
+      {"gathered_out", rs ? p->gathered_out : NULL, tb, 16},
+  };
+  const int nb = (int)(sizeof buf / sizeof buf[0]);
+  for (int i = 0; i < nb; i++)
+    WF_CHECK_ARG(((uintptr_t)buf[i].ptr & (buf[i].al - 1)) == 0, "%s: %s (%p) must be %zu-byte aligned",
+                 op, buf[i].name, buf[i].ptr, buf[i].al);
+  /* outputs (index >= 7) against everything; only residual_out == residual in place */
+  for (int i = 7; i < nb; i++)
+    for (int j = 0; j < nb; j++) {
+      if (i == j || !overlaps(buf[i].ptr, buf[i].len, buf[j].ptr, buf[j].len)) continue;
+      const int inplace = i == 7 && j == 4 && buf[i].ptr == buf[j].ptr;
+      WF_CHECK_ARG(inplace, "%s: %s overlaps %s (only residual_out == residual is allowed)", op,
+                   buf[i].name, buf[j].name);
+    }
+  return 0;
+}
+
+#if !WEFT_HAVE_CUDA
+
+#define nodev wf_dc_nodev
+int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) {
+  WF_CHECK_ARG(ok, "fusion_ext preflight: NULL out-parameter");
+  *ok = 0;
+  return check_opts(opts, world, "fusion_ext preflight");
+}
+int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out) {
+  WF_CHECK_ARG(out, "fusion_ext create: NULL out-parameter");
+  *out = NULL;
+  (void)pattern_name; (void)check_call;
+  wf_dc_group gi;
+  int rc = wf_dc_group_info(g, "fusion_ext create", &gi);
+  if (rc) return rc;
+  rc = check_opts(opts, gi.n, gi.op);
+  return rc ? rc : nodev(gi.op);
+}
+int weft_fusion_ext_destroy(weft_fusion_ext *f) { (void)f; return 0; }
+int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
+  (void)f; (void)p;
+  return nodev("fusion_ext run");
+}
+int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
+                            const char **why) {
+  (void)f; (void)p; (void)algo; (void)why;
+  return nodev("fusion_ext resolve");
+}
+int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidden, int dtype,
+                               int algo, int *ok) {
+  (void)f; (void)tokens; (void)hidden; (void)dtype; (void)algo;
+  if (ok) *ok = 0;
+  return 0;
+}
+int weft_fusion_ext_check_error(weft_fusion_ext *f) { (void)f; return nodev("fusion_ext check_error"); }
+int weft_fusion_ext_abort(weft_fusion_ext *f) { (void)f; return nodev("fusion_ext abort"); }
+
+#else
+
+static const char *site_name(unsigned site) {
+  switch (site) {
+    case WFX_SITE_PUSH: return "flag after the peers' pushes (one-shot / reduce-scatter)";
+    case WFX_SITE_GATHER: return "all-gather flag (two-shot)";
+    default: return "unknown wait";
+  }
+}
+
+static const wf_dc_names NAMES = {
+  .what = "fusion_ext", .unit = "workspace",
+  .refuse_hint = "destroy it and recreate it (or use the unfused path)",
+  .timeout_hint = "destroy and recreate it", .site = site_name,
+};
+
+struct weft_fusion_ext {
+  wf_dc dc;
+  weft_fusion_opts opts;
+  int64_t os_tokens, oneshot_max_bytes;
+  size_t ws_bytes;
+  wfx_args base;
+};
+
+static void fx_free(weft_fusion_ext *f) {
+  if (!f) return;
+  wf_dc_release(&f->dc, "fusion_ext destroy");
+  free(f);
+}
+
+int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) {
+  WF_CHECK_ARG(ok, "fusion_ext preflight: NULL out-parameter");
+  *ok = 0;
+  int rc = check_opts(opts, world, "fusion_ext preflight");
+  if (rc) return rc;
+  if (wf_cuda_init()) { wf_clear_error(); return 0; }
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
+  *ok = (int64_t)free_b > layout_of(opts, world).total;
+  return 0;
+}
+
+/* AUTO's one-shot limit (bytes of the call): not measured for these kernels
+ * yet; the AR + RMSNorm kernel's rule for more than 2 ranks (2 MiB up to 4
+ * ranks, 512 KiB beyond), and 2 MiB at 2 ranks (the flag one-shot waits
+ * once per block, unlike the Lamport one). WEFT_FUSION_EXT_ONESHOT_MAX. */
+static int64_t default_oneshot_max(int world) { return world <= 4 ? 2 * MIB : 512 * KIB; }
+
+int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out) {
+  WF_CHECK_ARG(out, "fusion_ext create: NULL out-parameter");
+  *out = NULL;
+  wf_dc_group gi;
+  int rc = wf_dc_group_info(g, "fusion_ext create", &gi);
+  if (rc) return rc;
+  const char *op = gi.op;
+  const int n = gi.n, me = gi.me, tmo = gi.timeout_ms;
+  rc = check_opts(opts, n, op);
+  if (rc) return rc;
+  weft_fusion_ext *f = calloc(1, sizeof *f);
+  if (!f) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
+  long t = opts->timeout_ms > 0 ? opts->timeout_ms
+                                : wf_env_long("WEFT_FUSION_TIMEOUT_MS", tmo > 0 ? tmo : 300000);
+  wf_dc_setup(&f->dc, &NAMES, &gi, t > 0 ? (int)t : 300000);
+  wf_dc_local local;
+  const int sms = wf_dc_sm_count(&local);
+  const int64_t os_env = wf_env_long("WEFT_FUSION_EXT_ONESHOT_MAX", -1);
+  int64_t vmin[2] = {sms, os_env > 0 ? os_env : default_oneshot_max(n)};
+  int64_t vmax[3] = {opts->max_tokens, opts->hidden, os_tokens_of(opts)};
+  rc = weft_cpugroup_allreduce_i64(g, vmin, 2, WEFT_MIN);
+  if (!rc) rc = weft_cpugroup_allreduce_i64(g, vmax, 3, WEFT_MAX);
+  if (rc) { wf_error_context(rc, "%s: agreement", op); fx_free(f); return rc; }
+  if (vmin[0] <= 0) {
+    rc = wf_dc_no_device(&local, op);
+    fx_free(f);
+    return rc;
+  }
+  f->opts = *opts;
+  f->opts.max_tokens = vmax[0];
+  f->opts.hidden = vmax[1];
+  f->opts.dtype = WEFT_BF16; /* both dtypes are 2 bytes: one layout */
+  f->opts.oneshot_max_tokens = vmax[2] > 0 ? vmax[2] : -1;
+  f->os_tokens = os_tokens_of(&f->opts);
+  f->oneshot_max_bytes = vmin[1];
+  const layout l = layout_of(&f->opts, n);
+  wfx_args *a = &f->base;
+  a->rank = me;
+  a->world = n;
+  a->num_sms = (int)vmin[0];
+  const char *sh = getenv("WEFT_ALLOW_SHARED_GPU");
+  a->shared_gpu = sh && !strcmp(sh, "1");
+  a->off_flags = (uint64_t)l.off_flags;
+  a->off_os = (uint64_t)l.off_os;
+  a->off_rs = (uint64_t)l.off_rs;
+  a->off_ag = (uint64_t)l.off_ag;
+  a->os_slot = (uint64_t)l.os_slot;
+  a->rs_slot = (uint64_t)l.rs_slot;
+  f->ws_bytes = (size_t)l.total;
+  rc = wf_dc_workspace(&f->dc, g, f->ws_bytes, op);
+  if (rc) { fx_free(f); return rc; }
+  for (int i = 0; i < n; i++) a->peer[i] = wf_dc_peer(&f->dc, i);
+  a->err_dev = &((wfx_state *)a->peer[me])->err_dev;
+  int local_rc = wf_dc_map_host(&f->dc);
+  a->abort_host = f->dc.abort_dev;
+  a->err_host = f->dc.err_dev;
+  if (!local_rc) {
+    /* state and flags zeroed (the inboxes need nothing: flags say when they hold data) */
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      local_rc = wf_cuda_err(__FILE__, __LINE__, "fusion_ext workspace init", cudaGetLastError());
+    } else {
+      cudaError_t e = cudaMemsetAsync(a->peer[me], 0, (size_t)l.off_os, s);
+      local_rc = e == cudaSuccess ? wf_cuda_wait_stream(s, f->dc.timeout_ms, "fusion_ext create: workspace init")
+                                  : wf_cuda_err(__FILE__, __LINE__, "fusion_ext workspace init", e);
+      cudaStreamDestroy(s);
+    }
+  }
+  rc = wf_dc_vote_ready(g, local_rc, op);
+  if (rc) { fx_free(f); return rc; }
+  wf_log(1, "%s: %zu bytes per rank (max %lld tokens x %lld, one-shot up to %lld tokens, auto one-shot "
+         "<= %lld bytes), %d SMs", op, f->ws_bytes, (long long)f->opts.max_tokens,
+         (long long)f->opts.hidden, (long long)f->os_tokens, (long long)f->oneshot_max_bytes, a->num_sms);
+  *out = f;
+  return 0;
+}
+
+int weft_fusion_ext_destroy(weft_fusion_ext *f) {
+  fx_free(f);
+  return 0;
+}
+
+static int fits(const weft_fusion_ext *f, int64_t tokens, int64_t hidden, int algo) {
+  if (tokens > f->opts.max_tokens || hidden > f->opts.hidden) return 0;
+  return algo == WEFT_FUSION_TWOSHOT || tokens <= f->os_tokens;
+}
+
+int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidden, int dtype,
+                               int algo, int *ok) {
+  WF_CHECK_ARG(f && ok, "fusion_ext sufficient: NULL argument");
+  *ok = tokens >= 0 && hidden >= 8 && hidden % 8 == 0 && (dtype == WEFT_BF16 || dtype == WEFT_F16) &&
+        fits(f, tokens, hidden, algo == WEFT_FUSION_AUTO ? WEFT_FUSION_TWOSHOT : algo);
+  return 0;
+}
+
+static int validate(const weft_fusion_ext *f, const weft_fusion_ext_params *p, const char *op, int *algo,
+                    const char **why) {
+  int rc = check_call(p, f->dc.n, op);
+  if (rc) return rc;
+  WF_CHECK_ARG(p->hidden <= f->opts.hidden, "%s: hidden %lld exceeds the workspace's %lld", op,
+               (long long)p->hidden, (long long)f->opts.hidden);
+  WF_CHECK_ARG(p->tokens <= f->opts.max_tokens,
+               "%s: %lld tokens exceed the declared maximum of %lld (grow the workspace)", op,
+               (long long)p->tokens, (long long)f->opts.max_tokens);
+  const int os_fit = fits(f, p->tokens, p->hidden, WEFT_FUSION_ONESHOT);
+  const int64_t bytes = p->tokens * p->hidden * 2;
+  if (p->pattern == WEFT_FX_RS_RMSNORM) {
+    *algo = WEFT_FUSION_TWOSHOT;
+    *why = "reduce-scatter: token ranges (the two-shot's first half)";
+    return 0;
+  }
+  switch (p->algo) {
+    case WEFT_FUSION_ONESHOT:
+      WF_CHECK_ARG(os_fit, "%s: one-shot of %lld tokens exceeds the workspace's one-shot capacity "
+                   "(%lld tokens)", op, (long long)p->tokens, (long long)f->os_tokens);
+      *algo = WEFT_FUSION_ONESHOT;
+      *why = "one-shot requested";
+      break;
+    case WEFT_FUSION_TWOSHOT:
+      *algo = WEFT_FUSION_TWOSHOT;
+      *why = "two-shot requested";
+      break;
+    default:
+      if (os_fit && bytes <= f->oneshot_max_bytes) {
+        *algo = WEFT_FUSION_ONESHOT;
+        *why = "auto: at most the one-shot limit (latency path)";
+      } else {
+        *algo = WEFT_FUSION_TWOSHOT;
+        *why = os_fit ? "auto: above the one-shot limit (bandwidth path)"
+                      : "auto: above the one-shot capacity of the workspace";
+      }
+  }
+  return 0;
+}
+
+int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
+                            const char **why) {
+  WF_CHECK_ARG(f && algo, "fusion_ext resolve: NULL argument");
+  char op[160];
+  snprintf(op, sizeof op, "fusion_ext (group '%s', rank %d)", f->dc.group, f->dc.me);
+  const char *w;
+  int rc = validate(f, p, op, algo, &w);
+  if (!rc && why) *why = w;
+  return rc;
+}
+
+int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
+  WF_CHECK_ARG(f, "fusion_ext run: handle is NULL");
+  int rc = wf_dc_usable(&f->dc, "fusion_ext run");
+  if (rc) return rc;
+  char op[160];
+  snprintf(op, sizeof op, "fusion_ext run (group '%s', rank %d, %s)", f->dc.group, f->dc.me,
+           p ? pattern_name(p->pattern) : "?");
+  int algo;
+  const char *why;
+  rc = validate(f, p, op, &algo, &why);
+  if (rc) return rc;
+  if (p->tokens == 0) return 0; /* the same on every rank: nothing launched anywhere */
+  cudaStream_t s = p->stream ? (cudaStream_t)p->stream : wf_cuda_current_stream();
+  rc = wf_dc_begin(&f->dc, s, "fusion_ext run");
+  if (rc) return rc;
+  wfx_args a = f->base;
+  a.input = p->input;
+  a.scales = p->scales;
+  a.perm = p->pattern == WEFT_FX_MOE_FINALIZE_AR_RMSNORM ? p->permutation : NULL;
+  a.shared = p->pattern <= WEFT_FX_MOE_FINALIZE_AR_RMSNORM ? p->shared_output : NULL;
+  a.expert_rows = p->expert_rows;
+  a.top_k = p->top_k;
+  a.scales_f32 = !(p->flags & WEFT_FX_SCALES_DTYPE);
+  a.residual = p->residual;
+  a.weight = p->weight;
+  a.weight_pre = p->weight_pre;
+  a.residual_out = p->residual_out;
+  a.norm_out = p->norm_out;
+  a.gathered_out = p->pattern == WEFT_FX_RS_RMSNORM ? p->gathered_out : NULL;
+  a.eps = p->eps;
+  a.eps_pre = p->eps_pre;
+  a.tokens = (int32_t)p->tokens;
+  a.hidden = (int32_t)p->hidden;
+  a.pattern = p->pattern;
+  a.flags = p->flags;
+  a.dtype = p->dtype;
+  a.timeout_ns = (uint64_t)f->dc.timeout_ms * 1000000u;
+  int e = wfx_launch(&a, algo, s);
+  if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fusion_ext kernel launch", (cudaError_t)e);
+  wf_dc_end(&f->dc, s, !e);
+  if (rc) wf_error_context(rc, "%s: %s, %lld x %lld %s", op, algo == WEFT_FUSION_ONESHOT ? "one-shot" : "two-shot",
+                           (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
+  return rc;
+}
+
+int weft_fusion_ext_check_error(weft_fusion_ext *f) {
+  WF_CHECK_ARG(f, "fusion_ext check_error: handle is NULL");
+  return wf_dc_check_error(&f->dc);
+}
+
+int weft_fusion_ext_abort(weft_fusion_ext *f) {
+  WF_CHECK_ARG(f, "fusion_ext abort: handle is NULL");
+  wf_dc_abort(&f->dc);
+  return 0;
+}
+
+#endif /* WEFT_HAVE_CUDA */

@@ -1,0 +1,57 @@
+-- #gpu: the fusion patterns of weft.fusion_ext (kernels/fused_ext.cu) on one
+-- GPU, ranks sharing it under MPS (scripts/weft-mps: one SM slice per rank),
+-- at worlds 2, 4, 6 and 8 (and 1: the MoE end in one kernel): tests/helpers/fusion_ext_ranks.lua with device
+-- tensors checks every pattern (MoE, MoE finalize, pre/post norm,
+-- reduce-scatter + all-gather) against an f64 reference, random data, odd
+-- token counts, top_k 1/2/8, with and without the shared expert, non-identity
+-- permutations, bf16 and f16; one-shot and two-shot bit-identical, every rank
+-- bit-identical, the unfused path within the same bounds, a graph replayed on
+-- new data, explain, deterministic mode, refusals. Needs one GPU and
+-- nvidia-cuda-mps-control (else pending). With $OUT set, each world's output
+-- is kept there (fusion-ext-w<W>.log). FX_WORLDS narrows the worlds, FX_TIMEOUT_S
+-- bounds each (default 200).
+local G = require "helpers.gpu_ranks"
+local spec = require "helpers.spec_util"
+
+local HIDDEN = { [1] = "4096,7168", [2] = "256,4096,7168", [4] = "4096", [6] = "1024", [8] = "4096" }
+-- per rank: 4 patterns x 2 dtypes per hidden size, then refusals, two graph checks, explain, deterministic
+local function checks(w)
+  local n = 0
+  for _ in HIDDEN[w]:gmatch("[^,]+") do n = n + 1 end
+  return w == 1 and 8 * n + 1 or 8 * n + 5   -- one rank: no graph, explain or deterministic checks
+end
+
+local runs = {}
+local function run(w)
+  if runs[w] then return runs[w][1], runs[w][2] end
+  local limit = tonumber(os.getenv("FX_TIMEOUT_S") or "") or 200   -- per world
+  local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=%s FX_TOKENS=1,7,33 WEFT_TIMEOUT_MS=30000 LUA_PATH='%s/tests/?.lua;;' "
+                              .. "timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d "
+                              .. "tests/helpers/fusion_ext_ranks.lua"):format(HIDDEN[w], os.getenv("PWD") or ".", limit, w, w,
+                                                                             limit - 10))
+  local dir = os.getenv("OUT")
+  if dir and dir ~= "" then
+    local f = io.open(dir .. "/fusion-ext-w" .. w .. ".log", "w")
+    if f then f:write(out); f:close() end
+  end
+  runs[w] = { out, rc }
+  return out, rc
+end
+
+local worlds = {}
+for v in (os.getenv("FX_WORLDS") or "1,2,4,6,8"):gmatch("%d+") do worlds[#worlds + 1] = tonumber(v) end
+
+describe("#gpu fusion_ext patterns (shared GPU, MPS)", function()
+  for _, w in ipairs(worlds) do
+    it(("world %d: every pattern against f64, fused and unfused"):format(w), function()
+      if not G.need_gpus(1, function(why) pending(why) end) then return end
+      local out, rc = run(w)
+      if rc == 77 then pending(out:match("weft%-mps: ([^\n]*)") or "MPS cannot start here"); return end
+      assert.is_nil(out:match("FAIL [^\n]*"), out:sub(-4000))
+      for r = 0, w - 1 do assert.matches("%[rank" .. r .. "%] DONE 0 failed", out) end
+      local k = 0
+      for _ in out:gmatch("%] PASS ") do k = k + 1 end
+      assert.are.equal(w * checks(w), k, out:sub(-4000))
+    end)
+  end
+end)
