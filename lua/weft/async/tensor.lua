@@ -10,7 +10,8 @@ local B = require "weft.async.base"
 local Q = require "weft.async.queue"
 
 local C = wffi.C
-local ffi_new, ffi_gc, ffi_string, ffi_cast, ffi_copy = ffi.new, ffi.gc, ffi.string, ffi.cast, ffi.copy
+local ffi_new, ffi_gc, ffi_string, ffi_cast = ffi.new, ffi.gc, ffi.string, ffi.cast
+local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber = type, tostring, error, pcall, tonumber
 local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
@@ -116,7 +117,7 @@ local function gather_then(g, op, be, ptr, nbytes, anchor, finish)
                 :format(op, gname(g), g.ranks[i + 1], tonumber(lens[i]), nbytes), 0)
         end
       end
-      ffi_copy(buf, data, nbytes * W)
+      copy_bytes(buf, data, nbytes * W)
       return finish(buf)
     end)
   end
@@ -209,7 +210,7 @@ function M.all_gather(g, t, dim, out)
       local ib = nbytes / outer
       local o = ffi_cast(u8p, out.ptr)
       for r = 0, W - 1 do
-        for k = 0, outer - 1 do ffi_copy(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib) end
+        for k = 0, outer - 1 do copy_bytes(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib) end
       end
       return out
     end)
@@ -277,7 +278,7 @@ function M.broadcast(g, t, src)
           error(("weft: broadcast: rank %d broadcast %d bytes on group %s, this rank expected %d")
                 :format(g.ranks[src + 1], len, gname(g), t.nbytes), 0)
         end
-        ffi_copy(t.ptr, data, len)
+        copy_bytes(t.ptr, data, len)
       end
       return t
     end)

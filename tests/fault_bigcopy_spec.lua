@@ -1,0 +1,131 @@
+-- Host copies past 2^31 and 2^32 bytes (issue 24 item 2): LuaJIT's ffi.copy
+-- and ffi.fill take a 32-bit length, so a 2 GiB + 64 clone used to copy 2^31
+-- bytes and leave the rest 0. Every host copy and fill of the Lua layer goes
+-- through weft.hostmem, in pieces; these checks read the bytes just past
+-- 2^31 and 2^32 and the last ones.
+--
+-- They need memory: each test says how much (its peak, a few GiB) and is
+-- pending where /proc/meminfo's MemAvailable is short of it (the CI machine
+-- has 8 GiB). Sources past 2^32 bytes are sparse anonymous mappings (pages
+-- never written read as zeros and cost nothing), so only the destination is
+-- resident.
+local ffi = require "ffi"
+local ROOT = os.getenv("PWD") or "."
+local U = require "helpers.spec_util"
+
+pcall(ffi.cdef, [[
+void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
+int munmap(void *addr, size_t length);
+]])
+local PROT_RW, MAP_PRIVATE_ANON_NORESERVE = 3, 0x02 + 0x20 + 0x4000
+local GiB = 2 ^ 30
+
+local function mem_available()
+  local f = io.open("/proc/meminfo")
+  if not f then return 0 end
+  local s = f:read("*a"); f:close()
+  local kb = s:match("MemAvailable:%s+(%d+) kB")
+  return kb and tonumber(kb) * 1024 or 0
+end
+
+-- true when the machine has `need` bytes (plus 1 GiB to spare) available;
+-- otherwise marks the test pending, saying why.
+local function have_memory(need)
+  local avail = mem_available()
+  if avail >= need + GiB then return true end
+  pending(("needs %.1f GiB of available memory, this machine has %.1f GiB")
+          :format((need + GiB) / GiB, avail / GiB))
+  return false
+end
+
+local function sparse(n)
+  local p = ffi.C.mmap(nil, n, PROT_RW, MAP_PRIVATE_ANON_NORESERVE, -1, 0)
+  assert(ffi.cast("intptr_t", p) ~= -1, "mmap of " .. n .. " bytes failed")
+  return ffi.cast("uint8_t *", p)
+end
+
+local function at(t, i, ctype) return tonumber(ffi.cast(ctype or "uint8_t *", t.ptr)[i]) end
+
+describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
+  local T, hostmem
+  setup(function()
+    T = require "weft.tensor"
+    hostmem = require "weft.hostmem"
+  end)
+
+  it("hostmem.copy and fill move every byte of 2^32 + 128 (bytes past 2^31 and 2^32 checked)", function()
+    local n = 2 ^ 32 + 128
+    if not have_memory(n) then return end
+    local src, dst = sparse(n), sparse(n)
+    local marks = { 0, 2 ^ 31 - 1, 2 ^ 31, 2 ^ 31 + 63, 2 ^ 32 - 1, 2 ^ 32, 2 ^ 32 + 5, n - 1 }
+    for i, off in ipairs(marks) do src[off] = i end
+    hostmem.fill(dst, n, 0xee)
+    for _, off in ipairs(marks) do assert.are.equal(0xee, dst[off], "fill at " .. off) end
+    hostmem.copy(dst, src, n)
+    for i, off in ipairs(marks) do assert.are.equal(i, dst[off], "copy at " .. off) end
+    assert.are.equal(0, dst[2 ^ 32 + 64], "copy at 2^32 + 64 (a zero of the source)")
+    ffi.C.munmap(dst, n); ffi.C.munmap(src, n)
+  end)
+
+  it("T.full({2^31 + 64}, 7, 'u8'):clone() has 7 at byte 2^31 and at the end", function()
+    local n = 2 ^ 31 + 64
+    if not have_memory(2 * n) then return end
+    local a = T.full({ n }, 7, "u8")
+    assert.are.equal(7, at(a, 2 ^ 31)); assert.are.equal(7, at(a, n - 1))
+    local b = a:clone()
+    a:free()
+    assert.are.equal(7, at(b, 0)); assert.are.equal(7, at(b, 2 ^ 31 - 1))
+    assert.are.equal(7, at(b, 2 ^ 31)); assert.are.equal(7, at(b, n - 1))
+    b:free()
+  end)
+
+  it("a wrapped 2^32 + 64 byte tensor clones whole (bytes at 2^31, 2^32 and the end)", function()
+    local n = 2 ^ 32 + 64
+    if not have_memory(n) then return end
+    local src = sparse(n)
+    src[2 ^ 31] = 1; src[2 ^ 32] = 2; src[n - 1] = 3
+    local w = T.wrap(src, { n }, "u8")
+    local c = w:clone()
+    assert.are.equal(1, at(c, 2 ^ 31)); assert.are.equal(2, at(c, 2 ^ 32))
+    assert.are.equal(3, at(c, n - 1)); assert.are.equal(0, at(c, 2 ^ 32 + 1))
+    c:free(); w:free()
+    ffi.C.munmap(src, n)
+  end)
+
+  it("t:to('f64') of 2^28 + 16 u8 elements (2 GiB + 128 of f64) is right past element 2^28", function()
+    local n = 2 ^ 28 + 16
+    if not have_memory(n + 2 * 8 * n) then return end
+    local u = T.full({ n }, 3, "u8")
+    local p = ffi.cast("uint8_t *", u.ptr)
+    p[2 ^ 28] = 5; p[n - 1] = 9
+    local f = u:to("f64")
+    u:free()
+    assert.are.equal(3, at(f, 2 ^ 28 - 1, "double *"))
+    assert.are.equal(5, at(f, 2 ^ 28, "double *"))
+    assert.are.equal(3, at(f, 2 ^ 28 + 1, "double *"))
+    assert.are.equal(9, at(f, n - 1, "double *"))
+    f:free()
+  end)
+
+  it("fill_ of a 2^31 + 64 byte f32 view past 2^31 bytes, and copy_ into it", function()
+    local n = 2 ^ 29 + 16 -- f32: 2^31 + 64 bytes
+    if not have_memory(2 * 4 * n) then return end
+    local a = T.empty({ n }, "f32")
+    a:fill_(1.5)
+    assert.are.equal(1.5, at(a, 2 ^ 29 - 1, "float *")); assert.are.equal(1.5, at(a, 2 ^ 29, "float *"))
+    assert.are.equal(1.5, at(a, n - 1, "float *"))
+    local b = T.full({ n }, -2, "f32")
+    a:copy_(b)
+    b:free()
+    assert.are.equal(-2, at(a, 2 ^ 29, "float *")); assert.are.equal(-2, at(a, n - 1, "float *"))
+    a:free()
+  end)
+
+  it("w:all_reduce(t, 'sum', out) on a one-rank world at 2^31 + 64 bytes fills out whole", function()
+    if not have_memory(2 * (2 ^ 31 + 64)) then return end
+    local out, rc = U.shell(("LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 120 %s/scripts/weft-run -n 1 --timeout 110 %s/tests/helpers/bigcopy_rank.lua")
+                            :format(ROOT, ROOT, ROOT))
+    assert.are.equal(0, rc, out)
+    assert.matches("BIG_AR ok 3 3 3", out, 1, true)
+  end)
+end)
