@@ -96,9 +96,10 @@ static int cmp_int(const void *a, const void *b) {
 
 /* "ranks 3, 5 did not arrive" with global ranks, ascending; the first few
  * described from their registration (pid, host, stopped, never connected). */
-static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const char *verb) {
+static int timeout_error(weft_cpugroup *g, weft_store *s, const char *what, int nmissing,
+                         const char *verb) {
   char note[600];  /* the server's note on the wait, before the lookups below replace it */
-  snprintf(note, sizeof note, "%s", wf_store_note(g->s));  /* e.g. a client rejected for a wrong secret */
+  snprintf(note, sizeof note, "%s", wf_store_note(s));  /* e.g. a client rejected for a wrong secret */
   int *gr = g->missing;
   for (int i = 0; i < nmissing; i++) gr[i] = g->ranks[gr[i]];
   qsort(gr, (size_t)nmissing, sizeof *gr, cmp_int);
@@ -107,7 +108,7 @@ static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const
   list[0] = '\0';
   for (int i = 0; i < nmissing && len < sizeof list - 1; i++) {
     char who[300];
-    if (i < 4) wf_store_live_describe(g->s, g->op, gr[i], who, sizeof who);
+    if (i < 4) wf_store_live_describe(s, g->op, gr[i], who, sizeof who);
     else snprintf(who, sizeof who, "%d", gr[i]);
     if (i < 4 && !strncmp(who, "rank ", 5)) memmove(who, who + 5, strlen(who + 5) + 1);
     int w = (i == 24) ? snprintf(list + len, sizeof list - len, " and %d more", nmissing - 24)
@@ -246,17 +247,19 @@ static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t l
   const char *op = opname(g, what);
   int rc = refuse_broken(g, what);
   if (rc) return rc;
+  weft_store *s;
+  if ((rc = wf_store_here(g->s, op, &s))) return rc;
   uint64_t seq = g->seq++;
   for (int i = 0; i < g->size; i++) coll_key(g, i, seq, what);
-  rc = wf_store_lock(g->s, op);
+  rc = wf_store_lock(s, op);
   if (rc) return rc;
   wf_get_req q = {.keys = (const char *const *)g->keys, .n = g->size, .timeout_ms = g->timeout_ms,
                   .flags = WF_GET_PUT | WF_GET_CONSUME | (novalues ? WF_GET_NOVALUES : 0),
                   .put_key = g->keys[g->me], .put_val = in, .put_len = len,
                   .put_reads = (uint32_t)g->size, .vals = g->vals, .lens = g->lens,
                   .missing = g->missing, .owners = g->ranks, .abort_key = g->abort_key};
-  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
-  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) rc = timeout_error(g, what, q.nmissing, "did not arrive");
+  rc = note_failure(g, wf_store_get_locked(s, op, &q));
+  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) rc = timeout_error(g, s, what, q.nmissing, "did not arrive");
   if (rc == 0 && !novalues) {
     /* Copy out while the store's reply buffer is still ours. */
     size_t total = 0;
@@ -275,7 +278,7 @@ static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t l
       }
     }
   }
-  wf_store_unlock(g->s);
+  wf_store_unlock(s);
   return rc;
 }
 
@@ -328,6 +331,8 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
                "cpugroup '%s' broadcast: root input is NULL with length %zu", g->name, len);
   int rc = refuse_broken(g, "broadcast");
   if (rc) return rc;
+  weft_store *s = g->s;
+  if (g->size > 1 && (rc = wf_store_here(g->s, "cpugroup broadcast", &s))) return rc;
   uint64_t seq = g->seq++;
   if (g->me == root) {
     if (grow(&g->out, &g->outcap, len ? len : 1))
@@ -338,22 +343,22 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
     if (g->size == 1) return 0;
     coll_key(g, root, seq, "broadcast");
     const char *op = opname(g, "broadcast");
-    if ((rc = wf_store_lock(g->s, op))) return rc;
-    rc = wf_store_set_locked(g->s, op, g->keys[root], in, len, (uint32_t)(g->size - 1));
-    wf_store_unlock(g->s);
+    if ((rc = wf_store_lock(s, op))) return rc;
+    rc = wf_store_set_locked(s, op, g->keys[root], in, len, (uint32_t)(g->size - 1));
+    wf_store_unlock(s);
     return rc;
   }
   coll_key(g, root, seq, "broadcast");
   const char *op = opname(g, "broadcast");
-  if ((rc = wf_store_lock(g->s, op))) return rc;
+  if ((rc = wf_store_lock(s, op))) return rc;
   const char *key[1] = {g->keys[root]};
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
                   .vals = g->vals, .lens = g->lens, .missing = g->missing,
                   .owners = &g->ranks[root], .abort_key = g->abort_key};
-  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
+  rc = note_failure(g, wf_store_get_locked(s, op, &q));
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
     g->missing[0] = root;
-    rc = timeout_error(g, "broadcast", 1, "(the root) did not arrive");
+    rc = timeout_error(g, s, "broadcast", 1, "(the root) did not arrive");
   }
   if (!rc) {
     if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
@@ -364,7 +369,7 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
       *out_len = g->lens[0];
     }
   }
-  wf_store_unlock(g->s);
+  wf_store_unlock(s);
   return rc;
 }
 
@@ -412,10 +417,11 @@ int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
   WF_CHECK_ARG(buf || !len, "cpugroup '%s' send: buffer is NULL with length %zu", g->name, len);
   p2p_key(g, g->keys[0], g->me, dst, g->sseq[dst]);
   const char *op = opname(g, "send");
-  int rc = wf_store_lock(g->s, op);
-  if (rc) return rc;
-  rc = wf_store_set_locked(g->s, op, g->keys[0], buf, len, 1);
-  wf_store_unlock(g->s);
+  weft_store *s;
+  int rc = wf_store_here(g->s, op, &s);
+  if (rc || (rc = wf_store_lock(s, op))) return rc;
+  rc = wf_store_set_locked(s, op, g->keys[0], buf, len, 1);
+  wf_store_unlock(s);
   if (!rc) g->sseq[dst]++;
   return rc;
 }
@@ -427,18 +433,19 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
                g->name, src, g->size - 1);
   p2p_key(g, g->keys[0], src, g->me, g->rseq[src]);
   const char *op = opname(g, "recv");
+  weft_store *s;
   int rc = refuse_broken(g, "recv");
-  if (rc || (rc = wf_store_lock(g->s, op))) return rc;
+  if (rc || (rc = wf_store_here(g->s, op, &s)) || (rc = wf_store_lock(s, op))) return rc;
   const char *key[1] = {g->keys[0]};
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
                   .vals = g->vals, .lens = g->lens, .missing = g->missing,
                   .owners = &g->ranks[src], .abort_key = g->abort_key};
-  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
+  rc = note_failure(g, wf_store_get_locked(s, op, &q));
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
     char verb[64];
     snprintf(verb, sizeof verb, "did not send (message #%llu)", (unsigned long long)g->rseq[src]);
     g->missing[0] = src;
-    rc = timeout_error(g, "recv", 1, verb);
+    rc = timeout_error(g, s, "recv", 1, verb);
   }
   if (!rc) {
     if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
@@ -450,7 +457,7 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
       g->rseq[src]++;  /* only on success: a retried recv still gets a late message */
     }
   }
-  wf_store_unlock(g->s);
+  wf_store_unlock(s);
   return rc;
 }
 
@@ -461,5 +468,7 @@ int weft_cpugroup_abort(weft_cpugroup *g, const char *why) {
   char msg[600];
   snprintf(msg, sizeof msg, "rank %d gave up on cpugroup '%s': %s", g->ranks[g->me], g->name,
            why && *why ? why : "aborted by its caller");
-  return weft_store_set(g->s, g->abort_key, msg, strlen(msg));
+  weft_store *s;
+  int rc = wf_store_here(g->s, "cpugroup abort", &s);
+  return rc ? rc : weft_store_set(s, g->abort_key, msg, strlen(msg));
 }
