@@ -46,6 +46,41 @@ end
 
 local function at(t, i, ctype) return tonumber(ffi.cast(ctype or "uint8_t *", t.ptr)[i]) end
 
+describe("weft.hostmem's pieces #fault", function()
+  local hostmem
+  setup(function() hostmem = require "weft.hostmem" end)
+  after_each(function() hostmem._set_chunk() end)
+
+  it("copy and fill in pieces of CHUNK bytes move every byte, the last short piece too", function()
+    hostmem._set_chunk(64)
+    for _, n in ipairs { 0, 1, 63, 64, 65, 128, 1000, 4096 + 17 } do
+      local src, dst = ffi.new("uint8_t[?]", n + 1), ffi.new("uint8_t[?]", n + 1)
+      for i = 0, n - 1 do src[i] = (i * 7 + 3) % 251 end
+      dst[n] = 0x5a
+      hostmem.copy(dst, src, n)
+      for i = 0, n - 1 do assert.are.equal(src[i], dst[i], ("copy of %d at %d"):format(n, i)) end
+      hostmem.fill(dst, n, 0xab)
+      for i = 0, n - 1 do assert.are.equal(0xab, dst[i], ("fill of %d at %d"):format(n, i)) end
+      assert.are.equal(0x5a, dst[n], "wrote past the end")
+    end
+    -- a Lua string source, and a cdata length
+    local d = ffi.new("uint8_t[200]")
+    hostmem.copy(d, ("x"):rep(150), ffi.new("uint64_t", 150))
+    assert.are.equal(("x"):rep(150), ffi.string(d, 150))
+  end)
+
+  it("string() refuses more than a Lua string holds, naming the operation", function()
+    local p = ffi.new("uint8_t[8]")
+    local ok, err = pcall(hostmem.string, p, 2 ^ 32 + 8, "all_gather")
+    assert.is_false(ok)
+    assert.matches("weft: all_gather: 4294967304 bytes do not fit in a Lua string", err, 1, true)
+    ok, err = pcall(hostmem.string, p, ffi.new("uint64_t", 2 ^ 32 + 8), "broadcast")
+    assert.is_false(ok)
+    assert.matches("weft: broadcast: 4294967304 bytes", err, 1, true)
+    assert.are.equal(8, #hostmem.string(p, 8, "x"))
+  end)
+end)
+
 describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
   local T, hostmem
   setup(function()

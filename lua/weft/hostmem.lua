@@ -14,6 +14,12 @@ local M = {}
 
 local CHUNK = 2 ^ 30          -- well inside ffi.copy's 32-bit length
 M.CHUNK = CHUNK
+
+-- Tests only: a smaller piece size, so the splitting is checked without GiBs.
+function M._set_chunk(n)
+  CHUNK = n or 2 ^ 30
+  M.CHUNK = CHUNK
+end
 -- LuaJIT's longest string (LJ_MAX_STR): 2^31 - 256 bytes
 M.MAX_STRING = 2 ^ 31 - 256
 
