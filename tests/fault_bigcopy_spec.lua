@@ -142,6 +142,19 @@ describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
     f:free()
   end)
 
+  it("weft_host_convert u8 -> f32 of 2^30 + 16 elements writes past 2^31 and 2^32 bytes", function()
+    local n = 2 ^ 30 + 16 -- f32 out: 2^32 + 64 bytes
+    if not have_memory(4 * n) then return end
+    local C = require("weft.ffi").C
+    local src, dst = sparse(n), sparse(4 * n)
+    src[2 ^ 29] = 11; src[2 ^ 30] = 22; src[n - 1] = 33
+    assert.are.equal(0, C.weft_host_convert(src, T.dtype_info("u8").code, dst, T.dtype_info("f32").code, n))
+    local f = ffi.cast("float *", dst)
+    assert.are.equal(11, f[2 ^ 29]); assert.are.equal(22, f[2 ^ 30]); assert.are.equal(33, f[n - 1])
+    assert.are.equal(0, f[2 ^ 30 + 1])
+    ffi.C.munmap(dst, 4 * n); ffi.C.munmap(src, n)
+  end)
+
   it("fill_ of a 2^31 + 64 byte f32 view past 2^31 bytes, and copy_ into it", function()
     local n = 2 ^ 29 + 16 -- f32: 2^31 + 64 bytes
     if not have_memory(2 * 4 * n) then return end

@@ -128,6 +128,19 @@ local BLOCKING = {
     g:broadcast(t, 0)
     return t:to_table()[8] == it, "broadcast"
   end,
+  all_gather = function(g, it)
+    local out = g:all_gather(T.full({ 2 }, rank + it, "i32"), 0)
+    local v = out:to_table()
+    for i, r in ipairs(g.ranks) do
+      if v[2 * i - 1] ~= r + it or v[2 * i] ~= r + it then return false, "entry " .. i end
+    end
+    return #v == 2 * g.world_size, "count " .. #v
+  end,
+  reduce_scatter = function(g, it)
+    local out = g:reduce_scatter(T.full({ g.world_size * 3 }, rank - it, "f32"), 0)
+    local v, want = out:to_table(), over(g, function(r) return r - it end)
+    return #v == 3 and v[1] == want and v[3] == want, tostring(v[1])
+  end,
   send_recv_object = function(g, it)
     local role, peer = p2p_role(g)
     if role == "send" then g:send_object({ it }, peer); return true end
