@@ -159,6 +159,16 @@ end
 local PAIRS = { { "world", "tp" }, { "tp", "world" }, { "tp", "pp" }, { "pp", "tp" },
                 { "world", "pp" }, { "pp", "world" } }
 
+-- the issue's loop first: it failed at iteration 2-4
+for i = 1, 50 do
+  local h = async.all_gather_object(G.world, { i })
+  G.tp:barrier()
+  local list = h:wait()
+  if not K.check(#list == 4 and list[1][1] == i and list[4][1] == i, "issue loop, iteration %d", i) then
+    K.exit()
+  end
+end
+
 local t0 = os.clock()
 local triples = 0
 for _, an in ipairs(sorted_keys(ASYNC)) do
