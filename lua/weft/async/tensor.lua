@@ -5,12 +5,13 @@
 -- fills the queue's descriptor for that backend and submits; what has no
 -- async path runs the blocking method after draining.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local B = require "weft.async.base"
 local Q = require "weft.async.queue"
 
 local C = wffi.C
-local ffi_new, ffi_gc, ffi_string, ffi_cast = ffi.new, ffi.gc, ffi.string, ffi.cast
+local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
 local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber = type, tostring, error, pcall, tonumber
 local floor = math.floor
@@ -106,7 +107,7 @@ local function gather_then(g, op, be, ptr, nbytes, anchor, finish)
   local W = g.world_size
   local buf = host_buffer(nbytes * W)
   if be == "store" then
-    local s = ffi_string(ptr, nbytes)
+    local s = lstring(ptr, nbytes, "async all_gather")
     local d = desc(g, op)
     d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, nbytes
     return submit(g, op, { anchor, s, buf }, function(h)
@@ -267,7 +268,7 @@ function M.broadcast(g, t, src)
     return submit(g, op, t, nil, t)
   elseif be == "store" then
     local me = g.rank_in_group
-    local s = me == src and ffi_string(t.ptr, t.nbytes) or nil
+    local s = me == src and lstring(t.ptr, t.nbytes, "async broadcast") or nil
     local d = desc(g, op)
     d.kind, d.comm, d.root = K.CPU_BROADCAST, g.cpu_group.handle, src
     if s then d["in"], d.count = s, #s end
