@@ -176,4 +176,16 @@ describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
     assert.are.equal(0, rc, out)
     assert.matches("BIG_AR ok 3 3 3", out, 1, true)
   end)
+
+  it("a Gloo all_reduce of 2^31 + 64 bytes across 2 simulated nodes is right past 2^31", function()
+    if not have_memory(4 * (2 ^ 31 + 64)) then return end
+    local N = require "helpers.nodes_util"
+    local out, rc = N.run { nodes = 2, per_node = 1, timeout = 300,
+      env = { WEFT_HOST_BACKEND = "gloo", WEFT_TIMEOUT_MS = "120000" },
+      args = { "tests/helpers/bigcopy_gloo_rank.lua" } }
+    if rc == N.SKIP then pending("simulated nodes unavailable: " .. N.skipped(out)); return end
+    assert.are.equal(0, rc, out)
+    local _, k = out:gsub("GLOO_BIG 6 6 21 41", "")
+    assert.are.equal(2, k, out)
+  end)
 end)
