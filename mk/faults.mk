@@ -1,6 +1,10 @@
 # Fault injection (issue 13): the specs named tests/fault_<topic>_spec.lua
 # whose describe() names carry #fault — killed and stopped ranks, hostile
-# clients, freed buffers, a killed nginx worker, failed runs' leftovers.
+# clients, freed buffers, a killed nginx worker, failed runs' leftovers;
+# issue 24: copies past 2^31 and 2^32 bytes (fault_bigcopy, also #bigmem:
+# pending without the memory), async x blocking calls across groups
+# (fault_async_cross), a resumed rank writing into closed sockets
+# (fault_sigpipe).
 # `make test` runs them too, with everything else.
 .PHONY: test-faults
 test-faults: deps lib

@@ -13,6 +13,7 @@
  * message is copied into the handle and re-raised on the caller's thread. */
 #include "async_internal.h"
 #include "host/cpugroup.h"
+#include "store/store_share.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -147,9 +148,12 @@ static int run(weft_async *h) {
     rc = keep(h, p, n);
     weft_mq_release(d->comm);
     return rc;
-  case WEFT_ASYNC_STORE_GET:
-    rc = weft_store_get(d->comm, h->key, d->timeout_ms, &p, &n);
+  case WEFT_ASYNC_STORE_GET: {
+    weft_store *s;
+    rc = wf_store_here(d->comm, "async store get", &s);
+    if (!rc) rc = weft_store_get(s, h->key, d->timeout_ms, &p, &n);
     return rc ? rc : keep(h, p, n);
+  }
   }
   return wf_error(WEFT_EINVAL, "async: unknown operation kind %d", d->kind);
 }
@@ -252,8 +256,12 @@ static void exit_register(void) {
 
 /* ---------------------------------------------------------------- worker */
 
+/* The worker's store round trips go through connections of its own
+ * (store_thread.c): a wait it runs for one group never queues behind one
+ * the caller's thread runs for another on the shared connection. */
 static void *worker_main(void *arg) {
   weft_async_queue *q = arg;
+  wf_store_thread_private();
   pthread_mutex_lock(&q->mu);
   for (;;) {
     while (!q->head && !q->closing) pthread_cond_wait(&q->cv, &q->mu);
@@ -281,6 +289,7 @@ static void *worker_main(void *arg) {
     handle_unref(h);  /* the worker's reference */
   }
   pthread_mutex_unlock(&q->mu);
+  wf_store_thread_release();
   return NULL;
 }
 

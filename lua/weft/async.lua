@@ -15,8 +15,10 @@
 -- sequence meet in the same order, exactly as with the blocking calls. While
 -- a group has operations in flight the worker owns its communicators: the
 -- blocking methods drain the queue first (install), and raw use of
--- g.cpu_group / g._shm / the store handle from the caller's thread must wait
--- for the handles (the store's mutex is held by a cpu-group wait).
+-- g.cpu_group / g._shm from the caller's thread must wait for the handles.
+-- Each worker reaches the store through connections of its own
+-- (src/store/store_thread.c), so an operation pending on one group never
+-- holds up the caller's blocking calls on another group, nor its store use.
 --
 -- Handles: h:test() -> true (done; h.result holds the result) | false;
 -- raises the operation's error ("weft: <op>: group <name>: <cause>"), also

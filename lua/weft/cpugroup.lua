@@ -9,11 +9,12 @@
 -- is what timeout messages name. Every member calls collectives in the same
 -- order; a member that does not arrive makes the others fail after timeout_ms.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
 
 local C = wffi.C
-local ffi_new, ffi_string, ffi_gc = ffi.new, ffi.string, ffi.gc
+local ffi_new, ffi_gc = ffi.new, ffi.gc
 local tonumber, type, error = tonumber, type, error
 local last_error = wffi.last_error
 
@@ -102,7 +103,7 @@ function Group:broadcast(bytes, root)
     return bytes
   end
   check(C.weft_cpugroup_broadcast(h, root, nil, 0, self._ptr, self._len))
-  return ffi_string(self._ptr[0], self._len[0])
+  return lstring(self._ptr[0], self._len[0], "cpugroup broadcast")
 end
 
 function Group:allgather(bytes)
@@ -113,7 +114,7 @@ function Group:allgather(bytes)
   local res, off = {}, 0
   for i = 0, self.size - 1 do
     local l = tonumber(lens[i])
-    res[i + 1] = ffi_string(base + off, l)
+    res[i + 1] = lstring(base + off, l, "cpugroup allgather")
     off = off + l
   end
   return res
@@ -147,7 +148,7 @@ function Group:recv(src)
   local h = handle_of(self, "recv")
   index_arg(self, "recv", "source", src)
   check(C.weft_cpugroup_recv(h, src, self._ptr, self._len))
-  return ffi_string(self._ptr[0], self._len[0])
+  return lstring(self._ptr[0], self._len[0], "cpugroup recv")
 end
 
 function Group:set_timeout(ms)

@@ -195,6 +195,7 @@ end
 -- allocations come from (and are recorded in) it; frees of its blocks return
 -- to its free list. Everything else passes through unchanged.
 local ffi = require "ffi"
+local fill_bytes = require("weft.hostmem").fill -- any size (ffi.fill stops at 2^31)
 local function key_of(p) return tonumber(ffi.cast("uintptr_t", p)) end
 
 local hooks = setmetatable({}, { __mode = "k" })
@@ -315,7 +316,7 @@ local function cuda_backend()
   function B.pad_rows(t, from, to)
     local row = t.nbytes / t.shape[1]
     local p = ffi.cast("uint8_t *", t.ptr) + from * row
-    if t.device == "cpu" then ffi.fill(p, (to - from) * row, 0)
+    if t.device == "cpu" then fill_bytes(p, (to - from) * row, 0)
     else cuda.memset(p, 0, (to - from) * row) end
   end
   -- random values in rows [0, rows) of a float tensor (other dtypes untouched)

@@ -31,7 +31,9 @@ local O = require "weft.group.objects"
 
 local C = wffi.C
 local floor = math.floor
-local ffi_copy, ffi_cast, ffi_string = ffi.copy, ffi.cast, ffi.string
+local ffi_cast = ffi.cast
+local hostmem = require "weft.hostmem"
+local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error = type, tostring, error
 local concat = table.concat
 
@@ -242,7 +244,7 @@ function G:all_gather(t, dim, out)
   local o = ffi_cast(u8p, out.ptr)
   for r = 0, W - 1 do
     for k = 0, outer - 1 do
-      ffi_copy(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib)
+      copy_bytes(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib)
     end
   end
   return out
@@ -294,7 +296,7 @@ function G:reduce_scatter(t, dim, out, rop)
     local buf = self:_scratch("rs_in", nbytes)
     for k = 0, outer - 1 do
       for r = 0, W - 1 do
-        ffi_copy(buf + (r * outer + k) * chunk, src + (k * W + r) * chunk, chunk)
+        copy_bytes(buf + (r * outer + k) * chunk, src + (k * W + r) * chunk, chunk)
       end
     end
     src = buf
@@ -380,13 +382,13 @@ function G:all_gatherv(t, sizes, out)
   local nb = maxr * row
   if nb == 0 then return out end
   local src = self:_scratch("agv", nb)
-  if t.nbytes > 0 then ffi_copy(src, t.ptr, t.nbytes) end
+  if t.nbytes > 0 then copy_bytes(src, t.ptr, t.nbytes) end
   local buf = self:_scratch("gather", nb * self.world_size)
   gather_bytes(self, be, op, src, nb, buf)
   local o, pos = ffi_cast(u8p, out.ptr), 0
   for r = 1, #sizes do
     local n = sizes[r] * row
-    if n > 0 then ffi_copy(o + pos, buf + (r - 1) * nb, n) end
+    if n > 0 then copy_bytes(o + pos, buf + (r - 1) * nb, n) end
     pos = pos + n
   end
   return out
@@ -420,7 +422,7 @@ function G:reduce_scatterv(t, out, sizes, rop)
   local row = t.nbytes / t.shape[1]
   local off = 0
   for r = 1, me do off = off + sizes[r] end
-  if out.nbytes > 0 then ffi_copy(out.ptr, buf + off * row, out.nbytes) end
+  if out.nbytes > 0 then copy_bytes(out.ptr, buf + off * row, out.nbytes) end
   return out
 end
 
@@ -583,7 +585,7 @@ function G:all_to_all_single(out, inp, splits)
     gather_bytes(self, be, op, inp.ptr, nbytes, buf)
     local cb = nbytes / W
     local o = ffi_cast(u8p, out.ptr)
-    for r = 0, W - 1 do ffi_copy(o + r * cb, buf + r * nbytes + me * cb, cb) end
+    for r = 0, W - 1 do copy_bytes(o + r * cb, buf + r * nbytes + me * cb, cb) end
     return out
   end
   -- uneven: exchange the split tables, then the rows through the cpu group
@@ -603,14 +605,14 @@ function G:all_to_all_single(out, inp, splits)
   if total ~= out.shape[1] then
     fail(2, op, "this rank receives %d rows, output has %d (group %s)", total, out.shape[1], gname(self))
   end
-  local data = exchange_strings(self, op, op .. " rows", ffi_string(inp.ptr, inp.nbytes))
+  local data = exchange_strings(self, op, op .. " rows", hostmem.string(inp.ptr, inp.nbytes, op, 2))
   local o = ffi_cast(u8p, out.ptr)
   local pos = 0
   for r = 1, W do
     local off = 0
     for k = 1, me do off = off + all[r][k] end
     local n = all[r][me + 1] * row_bytes
-    ffi_copy(o + pos, ffi_cast(cu8p, data[r]) + off * row_bytes, n)
+    copy_bytes(o + pos, ffi_cast(cu8p, data[r]) + off * row_bytes, n)
     pos = pos + n
   end
   return out

@@ -17,12 +17,13 @@
 -- in the middle of a split message, aborts the queue on every rank with a
 -- message naming who and why. Messages already in the ring stay readable.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
 local serialize = require "weft.serialize"
 
 local C = wffi.C
-local ffi_new, ffi_gc, ffi_string = ffi.new, ffi.gc, ffi.string
+local ffi_new, ffi_gc = ffi.new, ffi.gc
 local type, error, tostring = type, error, tostring
 local last_error = wffi.last_error
 local encode, decode = serialize.encode, serialize.decode
@@ -113,7 +114,7 @@ end
 function Q:recv_bytes(timeout_ms)
   local h = handle_of(self, "recv_bytes")
   if C.weft_mq_dequeue(h, timeout_ms or -1, self._ptr, self._len) ~= 0 then fail() end
-  local s = ffi_string(self._ptr[0], self._len[0])
+  local s = lstring(self._ptr[0], self._len[0], "mq recv_bytes")
   C.weft_mq_release(h)
   return s
 end
@@ -133,7 +134,7 @@ function Q:try_recv_bytes(wait_ms)
     if rc == EAGAIN then return nil end
   end
   if rc ~= 0 then fail() end
-  local s = ffi_string(self._ptr[0], self._len[0])
+  local s = lstring(self._ptr[0], self._len[0], "mq try_recv_bytes")
   C.weft_mq_release(h)
   return s
 end
@@ -149,7 +150,7 @@ function Q:broadcast_object(obj)
     return obj
   end
   if C.weft_mq_dequeue(h, -1, self._ptr, self._len) ~= 0 then fail() end
-  local s = ffi_string(self._ptr[0], self._len[0])
+  local s = lstring(self._ptr[0], self._len[0], "mq broadcast_object")
   C.weft_mq_release(h)
   return decode(s)
 end

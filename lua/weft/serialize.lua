@@ -21,7 +21,8 @@ local M = {}
 
 local floor = math.floor
 local type, next, tostring = type, next, tostring
-local ffi_copy, ffi_string, ffi_cast, ffi_istype = ffi.copy, ffi.string, ffi.cast, ffi.istype
+local ffi_string, ffi_cast, ffi_istype = ffi.string, ffi.cast, ffi.istype
+local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
 
 if not ffi.abi("le") then
   error("weft: serialize: big-endian hosts are not supported", 0)
@@ -60,7 +61,7 @@ local function ensure(b, extra)
   local cap = b.cap
   while cap < need do cap = cap * 2 end
   local p = ffi.new("uint8_t[?]", cap)
-  ffi_copy(p, b.p, b.n)
+  copy_bytes(p, b.p, b.n)
   b.p, b.cap = p, cap
 end
 
@@ -86,7 +87,7 @@ end
 
 local function put_raw(b, src, len)
   ensure(b, len)
-  ffi_copy(b.p + b.n, src, len)
+  copy_bytes(b.p + b.n, src, len)
   b.n = b.n + len
 end
 
@@ -292,7 +293,7 @@ local function decode_tensor(st)
   need(st, nbytes, "tensor data")
   local T = require "weft.tensor"
   local t = T.empty(shape, dtype)
-  if nbytes > 0 then ffi_copy(t.ptr, st.p + st.pos, nbytes) end
+  if nbytes > 0 then copy_bytes(t.ptr, st.p + st.pos, nbytes) end
   st.pos = st.pos + nbytes
   return t
 end
@@ -334,7 +335,7 @@ function decode_value(st, depth)
   elseif tag == T_NINT then return -get_varint(st, "integer", MAX_INT)
   elseif tag == T_DOUBLE then
     need(st, 8, "double")
-    ffi_copy(dbox, st.p + st.pos, 8)
+    copy_bytes(dbox, st.p + st.pos, 8)
     st.pos = st.pos + 8
     return dbox[0]
   elseif tag == T_STRING then
@@ -347,12 +348,12 @@ function decode_value(st, depth)
     return decode_table(st, depth)
   elseif tag == T_I64 then
     need(st, 8, "int64")
-    ffi_copy(i64box, st.p + st.pos, 8)
+    copy_bytes(i64box, st.p + st.pos, 8)
     st.pos = st.pos + 8
     return i64box[0]
   elseif tag == T_U64 then
     need(st, 8, "uint64")
-    ffi_copy(u64box, st.p + st.pos, 8)
+    copy_bytes(u64box, st.p + st.pos, 8)
     st.pos = st.pos + 8
     return u64box[0]
   elseif tag == T_TENSOR then

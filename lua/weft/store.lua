@@ -9,11 +9,12 @@
 -- Values are Lua strings (any bytes). Returned strings are copies: the C
 -- reply buffer is reused by the next call.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
 
 local C = wffi.C
-local ffi_new, ffi_string, ffi_gc = ffi.new, ffi.string, ffi.gc
+local ffi_new, ffi_gc = ffi.new, ffi.gc
 local tonumber, type, error = tonumber, type, error
 local last_error = wffi.last_error
 
@@ -99,7 +100,7 @@ function Store:get(key, timeout_ms)
   local h = handle_of(self, "get")
   check_key("get", key)
   check(C.weft_store_get(h, key, to_ms("get", timeout_ms), self._val, self._len), "get")
-  return ffi_string(self._val[0], self._len[0])
+  return lstring(self._val[0], self._len[0], "store get")
 end
 
 -- Never blocks: nil when the key is not set.
@@ -109,7 +110,7 @@ function Store:try_get(key)
   local rc = C.weft_store_get(h, key, 0, self._val, self._len)
   if rc == C.WEFT_EAGAIN then return nil end
   check(rc, "try_get")
-  return ffi_string(self._val[0], self._len[0])
+  return lstring(self._val[0], self._len[0], "store try_get")
 end
 
 -- Waits for all keys; returns their values in order (one round trip).
@@ -119,7 +120,7 @@ function Store:multi_get(keys, timeout_ms)
   local vals, lens = ffi_new("const void *[?]", n), ffi_new("size_t[?]", n)
   check(C.weft_store_multi_get(h, arr, n, to_ms("multi_get", timeout_ms), vals, lens), "multi_get")
   local res = {}
-  for i = 1, n do res[i] = ffi_string(vals[i - 1], lens[i - 1]) end
+  for i = 1, n do res[i] = lstring(vals[i - 1], lens[i - 1], "store multi_get") end
   return res
 end
 
@@ -149,7 +150,7 @@ function Store:compare_set(key, expected, desired)
   end
   check(C.weft_store_compare_set(h, key, expected, #expected, desired, #desired,
                                  self._val, self._len), "compare_set")
-  return ffi_string(self._val[0], self._len[0])
+  return lstring(self._val[0], self._len[0], "store compare_set")
 end
 
 function Store:delete(key)

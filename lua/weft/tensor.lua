@@ -28,7 +28,8 @@ local C = wffi.C
 
 local type, tonumber, tostring, pairs = type, tonumber, tostring, pairs
 local floor, huge = math.floor, math.huge
-local ffi_cast, ffi_copy, ffi_gc = ffi.cast, ffi.copy, ffi.gc
+local ffi_cast, ffi_gc = ffi.cast, ffi.gc
+local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
 local concat, fmt = table.concat, string.format
 
 local M = {}
@@ -257,7 +258,7 @@ local function gather(base, t, dst)
   local es = t._esize
   local src, out, pos = ffi_cast("uint8_t*", base), ffi_cast("uint8_t*", dst), 0
   each_run(t.shape, t.strides, t.numel, function(off, n)
-    ffi_copy(out + pos * es, src + off * es, n * es); pos = pos + n
+    copy_bytes(out + pos * es, src + off * es, n * es); pos = pos + n
   end)
 end
 
@@ -265,14 +266,14 @@ local function scatter(src, t, base)
   local es = t._esize
   local inp, out, pos = ffi_cast("uint8_t*", src), ffi_cast("uint8_t*", base), 0
   each_run(t.shape, t.strides, t.numel, function(off, n)
-    ffi_copy(out + off * es, inp + pos * es, n * es); pos = pos + n
+    copy_bytes(out + off * es, inp + pos * es, n * es); pos = pos + n
   end)
 end
 
 local function raw_copy(dst_ptr, dst_dev, src_ptr, src_dev, nbytes)
   if nbytes == 0 then return end
   if dst_dev == nil and src_dev == nil then
-    ffi_copy(dst_ptr, src_ptr, nbytes)
+    copy_bytes(dst_ptr, src_ptr, nbytes)
   else
     cuda_module("copy_").copy(dst_ptr, src_ptr, nbytes)
   end
@@ -568,7 +569,7 @@ function Tensor:fill_(v)
   local p, es, have = ffi_cast("uint8_t*", target.ptr), info.size, 1
   while have < n do
     local k = have < n - have and have or n - have
-    ffi_copy(p + have * es, p, k * es)
+    copy_bytes(p + have * es, p, k * es)
     have = have + k
   end
   if target ~= self then

@@ -104,9 +104,9 @@ static int cmp_int(const void *a, const void *b) {
 
 /* "ranks 3, 5 did not arrive" with global ranks, ascending; the first few
  * described from their registration (pid, host, stopped, never connected). */
-static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const char *verb) {
+static int timeout_error(weft_cpugroup *g, weft_store *s, const char *what, int nmissing, const char *verb) {
   char note[600];  /* the server's note on the wait, before the lookups below replace it */
-  snprintf(note, sizeof note, "%s", wf_store_note(g->s));  /* e.g. a client rejected for a wrong secret */
+  snprintf(note, sizeof note, "%s", wf_store_note(s));  /* e.g. a client rejected for a wrong secret */
   int *gr = g->missing;
   for (int i = 0; i < nmissing; i++) gr[i] = g->ranks[gr[i]];
   qsort(gr, (size_t)nmissing, sizeof *gr, cmp_int);
@@ -115,7 +115,7 @@ static int timeout_error(weft_cpugroup *g, const char *what, int nmissing, const
   list[0] = '\0';
   for (int i = 0; i < nmissing && len < sizeof list - 1; i++) {
     char who[300];
-    if (i < 4) wf_store_live_describe(g->s, g->op, gr[i], who, sizeof who);
+    if (i < 4) wf_store_live_describe(s, g->op, gr[i], who, sizeof who);
     else snprintf(who, sizeof who, "%d", gr[i]);
     if (i < 4 && !strncmp(who, "rank ", 5)) memmove(who, who + 5, strlen(who + 5) + 1);
     int w = (i == 24) ? snprintf(list + len, sizeof list - len, " and %d more", nmissing - 24)
@@ -147,7 +147,7 @@ static int note_failure(weft_cpugroup *g, int rc) {
  * (reachable), on every member: the abort key is published and own_key
  * (this rank's key of the collective, NULL: none) taken back, so nobody
  * completes that collective later. Called with the store locked. */
-static int give_up(weft_cpugroup *g, int rc, const char *what, uint64_t seq, const char *own_key,
+static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, uint64_t seq, const char *own_key,
                    int reachable) {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", weft_last_error());
@@ -161,8 +161,8 @@ static int give_up(weft_cpugroup *g, int rc, const char *what, uint64_t seq, con
                        (unsigned long long)seq, cause);
     if (len < 0) len = 0;
     if ((size_t)len >= sizeof why) len = (int)sizeof why - 1;
-    wf_store_set_locked(g->s, g->op, g->abort_key, why, (size_t)len, 0);
-    if (own_key) wf_store_delete_locked(g->s, g->op, own_key);
+    wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0);
+    if (own_key) wf_store_delete_locked(s, g->op, own_key);
   }
   return wf_error(rc, "%s. The group is aborted%s (no member may pair this call with a later "
                   "one): rebuild the groups on every rank with weft.recover() (docs/faults.md)",
@@ -170,13 +170,13 @@ static int give_up(weft_cpugroup *g, int rc, const char *what, uint64_t seq, con
 }
 
 /* The abort key's value into why (cut to n), when it is set: a poll. */
-static int abort_seen(weft_cpugroup *g, char *why, size_t n) {
+static int abort_seen(weft_cpugroup *g, weft_store *s, char *why, size_t n) {
   const char *akey[1] = {g->abort_key};
   const void *v = NULL;
   size_t len = 0;
   int miss;  /* not g->missing: it holds the timed-out wait's list */
   wf_get_req q = {.keys = akey, .n = 1, .timeout_ms = 0, .vals = &v, .lens = &len, .missing = &miss};
-  if (wf_store_get_locked(g->s, g->op, &q) != 0) { wf_clear_error(); return 0; }
+  if (wf_store_get_locked(s, g->op, &q) != 0) { wf_clear_error(); return 0; }
   size_t l = len < n - 1 ? len : n - 1;
   memcpy(why, v, l);
   why[l] = '\0';
@@ -185,15 +185,15 @@ static int abort_seen(weft_cpugroup *g, char *why, size_t n) {
 
 /* This rank's collective ends because another member aborted the group
  * (why: the abort key's value): own_key is taken back. */
-static int aborted(weft_cpugroup *g, const char *why, const char *own_key) {
-  if (own_key) wf_store_delete_locked(g->s, g->op, own_key);
+static int aborted(weft_cpugroup *g, weft_store *s, const char *why, const char *own_key) {
+  if (own_key) wf_store_delete_locked(s, g->op, own_key);
   wf_error(WEFT_EABORT, "%s: aborted: %s", g->op, why);
   return note_failure(g, WEFT_EABORT);
 }
 
 /* A failed request of collective #seq: the error that ends it, the group
  * broken. missing_verb: how a missing member is described on a timeout. */
-static int failed(weft_cpugroup *g, int rc, const char *what, uint64_t seq, wf_get_req *q,
+static int failed(weft_cpugroup *g, weft_store *s, int rc, const char *what, uint64_t seq, wf_get_req *q,
                   const char *own_key, const char *missing_verb) {
   if (rc == WEFT_EABORT || (rc == WEFT_ECLOSED && (strstr(weft_last_error(), " died ") ||
                             strstr(weft_last_error(), "without weft.shutdown"))))
@@ -205,12 +205,12 @@ static int failed(weft_cpugroup *g, int rc, const char *what, uint64_t seq, wf_g
      * abort names who really did not arrive */
     char why[600];
     opname(g, what);
-    if (abort_seen(g, why, sizeof why)) return aborted(g, why, own_key);
-    rc = timeout_error(g, what, q->nmissing, missing_verb);
+    if (abort_seen(g, s, why, sizeof why)) return aborted(g, s, why, own_key);
+    rc = timeout_error(g, s, what, q->nmissing, missing_verb);
     reachable = 1;
   }
   opname(g, what);
-  return give_up(g, rc, what, seq, own_key, reachable);
+  return give_up(g, s, rc, what, seq, own_key, reachable);
 }
 
 static int refuse_broken(weft_cpugroup *g, const char *what) {
@@ -325,17 +325,19 @@ static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t l
   const char *op = opname(g, what);
   int rc = refuse_broken(g, what);
   if (rc) return rc;
+  weft_store *s;
+  if ((rc = wf_store_here(g->s, op, &s))) return rc;
   uint64_t seq = g->seq++;
   for (int i = 0; i < g->size; i++) coll_key(g, i, seq, what);
-  rc = wf_store_lock(g->s, op);
+  rc = wf_store_lock(s, op);
   if (rc) return rc;
   wf_get_req q = {.keys = (const char *const *)g->keys, .n = g->size, .timeout_ms = g->timeout_ms,
                   .flags = WF_GET_PUT | WF_GET_CONSUME | (novalues ? WF_GET_NOVALUES : 0),
                   .put_key = g->keys[g->me], .put_val = in, .put_len = len,
                   .put_reads = (uint32_t)g->size, .vals = g->vals, .lens = g->lens,
                   .missing = g->missing, .owners = g->ranks, .abort_key = g->abort_key};
-  rc = wf_store_get_locked(g->s, op, &q);
-  if (rc) rc = failed(g, rc, what, seq, &q, g->keys[g->me], "did not arrive");
+  rc = wf_store_get_locked(s, op, &q);
+  if (rc) rc = failed(g, s, rc, what, seq, &q, g->keys[g->me], "did not arrive");
   if (rc == 0 && !novalues) {
     /* Copy out while the store's reply buffer is still ours. */
     size_t total = 0;
@@ -354,7 +356,7 @@ static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t l
       }
     }
   }
-  wf_store_unlock(g->s);
+  wf_store_unlock(s);
   return rc;
 }
 
@@ -407,6 +409,8 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
                "cpugroup '%s' broadcast: root input is NULL with length %zu", g->name, len);
   int rc = refuse_broken(g, "broadcast");
   if (rc) return rc;
+  weft_store *s = g->s;
+  if (g->size > 1 && (rc = wf_store_here(g->s, "cpugroup broadcast", &s))) return rc;
   uint64_t seq = g->seq++;
   if (g->me == root) {
     if (grow(&g->out, &g->outcap, len ? len : 1))
@@ -417,7 +421,7 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
     if (g->size == 1) return 0;
     coll_key(g, root, seq, "broadcast");
     const char *op = opname(g, "broadcast");
-    if ((rc = wf_store_lock(g->s, op))) return rc;
+    if ((rc = wf_store_lock(s, op))) return rc;
     /* set the key and poll the abort key in one request: a root that was
      * stopped while the others gave up learns it here (it sends, it never
      * waits), and takes its key back */
@@ -426,7 +430,7 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
                     .put_key = g->keys[root], .put_val = in, .put_len = len,
                     .put_reads = (uint32_t)(g->size - 1), .vals = g->vals, .lens = g->lens,
                     .missing = g->missing};
-    rc = wf_store_get_locked(g->s, op, &q);
+    rc = wf_store_get_locked(s, op, &q);
     if (rc == WEFT_EAGAIN && q.nmissing == 1) {
       rc = 0;  /* no abort: the usual case */
       wf_clear_error();
@@ -435,23 +439,23 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
       size_t l = g->lens[0] < sizeof why - 1 ? g->lens[0] : sizeof why - 1;
       memcpy(why, g->vals[0], l);
       why[l] = '\0';
-      rc = aborted(g, why, g->keys[root]);
+      rc = aborted(g, s, why, g->keys[root]);
     } else {
-      rc = failed(g, rc, "broadcast", seq, NULL, g->keys[root], NULL);
+      rc = failed(g, s, rc, "broadcast", seq, NULL, g->keys[root], NULL);
     }
-    wf_store_unlock(g->s);
+    wf_store_unlock(s);
     return rc;
   }
   coll_key(g, root, seq, "broadcast");
   const char *op = opname(g, "broadcast");
-  if ((rc = wf_store_lock(g->s, op))) return rc;
+  if ((rc = wf_store_lock(s, op))) return rc;
   const char *key[1] = {g->keys[root]};
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
                   .vals = g->vals, .lens = g->lens, .missing = g->missing,
                   .owners = &g->ranks[root], .abort_key = g->abort_key};
-  rc = wf_store_get_locked(g->s, op, &q);
+  rc = wf_store_get_locked(s, op, &q);
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) g->missing[0] = root;
-  if (rc) rc = failed(g, rc, "broadcast", seq, &q, NULL, "(the root) did not arrive");
+  if (rc) rc = failed(g, s, rc, "broadcast", seq, &q, NULL, "(the root) did not arrive");
   if (!rc) {
     if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
       rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);
@@ -461,7 +465,7 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
       *out_len = g->lens[0];
     }
   }
-  wf_store_unlock(g->s);
+  wf_store_unlock(s);
   return rc;
 }
 
@@ -509,10 +513,11 @@ int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
   WF_CHECK_ARG(buf || !len, "cpugroup '%s' send: buffer is NULL with length %zu", g->name, len);
   p2p_key(g, g->keys[0], g->me, dst, g->sseq[dst]);
   const char *op = opname(g, "send");
-  int rc = wf_store_lock(g->s, op);
-  if (rc) return rc;
-  rc = wf_store_set_locked(g->s, op, g->keys[0], buf, len, 1);
-  wf_store_unlock(g->s);
+  weft_store *s;
+  int rc = wf_store_here(g->s, op, &s);
+  if (rc || (rc = wf_store_lock(s, op))) return rc;
+  rc = wf_store_set_locked(s, op, g->keys[0], buf, len, 1);
+  wf_store_unlock(s);
   if (!rc) g->sseq[dst]++;
   return rc;
 }
@@ -525,17 +530,18 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
   p2p_key(g, g->keys[0], src, g->me, g->rseq[src]);
   const char *op = opname(g, "recv");
   int rc = refuse_broken(g, "recv");
-  if (rc || (rc = wf_store_lock(g->s, op))) return rc;
+  weft_store *s;
+  if (rc || (rc = wf_store_here(g->s, op, &s)) || (rc = wf_store_lock(s, op))) return rc;
   const char *key[1] = {g->keys[0]};
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
                   .vals = g->vals, .lens = g->lens, .missing = g->missing,
                   .owners = &g->ranks[src], .abort_key = g->abort_key};
-  rc = note_failure(g, wf_store_get_locked(g->s, op, &q));
+  rc = note_failure(g, wf_store_get_locked(s, op, &q));
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
     char verb[64];
     snprintf(verb, sizeof verb, "did not send (message #%llu)", (unsigned long long)g->rseq[src]);
     g->missing[0] = src;
-    rc = timeout_error(g, "recv", 1, verb);
+    rc = timeout_error(g, s, "recv", 1, verb);
   }
   if (!rc) {
     if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
@@ -547,7 +553,7 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
       g->rseq[src]++;  /* only on success: a retried recv still gets a late message */
     }
   }
-  wf_store_unlock(g->s);
+  wf_store_unlock(s);
   return rc;
 }
 
@@ -558,5 +564,7 @@ int weft_cpugroup_abort(weft_cpugroup *g, const char *why) {
   char msg[600];
   snprintf(msg, sizeof msg, "rank %d gave up on cpugroup '%s': %s", g->ranks[g->me], g->name,
            why && *why ? why : "aborted by its caller");
-  return weft_store_set(g->s, g->abort_key, msg, strlen(msg));
+  weft_store *s;
+  int rc = wf_store_here(g->s, "cpugroup abort", &s);
+  return rc ? rc : weft_store_set(s, g->abort_key, msg, strlen(msg));
 }

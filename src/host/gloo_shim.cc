@@ -27,6 +27,10 @@
 #include <mutex>
 #include <new>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <cerrno>
+#include <ctime>
 #include <sched.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -215,10 +219,46 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
   return rc;
 }
 
+// Gloo writes to its sockets with writev(), without MSG_NOSIGNAL: a peer that
+// closed its end (it failed at its timeout while this rank was stopped)
+// raises SIGPIPE, whose default action kills the process. So every call into
+// Gloo runs with SIGPIPE blocked on the calling thread (Gloo's loop thread,
+// made inside create, inherits that mask and keeps it); a SIGPIPE raised
+// meanwhile is consumed before the mask is restored, unless one was already
+// pending (the application's own). The process's disposition of SIGPIPE is
+// never touched, so an embedding application keeps its own; the failed write
+// itself ends as EPIPE, which Gloo reports and failed() turns into an error.
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pend;
+    was_pending_ = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~NoSigpipe() {
+    sigset_t pend;
+    if (!was_pending_ && sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
+      struct timespec zero = {0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe &) = delete;
+  NoSigpipe &operator=(const NoSigpipe &) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_;
+};
+
 // Runs f with the handle's checks; turns every exception into a status.
 template <typename F>
 int guarded(weft_gloo *c, const char *op, F &&f) {
   if (!c) return wf_error(WEFT_EINVAL, "weft_gloo_%s: NULL handle", op);
+  NoSigpipe no_sigpipe;  // also over failed(): closing connections may write
   std::unique_lock<std::mutex> lk(c->busy, std::try_to_lock);
   if (!lk.owns_lock())
     return wf_error(WEFT_ESTATE, "weft_gloo_%s: group '%s': another call is in flight on this "
@@ -640,6 +680,7 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
 
 int weft_gloo_destroy(weft_gloo *c) {
   if (!c) return 0;
+  NoSigpipe no_sigpipe;  // tearing down pairs may flush to closed peers
   try {
     c->sync_recv.clear();
     c->sctx.reset();

@@ -5,6 +5,7 @@
  *   store_server.c  the server thread: key table, connections, parked GETs
  *   store_client.c  a handle's connection: connect, handshake, framed I/O
  *   store.c         the public weft_store_* API and cpugroup's locked calls
+ *   store_thread.c  a connection of its own for each progress worker
  * Wire format and limits: store_proto.h. */
 #ifndef WF_STORE_INTERNAL_H
 #define WF_STORE_INTERNAL_H
@@ -91,6 +92,8 @@ struct weft_store {
   int live_world;
   char rank0[200];    /* "rank 0 (pid P, host H)", the store's host */
   char **live_reg;    /* [live_world] registration values seen (store_live.c) */
+  int sibling;        /* a worker thread's own connection (store_thread.c): never
+                         speaks for the rank (no registration, rebind or leave) */
 };
 
 void wf_store_cl_drop(weft_store *s);

@@ -102,7 +102,7 @@ int weft_store_register_rank(weft_store *s, int rank, int world) {
 }
 
 int wf_store_live_rebind(weft_store *s, const char *op, int64_t deadline) {
-  if (s->live_rank < 0) return 0;
+  if (s->live_rank < 0 || s->sibling) return 0;
   char key[64], val[320];
   live_key(key, sizeof key, s->live_rank, "");
   live_value(val, sizeof val);
@@ -122,7 +122,7 @@ static void b_key(weft_store *s, const void *ctx) {
 }
 
 void wf_store_live_leave(weft_store *s) {
-  if (s->live_rank < 0 || s->fd < 0) return;
+  if (s->live_rank < 0 || s->fd < 0 || s->sibling) return;
   char key[64];
   live_key(key, sizeof key, s->live_rank, "");
   int timeout = s->timeout_ms;

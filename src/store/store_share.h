@@ -1,8 +1,8 @@
 /* store_share.h — the store's calls for the layers above it that weft.h does
  * not carry (cpugroup.c, the Gloo shim: C and C++): references that keep a
  * handle's memory past close(), the local address that reaches the server,
- * and which ranks are gone. Implemented in store.c, store_client.c,
- * store_live.c. */
+ * which ranks are gone, and worker threads' own connections. Implemented in
+ * store.c, store_client.c, store_live.c, store_thread.c. */
 #ifndef WF_STORE_SHARE_H
 #define WF_STORE_SHARE_H
 
@@ -24,6 +24,14 @@ int wf_store_local_addr(weft_store *s, char *buf, size_t n);
  * (pid P, host H), ..." (store_live.c). 0: none. */
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
                         size_t whon);
+/* Worker threads (src/async.c) (store_thread.c): after
+ * wf_store_thread_private(), wf_store_here(s) gives this thread's own
+ * connection to s's server (made on first use), so that its waits never
+ * queue behind the caller's thread's waits on s; on any other thread it
+ * gives s. wf_store_thread_release() closes the thread's connections. */
+void wf_store_thread_private(void);
+void wf_store_thread_release(void);
+int wf_store_here(weft_store *s, const char *op, weft_store **out);
 
 #ifdef __cplusplus
 }

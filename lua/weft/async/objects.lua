@@ -4,11 +4,12 @@
 -- agreement, the cpu group's int64 vote, and a message queue's send/recv
 -- ordered with the group's collectives.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local serialize = require "weft.serialize"
 local B = require "weft.async.base"
 local Q = require "weft.async.queue"
 
-local ffi_new, ffi_string = ffi.new, ffi.string
+local ffi_new = ffi.new
 local type, tostring, tonumber, require = type, tostring, tonumber, require
 local fail, gname = B.fail, B.gname
 local check_group, check_peer = B.check_group, B.check_peer
@@ -31,7 +32,7 @@ local function gathered_parts(h, g, op, call)
   local parts, off = {}, 0
   for i = 0, n - 1 do
     local l = tonumber(lens[i])
-    parts[i + 1] = ffi_string(data + off, l)
+    parts[i + 1] = lstring(data + off, l, "async all_gather_object")
     off = off + l
   end
   return parts, GM().check_calls(g, op, call, parts)

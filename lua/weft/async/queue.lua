@@ -4,11 +4,12 @@
 -- (weft_async_test / wait / release / result): settling a finished one,
 -- pinning the tensors a pending one reads, draining and reaping in order.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local B = require "weft.async.base"
 
 local C = wffi.C
-local ffi_new, ffi_gc, ffi_string, ffi_cast = ffi.new, ffi.gc, ffi.string, ffi.cast
+local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
 local type, tostring, error, setmetatable, getmetatable, pairs, pcall, tonumber =
   type, tostring, error, setmetatable, getmetatable, pairs, pcall, tonumber
 local fail, gname, T = B.fail, B.gname, B.T
@@ -316,7 +317,7 @@ function M.result_bytes(h)
 end
 local function result_string(h)
   wffi.check(C.weft_async_result(h._c, rd, rl, nil, nil), h.op, 2)
-  return ffi_string(rd[0], rl[0])
+  return lstring(rd[0], rl[0], "async result")
 end
 M.probe, M.result_string = probe, result_string
 

@@ -5,12 +5,14 @@
 -- fills the queue's descriptor for that backend and submits; what has no
 -- async path runs the blocking method after draining.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local B = require "weft.async.base"
 local Q = require "weft.async.queue"
 
 local C = wffi.C
-local ffi_new, ffi_gc, ffi_string, ffi_cast, ffi_copy = ffi.new, ffi.gc, ffi.string, ffi.cast, ffi.copy
+local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
+local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber = type, tostring, error, pcall, tonumber
 local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
@@ -105,7 +107,7 @@ local function gather_then(g, op, be, ptr, nbytes, anchor, finish)
   local W = g.world_size
   local buf = host_buffer(nbytes * W)
   if be == "store" then
-    local s = ffi_string(ptr, nbytes)
+    local s = lstring(ptr, nbytes, "async all_gather")
     local d = desc(g, op)
     d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, nbytes
     return submit(g, op, { anchor, s, buf }, function(h)
@@ -116,7 +118,7 @@ local function gather_then(g, op, be, ptr, nbytes, anchor, finish)
                 :format(op, gname(g), g.ranks[i + 1], tonumber(lens[i]), nbytes), 0)
         end
       end
-      ffi_copy(buf, data, nbytes * W)
+      copy_bytes(buf, data, nbytes * W)
       return finish(buf)
     end)
   end
@@ -209,7 +211,7 @@ function M.all_gather(g, t, dim, out)
       local ib = nbytes / outer
       local o = ffi_cast(u8p, out.ptr)
       for r = 0, W - 1 do
-        for k = 0, outer - 1 do ffi_copy(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib) end
+        for k = 0, outer - 1 do copy_bytes(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib) end
       end
       return out
     end)
@@ -266,7 +268,7 @@ function M.broadcast(g, t, src)
     return submit(g, op, t, nil, t)
   elseif be == "store" then
     local me = g.rank_in_group
-    local s = me == src and ffi_string(t.ptr, t.nbytes) or nil
+    local s = me == src and lstring(t.ptr, t.nbytes, "async broadcast") or nil
     local d = desc(g, op)
     d.kind, d.comm, d.root = K.CPU_BROADCAST, g.cpu_group.handle, src
     if s then d["in"], d.count = s, #s end
@@ -277,7 +279,7 @@ function M.broadcast(g, t, src)
           error(("weft: broadcast: rank %d broadcast %d bytes on group %s, this rank expected %d")
                 :format(g.ranks[src + 1], len, gname(g), t.nbytes), 0)
         end
-        ffi_copy(t.ptr, data, len)
+        copy_bytes(t.ptr, data, len)
       end
       return t
     end)

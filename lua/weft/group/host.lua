@@ -11,7 +11,9 @@ local policy = require "weft.policy"
 local K = require "weft.group.checks"
 
 local C = wffi.C
-local ffi_copy, ffi_cast, ffi_string = ffi.copy, ffi.cast, ffi.string
+local ffi_cast = ffi.cast
+local hostmem = require "weft.hostmem"
+local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber, setmetatable, require =
   type, tostring, error, pcall, tonumber, setmetatable, require
 local concat = table.concat
@@ -96,21 +98,21 @@ end
 -- store: every rank's bytes through the cpu group's all-gather
 local store_backend = {
   gather_bytes = function(g, op, src, nbytes, dst)
-    local list = g.cpu_group:allgather(ffi_string(src, nbytes))
+    local list = g.cpu_group:allgather(hostmem.string(src, nbytes, op, 2))
     local lens, bad = {}, false
     for i = 1, #list do lens[i] = #list[i]; if lens[i] ~= nbytes then bad = true end end
     if bad then lens_error(g, op, lens, nbytes) end
     local d = ffi_cast(u8p, dst)
-    for i = 1, #list do ffi_copy(d + (i - 1) * nbytes, list[i], nbytes) end
+    for i = 1, #list do copy_bytes(d + (i - 1) * nbytes, list[i], nbytes) end
   end,
   broadcast = function(g, op, ptr, nbytes, src)
     local me = g.rank_in_group
-    local data = g.cpu_group:broadcast(me == src and ffi_string(ptr, nbytes) or nil, src)
+    local data = g.cpu_group:broadcast(me == src and hostmem.string(ptr, nbytes, op, 2) or nil, src)
     if #data ~= nbytes then
       error(("weft: %s: rank %d broadcast %d bytes on group %s, this rank expected %d")
             :format(op, g.ranks[src + 1], #data, gname(g), nbytes), 0)
     end
-    if me ~= src then ffi_copy(ptr, data, nbytes) end
+    if me ~= src then copy_bytes(ptr, data, nbytes) end
   end,
 }
 M.register_backend("store", store_backend)

@@ -5,6 +5,7 @@
 -- back point-to-point. weft.repl re-exports open_link, MQ_CHUNK_BYTES and
 -- MQ_CHUNKS.
 local ffi = require "ffi"
+local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local hostname = require("weft.repl.input").hostname   -- also declares C.weft_repl_*
 
 local C = ffi.C
@@ -95,7 +96,7 @@ function Link:collect(k, ms)
   local rc = self.C.weft_cpugroup_recv(h, k, self.ptr, self.len)
   if rc == ETIMEOUT then return nil end
   if rc ~= 0 then error("weft: repl: " .. require("weft.ffi").last_error(), 0) end
-  return serialize.decode(ffi.string(self.ptr[0], self.len[0]))
+  return serialize.decode(lstring(self.ptr[0], self.len[0], "repl link"))
 end
 
 -- other ranks: the next message from rank 0 (waits as long as it takes, in
@@ -108,7 +109,7 @@ function Link:next()
       local h = self.mq.handle
       local rc = C2.weft_mq_dequeue(h, 60000, self.ptr, self.len)
       if rc == 0 then
-        s = ffi.string(self.ptr[0], self.len[0])
+        s = lstring(self.ptr[0], self.len[0], "repl link")
         C2.weft_mq_release(h)
       elseif rc ~= ETIMEOUT then
         error("weft: repl: " .. require("weft.ffi").last_error(), 0)
@@ -118,7 +119,7 @@ function Link:next()
       C2.weft_cpugroup_set_timeout(h, 60000)
       local rc = C2.weft_cpugroup_recv(h, 0, self.ptr, self.len)
       if rc == 0 then
-        s = ffi.string(self.ptr[0], self.len[0])
+        s = lstring(self.ptr[0], self.len[0], "repl link")
       elseif rc ~= ETIMEOUT then
         error("weft: repl: " .. require("weft.ffi").last_error(), 0)
       end

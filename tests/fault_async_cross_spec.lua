@@ -1,0 +1,56 @@
+-- An async collective on one group while the caller runs a blocking one on
+-- another (issue 24 item 4): with 4 ranks (tp=2 x pp=2), every async op (9)
+-- x blocking op (8) x ordered group pair (world/tp, tp/world, tp/pp, pp/tp,
+-- world/pp, pp/world), twice each, results checked exactly
+-- (tests/helpers/async_cross_ranks.lua); once with the policy's routes (shm
+-- for host tensors) and once with every host tensor on the store. Before
+-- the fix, the progress worker's wait and the caller's wait queued on the
+-- rank's one store connection and the ranks timed out naming live ranks.
+local ROOT = os.getenv("PWD") or "."
+local U = require "helpers.spec_util"
+
+local function run(env)
+  return U.shell(("%s WEFT_TIMEOUT_MS=5000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 200 %s/scripts/weft-run -n 4 --timeout 180 %s/tests/helpers/async_cross_ranks.lua")
+                 :format(env, ROOT, ROOT, ROOT))
+end
+
+local function check(out, rc)
+  assert.are.equal(0, rc, out)
+  assert.are.equal(4, U.count_ok(out), out)
+  local n = 0
+  for _ in out:gmatch("ASYNC_CROSS rank %d triples=432 iters=2") do n = n + 1 end
+  assert.are.equal(4, n, out)
+end
+
+describe("async on one group x blocking on another #fault", function()
+  it("4 ranks, tp=2 x pp=2: 9 async ops x 8 blocking ops x 6 group pairs, policy routes", function()
+    check(run(""))
+  end)
+
+  it("the same with every host tensor on the store route (WEFT_HOST_BACKEND=store)", function()
+    check(run("WEFT_HOST_BACKEND=store"))
+  end)
+
+  it("a rank that dies while the others wait in an async op is named within 5 s (timeout 60 s)", function()
+    -- the worker's own store connection sees deaths like the rank's own
+    local L = require "weft.launcher"
+    local port = assert(L.free_port("127.0.0.1"))
+    local cmds = {}
+    for r = 0, 2 do
+      cmds[#cmds + 1] = ("RANK=%d LOCAL_RANK=%d WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
+        .. "MASTER_PORT=%d WEFT_TIMEOUT_MS=60000 LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;%s/tests/?.lua;;' "
+        .. "timeout -s KILL 80 luajit %s/tests/helpers/async_death_ranks.lua 2 2>&1 | sed 's/^/[r%d] /' &")
+        :format(r, r, port, ROOT, ROOT, ROOT, ROOT, r)
+    end
+    local out = U.shell("(" .. table.concat(cmds, "\n") .. "\nwait) 2>/dev/null")
+    local vpid = out:match("%[r2%] PID (%d+)")
+    assert.is_truthy(vpid, out)
+    for r = 0, 1 do
+      local ms, msg = out:match("%[r" .. r .. "%] ASYNC_DEATH (%d+) ([^\n]*)")
+      assert.is_truthy(ms, out)
+      assert.is_true(tonumber(ms) < 5000, ("rank %d: %s ms: %s"):format(r, ms, msg))
+      assert.is_truthy(msg:find("rank 2 (pid " .. vpid, 1, true) and msg:find("died", 1, true), msg)
+      assert.is_truthy(msg:find("all_gather_object", 1, true), msg)
+    end
+  end)
+end)
