@@ -1,5 +1,5 @@
 -- weft.topology: rank layouts of every group kind, as SGLang's
--- initialize_model_parallel builds them (seeds/sglang_parallel_state.py.txt).
+-- initialize_model_parallel builds them (SGLang's python/sglang/srt/distributed/parallel_state.py).
 -- Each expected layout below is worked out by hand from the seed's loops.
 describe("weft.topology", function()
   local topology = require "weft.topology"
@@ -231,7 +231,7 @@ describe("weft.topology", function()
     assert.is_true(checked > 100)
   end)
 
-  -- initialize_model_parallel's loops (seeds/sglang_parallel_state.py.txt),
+  -- initialize_model_parallel's loops (SGLang's python/sglang/srt/distributed/parallel_state.py),
   -- transcribed one for one: the reference of the sweep below
   local function seed_groups(tp, pp, ep, attn_dp, attn_cp, moe_dp)
     local world, ntp = tp * pp, tp * pp / tp

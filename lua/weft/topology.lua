@@ -1,7 +1,7 @@
 -- weft.topology — rank layouts of every model-parallel group kind (pure).
 --
 -- plan{} reproduces SGLang's initialize_model_parallel
--- (seeds/sglang_parallel_state.py.txt) group for group, with two changes:
+-- (python/sglang/srt/distributed/parallel_state.py) group for group, with two changes:
 --  * where SGLang floors a size by integer division (attention TP =
 --    idiv(tp, attn_cp * attn_dp), MoE TP = idiv(tp, ep * moe_dp)) and would build
 --    wrong or empty groups, plan raises an error naming the sizes;
