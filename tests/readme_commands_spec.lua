@@ -11,6 +11,7 @@
 local ROOT = os.getenv("PWD") or "."
 local S = require "helpers.spec_util"
 local doc = require "helpers.doc_commands"
+local checked = require "helpers.checked_shell"
 local http = require "helpers.serve_http"
 local ffi = require "ffi"
 pcall(ffi.cdef, "int kill(int pid, int sig);")
@@ -95,7 +96,14 @@ local function run_command(c)
     f:write(c.text)
     f:close()
   end
-  local out, rc = S.shell(("cd %s && timeout -k 5 %d setsid %s < /dev/null"):format(cwd, timeout_s, c.cmd))
+  -- under bash with every statement's status checked: a failing command
+  -- before `&&` or inside a pipeline fails the line (tests/helpers/checked_shell.lua)
+  local sh = os.tmpname()
+  local f = assert(io.open(sh, "w"))
+  f:write(checked.script(c.cmd, function() return "README line " .. c.line end))
+  f:close()
+  local out, rc = S.shell(("cd %s && timeout -k 5 %d setsid bash %s < /dev/null"):format(cwd, timeout_s, sh))
+  os.remove(sh)
   if dir then S.shell("rm -rf " .. dir) end
   assert.are.equal(0, rc, ("README line %d: `%s` failed (status %s%s):\n%s"):format(
     c.line, c.cmd, tostring(rc), rc == 124 and ", timed out after " .. timeout_s .. " s" or "", out))
@@ -118,6 +126,48 @@ describe("README commands, run as written", function()
       run_command(c)
     end)
   end
+end)
+
+describe("a documented command fails when any of its commands fails (tests/helpers/checked_shell.lua)", function()
+  local function run(code)
+    local sh = os.tmpname()
+    local f = assert(io.open(sh, "w"))
+    f:write(checked.script(code, function(l) return "doc:" .. l end))
+    f:close()
+    local out, rc = S.shell("bash " .. sh .. " < /dev/null")
+    os.remove(sh)
+    return out, rc
+  end
+
+  it("checks each statement: before &&, inside a pipeline, in a loop, after a here-document", function()
+    for _, bad in ipairs({
+      "false && echo valid\necho after",
+      "scripts/weft-topo --dry-run --world 16 --tp 8 --ep 4 > /dev/null && echo valid",
+      "false | cat\necho after",
+      "for i in 1 2; do\n  false && echo $i\ndone\necho after",
+      "cat > /dev/null <<'EOF'\nfalse && x\nEOF\ntrue && false && echo no\necho after",
+    }) do
+      local out, rc = run(bad)
+      assert.are_not.equal(0, rc, bad .. " passed:\n" .. out)
+      assert.is_nil(out:find("after", 1, true), bad .. ": went on after the failure:\n" .. out)
+    end
+    local out, rc = run("false && echo valid")
+    assert.matches("doc:1: `false && echo valid`: exited with status 1", out, 1, true)
+    assert.are.equal(1, rc)
+  end)
+
+  it("passes what succeeds: || fallbacks, if conditions, loops, here-documents", function()
+    local out, rc = run(table.concat({
+      "cat > /dev/null <<'EOF'", "false", "EOF",
+      "if false; then echo no; fi",
+      "false || true",
+      "for i in 1 2 3; do test $i = 2 && break; done",
+      "x=$(echo 4) && test \"$x\" = 4",
+      "# a comment", "", "echo done \\", "  here",
+    }, "\n"))
+    assert.are.equal(0, rc, out)
+    assert.matches("done here", out, 1, true)
+  end)
 end)
 
 describe("the extraction rule (tests/helpers/doc_commands.lua)", function()
