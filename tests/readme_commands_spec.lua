@@ -33,6 +33,19 @@ local SKIP = {
   { "^make uninstall", "removes an installation" },
 }
 
+-- { Lua pattern on the command, check of what it printed }: what the README
+-- promises a command prints, beyond exiting 0
+local EXPECT = {
+  { "^scripts/weft%-run %-n 4 my_experiment%.lua$", function(out)
+    -- the first script: the reduced value and the explanation, once, from rank 0
+    local _, values = out:gsub("\n?%[rank0%] tp ranks {0,1} summed 1 %+ 2: x%[1%] = 3\n", "")
+    assert.are.equal(1, values, "the reduced value, once from rank 0:\n" .. out)
+    local _, explained = out:gsub("all_reduce bf16 {8,4096} %(64 KiB, cpu%) on tp%.0", "")
+    assert.are.equal(1, explained, "the explanation, once:\n" .. out)
+    assert.is_nil(out:find("%[ranks? ?[1-9]"), "other ranks print nothing:\n" .. out)
+  end },
+}
+
 local TIMEOUT_S = { ["make demo"] = 300 }   -- may build the library first
 local DEFAULT_TIMEOUT_S = 120
 
@@ -107,6 +120,9 @@ local function run_command(c)
   if dir then S.shell("rm -rf " .. dir) end
   assert.are.equal(0, rc, ("README line %d: `%s` failed (status %s%s):\n%s"):format(
     c.line, c.cmd, tostring(rc), rc == 124 and ", timed out after " .. timeout_s .. " s" or "", out))
+  for _, e in ipairs(EXPECT) do
+    if c.cmd:find(e[1]) then e[2](out) end
+  end
 end
 
 describe("README commands, run as written", function()
