@@ -29,6 +29,7 @@ local SKIP = {
   { "^scripts/weft%-repl", "interactive (tests/repl_spec.lua drives it through tmux)" },
   { "%-%-repl", "interactive (tests/repl_spec.lua drives it through tmux)" },
   { "^make serve%-deps", "installs packages (root)" },
+  { "^scripts/weft%-sim%-nodes", "needs root and network namespaces (tests/nodes_spec.lua runs it)" },
   { "^make install", "installs outside the tree (covered by its own test)" },
   { "^make uninstall", "removes an installation" },
 }
