@@ -187,6 +187,15 @@ describe("a documented command fails when any of its commands fails (tests/helpe
   end)
 end)
 
+describe("the docs stand on their own", function()
+  it("no README, doc, module, script or source cites a file outside the repository", function()
+    -- figures live in docs/reference-measurements.md and bench/results/ with
+    -- their provenance; the SGLang code compared with is named by its own path
+    local out = S.shell(("cd %s && grep -rnE 'DESIGN\\.md|\\.\\./shared|seeds/' README.md docs lua scripts src"):format(ROOT))
+    assert.are.equal("rc=1\n", out, "references outside the repository:\n" .. out)
+  end)
+end)
+
 describe("the extraction rule (tests/helpers/doc_commands.lua)", function()
   it("takes shell lines of code blocks, table rows' command spans and lua blocks that name their command", function()
     local page = table.concat({
