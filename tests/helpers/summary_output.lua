@@ -60,7 +60,8 @@ return function(options)
     for _, file in ipairs(order) do
       local f = files[file]
       local parts = {}
-      for _, why in ipairs(f.order) do
+      for i, why in ipairs(f.order) do
+        if i > 4 then parts[#parts + 1] = ("%d more reasons"):format(#f.order - 4); break end
         parts[#parts + 1] = #f.order > 1 and ("%s (%d)"):format(why, f.reasons[why]) or why
       end
       io.write(("skipped %d in %s: %s\n"):format(f.n, file, table.concat(parts, "; ")))
