@@ -88,6 +88,10 @@ describe("weft.dist", function()
       out = run(("timeout -s KILL 60 scripts/weft-run -n 8 %s"):format(script))
       assert.matches(script .. ":3: weft: initialize_model_parallel: world_size (8) is not equal to tp (2) x pp (2) = 4: "
                      .. "use scripts/weft-run -n 4 " .. script .. ", or for 8 ranks pp = 4 or tp = 4\n", out, 1, true)
+      -- in the REPL: its own command line
+      out = run("printf 'weft.initialize_model_parallel{tp = 2, pp = 2}\\n' | timeout -s KILL 60 scripts/weft-run -n 3 --repl")
+      assert.matches("error: stdin:1: weft: initialize_model_parallel: world_size (3) is not equal to tp (2) x pp (2) = 4: "
+                     .. "use scripts/weft-run -n 4 --repl, or for 3 ranks tp = 3 pp = 1\n", out, 1, true)
     end)
 
     it("without the launcher: initialize_model_parallel initializes a world of one on purpose, and says to launch", function()

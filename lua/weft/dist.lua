@@ -183,6 +183,7 @@ M.launcher_hint = launcher_hint
 -- (-n counts ranks per node), or the tp / pp that fit the ranks started.
 local function mismatch_words()
   local script = (arg and arg[0] and arg[0] ~= "" and not arg[0]:find("^%-")) and arg[0] or "script.lua"
+  if script:find("weft%-repl$") then script = "--repl" end   -- the REPL's ranks run scripts/weft-repl
   local nodes = tonumber(os.getenv("WEFT_NNODES")) or 1
   local function world(n)
     if nodes > 1 then
