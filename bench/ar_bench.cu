@@ -6,7 +6,7 @@
 //   build/ar_bench [--validate] [--bench] [--sweep] [--link] [--dead-peer]
 //                  [--leak N] [--quick] [--out DIR] [--max-bytes N]
 // (no mode flag: validate + dead-peer + bench). Exit 0 only when every check
-// passed. Results: DIR/ar-<machine>-<date>.json and .md (DESIGN.md §7),
+// passed. Results: DIR/ar-<machine>-<date>.json and .md (results format: docs/architecture.md#conventions-in-one-place),
 // DIR/ar-validate.txt. Prints "PASS <name>" / "FAIL <name>: why" lines and
 // tables (rank 0): the benchmark (every power of 2, 4x steps with --quick)
 // with a policy check against the measured crossovers; --sweep: launch
@@ -755,7 +755,7 @@ __global__ void fill_rand_bf16(__nv_bfloat16 *p, size_t n, uint64_t seed) {
   }
 }
 
-// One measured point (DESIGN.md §7). op "all_reduce" (backends nccl, oneshot,
+// One measured point (results format: docs/architecture.md#conventions-in-one-place). op "all_reduce" (backends nccl, oneshot,
 // ..., and "sweep ..." configurations) or "link" (bench/ar_link.inc.cu).
 struct Rec {
   std::string op, backend, mode;

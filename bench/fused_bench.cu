@@ -36,7 +36,7 @@
 // the old late-input prologue; a per-phase clock inside the kernel); then
 // the skew test: a peer late before every replay must cost its lateness once,
 // not put the pair into a slow state (A/B against the old spin). JSON +
-// markdown (DESIGN.md §7) into --out (default $OUT, else .).
+// markdown (results format: docs/architecture.md#conventions-in-one-place) into --out (default $OUT, else .).
 //
 // --only a,b,...: run only these parts (refusals, matrix, variants, stress,
 // graph, faults, bench, sweep, skew); --quick: fewer repetitions.
@@ -635,7 +635,7 @@ static void test_graph(weft_fusion *ws, int64_t T, int64_t H, int replays) {
       WK(weft_fusion_run(ws, &p));
     }
   };
-  /* warm up outside the capture, then capture (DESIGN.md §6) */
+  /* warm up outside the capture, then capture (as nccl-tests does) */
   gen(d, T, H, dt, seed_of(15, 0));
   for (auto &x : v) x.upload(d);
   seq();
@@ -1102,7 +1102,7 @@ static void skew_test(int quick) {
   WK(weft_fusion_destroy(ws));
 }
 
-/* FlashInfer's best fused figure (DESIGN.md §8), µs, by hidden and tokens. */
+/* FlashInfer's best fused figure (docs/reference-measurements.md), µs, by hidden and tokens. */
 static double flashinfer_best(int64_t H, int64_t T) {
   const int64_t toks[] = {1, 8, 32, 128, 512, 2048, 8192};
   const double h4[] = {4.47, 4.97, 5.84, 7.32, 19.5, 85.5, 333};

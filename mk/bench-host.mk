@@ -15,7 +15,7 @@ mpi-deps:
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get update -qq >/dev/null && apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
 	  else \
-	    echo "weft: Open MPI missing; install with: sudo apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; \
+	    echo "weft: Open MPI missing; as root, apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; \
 	  fi; \
 	fi
 

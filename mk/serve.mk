@@ -9,7 +9,7 @@ serve-deps:
 	@scripts/serve/ensure-nginx
 	@command -v wrk >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
-	  else echo "weft: wrk missing: sudo apt-get install wrk" >&2; exit 1; fi; }
+	  else echo "weft: wrk missing: as root, apt-get install wrk" >&2; exit 1; fi; }
 
 serve: deps lib
 	@scripts/serve/ensure-nginx

@@ -14,7 +14,7 @@
 -- call of every size. Each side runs `--repeat` times (default 3), weft and
 -- MPI interleaved; per size the lowest median is kept (noise on a shared
 -- machine only adds time). Writes bench/results/host-allreduce-<machine>-<date>.json
--- (DESIGN.md §7) and a .md table beside it.
+-- (results format: docs/architecture.md#conventions-in-one-place) and a .md table beside it.
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
 local ffi = require "ffi"

@@ -23,7 +23,7 @@
 -- The backends' rounds and passes are interleaved, so a busy host's noise
 -- falls on both alike. Also measured: broadcast_bytes, the same without
 -- serialization (the transport alone).
--- Writes bench/results/mq-broadcast-<machine>-<date>.json (DESIGN.md §7:
+-- Writes bench/results/mq-broadcast-<machine>-<date>.json (results format, docs/architecture.md#conventions-in-one-place:
 -- op "broadcast_object", backend "mq" | "store") and a .md table beside it.
 --
 -- Under weft-run (RANK set, --worker) this file is the worker; otherwise the driver.

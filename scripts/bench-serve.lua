@@ -7,7 +7,7 @@
 --       [--hidden 256] [--layer linear] [--machine NAME] [--out bench/results]
 --       [--iters 2000] [--no-wrk] [--no-overhead]
 --
--- Writes bench/results/serve-<machine>-<date>.json (DESIGN.md §7 records:
+-- Writes bench/results/serve-<machine>-<date>.json (records of the results format, docs/architecture.md#conventions-in-one-place:
 -- op "serve_layer" with rps, p50_us, p99_us; op "all_reduce" with backend
 -- "shm" and mode "blocking" | "async_wait" | "async_poll", and op
 -- "async_nop") and a markdown table beside it. Needs nginx with the Lua

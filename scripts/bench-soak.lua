@@ -16,7 +16,7 @@
 -- (/proc/self/statm) and open descriptors (/proc/self/fd) are sampled
 -- `--samples` times per phase; growth is measured from the first sample
 -- (taken after 5 % of the calls, once caches and arenas are warm) to the
--- last. Writes bench/results/soak-<machine>-<date>.json (DESIGN.md §7) and
+-- last. Writes bench/results/soak-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and
 -- .md. Under weft-run (RANK set) this file is the rank.
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")

@@ -5,7 +5,7 @@
  * macros, no attributes, no by-value structs in signatures. The build exports
  * exactly the functions declared there (build/weft.map is generated from it).
  *
- * Conventions (DESIGN.md §3):
+ * Conventions (docs/architecture.md, "Conventions in one place"):
  *  - every call returns int: 0 ok, negative WEFT_E* kind; weft_last_error()
  *    gives a thread-local message naming the operation, the group and cause;
  *  - opaque handles, create/destroy pairs; destroy(NULL) is a no-op and never

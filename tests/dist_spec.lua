@@ -64,6 +64,44 @@ describe("weft.dist", function()
     end)
   end)
 
+  describe("a world that is not tp x pp", function()
+    -- the commonest mistake: the message points at the script's line and says
+    -- which -n, or which tp / pp, would fit
+    local script = os.tmpname() .. ".lua"
+    setup(function()
+      local f = assert(io.open(script, "w"))
+      f:write('local weft = require "weft"\nweft.init()\nweft.initialize_model_parallel{tp = 2, pp = 2}\nweft.shutdown()\n')
+      f:close()
+    end)
+    teardown(function() os.remove(script) end)
+    local function run(cmd)
+      local p = io.popen(("cd %s && %s 2>&1; echo rc=$?"):format(ROOT, cmd))
+      local out = p:read("*a"); p:close()
+      return out
+    end
+
+    it("under weft-run: the -n that fits, or the tp / pp that fit the ranks started", function()
+      local out = run(("timeout -s KILL 60 scripts/weft-run -n 3 %s"):format(script))
+      assert.matches(script .. ":3: weft: initialize_model_parallel: world_size (3) is not equal to tp (2) x pp (2) = 4: "
+                     .. "use scripts/weft-run -n 4 " .. script .. ", or for 3 ranks tp = 3 pp = 1\n", out, 1, true)
+      assert.is_nil(out:find("rc=0", 1, true), out)
+      out = run(("timeout -s KILL 60 scripts/weft-run -n 8 %s"):format(script))
+      assert.matches(script .. ":3: weft: initialize_model_parallel: world_size (8) is not equal to tp (2) x pp (2) = 4: "
+                     .. "use scripts/weft-run -n 4 " .. script .. ", or for 8 ranks pp = 4 or tp = 4\n", out, 1, true)
+      -- in the REPL: its own command line
+      out = run("printf 'weft.initialize_model_parallel{tp = 2, pp = 2}\\n' | timeout -s KILL 60 scripts/weft-run -n 3 --repl")
+      assert.matches("error: stdin:1: weft: initialize_model_parallel: world_size (3) is not equal to tp (2) x pp (2) = 4: "
+                     .. "use scripts/weft-run -n 4 --repl, or for 3 ranks tp = 3 pp = 1\n", out, 1, true)
+    end)
+
+    it("without the launcher: initialize_model_parallel initializes a world of one on purpose, and says to launch", function()
+      local out = run(("env -u WORLD_SIZE -u RANK LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit %s"):format(script))
+      assert.matches(script .. ":3: weft: initialize_model_parallel: world_size (1) is not equal to tp (2) x pp (2): "
+                     .. "this process runs alone (no launcher environment); start 4 ranks with scripts/weft-run -n 4 "
+                     .. script .. "\n", out, 1, true)
+    end)
+  end)
+
   describe("one process", function()
     local weft = require "weft"
     local T = weft.tensor

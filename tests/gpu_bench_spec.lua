@@ -10,7 +10,7 @@ describe("weft.bench helpers", function()
     assert.are.same({ 5, 1, 4 }, t)   -- input untouched
   end)
 
-  it("writes the DESIGN.md §7 results format", function()
+  it("writes the results format of docs/architecture.md#conventions-in-one-place", function()
     local doc = { machine = "nvidia-h200-x2", date = "2026-11-30", commit = "abc1234",
                   records = { { op = "all_reduce", backend = "nccl", mode = "graph", dtype = "bf16",
                                 world = 2, bytes = 1024, us = 10.25, busbw_gbs = 0.1 } } }

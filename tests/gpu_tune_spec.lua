@@ -1,7 +1,7 @@
 -- scripts/weft-tune --quick on 2 GPUs: it runs to the end (every output
 -- check passed, the tuned policy nowhere slower than the built-in one beyond
 -- noise), writes a policy file that weft's loader accepts with the
--- documented shape, and the results (DESIGN.md §7) with the before/after
+-- documented shape, and the results (results format: docs/architecture.md#conventions-in-one-place) with the before/after
 -- records. Without 2 GPUs: the script's own refusals.
 local G = require "helpers.gpu_ranks"
 local tune = require "weft.tune"

@@ -1,11 +1,14 @@
 -- docs/guide.md, executed: every fenced block whose info string says `run`
 -- is run exactly as printed, from the repository root, with a time limit:
 --   ```lua run n=N [gpu] [timeout=S]   a script under scripts/weft-run -n N
---   ```sh run [gpu] [timeout=S] [needs=CMD]   the commands under bash -e
+--   ```sh run [gpu] [timeout=S] [needs=CMD]   the commands under bash, each
+--       statement's status checked (tests/helpers/checked_shell.lua: a failing
+--       command before `&&` or inside a pipeline fails the block too)
 -- A block must exit 0 (and print no REPL "[rank N] error:"). `gpu` blocks need N CUDA devices (sh blocks: gpus=K, default one)
 -- and are pending without; `needs=CMD` blocks are pending when CMD is not
 -- installed. Blocks without `run` (none at present) are prose.
 local S = require "helpers.spec_util"
+local checked = require "helpers.checked_shell"
 
 local ROOT = os.getenv("PWD") or "."
 local GUIDE = "docs/guide.md"
@@ -84,14 +87,18 @@ describe("docs/guide.md: every snippet runs as printed", function()
       end
       local file = os.tmpname()
       local h = assert(io.open(file, "w"))
-      h:write(b.code)
+      if b.lang == "lua" then
+        h:write(b.code)
+      else
+        h:write(checked.script(b.code, function(l) return GUIDE .. ":" .. (b.line + l) end))
+      end
       h:close()
       local cmd
       if b.lang == "lua" then
         cmd = ("cd '%s' && timeout -s KILL %d scripts/weft-run -n %d --timeout %d %s"):format(
           ROOT, b.timeout + 10, b.n, b.timeout, file)
       else
-        cmd = ("cd '%s' && timeout -s KILL %d bash -e %s"):format(ROOT, b.timeout, file)
+        cmd = ("cd '%s' && timeout -s KILL %d bash %s"):format(ROOT, b.timeout, file)
       end
       local out, rc = S.shell(cmd .. " < /dev/null")
       os.remove(file)

@@ -136,11 +136,14 @@ describe("make install", function()
     end
     write(tmp .. "/abi.c", '#include <stdio.h>\n#include <weft.h>\n'
           .. 'int main(void) { printf("abi=%d\\n", weft_abi_version()); return 0; }\n')
-    local pc = "PKG_CONFIG_PATH=" .. q(prefix .. "/lib/pkgconfig")
-    local out, rc = sh(("cd %s && cc abi.c -o abi $(%s pkg-config --cflags --libs weft) "
-                        .. "-Wl,-rpath,$(%s pkg-config --variable=libdir weft) && ./abi")
-                       :format(q(tmp), pc, pc))
+    -- README's line as written, with the PKG_CONFIG_PATH it documents; the
+    -- program runs with no LD_LIBRARY_PATH (weft.pc's Libs carry the rpath)
+    local out, rc = sh(("cd %s && export PKG_CONFIG_PATH=%s && unset LD_LIBRARY_PATH && "
+                        .. "cc abi.c -o abi $(pkg-config --cflags --libs weft) && ./abi")
+                       :format(q(tmp), q(prefix .. "/lib/pkgconfig")))
     assert.are.equal(0, rc, out)
+    local ldd = sh(("cd %s && ldd ./abi"):format(q(tmp)))
+    assert.matches("libweft.so => " .. prefix:gsub("%p", "%%%0") .. "/lib/libweft.so", ldd)
     local f = assert(io.open(ROOT .. "/lua/weft/ffi.lua"))
     local abi = f:read("*a"):match("M%.ABI_VERSION = (%d+)")
     f:close()
@@ -160,11 +163,28 @@ describe("make install", function()
     assert.matches("prefix=/opt/weft\n", pc)
   end)
 
-  it("uninstall removes every file install put there", function()
+  it("uninstall removes every file install put there, and the folders it made", function()
     assert.are.equal(0, built, build_out)
     local out, rc = make("uninstall PREFIX=" .. q(prefix))
     assert.are.equal(0, rc, out)
     assert.are.same({}, files_under(prefix))
+    local _, gone = spec.shell("test -e " .. q(prefix))
+    assert.are_not.equal(0, gone, prefix .. " is still there after uninstall")
+  end)
+
+  it("uninstall keeps the folders that were there before, empty or not", function()
+    assert.are.equal(0, built, build_out)
+    local pre = tmp .. "/pre"
+    os.execute(("mkdir -p %s/include %s/bin && echo mine > %s/bin/other"):format(q(pre), q(pre), q(pre)))
+    local out, rc = make("install PREFIX=" .. q(pre))
+    assert.are.equal(0, rc, out)
+    out, rc = make("install PREFIX=" .. q(pre))   -- twice: the first install's list is kept
+    assert.are.equal(0, rc, out)
+    out, rc = make("uninstall PREFIX=" .. q(pre))
+    assert.are.equal(0, rc, out)
+    assert.are.same({ "bin/other" }, files_under(pre))
+    local left = sh(("cd %s && find . -type d | sort"):format(q(pre)))
+    assert.are.equal(".\n./bin\n./include\nrc=0\n", left)
   end)
 end)
 

@@ -11,6 +11,7 @@
 local ROOT = os.getenv("PWD") or "."
 local S = require "helpers.spec_util"
 local doc = require "helpers.doc_commands"
+local checked = require "helpers.checked_shell"
 local http = require "helpers.serve_http"
 local ffi = require "ffi"
 pcall(ffi.cdef, "int kill(int pid, int sig);")
@@ -28,8 +29,22 @@ local SKIP = {
   { "^scripts/weft%-repl", "interactive (tests/repl_spec.lua drives it through tmux)" },
   { "%-%-repl", "interactive (tests/repl_spec.lua drives it through tmux)" },
   { "^make serve%-deps", "installs packages (root)" },
+  { "^scripts/weft%-sim%-nodes", "needs root and network namespaces (tests/nodes_spec.lua runs it)" },
   { "^make install", "installs outside the tree (covered by its own test)" },
   { "^make uninstall", "removes an installation" },
+}
+
+-- { Lua pattern on the command, check of what it printed }: what the README
+-- promises a command prints, beyond exiting 0
+local EXPECT = {
+  { "^scripts/weft%-run %-n 4 my_experiment%.lua$", function(out)
+    -- the first script: the reduced value and the explanation, once, from rank 0
+    local _, values = out:gsub("\n?%[rank0%] tp ranks {0,1} summed 1 %+ 2: x%[1%] = 3\n", "")
+    assert.are.equal(1, values, "the reduced value, once from rank 0:\n" .. out)
+    local _, explained = out:gsub("all_reduce bf16 {8,4096} %(64 KiB, cpu%) on tp%.0", "")
+    assert.are.equal(1, explained, "the explanation, once:\n" .. out)
+    assert.is_nil(out:find("%[ranks? ?[1-9]"), "other ranks print nothing:\n" .. out)
+  end },
 }
 
 local TIMEOUT_S = { ["make demo"] = 300 }   -- may build the library first
@@ -95,10 +110,20 @@ local function run_command(c)
     f:write(c.text)
     f:close()
   end
-  local out, rc = S.shell(("cd %s && timeout -k 5 %d setsid %s < /dev/null"):format(cwd, timeout_s, c.cmd))
+  -- under bash with every statement's status checked: a failing command
+  -- before `&&` or inside a pipeline fails the line (tests/helpers/checked_shell.lua)
+  local sh = os.tmpname()
+  local f = assert(io.open(sh, "w"))
+  f:write(checked.script(c.cmd, function() return "README line " .. c.line end))
+  f:close()
+  local out, rc = S.shell(("cd %s && timeout -k 5 %d setsid bash %s < /dev/null"):format(cwd, timeout_s, sh))
+  os.remove(sh)
   if dir then S.shell("rm -rf " .. dir) end
   assert.are.equal(0, rc, ("README line %d: `%s` failed (status %s%s):\n%s"):format(
     c.line, c.cmd, tostring(rc), rc == 124 and ", timed out after " .. timeout_s .. " s" or "", out))
+  for _, e in ipairs(EXPECT) do
+    if c.cmd:find(e[1]) then e[2](out) end
+  end
 end
 
 describe("README commands, run as written", function()
@@ -118,6 +143,57 @@ describe("README commands, run as written", function()
       run_command(c)
     end)
   end
+end)
+
+describe("a documented command fails when any of its commands fails (tests/helpers/checked_shell.lua)", function()
+  local function run(code)
+    local sh = os.tmpname()
+    local f = assert(io.open(sh, "w"))
+    f:write(checked.script(code, function(l) return "doc:" .. l end))
+    f:close()
+    local out, rc = S.shell("bash " .. sh .. " < /dev/null")
+    os.remove(sh)
+    return out, rc
+  end
+
+  it("checks each statement: before &&, inside a pipeline, in a loop, after a here-document", function()
+    for _, bad in ipairs({
+      "false && echo valid\necho after",
+      "scripts/weft-topo --dry-run --world 16 --tp 8 --ep 4 > /dev/null && echo valid",
+      "false | cat\necho after",
+      "for i in 1 2; do\n  false && echo $i\ndone\necho after",
+      "cat > /dev/null <<'EOF'\nfalse && x\nEOF\ntrue && false && echo no\necho after",
+    }) do
+      local out, rc = run(bad)
+      assert.are_not.equal(0, rc, bad .. " passed:\n" .. out)
+      assert.is_nil(out:find("after", 1, true), bad .. ": went on after the failure:\n" .. out)
+    end
+    local out, rc = run("false && echo valid")
+    assert.matches("doc:1: `false && echo valid`: exited with status 1", out, 1, true)
+    assert.are.equal(1, rc)
+  end)
+
+  it("passes what succeeds: || fallbacks, if conditions, loops, here-documents", function()
+    local out, rc = run(table.concat({
+      "cat > /dev/null <<'EOF'", "false", "EOF",
+      "if false; then echo no; fi",
+      "false || true",
+      "for i in 1 2 3; do test $i = 2 && break; done",
+      "x=$(echo 4) && test \"$x\" = 4",
+      "# a comment", "", "echo done \\", "  here",
+    }, "\n"))
+    assert.are.equal(0, rc, out)
+    assert.matches("done here", out, 1, true)
+  end)
+end)
+
+describe("the docs stand on their own", function()
+  it("no README, doc, module, script or source cites a file outside the repository", function()
+    -- figures live in docs/reference-measurements.md and bench/results/ with
+    -- their provenance; the SGLang code compared with is named by its own path
+    local out = S.shell(("cd %s && grep -rnE 'DESIGN\\.md|\\.\\./shared|seeds/' README.md docs lua scripts src"):format(ROOT))
+    assert.are.equal("rc=1\n", out, "references outside the repository:\n" .. out)
+  end)
 end)
 
 describe("the extraction rule (tests/helpers/doc_commands.lua)", function()

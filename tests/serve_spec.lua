@@ -237,6 +237,77 @@ describe("served demo (nginx front end, weft ranks)", function()
     end)
   end)
 
+  describe("docs/serving.md's quick start, as written", function()
+    -- the page's requests are pasted as they are (its port 8080 becomes a
+    -- free one), against `scripts/serve/start -n 2` with its defaults; then
+    -- Ctrl-C: SIGINT to the terminal's process group (a shell, start and
+    -- weft-run), after which nothing but weft-run's one line may be said
+    local S = require "helpers.spec_util"
+    local checked = require "helpers.checked_shell"
+
+    local function page_blocks()
+      local f = assert(io.open(ROOT .. "/docs/serving.md"))
+      local text = f:read("*a")
+      f:close()
+      local quick = assert(text:match("\n## Quick start\n(.-)\n## "), "docs/serving.md has no Quick start")
+      local blocks = {}
+      for b in quick:gmatch("```sh\n(.-)```") do blocks[#blocks + 1] = b end
+      return blocks
+    end
+
+    it("answers the page's requests and stops quietly with exit 0 on Ctrl-C", function()
+      if not have_nginx() then pending(server.no_nginx()) return end
+      local blocks = page_blocks()
+      assert.are.equal(2, #blocks)
+      assert.matches("\nscripts/serve/start %-n 2 %-%-port 8080 ", blocks[1])
+      local port = assert(require("weft.launcher").free_port("127.0.0.1"))
+      local log = os.tmpname()
+      -- (a command started with & has SIGINT ignored, as a terminal's would not: env resets it)
+      local pid = tonumber(S.shell(("cd %s && setsid env --default-signal=INT bash -c 'trap : INT TERM; scripts/serve/start -n 2 --port %d; "
+                                    .. "echo \"start exited $?\"' > %s 2>&1 < /dev/null & echo $!"):format(ROOT, port, log))
+                          :match("^(%d+)"))
+      local up = http.wait_up(port, "/health", 60000, function(st, b) return st == 200 and b:find('"status":"ok"', 1, true) end)
+      local answers, failed = {}, nil
+      if up then
+        for line in blocks[2]:gmatch("[^\n]+") do
+          local sh = os.tmpname()
+          local f = assert(io.open(sh, "w"))
+          f:write(checked.script((line:gsub("localhost:8080", "localhost:" .. port)), function() return "docs/serving.md" end))
+          f:close()
+          local out, rc = S.shell("bash " .. sh .. " < /dev/null")
+          os.remove(sh)
+          if rc ~= 0 then failed = failed or (line .. ": " .. out) end
+          answers[#answers + 1] = out:gsub("rc=%d+%s*$", "")
+        end
+      end
+      ffi.C.kill(-pid, 2)   -- Ctrl-C
+      local deadline = http.now_ms() + 15000
+      while server.alive(pid) and http.now_ms() < deadline do server.sleep_ms(50) end
+      local stuck = server.alive(pid)
+      if stuck then ffi.C.kill(-pid, 9) end
+      local said = server.read_file(log)
+      os.remove(log)
+      assert.is_true(up, "the server did not come up:\n" .. said)
+      assert.is_nil(failed, failed)
+      assert.are.equal(3, #answers)
+      assert.matches('"status":"ok"', answers[1], 1, true)
+      local r = json.decode(answers[2])
+      local x = {}
+      for i = 1, 256 do x[i] = i end
+      assert.are.equal("linear", r.layer)
+      assert.is_true(close_to(r.y, model.reference(model.layers(256).linear, x)))
+      assert.are.equal(2, json.decode(answers[3]).world_size)
+      assert.is_false(stuck, "still running 15 s after Ctrl-C:\n" .. said)
+      -- quiet: no rank's error, no traceback, and start's status is 0
+      assert.matches("\nstart exited 0\n$", said)
+      assert.matches("weft-run: received SIGINT: stopped all 2 ranks\n", said, 1, true)
+      for _, noise in ipairs({ "interrupted!", "ended (status", "traceback", "weft-serve rank", "[error]", "[alert]",
+                               "SIGKILL" }) do
+        assert.is_nil(said:find(noise, 1, true), "Ctrl-C printed " .. noise .. ":\n" .. said)
+      end
+    end)
+  end)
+
   describe("3 ranks through the store (cpu-group broadcast)", function()
     local srv
     setup(function()

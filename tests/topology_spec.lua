@@ -1,5 +1,5 @@
 -- weft.topology: rank layouts of every group kind, as SGLang's
--- initialize_model_parallel builds them (seeds/sglang_parallel_state.py.txt).
+-- initialize_model_parallel builds them (SGLang's python/sglang/srt/distributed/parallel_state.py).
 -- Each expected layout below is worked out by hand from the seed's loops.
 describe("weft.topology", function()
   local topology = require "weft.topology"
@@ -166,9 +166,35 @@ describe("weft.topology", function()
     assert.is_nil(topology.plan({ world_size = 4, tp = 4, dcp = 1 }).groups.dcp)
   end)
 
+  it("says what fits a world that is not tp x pp, in the caller's words", function()
+    local words = { world = function(n) return "-n " .. n end, tp = "--tp %d", pp = "--pp %d" }
+    assert.are.equal("world_size (3) is not equal to tp (2) x pp (2) = 4: use -n 4, or for 3 ranks --tp 3 --pp 1",
+                     topology.world_mismatch(3, 2, 2, words))
+    assert.are.equal("world_size (8) is not equal to tp (2) x pp (2) = 4: use -n 4, or for 8 ranks --pp 4 or --tp 4",
+                     topology.world_mismatch(8, 2, 2, words))
+    -- plan{}'s own words by default
+    assert.are.equal("world_size (4) is not equal to tp (4) x pp (4) = 16: use world_size=16, or for 4 ranks pp=1 or tp=1",
+                     topology.world_mismatch(4, 4, 4))
+    -- every offer fits: tp x pp of each is the world
+    for world = 1, 24 do
+      for tp = 1, 6 do
+        for pp = 1, 4 do
+          if world ~= tp * pp then
+            local msg = topology.world_mismatch(world, tp, pp)
+            for t, p2 in msg:gmatch("tp=(%d+) pp=(%d+)") do assert.are.equal(world, t * p2, msg) end
+            local rest = msg:match("ranks (.*)$"):gsub("tp=%d+ pp=%d+", "")
+            for p2 in rest:gmatch("pp=(%d+)") do assert.are.equal(world, tp * p2, msg) end
+            for t in rest:gmatch("tp=(%d+)") do assert.are.equal(world, t * pp, msg) end
+          end
+        end
+      end
+    end
+  end)
+
   it("raises where SGLang would floor or refuse, naming the sizes", function()
     local e = err_of(topology.plan, { world_size = 8, tp = 3, pp = 2 })
-    assert.matches("weft: topology.plan: world_size (8) is not equal to tp (3) x pp (2)", e, 1, true)
+    assert.matches("weft: topology.plan: world_size (8) is not equal to tp (3) x pp (2) = 6: "
+                   .. "use world_size=6, or for 8 ranks tp=4", e, 1, true)
     e = err_of(topology.plan, { world_size = 6, tp = 6, attn_cp = 4 })
     assert.matches("tp (6) is not divisible by attn_cp (4) x attn_dp (1) = 4", e, 1, true)
     e = err_of(topology.plan, { world_size = 8, tp = 8, attn_cp = 2, attn_dp = 3 })
@@ -231,7 +257,7 @@ describe("weft.topology", function()
     assert.is_true(checked > 100)
   end)
 
-  -- initialize_model_parallel's loops (seeds/sglang_parallel_state.py.txt),
+  -- initialize_model_parallel's loops (SGLang's python/sglang/srt/distributed/parallel_state.py),
   -- transcribed one for one: the reference of the sweep below
   local function seed_groups(tp, pp, ep, attn_dp, attn_cp, moe_dp)
     local world, ntp = tp * pp, tp * pp / tp
@@ -362,8 +388,10 @@ describe("weft.topology", function()
     -- exact messages: weft.dist.initialize_model_parallel and weft-topo
     -- --dry-run both go through validate, so these are a real run's words
     local cases = {
-      { { tp = 3 }, 8, "weft: initialize_model_parallel: world_size (8) is not equal to tp (3) x pp (1)" },
-      { {}, 8, "weft: initialize_model_parallel: world_size (8) is not equal to tp (1) x pp (1)" },
+      { { tp = 3 }, 8, "weft: initialize_model_parallel: world_size (8) is not equal to tp (3) x pp (1) = 3: "
+        .. "use world_size=3, or for 8 ranks tp=8" },
+      { {}, 8, "weft: initialize_model_parallel: world_size (8) is not equal to tp (1) x pp (1) = 1: "
+        .. "use world_size=1, or for 8 ranks pp=8 or tp=8" },
       { { tp = 0 }, 8, "weft: initialize_model_parallel: tp must be a positive integer, got 0" },
       { { pp = 1.5, tp = 8 }, 8, "weft: initialize_model_parallel: pp must be a positive integer, got 1.5" },
       { { ep = "2", tp = 8 }, 8, "weft: initialize_model_parallel: ep must be a positive integer, got 2" },

@@ -392,7 +392,7 @@ describe("scripts/weft-tune on a simulated machine", function()
                                          1, true), r.md)
     assert.is_truthy(r.md:find("| 2 | all_reduce | bf16 | 1 KiB | auto (oneshot) | 2.10 | oneshot | 2.10 | 1.000 | same |",
                                1, true), r.md)
-    -- DESIGN.md §7 records: every backend measured, and both policies
+    -- the results format's records (docs/architecture.md#conventions-in-one-place): every backend measured, and both policies
     for _, want in ipairs({ '"backend": "policy_builtin"', '"backend": "policy_tuned"', '"backend": "nccl"',
                             '"backend": "auto"', '"backend": "fused_twoshot"', '"op": "fused_ar_rmsnorm"',
                             '"machine": "sim-gpu-x2"', '"kernel": "twoshot"' }) do

@@ -1,5 +1,5 @@
 -- weft.bench — helpers for benchmarks: CUDA-event timing of graph replays and
--- eager calls, medians, the results file of DESIGN.md §7 (JSON + markdown).
+-- eager calls, medians, the results file of docs/architecture.md#conventions-in-one-place (JSON + markdown).
 local ffi = require "ffi"
 
 local M = {}

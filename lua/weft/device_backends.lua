@@ -15,17 +15,19 @@
 --   invalid_override  raises the WEFT_ALLREDUCE error for the calls it steers
 --
 -- This module holds the custom_ar and fused backends, the rules, choice and
--- install; the rest lives in (and is re-exported from):
---   weft.device.setup   configuration, per-group device state (lazy,
---                       collective set-up), prepare, info, destroy
---   weft.device.nccl    the nccl and device_host (host staging) backends
---   weft.device.checks  the should_custom_ar and fused checks as data,
---                       fused_decision, explain text, override checkers
+-- install; the rest lives in its folder, lua/weft/device_backends/ (and is
+-- re-exported from here):
+--   weft.device_backends.setup         configuration, per-group device state
+--                                      (lazy, collective set-up), prepare, info, destroy
+--   weft.device_backends.nccl_backend  the nccl and device_host (host staging)
+--                                      backends (the communicators: weft.nccl)
+--   weft.device_backends.checks        the should_custom_ar and fused checks as
+--                                      data, fused_decision, explain text, override checkers
 local ffi = require "ffi"
 local policy = require "weft.policy"
-local S = require "weft.device.setup"
-local N = require "weft.device.nccl"
-local K = require "weft.device.checks"
+local S = require "weft.device_backends.setup"
+local N = require "weft.device_backends.nccl_backend"
+local K = require "weft.device_backends.checks"
 
 local type, tostring, tonumber, error, pcall, ipairs = type, tostring, tonumber, error, pcall, ipairs
 local fmt, concat = string.format, table.concat
@@ -310,7 +312,7 @@ end
 ---------------------------------------------------------------- rules
 local NAN_CALLS = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true }
 
--- the NaN pass of float max/min (weft.device.nccl), for explain
+-- the NaN pass of float max/min (weft.device_backends.nccl_backend), for explain
 local function nan_lines(op, t, rop)
   if not NAN_CALLS[op] then return nil end
   if N.nan_pass(t.dtype, rop) then

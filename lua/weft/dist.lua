@@ -212,6 +212,23 @@ local function launcher_hint(n)
 end
 M.launcher_hint = launcher_hint
 
+-- How a user of the launcher fixes a world that is not tp x pp (for
+-- topology.world_mismatch): the weft-run line that starts that many ranks
+-- (-n counts ranks per node), or the tp / pp that fit the ranks started.
+local function mismatch_words()
+  local script = (arg and arg[0] and arg[0] ~= "" and not arg[0]:find("^%-")) and arg[0] or "script.lua"
+  if script:find("weft%-repl$") then script = "--repl" end   -- the REPL's ranks run scripts/weft-repl
+  local nodes = tonumber(os.getenv("WEFT_NNODES")) or 1
+  local function world(n)
+    if nodes > 1 then
+      if n % nodes ~= 0 then return ("a world of %d ranks (not a multiple of --nnodes %d)"):format(n, nodes) end
+      return ("scripts/weft-run --nnodes %d -n %d %s on each node"):format(nodes, n / nodes, script)
+    end
+    return ("scripts/weft-run -n %d %s"):format(n, script)
+  end
+  return { world = world, tp = "tp = %d", pp = "pp = %d" }
+end
+
 local function need_init(op)
   if not S.initialized then fail(3, op, "weft is not initialized (call weft.init() first)") end
 end
@@ -328,7 +345,7 @@ function M.initialize_model_parallel(opts)
   agree_mp_args(topology, opts)
   -- sizes, names and divisibility are checked by the topology module, with
   -- messages naming this operation
-  local okv, plan, dup = pcall(topology.validate, opts, S.world_size, 2)
+  local okv, plan, dup = pcall(topology.validate, opts, S.world_size, 2, mismatch_words())
   if not okv then
     local need
     if type(opts) == "table" then
@@ -338,7 +355,11 @@ function M.initialize_model_parallel(opts)
     end
     local msg = tostring(plan)
     msg = msg:sub(msg:find("weft: ", 1, true) or 1)   -- its position is validate's caller's: ours now
-    error(msg .. (need and need > S.world_size and launcher_hint(need) or ""), 2)
+    -- a process alone: the fix is the launcher (not tp=1 pp=1)
+    if need and need > S.world_size and S.launched == false then
+      msg = msg:gsub(" = %d+: use .*$", "") .. launcher_hint(need)
+    end
+    error(msg, 2)
   end
   S.generation = S.generation + 1   -- initializations so far (the cpu groups count their own)
   local aliases = plan.aliases or {}

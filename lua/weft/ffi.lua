@@ -54,7 +54,7 @@ local lib, path = load_library()
 -- nginx's lua_code_cache off) finds the declarations already made.
 if not pcall(ffi.typeof, "weft_store_opts") then ffi.cdef(ffi.string(lib.weft_ffi_cdef())) end
 
--- Keep the library referenced for the life of the process (DESIGN.md §4).
+-- Keep the library referenced for the life of the process (a collected library would unmap code the finalizers call).
 M.C = lib
 M.path = path
 

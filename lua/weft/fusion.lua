@@ -1,6 +1,6 @@
 -- weft.fusion — the fused all-reduce + residual add + RMSNorm workspaces
 -- (SGLang's FlashInferWorkspaceManager and flashinfer_allreduce_residual_rmsnorm,
--- seeds/sglang_flashinfer_comm_fusion.py.txt), over src/coll/fusion.c.
+-- python/sglang/srt/layers/flashinfer_comm_fusion.py), over src/coll/fusion.c.
 --
 -- The decisions are pure Lua over an injectable backend, so they are tested
 -- on a CPU with a fake one (tests/fusion_manager_spec.lua):

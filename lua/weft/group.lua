@@ -1,5 +1,5 @@
 -- weft.group — GroupCoordinator: one group of ranks, its properties and its
--- collectives (SGLang's GroupCoordinator, DESIGN.md §9).
+-- collectives (SGLang's GroupCoordinator).
 --
 -- Ranks inside a group are 0-based (rank_in_group, src, dst); `ranks` is a Lua
 -- array of global ranks. Every collective validates its arguments before
@@ -142,7 +142,7 @@ function G:__tostring()
             self.world_size, tostring(self.rank_in_group), self.destroyed and " destroyed" or "")
 end
 
--- Local only: never a collective (DESIGN.md §3). Idempotent.
+-- Local only: never a collective (a destroy never runs a collective teardown by itself). Idempotent.
 function G:destroy()
   if self.destroyed then return end
   self.destroyed = true

@@ -31,6 +31,10 @@ local M = {}
 
 M.GRACE_FAILURE = 3   -- s between SIGTERM and SIGKILL when a rank failed / timeout
 M.GRACE_SIGNAL = 5    -- s between a forwarded SIGINT/SIGTERM and SIGKILL
+-- A second SIGINT/SIGTERM kills the ranks at once, unless it is the same
+-- signal within this many s: a terminal's Ctrl-C reaches a wrapper script
+-- (scripts/serve/start) and weft-run together, and the wrapper passes it on.
+M.REPEAT_SIGNAL = 1
 M.DRAIN = 2           -- s to keep reading pipes a rank's children hold after it exits
 M.MAX_LINE = 16 * 1024 * 1024  -- a longer line without newline is split
 
@@ -252,7 +256,8 @@ function M.usage()
     "If a rank exits non-zero or dies by a signal, the others get SIGTERM, then",
     "SIGKILL after " .. M.GRACE_FAILURE .. " s; weft-run names that rank and exits with its code",
     "(128+N for signal N). SIGINT/SIGTERM are forwarded to every rank's process",
-    "group, SIGKILL follows after " .. M.GRACE_SIGNAL .. " s; weft-run then exits 128+signal.",
+    "group, SIGKILL follows after " .. M.GRACE_SIGNAL .. " s (or at a second signal, other than the",
+    "same one again within " .. M.REPEAT_SIGNAL .. " s); weft-run then exits 128+signal.",
     "Exit 124: --timeout reached; 127: command not found; 2: bad usage.",
   } do lines[#lines + 1] = l end
   return concat(lines, "\n") .. "\n"
@@ -602,7 +607,7 @@ function M.launch(spec)
   if sfd < 0 then say("signalfd: %s", strerror(ffi.errno())); return 1 end
 
   local ranks, live = {}, 0
-  local first_failure, signal_got, timed_out, launch_error
+  local first_failure, signal_got, signal_at, timed_out, launch_error
   local stopping, kill_at, drain_at = false, nil, nil
   local t0 = now()
   local timeout_at = spec.timeout and (t0 + spec.timeout) or nil
@@ -704,11 +709,15 @@ function M.launch(spec)
         local sig = si[k].signo
         if sig == SIGCHLD then
           chld = true
+        elseif stopping and signal_got and sig == signal_got and now() - signal_at < M.REPEAT_SIGNAL then
+          -- the same request once more (Ctrl-C seen by a wrapper that passes it on)
         elseif stopping and signal_got then
           -- a second SIGINT/SIGTERM: do not wait for the grace period
+          say("received %s again: sending SIGKILL", SIGNAMES[sig] or ("signal " .. sig))
           signal_all(SIGKILL)
           kill_at = nil
         else
+          signal_at = signal_at or now()
           signal_got = signal_got or sig
           if stopping then
             signal_all(sig)

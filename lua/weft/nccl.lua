@@ -1,4 +1,6 @@
--- weft.nccl — NCCL communicators over a cpu group (src/coll/nccl.c).
+-- weft.nccl — NCCL communicators over a cpu group (src/coll/nccl.c): the
+-- binding. The GroupCoordinator's backend that calls it for device tensors is
+-- weft.device_backends.nccl_backend.
 --
 --   local c = nccl.new(cpugroup [, {timeout_ms=, blocking=}])   -- c.blocking: the mode
 --   c:all_reduce(in_ptr, out_ptr, count, dtype, op [, stream])

@@ -264,10 +264,10 @@ end
 -- WEFT_DETERMINISTIC=1 (read at load): every device all_reduce and
 -- fused_allreduce_rmsnorm of f32/f16/bf16 gives bits that depend only on the
 -- row's inputs (docs/policy.md §10). The value is local to this process; a
--- group agrees on it over its cpu group (weft.device.setup): at its first
+-- group agrees on it over its cpu group (weft.device_backends.setup): at its first
 -- device call, and at set time when policy.set is given the group object
 -- (then policy.set is collective over that group). M.determ_hooks.agree(g,
--- value) is that agreement (installed by weft.device.setup).
+-- value) is that agreement (installed by weft.device_backends.setup).
 M.determ_hooks = {}
 M.determ_env_error = nil
 M.determ_env = false

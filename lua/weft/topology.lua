@@ -1,7 +1,7 @@
 -- weft.topology — rank layouts of every model-parallel group kind (pure).
 --
 -- plan{} reproduces SGLang's initialize_model_parallel
--- (seeds/sglang_parallel_state.py.txt) group for group, with two changes:
+-- (python/sglang/srt/distributed/parallel_state.py) group for group, with two changes:
 --  * where SGLang floors a size by integer division (attention TP =
 --    idiv(tp, attn_cp * attn_dp), MoE TP = idiv(tp, ep * moe_dp)) and would build
 --    wrong or empty groups, plan raises an error naming the sizes;
@@ -39,6 +39,23 @@ local function range(st, en, step)
   local r = {}
   for i = st, en - 1, step or 1 do r[#r + 1] = i end
   return r
+end
+
+-- The commonest mistake: a world that is not tp x pp. Says what would fit,
+-- in the caller's words (spell: formats for a world, a tp and a pp; default
+-- plan{}'s argument names; initialize_model_parallel and weft-topo pass
+-- theirs): the world that fits these sizes, and the tp or pp that fit this
+-- world keeping the other size.
+local PLAN_WORDS = { world = "world_size=%d", tp = "tp=%d", pp = "pp=%d" }
+local function say(f, n) if type(f) == "function" then return f(n) end return fmt(f, n) end
+function M.world_mismatch(world, tp, pp, spell)
+  spell = spell or PLAN_WORDS
+  local keep = {}
+  if world % tp == 0 then keep[#keep + 1] = say(spell.pp, world / tp) end
+  if world % pp == 0 then keep[#keep + 1] = say(spell.tp, world / pp) end
+  if #keep == 0 then keep[1] = say(spell.tp, world) .. " " .. say(spell.pp, 1) end
+  return fmt("world_size (%d) is not equal to tp (%d) x pp (%d) = %d: use %s, or for %d ranks %s",
+             world, tp, pp, tp * pp, say(spell.world, tp * pp), world, concat(keep, " or "))
 end
 
 local function posint(args, key, dflt)
@@ -79,7 +96,7 @@ function M.plan(args)
   local dcp = posint(args, "dcp", 1)
 
   if world ~= tp * pp then
-    fail(fmt("world_size (%d) is not equal to tp (%d) x pp (%d)", world, tp, pp))
+    fail(M.world_mismatch(world, tp, pp))
   end
   if tp % dcp ~= 0 then
     fail(fmt("tp (%d) must be divisible by dcp (%d)", tp, dcp))
@@ -188,11 +205,13 @@ end
 -- dry run (scripts/weft-topo --dry-run) and a real run refuse the same
 -- arguments with the same words.
 --
--- validate(opts, world_size [, level]) -> plan, duplicate_tp_group
+-- validate(opts, world_size [, level [, spell]]) -> plan, duplicate_tp_group
 --   opts: {tp=, pp=, ep=, moe_dp=, attn_cp=, attn_dp=, dcp=, duplicate_tp_group=}
 --         or SGLang's long names (tensor_model_parallel_size, ...).
 --   world_size: the world the groups are cut from (WORLD_SIZE in a real run).
 --   level: as error()'s: 1 (default) blames validate's caller, 2 its caller.
+--   spell: how the caller's user writes a world, a tp and a pp (formats for
+--          world_mismatch: "-n %d", "--tp %d", ...); default "world_size=%d", ...
 -- Every error reads "weft: initialize_model_parallel: <what>"; when several
 -- options are wrong, the first in sorted key order is named.
 M.LONG_NAMES = {
@@ -204,7 +223,7 @@ M.LONG_NAMES = {
 local SIZES = { tp = true, pp = true, ep = true, attn_dp = true, attn_cp = true, moe_dp = true, dcp = true }
 local VOP = "initialize_model_parallel"
 
-function M.validate(opts, world_size, level)
+function M.validate(opts, world_size, level, spell)
   level = (level or 1) + 1
   local function vfail(msg, ...)
     error("weft: " .. VOP .. ": " .. fmt(msg, ...), level + 1)
@@ -228,6 +247,10 @@ function M.validate(opts, world_size, level)
     else
       vfail("unknown option %q (tp, pp, ep, moe_dp, attn_cp, attn_dp, dcp, duplicate_tp_group)", tostring(k))
     end
+  end
+  local tp, pp = args.tp or 1, args.pp or 1
+  if world_size ~= tp * pp and type(world_size) == "number" then
+    vfail("%s", M.world_mismatch(world_size, tp, pp, spell))
   end
   local ok, plan = pcall(M.plan, args)
   if not ok then

@@ -6,6 +6,40 @@
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
 
+-- A stop that was asked for (Ctrl-C on scripts/serve/start, SIGTERM: weft-run
+-- forwards them to every rank) is quiet and exits 0. luajit would turn SIGINT
+-- into an "interrupted!" error wherever this rank happens to be, and rank 0
+-- stopping first makes the next collective fail: so both signals are blocked
+-- here and looked at (sigpending) whenever the loop wakes or a call fails.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+typedef struct { unsigned long val[16]; } weft_serve_sigset;
+int sigemptyset(weft_serve_sigset *set);
+int sigaddset(weft_serve_sigset *set, int sig);
+int sigismember(const weft_serve_sigset *set, int sig);
+int sigprocmask(int how, const weft_serve_sigset *set, weft_serve_sigset *old);
+int sigpending(weft_serve_sigset *set);
+]])
+local SIGINT, SIGTERM, SIG_BLOCK = 2, 15, 0
+do
+  local set = ffi.new("weft_serve_sigset")
+  ffi.C.sigemptyset(set)
+  ffi.C.sigaddset(set, SIGINT)
+  ffi.C.sigaddset(set, SIGTERM)
+  ffi.C.sigprocmask(SIG_BLOCK, set, nil)
+end
+local pending_set = ffi.new("weft_serve_sigset")
+local function stop_requested()
+  if ffi.C.sigpending(pending_set) ~= 0 then return false end
+  return ffi.C.sigismember(pending_set, SIGINT) == 1 or ffi.C.sigismember(pending_set, SIGTERM) == 1
+end
+-- ends this rank: quietly with 0 when a stop was asked for, else with the message and 1
+local function fail(msg)
+  if stop_requested() then os.exit(0) end
+  io.stderr:write(msg, "\n")
+  os.exit(1)
+end
+
 local engine = require "serve_engine"
 local cfg = engine.config()
 local rank = tonumber(os.getenv("RANK") or "0")
@@ -17,17 +51,13 @@ if cfg.dir then
 end
 
 local ok, e = pcall(engine.bringup, cfg)
-if not ok then
-  io.stderr:write(("weft-serve rank %d: bring-up failed: %s\n"):format(rank, tostring(e)))
-  os.exit(1)
-end
+if not ok then fail(("weft-serve rank %d: bring-up failed: %s"):format(rank, tostring(e))) end
 
 -- Rank 0 (the nginx worker) is on this node: when its process is gone (a
 -- crash, kill -9; nginx then starts a new worker, which cannot rejoin), stop
 -- instead of waiting forever for steps that will not come.
 local rank0_pid
 for _, p in ipairs(e.peers or {}) do if p.rank == 0 then rank0_pid = p.pid end end
-local ffi = require "ffi"
 pcall(ffi.cdef, "int kill(int pid, int sig);")
 local function rank0_gone()
   return rank0_pid and ffi.C.kill(rank0_pid, 0) ~= 0 and ffi.errno() == 3   -- ESRCH
@@ -36,22 +66,15 @@ end
 local idle_ms = math.max(100, cfg.heartbeat_ms * 2)
 while true do
   local okr, msg = pcall(e.recv, e, idle_ms)
-  if not okr then
-    io.stderr:write(("weft-serve rank %d: %s\n"):format(rank, tostring(msg)))
-    os.exit(1)
-  end
+  if not okr then fail(("weft-serve rank %d: %s"):format(rank, tostring(msg))) end
+  if stop_requested() then os.exit(0) end
   if not msg and rank0_gone() then
-    io.stderr:write(("weft-serve rank %d: rank 0 (nginx worker, pid %d) is gone: stopping\n")
-      :format(rank, rank0_pid))
-    os.exit(1)
+    fail(("weft-serve rank %d: rank 0 (nginx worker, pid %d) is gone: stopping"):format(rank, rank0_pid))
   end
   if msg then
     if msg.stop then break end
     local okx, err = pcall(e.execute, e, msg)
-    if not okx then
-      io.stderr:write(("weft-serve rank %d: step %s failed: %s\n"):format(rank, tostring(msg.s), tostring(err)))
-      os.exit(1)
-    end
+    if not okx then fail(("weft-serve rank %d: step %s failed: %s"):format(rank, tostring(msg.s), tostring(err))) end
   end
 end
 os.exit(0)

@@ -140,7 +140,7 @@ function M.all_reduce(g, t, rop)
   if not REDUCIBLE[t.dtype] then fail(2, op, "dtype %s cannot be reduced on group %s", t.dtype, gname(g)) end
   if g.world_size == 1 or t.numel == 0 then return finished(op, gname(g), t) end
   local be, dg = backend(g, op, t, rop)
-  -- float max/min on device need the NaN pass (weft.device.nccl): several
+  -- float max/min on device need the NaN pass (weft.device_backends.nccl_backend): several
   -- calls on the communicator, so the blocking form serves them
   if be == "nccl" and (rop == "max" or rop == "min") and NAN_DTYPES[t.dtype] then be = nil end
   if be == "nccl" then

@@ -1,11 +1,12 @@
--- weft.device.nccl — the device backends that move data through NCCL:
+-- weft.device_backends.nccl_backend — the GroupCoordinator's device backends
+-- that move data through NCCL (the communicators themselves are weft.nccl):
 -- nccl (every device collective, one communicator per group; layouts along a
 -- dim by 2-D copies) and device_host (NCCL unusable: ranks sharing a GPU, no
 -- libnccl; the data goes through host memory and the host path; eager only).
 -- weft.device_backends registers them and re-exports M.nccl_backend and
--- M.stage; the group's device state comes from weft.device.setup.
+-- M.stage; the group's device state comes from weft.device_backends.setup.
 local ffi = require "ffi"
-local S = require "weft.device.setup"
+local S = require "weft.device_backends.setup"
 
 local tostring, error = tostring, error
 local fmt = string.format

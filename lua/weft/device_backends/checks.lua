@@ -1,14 +1,14 @@
--- weft.device.checks — which device path a call takes, and why: the seed's
+-- weft.device_backends.checks — which device path a call takes, and why: the seed's
 -- should_custom_ar and the fused path's conditions as data (custom_ar_checks,
 -- fused_checks: tried in order, each with its explain text), the custom
 -- all-reduce rule's predicate and explain helpers, fused_decision, and the
 -- checkers policy.set uses to refuse overrides a group cannot serve.
 -- weft.device_backends puts them into weft.policy's rules and re-exports
 -- custom_ar_checks, fused_checks and fused_decision; the group facts come
--- from weft.device.setup. Runs no collective.
+-- from weft.device_backends.setup. Runs no collective.
 local ffi = require "ffi"
 local policy = require "weft.policy"
-local S = require "weft.device.setup"
+local S = require "weft.device_backends.setup"
 
 local tostring, tonumber, ipairs = tostring, tonumber, ipairs
 local fmt = string.format
@@ -105,7 +105,7 @@ M.custom_ar_checks = {
 
 -- The rule's predicate: records the algorithm (g._ar_pick) or, under an
 -- override the group cannot serve, the error the call raises (g._ar_pick_error).
--- Deterministic mode (weft.device.setup determ_state): every f32/f16/bf16
+-- Deterministic mode (weft.device_backends.setup determ_state): every f32/f16/bf16
 -- sum takes the kernels, with their bit-identical variant; whatever stops
 -- them (the size, the workspace, alignment, a shared GPU, an nccl override)
 -- is an error naming the check, never NCCL (whose order changes with size).

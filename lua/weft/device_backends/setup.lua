@@ -1,10 +1,10 @@
--- weft.device.setup — the per-group device state behind weft.device_backends:
+-- weft.device_backends.setup — the per-group device state behind weft.device_backends:
 -- configuration, the group facts the device rules read (kind, custom
 -- all-reduce enabled, CUDA present), set-up (NCCL communicator, custom
 -- all-reduce workspace, fusion context, scratch), prepare, info and the
 -- destroy / graph-enter hooks. weft.device_backends re-exports its public
 -- fields (config, setup, ensure_ar, prepare, info, ...); the rest is for the
--- sibling modules (weft.device.nccl, weft.device.checks).
+-- sibling modules (weft.device_backends.nccl_backend, weft.device_backends.checks).
 --
 -- Lazy, collective set-up. A group's device state is made on its first
 -- device collective: every rank of the group reaches it in that same call

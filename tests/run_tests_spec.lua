@@ -1,0 +1,89 @@
+-- scripts/run-tests itself, on small spec files written here: the closing
+-- line's counts (serial and with -j, where each file runs in its own busted
+-- and the counts are summed), skipped tests summed up as one line per file
+-- with their reasons, and failures that are never lost (a failing test, a
+-- file that dies before busted's status line).
+local S = require "helpers.spec_util"
+
+local ROOT = os.getenv("PWD") or "."
+
+local function write(path, s)
+  local f = assert(io.open(path, "w"))
+  f:write(s)
+  f:close()
+end
+
+describe("scripts/run-tests", function()
+  local dir
+  local files = {}
+
+  setup(function()
+    dir = S.shell("mktemp -d /tmp/weft-run-tests.XXXXXX"):match("^(%S+)")
+    files.pass = dir .. "/a_pass_spec.lua"
+    write(files.pass, 'describe("a", function()\n  it("one", function() assert.are.equal(2, 1 + 1) end)\n'
+          .. '  it("two", function() assert.truthy(true) end)\nend)\n')
+    files.fail = dir .. "/b_fail_spec.lua"
+    write(files.fail, 'describe("b", function()\n  it("passes", function() end)\n'
+          .. '  it("fails", function() assert.are.equal(1, 2) end)\nend)\n')
+    files.skip = dir .. "/c_skip_spec.lua"
+    write(files.skip, 'describe("c", function()\n'
+          .. '  it("needs a device #gpu", function() pending("no CUDA device") end)\n'
+          .. '  it("needs another #gpu", function() pending("no CUDA device") end)\n'
+          .. '  it("needs a tool", function() pending("wrk is not installed") end)\n'
+          .. '  it("runs", function() end)\nend)\n')
+    files.crash = dir .. "/d_crash_spec.lua"
+    write(files.crash, 'describe("d", function()\n  it("dies", function() os.exit(3) end)\nend)\n')
+  end)
+
+  teardown(function()
+    if dir then S.shell("rm -rf " .. dir) end
+  end)
+
+  local function run(args)
+    return S.shell(("cd %s && scripts/run-tests %s < /dev/null"):format(ROOT, args))
+  end
+
+  it("sums skipped tests up per file with their reasons, and counts them as skipped", function()
+    local out, rc = run(files.skip)
+    assert.are.equal(0, rc, out)
+    assert.matches("\nskipped 3 in " .. files.skip:gsub("%p", "%%%0")
+                   .. ": no CUDA device %(2%); wrk is not installed %(1%)\n", out)
+    assert.matches("\n1 passed, 0 failed, 3 skipped\nrc=0", out)
+    assert.is_nil(out:find("Pending", 1, true), out)
+    -- the full list on demand
+    out = run("WEFT_TEST_PENDING=all " .. files.skip)
+    assert.matches("no CUDA device", out)
+  end)
+
+  it("gives the same closing line with -j as in one busted run, and fails when a test fails", function()
+    local list = table.concat({ files.pass, files.fail, files.skip }, " ")
+    local serial, src = run(list)
+    local par, prc = run("-j 2 " .. list)
+    assert.matches("\n4 passed, 1 failed, 3 skipped\nrc=", serial)
+    assert.matches("\n4 passed, 1 failed, 3 skipped\nrc=", par)
+    assert.are_not.equal(0, src)
+    assert.are_not.equal(0, prc)
+    assert.matches("\nfailed: " .. files.fail:gsub("%p", "%%%0") .. "\n", par)
+    -- each file's output in one piece, under its name; the #gpu file in its own lane
+    assert.matches("2 in 2 lanes beside 1 with #gpu tests in one lane", par, 1, true)
+    for _, f in ipairs({ files.pass, files.fail, files.skip }) do
+      assert.matches("\n== " .. f:gsub("%p", "%%%0") .. " %(%d+ s%)\n", par)
+    end
+  end)
+
+  it("counts a file that dies before its status line as a failure, never as nothing", function()
+    local par, rc = run("-j 2 " .. files.pass .. " " .. files.crash)
+    assert.are_not.equal(0, rc)
+    assert.matches("\nfailed: " .. files.crash:gsub("%p", "%%%0") .. " %(no status line: status 3%)\n", par)
+    assert.matches("\n2 passed, 1 failed, 0 skipped\nrc=", par)
+    local serial, src = run(files.crash)
+    assert.are_not.equal(0, src)
+    assert.matches("0 passed, 1 failed, 0 skipped\nrc=", serial, 1, true)
+  end)
+
+  it("refuses a -j that is not a number of lanes", function()
+    local out, rc = run("-j x " .. files.pass)
+    assert.are.equal(2, rc)
+    assert.matches("-j needs a positive number of lanes", out, 1, true)
+  end)
+end)
