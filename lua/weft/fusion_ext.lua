@@ -32,7 +32,7 @@ local max = math.max
 local M = {}
 
 local function T() return require "weft.tensor" end
-local function S() return require "weft.device.setup" end
+local function S() return require "weft.device_backends.setup" end
 local function CUDA() return require "weft.cuda" end
 
 local function gname(g) return tostring(g.unique_name) end
@@ -551,7 +551,7 @@ local function run_fused(g, c, algo)
 end
 
 -- the unfused device path: separate device calls, graph-capturable. Its
--- intermediates live in the group's device scratch (weft.device.setup
+-- intermediates live in the group's device scratch (weft.device_backends.setup
 -- scratch: kept until the group is destroyed), never in tensors freed after
 -- the call: a captured graph reads and writes them at every replay.
 -- Contiguous copies of strided inputs made while capturing are kept on the
