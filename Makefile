@@ -125,9 +125,16 @@ $(LIB): $(CU_OBJS) $(C_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map $(BUILD)/flag
 # header dependencies, written by the compilers (-MMD)
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/obj/cdef.d
 
-# Installs LuaJIT (OpenResty's luajit2) and busted from Debian when missing.
+# Installs what is missing from Debian (scripts/ensure-deps: LuaJIT, busted,
+# libssl-dev; optional packages never stop it).
 deps:
 	@scripts/ensure-deps
+
+# `make test` / `make demo`: deps first, since the build needs what it
+# installs (OpenSSL's headers), even when make runs jobs in parallel
+ifneq ($(filter test demo,$(MAKECMDGOALS)),)
+host-lib $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/obj/store/hmac.o: | deps
+endif
 
 # The full library: a kernel that no longer compiles fails the tests.
 test: deps lib
