@@ -27,7 +27,10 @@ M.null = cj.null
 
 local huge = math.huge
 
--- the one form cjson lets through: an overflowing number (1e999 -> inf)
+-- what cjson lets through that the limits refuse: an overflowing number
+-- (1e999 -> inf). It also takes "1." and raw control characters inside
+-- strings (the hand-written reader did not): harmless here, as every
+-- element of x is then checked by serve_front.parse_rows.
 local function finite(v)
   if type(v) == "number" then return v == v and v ~= huge and v ~= -huge end
   if type(v) ~= "table" then return true end
