@@ -33,6 +33,15 @@ CFLAGS  ?= -O2
 override CFLAGS  += -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -Isrc -MMD -MP
 override LDFLAGS += -shared -pthread -Wl,--version-script=$(BUILD)/weft.map -Wl,-z,defs
 LDLIBS  := -ldl -lrt -lm
+# OpenSSL's libcrypto: the store's handshake (HMAC-SHA256, src/store/hmac.c).
+# Headers from libssl-dev (scripts/ensure-deps installs it); at run time
+# libweft.so needs libcrypto.so.3. CRYPTO_CFLAGS/CRYPTO_LIBS say where else
+# they are (scripts/gpu-test: headers unpacked from .deps/, the system's
+# libcrypto.so.3 where there is no libcrypto.so to link with).
+CRYPTO_CFLAGS ?=
+CRYPTO_LIBS   ?= -lcrypto
+override CFLAGS += $(CRYPTO_CFLAGS)
+LDLIBS  += $(CRYPTO_LIBS)
 
 # Source lists: every .c under src/ and every .cu under kernels/, sub-folders included.
 C_SRCS  := $(filter-out $(EXCLUDE),$(sort $(shell find src -name '*.c')))
@@ -91,6 +100,13 @@ $(BUILD)/obj/%.o: src/%.c $(BUILD)/flags
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)$(CC) $(CFLAGS) -c $< -o $@
 
+# the one file that needs libssl-dev's headers: say what to install
+$(BUILD)/obj/store/hmac.o: src/store/hmac.c $(BUILD)/flags
+	@mkdir -p $(dir $@)
+	@printf '#include <openssl/evp.h>\n' | $(CC) $(CFLAGS) -E -x c - -o /dev/null 2>/dev/null || \
+	  { echo "weft: OpenSSL's headers are missing (openssl/evp.h): as root, apt-get install libssl-dev (or run scripts/ensure-deps)" >&2; exit 1; }
+	$(call say,CC,$@)$(CC) $(CFLAGS) -c $< -o $@
+
 $(BUILD)/obj/%.cu.o: kernels/%.cu $(BUILD)/flags
 	@mkdir -p $(dir $@)
 	$(call say,NVCC,$@)$(NVCC) $(NVFLAGS) -c $< -o $@
@@ -109,9 +125,16 @@ $(LIB): $(CU_OBJS) $(C_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map $(BUILD)/flag
 # header dependencies, written by the compilers (-MMD)
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/obj/cdef.d
 
-# Installs LuaJIT (OpenResty's luajit2) and busted from Debian when missing.
+# Installs what is missing from Debian (scripts/ensure-deps: LuaJIT, busted,
+# libssl-dev; optional packages never stop it).
 deps:
 	@scripts/ensure-deps
+
+# `make test` / `make demo`: deps first, since the build needs what it
+# installs (OpenSSL's headers), even when make runs jobs in parallel
+ifneq ($(filter test demo,$(MAKECMDGOALS)),)
+host-lib $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/obj/store/hmac.o: | deps
+endif
 
 # The full library: a kernel that no longer compiles fails the tests.
 test: deps lib

@@ -169,10 +169,13 @@ describe("graph_runner: capture and replay (fake backend)", function()
   end)
 
   it("counts the collectives of the groups during capture only, then restores them", function()
-    local calls = 0
-    local grp = { unique_name = "tp.0", world_size = 1,
-                  all_reduce = function(_, t) calls = calls + 1; return t end }
-    local r = simple { warmup = 1, groups = { grp }, step = function(bs, bufs, ctx)
+    local calls, class_calls = 0, 0
+    local own = function(_, t) calls = calls + 1; return t end
+    local grp = { unique_name = "tp.0", world_size = 1, all_reduce = own }
+    -- a group whose method is its class's (found through __index)
+    local class = { all_reduce = function(_, t) class_calls = class_calls + 1; return t end }
+    local grp2 = setmetatable({ unique_name = "pp.0", world_size = 1 }, { __index = class })
+    local r = simple { warmup = 1, groups = { grp, grp2 }, step = function(bs, bufs, ctx)
       grp:all_reduce(bufs.x)
       if bs >= 4 then grp:all_reduce(bufs.y) end
       ctx.note("norm " .. bs)
@@ -185,7 +188,16 @@ describe("graph_runner: capture and replay (fake backend)", function()
     assert.are_not.equal(r.summaries[8].digest, r.summaries[4].digest)   -- the note differs
     -- every call ran (one warmup and one capture per size), and the method is the table's own again
     assert.are.equal(4 + 4 + 2 + 2, calls)
-    assert.is_function(rawget(grp, "all_reduce"))
+    -- restored: the group's own function again, the class's group without a
+    -- field of its own, and a call after capture is not counted anywhere
+    assert.are.equal(own, rawget(grp, "all_reduce"))
+    assert.is_nil(rawget(grp2, "all_reduce"))
+    assert.are.equal(class.all_reduce, grp2.all_reduce)
+    grp:all_reduce({})
+    grp2:all_reduce({})
+    assert.are.equal(4 + 4 + 2 + 2 + 1, calls)
+    assert.are.equal(1, class_calls)
+    assert.are.equal(3, r.summaries[8].n)
     r:destroy()
   end)
 

@@ -27,13 +27,28 @@ static const char *kind_name(int kind) {
   }
 }
 
+/* create's refusals of bad input, the same with and without CUDA (a
+ * host-only build answers a bad world size as a CUDA build does, before
+ * "no CUDA device"); gi is filled for the caller. */
+static int check_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out, wf_dc_group *gi) {
+  WF_CHECK_ARG(out, "allreduce create: NULL out-parameter");
+  *out = NULL;
+  int rc = wf_dc_group_info(g, "allreduce create", gi);
+  if (rc) return rc;
+  const char *op = gi->op;
+  const int n = gi->n;
+  WF_CHECK_ARG(n == 2 || n == 4 || n == 6 || n == 8, "%s: world size %d not supported (2, 4, 6, 8)", op, n);
+  WF_CHECK_ARG(max_bytes >= 16 && max_bytes <= ((size_t)1 << 40), "%s: max_bytes %zu out of range", op, max_bytes);
+  return 0;
+}
+
 #if !WEFT_HAVE_CUDA
 
 #define nodev wf_dc_nodev
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
-  (void)g; (void)max_bytes;
-  if (out) *out = NULL;
-  return nodev("allreduce create");
+  wf_dc_group gi;
+  int rc = check_create(g, max_bytes, out, &gi);
+  return rc ? rc : nodev("allreduce create");
 }
 int weft_ar_destroy(weft_ar *ar) { (void)ar; return 0; }
 int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype, int algo,
@@ -120,15 +135,11 @@ static int init_workspace(weft_ar *ar) {
 }
 
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
-  WF_CHECK_ARG(out, "allreduce create: NULL out-parameter");
-  *out = NULL;
   wf_dc_group gi;
-  int rc = wf_dc_group_info(g, "allreduce create", &gi);
+  int rc = check_create(g, max_bytes, out, &gi);
   if (rc) return rc;
   const char *op = gi.op;
   const int n = gi.n, me = gi.me, tmo = gi.timeout_ms;
-  WF_CHECK_ARG(n == 2 || n == 4 || n == 6 || n == 8, "%s: world size %d not supported (2, 4, 6, 8)", op, n);
-  WF_CHECK_ARG(max_bytes >= 16 && max_bytes <= ((size_t)1 << 40), "%s: max_bytes %zu out of range", op, max_bytes);
 
   weft_ar *ar = calloc(1, sizeof *ar);
   if (!ar) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);

@@ -18,10 +18,7 @@ static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
 
 static void pick(void) {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-      !wf_env_str("WEFT_NO_AVX2"))
-    rows = norm_rows_avx2;
+  if (wf_host_avx2()) rows = norm_rows_avx2;
 #endif
 }
 

@@ -21,10 +21,7 @@ static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 static void init_table(void) {
   fill_table_gen(table);
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-      !wf_env_str("WEFT_NO_AVX2"))
-    fill_table_avx2(table);
+  if (wf_host_avx2()) fill_table_avx2(table);
 #endif
 }
 

@@ -4,6 +4,22 @@
  * caller to pick at run time from the CPU's features. No include guard: each
  * kernel file includes it once. Needs shm_vec.h. */
 
+#ifndef WF_HOST_AVX2_DEFINED
+#define WF_HOST_AVX2_DEFINED
+#include "core/internal.h"
+/* The one place that picks the copy: AVX2 + F16C where the CPU has both,
+ * unless WEFT_NO_AVX2 is set (the generic copy then runs on any CPU, as
+ * tests/generic_kernels_spec.lua runs the reduction specs). */
+static inline int wf_host_avx2(void) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && !wf_env_str("WEFT_NO_AVX2");
+#else
+  return 0;
+#endif
+}
+#endif
+
 #define KN(x) x##_gen
 #define WF_VB 16
 #include "shm_vec_kern.h"

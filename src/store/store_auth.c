@@ -4,7 +4,7 @@
  * Pure computation: the client (store_client.c) and the server call in,
  * this file calls neither. Messages: store_proto.h. */
 #include "store_internal.h"
-#include "sha256.h"
+#include "hmac.h"
 
 #include <string.h>
 #include <sys/random.h>
@@ -27,30 +27,25 @@ void wf_store_random_bytes(uint8_t *p, size_t n) {
   }
 }
 
-static void auth_mac(const char *secret, size_t slen, const char *label,
-                     const uint8_t *sn, const uint8_t *cn, uint8_t out[32]) {
-  wf_hmac h;
-  wf_hmac_init(&h, secret, slen);
-  wf_hmac_update(&h, label, strlen(label));
-  wf_hmac_update(&h, sn, WF_ST_NONCE);
-  wf_hmac_update(&h, cn, WF_ST_NONCE);
-  wf_hmac_final(&h, out);
-  memset(&h, 0, sizeof h);
+/* HMAC-SHA256(secret, label || server nonce || client nonce). Nonzero
+ * when libcrypto failed: every caller then refuses (fails closed). */
+static int auth_mac(const char *secret, size_t slen, const char *label,
+                    const uint8_t *sn, const uint8_t *cn, uint8_t out[32]) {
+  const wf_bytes parts[] = { { label, strlen(label) }, { sn, WF_ST_NONCE }, { cn, WF_ST_NONCE } };
+  return wf_hmac_sha256(secret, slen, parts, 3, out);
 }
 
 /* Server side: checks the proof at the front of an AUTH payload (client
  * nonce, HMAC) against the nonce sn the server sent; r is left after it.
  * 0: the client knows the secret, proof_out holds the server's answer;
- * 1: the secrets differ; -1: malformed. */
+ * 1: the secrets differ (or libcrypto failed: refused); -1: malformed. */
 int wf_store_auth_check(const char *secret, size_t slen, const uint8_t *sn, wf_rd *r,
                         uint8_t proof_out[32]) {
   const uint8_t *cn = wf_rd_take(r, WF_ST_NONCE), *mac = wf_rd_take(r, 32);
   if (!cn || !mac) return -1;
   uint8_t want[32];
-  auth_mac(secret, slen, AUTH_CLIENT, sn, cn, want);
-  if (!wf_ct_equal(want, mac, 32)) return 1;
-  auth_mac(secret, slen, AUTH_SERVER, sn, cn, proof_out);
-  return 0;
+  if (auth_mac(secret, slen, AUTH_CLIENT, sn, cn, want) || !wf_ct_equal(want, mac, 32)) return 1;
+  return auth_mac(secret, slen, AUTH_SERVER, sn, cn, proof_out) ? 1 : 0;
 }
 
 /* Client side, step by step (the client does the I/O, see store_client.c):
@@ -70,7 +65,8 @@ int wf_store_auth_greet(wf_store_auth_cl *a, int have_secret, wf_rd *hello) {
 void wf_store_auth_prove(wf_store_auth_cl *a, const char *secret, wf_store_wbuf *out) {
   uint8_t mac[32];
   wf_store_random_bytes(a->cn, sizeof a->cn);
-  auth_mac(secret, strlen(secret), AUTH_CLIENT, a->sn, a->cn, mac);
+  /* on a libcrypto failure the proof is zeros: the server refuses it */
+  (void)auth_mac(secret, strlen(secret), AUTH_CLIENT, a->sn, a->cn, mac);
   wf_store_wb_put(out, a->cn, sizeof a->cn);
   wf_store_wb_put(out, mac, sizeof mac);
 }
@@ -78,6 +74,6 @@ void wf_store_auth_prove(wf_store_auth_cl *a, const char *secret, wf_store_wbuf 
 int wf_store_auth_verify(const wf_store_auth_cl *a, const char *secret, wf_rd *auth_ok) {
   uint8_t want[32];
   const uint8_t *proof = wf_rd_take(auth_ok, 32);
-  auth_mac(secret, strlen(secret), AUTH_SERVER, a->sn, a->cn, want);
+  if (auth_mac(secret, strlen(secret), AUTH_SERVER, a->sn, a->cn, want)) return -1;
   return proof && wf_ct_equal(proof, want, 32) ? 0 : -1;
 }

@@ -6,7 +6,11 @@
 --   nan     float max/min propagate NaN wherever it sits and whichever rank
 --           holds it (f32, f64, f16, bf16; short, vector-body and large sizes)
 --   same    (WEFT_TEST_SAME=1) the shm engine and the store path give
---           bit-identical results on random data, every dtype x op
+--           bit-identical results on random data, every dtype x op, and
+--           those results match a reference computed here in Lua from every
+--           rank's inputs (regenerated from their seeds): integers exactly,
+--           max/min exactly, float sums/products within the dtype's rounding
+--           (so one wrong kernel shared by both paths is caught too)
 local U = require "helpers.group_util"
 local weft, ffi = U.weft, U.ffi
 local T = weft.tensor
@@ -152,17 +156,74 @@ if os.getenv("WEFT_TEST_SAME") == "1" then
     local chosen = weft.policy.select(w, "all_reduce", x, rop)
     w:all_reduce(x, rop)
     local s = ffi.string(x.ptr, x.nbytes)
+    local vals = x:to_table()
     x:free()
-    return s, chosen
+    return s, chosen, vals
+  end
+
+  -- the reference: element i of the reduction of every rank's input,
+  -- integers through int64 cdata (wraps mod 2^64), cut to the dtype's width
+  local SEED = function(n, r, dt) return 1000 * n + 10 * r + #dt end
+  local EPS = { f32 = 2 ^ -23, f16 = 2 ^ -10, bf16 = 2 ^ -7, f64 = 2 ^ -52 }
+  local QUANTUM = { f32 = 2 ^ -149, f16 = 2 ^ -24, bf16 = 2 ^ -133, f64 = 2 ^ -1074 }   -- subnormal step
+  local ICT = { i32 = "int32_t *", i64 = "int64_t *", u8 = "uint8_t *" }
+  local function wrap(dt, v)
+    if dt == "i32" then return ffi.cast("int32_t", v) end
+    if dt == "u8" then return ffi.cast("uint8_t", v) end
+    return v
+  end
+  local function check_reference(dt, rop, n, out_bytes, got)
+    local ins = {}
+    for r = 0, W - 1 do ins[r + 1] = random_tensor(dt, n, SEED(n, r, dt)) end
+    if ICT[dt] then
+      local o = ffi.cast(ICT[dt], ffi.cast("const char *", out_bytes))
+      local ps = {}
+      for r = 1, W do ps[r] = ffi.cast(ICT[dt], ins[r].ptr) end
+      for i = 0, n - 1 do
+        local a = ffi.new("int64_t", ps[1][i])
+        for r = 2, W do
+          local b = ffi.new("int64_t", ps[r][i])
+          if rop == "sum" then a = a + b elseif rop == "prod" then a = a * b
+          elseif rop == "max" then if b > a then a = b end
+          else if b < a then a = b end end
+        end
+        local want = ffi.new("int64_t", wrap(dt, a))
+        if ffi.new("int64_t", o[i]) ~= want then
+          check(false, "%s %s n=%d element %d: %s, the reference says %s", dt, rop, n, i,
+                tostring(o[i]), tostring(want))
+        end
+      end
+    else
+      local vs = {}
+      for r = 1, W do vs[r] = ins[r]:to_table() end
+      for i = 1, n do
+        local a, mag = vs[1][i], math.abs(vs[1][i])
+        for r = 2, W do
+          local b = vs[r][i]
+          if rop == "sum" then a = a + b; mag = mag + math.abs(b)
+          elseif rop == "prod" then a = a * b; mag = math.abs(a)
+          elseif rop == "max" then a = math.max(a, b)
+          else a = math.min(a, b) end
+        end
+        -- sums, products: within a rounding of the dtype per operand (and
+        -- the subnormal step, for tiny products)
+        local tol = (rop == "sum" or rop == "prod") and 2 * W * EPS[dt] * mag + QUANTUM[dt] or 0
+        if not (math.abs(got[i] - a) <= tol) then
+          check(false, "%s %s n=%d element %d: %.9g, the reference says %.9g", dt, rop, n, i, got[i], a)
+        end
+      end
+    end
+    for r = 1, W do ins[r]:free() end
   end
   for _, dt in ipairs({ "f32", "f16", "bf16", "f64", "i32", "i64", "u8" }) do
     for _, rop in ipairs({ "sum", "max", "min", "prod" }) do
       for _, n in ipairs({ 13, 4111, 50000 }) do
-        local seed = 1000 * n + 10 * me + #dt
-        local a, be_a = run(dt, rop, n, seed, "shm")
+        local seed = SEED(n, me, dt)
+        local a, be_a, vals = run(dt, rop, n, seed, "shm")
         local b, be_b = run(dt, rop, n, seed, "store")
         check(be_b == "store" and be_a ~= "store", "backends %s / %s", tostring(be_a), tostring(be_b))
         check(a == b, "%s %s n=%d: the %s backend and the store disagree", dt, rop, n, be_a)
+        check_reference(dt, rop, n, a, vals)
       end
     end
   end

@@ -24,6 +24,16 @@ function S.shell(cmd)
   return out, tonumber(out:match("rc=(%d+)%s*$"))
 end
 
+-- A test that needs an optional tool: true when `ok`; otherwise the test is
+-- marked pending with `why` (what is missing, how to install it), except in
+-- CI (CI=true), where a missing tool is CI's own mistake and the test fails.
+function S.needs(ok, why)
+  if ok then return true end
+  if os.getenv("CI") == "true" then error("CI=true, and this test cannot run: " .. why, 2) end
+  getfenv(2).pending(why)   -- busted's, from the calling spec's environment
+  return false
+end
+
 -- How many "<prefix>] OK " lines the rank workers printed.
 function S.count_ok(out)
   local n = 0
