@@ -375,7 +375,8 @@ M.rules = {
 }
 
 ---------------------------------------------------------------- choice
-local AR_NAME = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag" }
+local AR_NAME = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag",
+                  "quick_fp", "quick_int8", "quick_int4", "quick_fp8" }
 
 -- choice(g, op, t [, opts]) -> the concrete backend a call would get, in the
 -- policy file's terms: all_reduce "nccl" | "oneshot" | "twoshot" |
