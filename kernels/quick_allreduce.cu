@@ -266,10 +266,13 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
   for (uint64_t r = 0; r <= R + 1; r++) {
     if (r < R) { /* A: encode part q of the chunk, push it to rank q */
       const uint64_t c = b + r * G;
-#pragma unroll 1
+      uint4 raws[W - 1]; /* every part's input loaded first: W-1 loads in flight */
+#pragma unroll
+      for (int k = 1; k < W; k++) raws[k - 1] = load_term<T, D>(a, c * CW + ((me + k) % W) * PV + t);
+#pragma unroll
       for (int k = 1; k < W; k++) {
         const int q = (me + k) % W;
-        const uint4 raw = load_term<T, D>(a, c * CW + q * PV + t);
+        const uint4 raw = raws[k - 1];
         char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot + c * K::PB;
         if (C == WF_QR_FP) {
           put<C>(dst, t, raw, 0.f);
@@ -367,20 +370,30 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in
                                                                   int tail) {
   const int t = threadIdx.x;
   const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
-  for (uint64_t pp = blockIdx.x; pp < parts; pp += gridDim.x) {
-    const uint64_t v = pp * WF_QR_PART + t;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (v < nvec)
-      raw = (tail && v == nvec - 1) ? ld_vec_partial<T>(reinterpret_cast<const T *>(in + v * 16), tail)
-                                    : ld_vec(in + v * 16);
-    char *part = wire + pp * Codec<C>::PB;
-    if (C == WF_QR_FP) {
-      put<C>(part, t, raw, 0.f);
-    } else {
-      float x[8], s;
-      Pack<T>::to_f32(raw, x);
-      const uint4 q = encode<C>(x, s);
-      put<C>(part, t, q, s);
+  constexpr int U = 2; /* parts per iteration: both loads in flight before either is encoded */
+  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += (uint64_t)U * gridDim.x) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint64_t v = (p0 + (uint64_t)u * gridDim.x) * WF_QR_PART + t;
+      raw[u] = make_uint4(0, 0, 0, 0);
+      if (v < nvec)
+        raw[u] = (tail && v == nvec - 1) ? ld_vec_partial<T>(reinterpret_cast<const T *>(in + v * 16), tail)
+                                         : ld_vec(in + v * 16);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint64_t pp = p0 + (uint64_t)u * gridDim.x;
+      if (pp >= parts) break; /* uniform across the block */
+      char *part = wire + pp * Codec<C>::PB;
+      if (C == WF_QR_FP) {
+        put<C>(part, t, raw[u], 0.f);
+      } else {
+        float x[8], s;
+        Pack<T>::to_f32(raw[u], x);
+        const uint4 q = encode<C>(x, s);
+        put<C>(part, t, q, s);
+      }
     }
   }
 }
