@@ -128,7 +128,7 @@ describe("quick all-reduce on 2 ranks over a pretend GPU", function()
   end
 
   it("agrees, routes, explains, refuses; async and graphs take the quick kernel", function()
-    passes(run("tests/helpers/quick_ranks.lua", 2), 2, 7)
+    passes(run("tests/helpers/quick_ranks.lua", 2), 2, 8)
   end)
 
   it("WEFT_QUICK_ALLREDUCE on every rank is the group's setting", function()

@@ -292,7 +292,12 @@ function M.fused(g, x, residual, weight, eps, opts)
   local xc, rc, wc = x:contiguous(), residual:contiguous(), weight:contiguous()
   local src = xc
   if g.world_size > 1 then
-    g:all_reduce(xc, "sum", norm_out)
+    -- exact whatever the quick all-reduce setting: the fused kernel has no
+    -- compressed variant, and both paths must give the same numbers
+    g._no_quick = true
+    local ok, err = pcall(g.all_reduce, g, xc, "sum", norm_out)
+    g._no_quick = nil
+    if not ok then error(err, 0) end
     src = norm_out
   end
   CUDA().rmsnorm(src, rc, wc, eps, { out = norm_out, residual_out = res_out, gemma = opts.gemma,

@@ -150,6 +150,22 @@ check("deterministic mode: the quick kernel at every size; rows that straddle bl
   policy.set { deterministic = false, quick = "off", group = world }
 end)
 
+check("fused_allreduce_rmsnorm stays exact: its unfused path never takes the quick kernel", function()
+  policy.set { quick = "int8", group = world }
+  policy.set { fused = "unfused", group = world }
+  local x = T.randn({ 8, 512 }, "bf16", "cpu", { seed = 31 + me }):clone(DEV)
+  local res = T.randn({ 8, 512 }, "bf16", "cpu", { seed = 32 }):clone(DEV)
+  local w = T.ones({ 512 }, "bf16", DEV)
+  local q0, c0 = quick_calls("int8"), plain()
+  world:fused_allreduce_rmsnorm(x, res, w, 1e-6)
+  want(quick_calls("int8") == q0, "the unfused path made %d quick calls", quick_calls("int8") - q0)
+  want(plain() == c0 + 1, "the unfused path made %d exact kernel calls", plain() - c0)
+  -- and a plain all_reduce of the same size right after still takes it
+  world:all_reduce(x)
+  want(quick_calls("int8") == q0 + 1, "all_reduce after the fused call: %d quick calls", quick_calls("int8") - q0)
+  policy.set { fused = "default", quick = "off", group = world }
+end)
+
 check("weft.async and graph capture take the quick kernel", function()
   policy.set { quick = "int8", group = world }
   local x = T.randn({ 8, 512 }, "bf16", "cpu", { seed = 21 + me }):clone(DEV)

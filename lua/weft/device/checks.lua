@@ -132,6 +132,7 @@ local function quick_pick(g, t, det)
   local qv, qerr = S.quick_state(g)
   if qerr then return nil, qerr end
   if qv == "off" or not Q.DTYPES[t.dtype] or not Q.WORLDS[g.world_size] then return nil end
+  if g._no_quick then return nil end   -- fused_allreduce_rmsnorm's unfused path: exact
   if det then
     local row = row_length(t)
     if row % Q.BLOCK ~= 0 then
