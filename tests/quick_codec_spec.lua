@@ -137,6 +137,27 @@ describe("quick all-reduce codec (CPU reference)", function()
     if os.getenv("WEFT_QUICK_SNR") then print("\n" .. table.concat(lines, "\n")) end
   end)
 
+  it("the C entry points refuse bad arguments, naming them", function()
+    local ffi = require "ffi"
+    local C = require("weft.ffi").C
+    local function err(rc)
+      assert.are_not.equal(0, rc)
+      return ffi.string(C.weft_last_error())
+    end
+    local x = T.zeros({ 64 }, "bf16", "cpu")
+    local ins = ffi.new("const void *[2]", x.ptr, x.ptr)
+    assert.matches("codec 7 unknown", err(C.weft_qr_reference(7, 2, 2, ins, x.ptr, 64)))
+    assert.matches("dtype 0 is not bf16 or f16", err(C.weft_qr_reference(1, 0, 2, ins, x.ptr, 64)))
+    assert.matches("step 2 is not 0", err(C.weft_qr_codec_step(2, 1, 2, 2, x.ptr, x.ptr, x.ptr, 64, nil)))
+    assert.matches("world 3 is not 2, 4, 6 or 8", err(C.weft_qr_codec_step(1, 1, 2, 3, x.ptr, x.ptr, x.ptr, 64, nil)))
+    assert.matches("dtype f32 is not bf16 or f16", err(C.weft_qr_codec_step(0, 1, 0, 2, x.ptr, x.ptr, nil, 64, nil)))
+    local n = ffi.new("size_t[1]")
+    assert.are.equal(0, C.weft_qr_wire_bytes(1, 4096, n))
+    assert.are.equal(4608, tonumber(n[0]))      -- one part of 512 vectors: 4096 code bytes + 128 scales
+    assert.are.equal(0, C.weft_qr_wire_bytes(2, 4097, n))
+    assert.are.equal(2 * 2560, tonumber(n[0]))  -- int4: two parts (the last one partial, stored whole)
+  end)
+
   it("the seed's minimum sizes, and the policy file's quick_min over them", function()
     assert.are.equal(8 * 1048576, (Q.min_bytes("bf16", 2, "int8", false)))
     assert.are.equal(2 * 1048576, (Q.min_bytes("f16", 4, "int4", false)))

@@ -32,6 +32,21 @@ static const char *kind_name(int kind) {
   }
 }
 
+/* weft_qr_codec_step's arguments (checked the same way with or without CUDA). */
+static int qr_step_check(int step, int codec, int dtype, int world, const void *in, const void *wire,
+                         const void *out, size_t count) {
+  WF_CHECK_ARG(step == 0 || step == 1, "quick codec step: step %d is not 0 (quantize) or 1 (reduce)", step);
+  WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick codec step: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)", codec);
+  WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick codec step: dtype %s is not bf16 or f16",
+               wf_dc_dtype_name(dtype));
+  WF_CHECK_ARG(step == 0 || world == 2 || world == 4 || world == 6 || world == 8,
+               "quick codec step: world %d is not 2, 4, 6 or 8", world);
+  WF_CHECK_ARG(count > 0 && in && wire && (step == 0 || out), "quick codec step: empty call or NULL buffer");
+  WF_CHECK_ARG((((uintptr_t)in | (uintptr_t)wire | (uintptr_t)out) & 15) == 0,
+               "quick codec step: buffers must be 16-byte aligned");
+  return 0;
+}
+
 #if !WEFT_HAVE_CUDA
 
 #define nodev wf_dc_nodev
@@ -69,8 +84,9 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
 }
 int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
                        size_t count, void *stream) {
-  (void)step; (void)codec; (void)dtype; (void)world; (void)in; (void)wire; (void)out; (void)count; (void)stream;
-  return nodev("quick codec step");
+  (void)stream;
+  int rc = qr_step_check(step, codec, dtype, world, in, wire, out, count);
+  return rc ? rc : nodev("quick codec step");
 }
 
 #else
@@ -407,14 +423,8 @@ int weft_ar_abort(weft_ar *ar) {
 
 int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
                        size_t count, void *stream) {
-  WF_CHECK_ARG(step == 0 || step == 1, "quick codec step: step %d is not 0 (quantize) or 1 (reduce)", step);
-  WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick codec step: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)", codec);
-  WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick codec step: dtype %s is not bf16 or f16", dtype_name(dtype));
-  WF_CHECK_ARG(step == 0 || world == 2 || world == 4 || world == 6 || world == 8,
-               "quick codec step: world %d is not 2, 4, 6 or 8", world);
-  WF_CHECK_ARG(count > 0 && in && wire && (step == 0 || out), "quick codec step: empty call or NULL buffer");
-  WF_CHECK_ARG((((uintptr_t)in | (uintptr_t)wire | (uintptr_t)out) & 15) == 0,
-               "quick codec step: buffers must be 16-byte aligned");
+  int rc = qr_step_check(step, codec, dtype, world, in, wire, out, count);
+  if (rc) return rc;
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
   int e = wf_qr_step(step, codec, dtype, world, in, wire, out, count, s);
   return e ? wf_cuda_err(__FILE__, __LINE__, "quick codec step launch", (cudaError_t)e) : 0;
