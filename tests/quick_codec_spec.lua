@@ -84,6 +84,20 @@ describe("quick all-reduce codec (CPU reference)", function()
     end
   end)
 
+  it("f16: a sum beyond f16's range (not f32's) is +-Inf in that element only, as with the exact kernels", function()
+    local a, b = {}, {}
+    for i = 1, 64 do a[i], b[i] = (i % 7) / 7, (i % 5) / 5 end
+    a[3], b[3] = 60000, 60000
+    local ts = { T.from_table(a, "f16", { 64 }, "cpu"), T.from_table(b, "f16", { 64 }, "cpu") }
+    for _, codec in ipairs(CODECS) do
+      local got = Q.reference(codec, "f16", ts):to_table()
+      assert.are.equal(math.huge, got[3], codec)
+      for i = 1, 64 do
+        if i ~= 3 then assert(got[i] == got[i] and math.abs(got[i]) < 65504, codec .. ": element " .. i) end
+      end
+    end
+  end)
+
   it("the bound is not vacuous: the worst error uses a fair share of it, and halving it fails", function()
     local xs, ts = QC.make("normal", "bf16", 4, N)
     local ex = QC.exact(xs)
