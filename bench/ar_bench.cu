@@ -206,6 +206,10 @@ static const char *algon(int a) {
     a &= 0xff;
     return a == 0 ? "auto-nopdl" : a == 1 ? "oneshot-nopdl" : a == 2 ? "twoshot-nopdl" : "oneshot-flag-nopdl";
   }
+  if (a >= WEFT_AR_QUICK_FP && a <= WEFT_AR_QUICK_FP8) {
+    static const char *const q[] = {"quick-fp", "quick-int8", "quick-int4", "quick-fp8"};
+    return q[a - WEFT_AR_QUICK_FP];
+  }
   return a == 0 ? "auto" : a == 1 ? "oneshot" : a == 2 ? "twoshot" : "oneshot-flag";
 }
 
@@ -895,7 +899,7 @@ static void make_bufs(size_t bytes, std::vector<DBuf> &ins, std::vector<DBuf> &o
 }
 
 static const char *kBackends[] = {"nccl", "oneshot", "oneshot-flag", "twoshot", "auto", "auto-determ",
-                                  "oneshot-nopdl"};
+                                  "oneshot-nopdl", "quick-fp", "quick-int8", "quick-int4", "quick-fp8"};
 
 static void bench(size_t max_bytes) {
   // auto-determ: deterministic mode (issue 18) beside the default, same buffers
@@ -909,6 +913,10 @@ static void bench(size_t max_bytes) {
       bench_one(be, bytes, ins, outs);
     }
     if (bytes <= (1u << 20)) bench_one(WEFT_AR_ONESHOT | WEFT_AR_NO_PDL, bytes, ins, outs);
+    // the quick all-reduce's codecs (docs/quick-allreduce.md) from 1 MiB: bus
+    // bandwidth counted on the bf16 bytes, so above the link means compression paid
+    if (bytes >= (1u << 20))
+      for (int q = WEFT_AR_QUICK_FP; q <= WEFT_AR_QUICK_FP8; q++) bench_one(q, bytes, ins, outs);
     if (g_rank == 0) {
       std::string line = "bench " + fmt_bytes(bytes) + ":";
       for (auto &r : g_recs)
@@ -970,6 +978,21 @@ static void bench(size_t max_bytes) {
     if (au && de && de->us / au->us > worst) { worst = de->us / au->us; worst_at = bytes; }
   }
   if (worst_at) printf("deterministic / default (graph): worst %.3fx at %s\n", worst, fmt_bytes(worst_at).c_str());
+  // the quick all-reduce against weft's bf16 two-shot and NCCL: the first size
+  // from which each codec is faster than both (the policy file's quick_min)
+  for (int q = WEFT_AR_QUICK_INT8; q <= WEFT_AR_QUICK_FP8; q++) {
+    size_t cross = 0;
+    for (size_t bytes = max_bytes; bytes >= (1u << 20); bytes /= 2) {
+      const Rec *qr = find_rec("all_reduce", algon(q), "graph", bytes);
+      const Rec *tw = find_rec("all_reduce", "twoshot", "graph", bytes);
+      const Rec *nc = find_rec("all_reduce", "nccl", "graph", bytes);
+      if (!qr || !tw) continue;
+      if (qr->us < tw->us && (!nc || qr->us < nc->us)) cross = bytes;
+      else break;
+    }
+    printf("quick crossover: %s faster than two-shot and NCCL from %s up\n", algon(q),
+           cross ? fmt_bytes(cross).c_str() : "- (never)");
+  }
   printf("measured crossovers: Lamport one-shot best up to %s; two-shot first best at %s\n",
          last_lamport_best ? fmt_bytes(last_lamport_best).c_str() : "-",
          first_twoshot_best ? fmt_bytes(first_twoshot_best).c_str() : "-");

@@ -440,6 +440,9 @@ int weft_vmm_stats(int64_t *live, int64_t *live_bytes, int64_t *created);
  * (default 1: kernels use programmatic dependent launch). */
 typedef struct weft_ar weft_ar;
 enum { WEFT_AR_AUTO = 0, WEFT_AR_ONESHOT = 1, WEFT_AR_TWOSHOT = 2, WEFT_AR_ONESHOT_FLAG = 3,
+       /* the quick all-reduce (kernels/quick_allreduce.cu, docs/quick-allreduce.md): two-shot
+        * whose wire is a codec; bf16/f16 only; every rank gets the same bits; lossy except FP */
+       WEFT_AR_QUICK_FP = 4, WEFT_AR_QUICK_INT8 = 5, WEFT_AR_QUICK_INT4 = 6, WEFT_AR_QUICK_FP8 = 7,
        WEFT_AR_NO_PDL = 256, /* or'ed into algo: launch without programmatic dependent launch */
        WEFT_AR_DETERMINISTIC = 512 /* or'ed into algo: every kernel sums the same sanitised inputs
                                       (-0.0 -> +0.0 as the one-shot's Lamport buffers need), so
@@ -468,6 +471,22 @@ int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *
 int weft_ar_set_param(weft_ar *ar, const char *name, int64_t value);
 /* The grid and block size a call would launch with (after run's validation). */
 int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int *threads);
+
+/* ---- quick all-reduce codec (docs/quick-allreduce.md) ----
+ * codec: WEFT_QR_FP (none), _INT8, _INT4, _FP8 (e4m3), one f32 scale per 32
+ * elements. reference: the whole quick all-reduce of `world` host arrays of
+ * count bf16/f16 elements (inputs[r] = rank r's), computed on the CPU with the
+ * kernel's exact operations: the kernel's output must equal it bit for bit
+ * (NaNs aside). codec_step: the kernel's codec alone on one GPU (benchmarks,
+ * checks): step 0 quantizes in (count elements) into wire; step 1 reads
+ * `world` wires of weft_qr_wire_bytes each, back to back at in, sums them in
+ * rank order, quantizes the sum once into wire and writes it decoded to out.
+ * Asynchronous on stream (NULL: the current one); 16-byte aligned buffers. */
+enum { WEFT_QR_FP = 0, WEFT_QR_INT8 = 1, WEFT_QR_INT4 = 2, WEFT_QR_FP8 = 3 };
+int weft_qr_reference(int codec, int dtype, int world, const void *const *inputs, void *out, size_t count);
+int weft_qr_wire_bytes(int codec, size_t count, size_t *bytes);
+int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
+                       size_t count, void *stream);
 
 /* ---- fusion: all-reduce + residual add + RMSNorm (+ FP8 quant) in one kernel
  *      (src/coll/fusion.c, kernels/fused_norm.cu) ----

@@ -410,6 +410,19 @@ describe("scripts/weft-tune on a simulated machine", function()
     assert.is_truthy(r.out:find("0 slower beyond noise", 1, true), r.out)
   end)
 
+  it("--quick-codecs measures the quick codecs and writes quick_min", function()
+    local r = sim(2, "--quick --dtypes bf16,f32 --max-bytes 262144 --no-fused --no-compare --quick-codecs")
+    assert.are.equal(0, r.rc, r.out)
+    assert.is_truthy(r.file, tostring(r.file_err))
+    local q = r.file.quick_min and r.file.quick_min[2] and r.file.quick_min[2].bf16
+    assert.is_truthy(q, "no quick_min[2].bf16 in the file")
+    assert.are.equal(262144, q.int8)           -- the simulated int8 wins at 256 KiB only
+    assert.are.equal(262144, q.int4)
+    assert.are.equal(tune.QUICK_NEVER, q.fp8)  -- the simulated fp8 never wins
+    assert.is_nil(r.file.quick_min[2].f32)     -- no quick codec for f32
+    assert.is_truthy(r.json:find('"backend": "quick_int8"', 1, true), "no quick records in the JSON")
+  end)
+
   it("tunes every world size, ranks outside a world waiting for it", function()
     local r = sim(4, "--quick --max-bytes 16384 --max-tokens 4")
     assert.are.equal(0, r.rc, r.out)
@@ -417,6 +430,35 @@ describe("scripts/weft-tune on a simulated machine", function()
     assert.is_table(r.file.all_reduce[4].bf16)
     assert.is_table(r.file.fused[4].bf16)
     assert.is_truthy(r.md:find("| 4 | fused | bf16 |", 1, true), r.md)
+  end)
+end)
+
+describe("tune.quick_min: the quick all-reduce's minimum sizes", function()
+  local function row(bytes, exact, q) return { bytes = bytes, exact = exact, quick = q } end
+
+  it("the smallest size from which a codec wins at every larger size, by the margin", function()
+    local rows = {
+      row(1024, 5, { int8 = 9, int4 = 9, fp8 = 9 }),
+      row(4096, 6, { int8 = 5, int4 = 5.95, fp8 = 9 }),     -- int4 within the tie margin: no win
+      row(16384, 10, { int8 = 11, int4 = 8, fp8 = 12 }),    -- int8 loses again here
+      row(65536, 20, { int8 = 15, int4 = 14, fp8 = 21 }),
+    }
+    local q = tune.quick_min(rows)
+    assert.are.equal(65536, q.int8)          -- the win at 4 KiB does not count: it loses at 16 KiB
+    assert.are.equal(16384, q.int4)
+    assert.are.equal(tune.QUICK_NEVER, q.fp8)
+    -- a codec never measured is left out (the seed's table stays in force for it)
+    local q2 = tune.quick_min({ row(1024, 5, { int8 = 1 }) })
+    assert.are.same({ int8 = 1024 }, q2)
+  end)
+
+  it("renders a quick_min section that weft's policy file loader accepts", function()
+    local text = tune.render { machine = "m", date = "2026-12-03",
+                               quick_min = { [2] = { bf16 = { int8 = 65536, int4 = 16384, fp8 = tune.QUICK_NEVER } } } }
+    local t = require("weft.policy_file").parse(text, "t.lua")
+    assert.are.equal(65536, t.quick_min[2].bf16.int8)
+    assert.are.equal(tune.QUICK_NEVER, t.quick_min[2].bf16.fp8)
+    assert.are.equal(16384, (require("weft.quick").min_bytes("bf16", 2, "int4", t)))
   end)
 end)
 

@@ -27,9 +27,12 @@ local raise, code_of, live, sh = B.raise, B.code_of, B.live, binding.stream
 
 local M = {}
 
-M.ALGO = { auto = 0, oneshot = 1, twoshot = 2, oneshot_flag = 3 }
+M.ALGO = { auto = 0, oneshot = 1, twoshot = 2, oneshot_flag = 3,
+           -- the quick all-reduce (weft.quick, docs/quick-allreduce.md): bf16/f16 only
+           quick_fp = 4, quick_int8 = 5, quick_int4 = 6, quick_fp8 = 7 }
 M.NO_PDL = 256
-M.KIND_NAME = { [1] = "oneshot", [2] = "twoshot", [3] = "oneshot_flag" }
+M.KIND_NAME = { [1] = "oneshot", [2] = "twoshot", [3] = "oneshot_flag",
+                [4] = "quick_fp", [5] = "quick_int8", [6] = "quick_int4", [7] = "quick_fp8" }
 M.DTYPES = { f32 = 0, f16 = 1, bf16 = 2 }
 M.WORLD_SIZES = { [2] = true, [4] = true, [6] = true, [8] = true }
 

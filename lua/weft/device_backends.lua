@@ -294,7 +294,12 @@ function M.fused(g, x, residual, weight, eps, opts)
   local xc, rc, wc = x:contiguous(), residual:contiguous(), weight:contiguous()
   local src = xc
   if g.world_size > 1 then
-    g:all_reduce(xc, "sum", norm_out)
+    -- exact whatever the quick all-reduce setting: the fused kernel has no
+    -- compressed variant, and both paths must give the same numbers
+    g._no_quick = true
+    local ok, err = pcall(g.all_reduce, g, xc, "sum", norm_out)
+    g._no_quick = nil
+    if not ok then error(err, 0) end
     src = norm_out
   end
   CUDA().rmsnorm(src, rc, wc, eps, { out = norm_out, residual_out = res_out, gemma = opts.gemma,
@@ -377,7 +382,8 @@ M.rules = {
 }
 
 ---------------------------------------------------------------- choice
-local AR_NAME = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag" }
+local AR_NAME = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag",
+                  "quick_fp", "quick_int8", "quick_int4", "quick_fp8" }
 
 -- choice(g, op, t [, opts]) -> the concrete backend a call would get, in the
 -- policy file's terms: all_reduce "nccl" | "oneshot" | "twoshot" |

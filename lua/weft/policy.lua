@@ -235,6 +235,9 @@ end
 M.OVERRIDES = {
   all_reduce = { nccl = true, oneshot = true, twoshot = true, oneshot_flag = true, auto = true },
   fused = { oneshot = true, twoshot = true, auto = true, unfused = true },
+  -- the quick (compressed) all-reduce, opt-in (docs/quick-allreduce.md);
+  -- agreed across the group like deterministic mode
+  quick = { int8 = true, int4 = true, fp8 = true, off = true },
 }
 M.overrides = { global = {}, groups = {} }
 M.checkers = {}
@@ -338,6 +341,10 @@ function M.set(o)
     end
   end
   if o.deterministic ~= nil then set_deterministic(o, g, name) end
+  if o.quick ~= nil and type(g) == "table" and M.quick_hooks.agree then
+    local ok, err = pcall(M.quick_hooks.agree, g, M.quick_effective(o.quick, name))   -- collective over g
+    if not ok then error(tostring(err), 2) end
+  end
   local slot = M.overrides.global
   if name then
     slot = M.overrides.groups[name] or {}
@@ -360,6 +367,42 @@ function M.override(g, key)
   local v = M.overrides.global[key]
   if v ~= nil then return v, M.overrides.global[key .. "_src"] end
   return nil
+end
+
+---------------------------------------------------------------- quick all-reduce
+-- policy.set{quick = "int8"|"int4"|"fp8"|"off"|"default" [, group = g]} or
+-- WEFT_QUICK_ALLREDUCE=... (read at load): device all_reduce sums of bf16/f16
+-- from the codec's minimum size (weft.quick.min_bytes) go through the quick
+-- all-reduce, whose wire is compressed (it changes the numerics: off by
+-- default). Local like deterministic mode; the group agrees on it at its
+-- first device call and at policy.set time when given the group object
+-- (M.quick_hooks.agree, installed by weft.device_backends.setup; collective over g).
+M.quick_hooks = {}
+M.quick_env, M.quick_env_error = nil, nil
+do
+  local v = os.getenv("WEFT_QUICK_ALLREDUCE")
+  if v ~= nil and v ~= "" and v ~= "default" then
+    if M.OVERRIDES.quick[v] then M.quick_env = v
+    else M.quick_env_error = ("WEFT_QUICK_ALLREDUCE=%q is not one of %s (or unset it)"):format(v, choices(M.OVERRIDES.quick)) end
+  end
+end
+
+-- quick(g) -> "int8" | "int4" | "fp8" | "off", source
+function M.quick(g)
+  local gs = g ~= nil and M.overrides.groups[g.unique_name] or nil
+  if gs ~= nil and gs.quick ~= nil then return gs.quick, gs.quick_src end
+  local v = M.overrides.global.quick
+  if v ~= nil then return v, M.overrides.global.quick_src end
+  if M.quick_env then return M.quick_env, "WEFT_QUICK_ALLREDUCE" end
+  return "off", "default"
+end
+
+-- the value group `name` will see once policy.set stores v
+function M.quick_effective(v, name)
+  if v ~= "default" then return v end
+  local e = name and M.overrides.global.quick
+  if e == nil then e = M.quick_env or "off" end
+  return e
 end
 
 ---------------------------------------------------------------- tuned policy file
@@ -482,6 +525,12 @@ function M.explain(g, t, op, rop)
                      .. "sums floats; the group agrees on it at its first device call"):format(tostring(dsrc))
   end
   if M.determ_env_error then out[#out + 1] = "  deterministic error: " .. M.determ_env_error end
+  local qv, qsrc = M.quick(g)
+  if qv ~= "off" then
+    out[#out + 1] = ("  quick all-reduce: %s (%s): bf16/f16 sums from the codec's minimum size go through the "
+                     .. "compressed two-shot (docs/quick-allreduce.md)"):format(qv, tostring(qsrc))
+  end
+  if M.quick_env_error then out[#out + 1] = "  quick error: " .. M.quick_env_error end
   if M.override_error then out[#out + 1] = "  override error: " .. M.override_error end
   if M.tuned_path then out[#out + 1] = "  policy file: " .. M.tuned_path
   elseif M.tuned_error then out[#out + 1] = "  policy file ignored: " .. M.tuned_error

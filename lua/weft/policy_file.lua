@@ -10,6 +10,9 @@
 --                        { backend = "nccl" } },
 --               ["*"] = { { backend = "auto" } } },   -- any other dtype
 --     },
+--     quick_min = {                  -- the quick all-reduce: bytes from which each codec
+--       [2] = { bf16 = { int8 = 8388608, int4 = 8388608, fp8 = 8388608 } },   -- serves (weft.quick)
+--     },
 --     fused = {                      -- fused all-reduce + residual + RMSNorm
 --       [2] = { bf16 = { { upto = 33554432, backend = "fused_oneshot" },
 --                        { backend = "fused_twoshot" } } },
@@ -67,6 +70,34 @@ local function key_str(k)
   return "[" .. (type(k) == "string" and fmt("%q", k) or tostring(k)) .. "]"
 end
 
+-- quick_min[world][dtype][codec] = bytes (world: integer >= 2 or "*"; dtype
+-- bf16, f16 or "*"; codec int8, int4, fp8; bytes an integer >= 0)
+M.QUICK_CODECS = { int8 = true, int4 = true, fp8 = true }
+M.QUICK_DTYPES = { bf16 = true, f16 = true, ["*"] = true }
+function M.validate_quick_min(q, name)
+  if q == nil then return end
+  if type(q) ~= "table" then fail(name, "quick_min", "must be a table keyed by world size") end
+  for world, by in pairs(q) do
+    local wpath = "quick_min" .. key_str(world)
+    if world ~= "*" and not (type(world) == "number" and world == floor(world) and world >= 2) then
+      fail(name, wpath, "world size must be an integer >= 2 or \"*\"")
+    end
+    if type(by) ~= "table" then fail(name, wpath, "must be a table keyed by dtype") end
+    for dtype, codecs in pairs(by) do
+      local dpath = wpath .. key_str(dtype)
+      if not M.QUICK_DTYPES[dtype] then fail(name, dpath, "unknown dtype (%s)", names(M.QUICK_DTYPES)) end
+      if type(codecs) ~= "table" then fail(name, dpath, "must be a table {int8 = bytes, ...}") end
+      for codec, bytes in pairs(codecs) do
+        local cpath = dpath .. key_str(codec)
+        if not M.QUICK_CODECS[codec] then fail(name, cpath, "unknown codec (%s)", names(M.QUICK_CODECS)) end
+        if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes == huge then
+          fail(name, cpath, "must be an integer byte count >= 0, got %s", tostring(bytes))
+        end
+      end
+    end
+  end
+end
+
 -- validate(t, name) -> t (raises naming the file and the entry)
 function M.validate(t, name)
   name = name or "(table)"
@@ -75,10 +106,11 @@ function M.validate(t, name)
     fail(name, "version", "is %s, this weft reads version %d", tostring(t.version), M.VERSION)
   end
   for k in pairs(t) do
-    if not M.SECTIONS[k] and not M.META[k] then
+    if not M.SECTIONS[k] and not M.META[k] and k ~= "quick_min" then
       fail(name, tostring(k), "unknown key (sections: %s; information: %s)", names(M.SECTIONS), names(M.META))
     end
   end
+  M.validate_quick_min(t.quick_min, name)
   for section in pairs(M.SECTIONS) do
     local s = t[section]
     if s ~= nil then

@@ -318,7 +318,60 @@ local function render_section(out, name, sec)
   out[#out + 1] = "  },"
 end
 
--- render{machine=, date=, all_reduce=, fused=, comment=} -> Lua source
+-- The quick all-reduce (docs/quick-allreduce.md): its codecs, measured
+-- beside the exact backends with --quick-codecs; quick_min derives from
+-- those measurements the size from which each codec serves.
+M.QUICK_CODECS = { "int8", "int4", "fp8" }
+M.QUICK_NEVER = 2 ^ 50   -- "never faster up to the largest size measured" (an integer the file accepts)
+
+-- quick_min(rows [, {rel=, abs=}]) -> { codec = bytes }: rows sorted by
+-- bytes, each { bytes=, exact = the best exact backend's µs, quick = {
+-- codec = µs } }. A codec's minimum is the smallest measured size from which
+-- it beats the exact backends by the tie margin at that size and at every
+-- larger one (a win, a loss, a win: from the last win on); M.QUICK_NEVER
+-- when it does not win at the largest size.
+function M.quick_min(rows, opts)
+  opts = opts or {}
+  local rel, abs = opts.rel or M.REL, opts.abs or M.ABS
+  local out = {}
+  for _, codec in ipairs(M.QUICK_CODECS) do
+    local from, measured = nil, false
+    for i = #rows, 1, -1 do
+      local r = rows[i]
+      local q, e = r.quick and r.quick[codec], r.exact
+      if type(q) == "number" and type(e) == "number" then
+        measured = true
+        if q < e - math.max(rel * e, abs) then from = r.bytes else break end
+      end
+    end
+    if measured then out[codec] = from or M.QUICK_NEVER end
+  end
+  return out
+end
+
+local function render_quick_min(out, q)
+  local worlds = {}
+  for _, world in ipairs(sorted_keys(q)) do
+    if type(q[world]) == "table" and not empty(q[world]) then worlds[#worlds + 1] = world end
+  end
+  if #worlds == 0 then return end
+  out[#out + 1] = "  quick_min = {   -- the quick all-reduce: bytes from which each codec serves (docs/quick-allreduce.md)"
+  for _, world in ipairs(worlds) do
+    out[#out + 1] = fmt("    %s = {", key_str(world))
+    for _, dtype in ipairs(sorted_keys(q[world])) do
+      local parts = {}
+      for _, codec in ipairs(M.QUICK_CODECS) do
+        local b = q[world][dtype][codec]
+        if b then parts[#parts + 1] = fmt("%s = %d", codec, b) end
+      end
+      out[#out + 1] = fmt("      %s = { %s },", key_str(dtype), concat(parts, ", "))
+    end
+    out[#out + 1] = "    },"
+  end
+  out[#out + 1] = "  },"
+end
+
+-- render{machine=, date=, all_reduce=, fused=, quick_min=, comment=} -> Lua source
 function M.render(doc)
   local out = {
     "-- weft policy file (docs/policy.md), written by scripts/weft-tune; see docs/tuning.md.",
@@ -335,6 +388,7 @@ function M.render(doc)
   out[#out + 1] = "  date = " .. quote(doc.date or os.date("!%Y-%m-%d")) .. ","
   if doc.all_reduce then render_section(out, "all_reduce", doc.all_reduce) end
   if doc.fused then render_section(out, "fused", doc.fused) end
+  if doc.quick_min then render_quick_min(out, doc.quick_min) end
   out[#out + 1] = "}"
   return concat(out, "\n") .. "\n"
 end

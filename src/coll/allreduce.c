@@ -8,6 +8,7 @@
  * the kernels' flag protocol needs the same grid on every rank. */
 #include "ar_internal.h"
 #include "devcoll.h"
+#include "quick_codec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,10 @@ static const char *kind_name(int kind) {
     case WF_AR_LAMPORT: return "oneshot";
     case WF_AR_TWOSHOT: return "twoshot";
     case WF_AR_ONESHOT_FLAG: return "oneshot-flag";
+    case WF_AR_QUICK_FP: return "quick-fp";
+    case WF_AR_QUICK_INT8: return "quick-int8";
+    case WF_AR_QUICK_INT4: return "quick-int4";
+    case WF_AR_QUICK_FP8: return "quick-fp8";
     default: return "?";
   }
 }
@@ -39,6 +44,21 @@ static int check_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out, wf_dc
   const int n = gi->n;
   WF_CHECK_ARG(n == 2 || n == 4 || n == 6 || n == 8, "%s: world size %d not supported (2, 4, 6, 8)", op, n);
   WF_CHECK_ARG(max_bytes >= 16 && max_bytes <= ((size_t)1 << 40), "%s: max_bytes %zu out of range", op, max_bytes);
+  return 0;
+}
+
+/* weft_qr_codec_step's arguments (checked the same way with or without CUDA). */
+static int qr_step_check(int step, int codec, int dtype, int world, const void *in, const void *wire,
+                         const void *out, size_t count) {
+  WF_CHECK_ARG(step == 0 || step == 1, "quick codec step: step %d is not 0 (quantize) or 1 (reduce)", step);
+  WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick codec step: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)", codec);
+  WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick codec step: dtype %s is not bf16 or f16",
+               wf_dc_dtype_name(dtype));
+  WF_CHECK_ARG(step == 0 || world == 2 || world == 4 || world == 6 || world == 8,
+               "quick codec step: world %d is not 2, 4, 6 or 8", world);
+  WF_CHECK_ARG(count > 0 && in && wire && (step == 0 || out), "quick codec step: empty call or NULL buffer");
+  WF_CHECK_ARG((((uintptr_t)in | (uintptr_t)wire | (uintptr_t)out) & 15) == 0,
+               "quick codec step: buffers must be 16-byte aligned");
   return 0;
 }
 
@@ -77,6 +97,12 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
   (void)ar; (void)count; (void)dtype; (void)algo; (void)grid; (void)threads;
   return nodev("allreduce shape");
 }
+int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
+                       size_t count, void *stream) {
+  (void)stream;
+  int rc = qr_step_check(step, codec, dtype, world, in, wire, out, count);
+  return rc ? rc : nodev("quick codec step");
+}
 
 #else
 
@@ -91,6 +117,8 @@ static const char *site_name(unsigned site) {
     case WF_AR_SITE_RS: return "two-shot reduce-scatter flag";
     case WF_AR_SITE_AG: return "two-shot all-gather flag";
     case WF_AR_SITE_PUSHER: return "split one-shot's wait for its own pusher block";
+    case WF_AR_SITE_QRS: return "quick all-reduce reduce-scatter flag";
+    case WF_AR_SITE_QAG: return "quick all-reduce all-gather flag";
     default: return "unknown wait";
   }
 }
@@ -286,8 +314,28 @@ static int resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, co
                                    (unsigned long long)ar->base.data_par);
       *kind = WF_AR_ONESHOT_FLAG; *why = "flag one-shot requested";
       break;
+    case WEFT_AR_QUICK_FP: case WEFT_AR_QUICK_INT8: case WEFT_AR_QUICK_INT4: case WEFT_AR_QUICK_FP8: {
+      static const char *const whys[] = {
+        "quick all-reduce requested: two-shot, wire = the input dtype (no compression)",
+        "quick all-reduce requested: two-shot, wire = int8 + one f32 scale per 32 elements",
+        "quick all-reduce requested: two-shot, wire = int4 + one f32 scale per 32 elements",
+        "quick all-reduce requested: two-shot, wire = fp8 e4m3 + one f32 scale per 32 elements"};
+      const int codec = algo - WEFT_AR_QUICK_FP;
+      WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16,
+                   OPFMT ": the quick all-reduce (%s) takes bf16 or f16, not %s", OPARGS,
+                   kind_name(WF_AR_QUICK_FP + codec), dtype_name(dtype));
+      const uint64_t need = wf_qr_data_need(codec, nvec, n);
+      if (need > ar->base.data_par)
+        return wf_error(WEFT_EINVAL, OPFMT ": %s of %llu bytes does not fit the workspace (needs %llu of %llu "
+                        "per parity)", OPARGS, kind_name(WF_AR_QUICK_FP + codec), (unsigned long long)bytes,
+                        (unsigned long long)need, (unsigned long long)ar->base.data_par);
+      *kind = WF_AR_QUICK_FP + codec;
+      *why = whys[codec];
+      break;
+    }
     default:
-      return wf_error(WEFT_EINVAL, OPFMT ": unknown algorithm %d (0 auto, 1 oneshot, 2 twoshot, 3 oneshot-flag)", OPARGS, algo);
+      return wf_error(WEFT_EINVAL, OPFMT ": unknown algorithm %d (0 auto, 1 oneshot, 2 twoshot, 3 oneshot-flag, "
+                      "4-7 quick fp/int8/int4/fp8)", OPARGS, algo);
   }
   return 0;
 }
@@ -337,7 +385,7 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
   a.dtype = dtype;
   a.kind = kind;
   a.determ = (algo & WEFT_AR_DETERMINISTIC) != 0;
-  int e = wf_ar_shape(&a, grid, threads);
+  int e = kind >= WF_AR_QUICK_FP ? wf_qr_shape(&a, grid, threads) : wf_ar_shape(&a, grid, threads);
   return e ? wf_cuda_err(__FILE__, __LINE__, "allreduce shape", (cudaError_t)e) : 0;
 }
 
@@ -366,7 +414,7 @@ int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype,
   a.timeout_ns = (uint64_t)ar->dc.timeout_ms * 1000000u;
   a.pdl = pdl;
   a.determ = (algo & WEFT_AR_DETERMINISTIC) != 0;
-  int e = wf_ar_launch(&a, s);
+  int e = kind >= WF_AR_QUICK_FP ? wf_qr_launch(&a, s) : wf_ar_launch(&a, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "allreduce kernel launch", (cudaError_t)e);
   wf_dc_end(&ar->dc, s, !e);
   if (rc) wf_error_context(rc, OPFMT ": %s, %zu x %s", OPARGS, kind_name(kind), count, dtype_name(dtype));
@@ -382,6 +430,15 @@ int weft_ar_abort(weft_ar *ar) {
   WF_CHECK_ARG(ar, "allreduce abort: handle is NULL");
   wf_dc_abort(&ar->dc);
   return 0;
+}
+
+int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
+                       size_t count, void *stream) {
+  int rc = qr_step_check(step, codec, dtype, world, in, wire, out, count);
+  if (rc) return rc;
+  cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
+  int e = wf_qr_step(step, codec, dtype, world, in, wire, out, count, s);
+  return e ? wf_cuda_err(__FILE__, __LINE__, "quick codec step launch", (cudaError_t)e) : 0;
 }
 
 #endif /* WEFT_HAVE_CUDA */

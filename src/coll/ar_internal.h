@@ -15,11 +15,15 @@
 #define WF_AR_TWOSHOT_UNROLL(world) ((world) > 4 ? 1 : 2)
 
 /* Kernel kinds (what the host resolved the algorithm to). */
-enum { WF_AR_LAMPORT = 1, WF_AR_TWOSHOT = 2, WF_AR_ONESHOT_FLAG = 3 };
+enum { WF_AR_LAMPORT = 1, WF_AR_TWOSHOT = 2, WF_AR_ONESHOT_FLAG = 3,
+       /* the quick (compressed two-shot) all-reduce, kernels/quick_allreduce.cu:
+        * kind - WF_AR_QUICK_FP is the codec of src/coll/quick_codec.h */
+       WF_AR_QUICK_FP = 4, WF_AR_QUICK_INT8 = 5, WF_AR_QUICK_INT4 = 6, WF_AR_QUICK_FP8 = 7 };
 
 /* Wait sites named in error messages (kernels report them). */
 enum { WF_AR_SITE_LAMPORT = 1, WF_AR_SITE_ONESHOT = 2, WF_AR_SITE_RS = 3, WF_AR_SITE_AG = 4,
-       WF_AR_SITE_PUSHER = 5 /* split one-shot: a reducer waits for its own GPU's pusher */ };
+       WF_AR_SITE_PUSHER = 5, /* split one-shot: a reducer waits for its own GPU's pusher */
+       WF_AR_SITE_QRS = 6, WF_AR_SITE_QAG = 7 /* quick all-reduce: reduce-scatter, all-gather */ };
 
 /* Workspace layout (same offsets on every rank):
  *   epochs[WF_AR_MAX_BLOCKS] u32 | lbytes[3] u64 | err u64 |
@@ -71,6 +75,13 @@ static inline uint64_t wf_ar_data_need(int kind, uint64_t nvec, int world) {
 int wf_ar_launch(const wf_ar_args *a, void *stream);
 /* The grid and block size wf_ar_launch would use for a (launches nothing). */
 int wf_ar_shape(const wf_ar_args *a, int *grid, int *threads);
+/* kernels/quick_allreduce.cu: the quick all-reduce (a->kind WF_AR_QUICK_*,
+ * bf16/f16), its launch shape, and its codec steps alone on one GPU
+ * (weft_qr_codec_step). cudaError_t values. */
+int wf_qr_launch(const wf_ar_args *a, void *stream);
+int wf_qr_shape(const wf_ar_args *a, int *grid, int *threads);
+int wf_qr_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
+               uint64_t count, void *stream);
 /* Fill bytes (multiple of 16) at p with the Lamport sentinel. */
 int wf_ar_fill_empty(void *p, uint64_t bytes, void *stream);
 

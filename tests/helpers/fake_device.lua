@@ -184,7 +184,8 @@ function M.install()
     end)
   end
   -- calls made with the deterministic bit, per kind (tests read them)
-  M.det_calls = { ar = 0, ar_plain = 0, fusion = 0, fusion_plain = 0, rmsnorm = 0, rmsnorm_plain = 0 }
+  M.det_calls = { ar = 0, ar_plain = 0, fusion = 0, fusion_plain = 0, rmsnorm = 0, rmsnorm_plain = 0,
+                  quick = {} }   -- quick all-reduce calls per codec (0 fp, 1 int8, 2 int4, 3 fp8)
   local DC = M.det_calls
   F.weft_cuda_rmsnorm = function(x, res, w, out, res_out, tokens, hidden, dtype, eps, flags)
     if flags >= 4 then return fail(EINVAL, "cuda rmsnorm: unknown flags " .. tonumber(flags)) end
@@ -413,7 +414,8 @@ function M.install()
   ---------------------------------------------------------------- custom all-reduce
   local ars = {}
   local function ar_of(h) local s = ars[addr(h)]; assert(s, "fake ar: unknown handle"); return s end
-  local why_text = { "fake: one-shot", "fake: two-shot", "fake: flag one-shot" }
+  local why_text = { "fake: one-shot", "fake: two-shot", "fake: flag one-shot", "fake: quick fp",
+                     "fake: quick int8", "fake: quick int4", "fake: quick fp8" }
   F.weft_ar_create = function(gh, max_bytes, out)
     local g = group_of(gh)
     if not ({ [2] = true, [4] = true, [6] = true, [8] = true })[g.size] then
@@ -440,7 +442,8 @@ function M.install()
     if not es then return fail(EINVAL, "allreduce: dtype not supported (f32, f16, bf16)") end
     if count == 0 then return fail(EINVAL, "allreduce: count is 0") end
     if count * es > s.max_bytes then return fail(EINVAL, "allreduce: exceeds the workspace") end
-    if algo % 256 > 3 or algo >= 1024 then return fail(EINVAL, "allreduce: unknown algorithm") end
+    if algo % 256 > 7 or algo >= 1024 then return fail(EINVAL, "allreduce: unknown algorithm") end
+    if algo % 256 >= 4 and dtype == 0 then return fail(EINVAL, "allreduce: the quick all-reduce takes bf16 or f16, not f32") end
     return 0, es
   end
   F.weft_ar_resolve = function(h, count, dtype, algo, kind, why)
@@ -459,8 +462,16 @@ function M.install()
     if addr(inp) % 16 ~= 0 or addr(out) % 16 ~= 0 then return fail(EINVAL, "allreduce: buffers must be 16-byte aligned") end
     s.calls = s.calls + 1
     if algo >= 512 then DC.ar = DC.ar + 1 else DC.ar_plain = DC.ar_plain + 1 end
+    local q = algo % 256
+    if q >= 4 then DC.quick[q - 4] = (DC.quick[q - 4] or 0) + 1 end
     return defer(function()
       local parts = raw(s.g, "allgather", bytes_of(inp, count * es))
+      if q >= 4 then   -- the quick all-reduce: its CPU reference (the kernel's exact bits)
+        local ins = ffi.new("const void *[?]", #parts)
+        for i = 1, #parts do ins[i - 1] = parts[i] end
+        assert(R.weft_qr_reference(q - 4, dtype, #parts, ins, out, count) == 0)
+        return
+      end
       reduce_parts(out, parts, 0, count, dtype, 0)
     end)
   end

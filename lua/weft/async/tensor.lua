@@ -42,6 +42,11 @@ local function backend(g, op, t, rop)
        and mod("weft.policy").deterministic(g) then
       return nil
     end
+    -- the quick all-reduce (opt-in): the blocking form, whose policy picks the
+    -- quick kernel (or the exact ones below its size); never NCCL behind its back
+    if op == "all_reduce" and (t.dtype == "bf16" or t.dtype == "f16") and mod("weft.policy").quick(g) ~= "off" then
+      return nil
+    end
     local dg = g.device_group
     if dg and dg.handle ~= nil and type(dg.device) == "number" then return "nccl", dg end
     return nil

@@ -9,6 +9,7 @@
 local ffi = require "ffi"
 local policy = require "weft.policy"
 local S = require "weft.device_backends.setup"
+local Q = require "weft.quick"
 
 local tostring, tonumber, ipairs = tostring, tonumber, ipairs
 local fmt = string.format
@@ -113,6 +114,41 @@ local function det_sum(t, rop)
   return AR_DTYPES[t.dtype] and (rop == nil or rop == "sum")
 end
 
+-- The quick all-reduce (weft.quick; opt-in, agreed by the group): the
+-- algorithm name when it serves this call, or nil; second value: the error
+-- the call raises (disagreement, or deterministic mode with rows that do not
+-- hold whole codec blocks). Deterministic mode keeps its promise through it:
+-- every bf16/f16 sum takes the quick kernel at every size (a size threshold
+-- would hand small batches to the exact kernels and large ones to the codec,
+-- so a row's bits would change with the batch), and a row must be a
+-- multiple of the 32-element block (no block straddles two rows).
+local function row_length(t)
+  local sh = t.shape
+  if type(sh) == "table" and #sh > 0 then return tonumber(sh[#sh]) end
+  return tonumber(t.numel) or 0
+end
+
+local function quick_pick(g, t, det)
+  local qv, qerr = S.quick_state(g)
+  if qerr then return nil, qerr end
+  if qv == "off" or not Q.DTYPES[t.dtype] or not Q.WORLDS[g.world_size] then return nil end
+  if g._no_quick then return nil end   -- fused_allreduce_rmsnorm's unfused path: exact
+  if det then
+    local row = row_length(t)
+    if row % Q.BLOCK ~= 0 then
+      return nil, fmt("deterministic mode with the quick all-reduce (%s) on group %s: rows of %d elements are not "
+                      .. "a multiple of the codec's %d-element block, so a block would straddle two rows and a row's "
+                      .. "bits would depend on the batch (use rows of a multiple of %d elements, or quick = \"off\")",
+                      qv, gname(g), row, Q.BLOCK, Q.BLOCK)
+    end
+    return Q.algo(qv)
+  end
+  local min = Q.min_bytes(t.dtype, g.world_size, qv)
+  if (tonumber(t.nbytes) or 0) >= min then return Q.algo(qv) end
+  return nil
+end
+M.quick_pick = quick_pick
+
 local function ar_rule(g, t, rop)
   g._ar_pick_error = nil
   g._ar_det = false
@@ -154,6 +190,13 @@ local function ar_rule(g, t, rop)
   end
   local algo = ov
   if algo == nil then
+    local qa, qerr = quick_pick(g, t, det)
+    if qerr then g._ar_pick_error = qerr; return true end
+    if qa then
+      g._ar_pick = mod("weft.custom_ar").ALGO[qa]
+      g._ar_det = det
+      return true
+    end
     local be = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes))
     if be == "nccl" and not det then return false end
     algo = (be ~= "nccl" and be) or "auto"
@@ -183,6 +226,7 @@ local function ar_lines(g, t, rop)
                         .. "flag one-shot and two-shot sum the sanitised inputs in rank order, f32, one rounding: "
                         .. "the same bits); a call they cannot take raises, NCCL never sums"
   end
+  lines[#lines + 1] = M.quick_line(g, t, det, ov)
   if ov ~= nil then
     lines[#lines + 1] = fmt("= override all_reduce=%s (%s)", ov, tostring(src))
   else
@@ -197,9 +241,43 @@ local function ar_lines(g, t, rop)
   return lines
 end
 
+-- explain's line about the quick all-reduce for this call
+function M.quick_line(g, t, det, ov)
+  local qv, qerr = S.quick_state(g)
+  if qerr then return "x quick all-reduce: " .. qerr end
+  local _, src = policy.quick(g)
+  if qv == "off" then
+    return "- quick all-reduce: off (" .. tostring(src) .. "; opt in with policy.set{quick = \"int8\"|\"int4\"|\"fp8\"} "
+           .. "or WEFT_QUICK_ALLREDUCE: it changes the numerics)"
+  end
+  if not Q.DTYPES[t.dtype] then return fmt("- quick all-reduce %s: not for %s (bf16 and f16 only)", qv, tostring(t.dtype)) end
+  if not Q.WORLDS[g.world_size] then return fmt("- quick all-reduce %s: no kernel for %d ranks", qv, g.world_size) end
+  if ov ~= nil then return fmt("- quick all-reduce %s: not used (override all_reduce=%s)", qv, ov) end
+  local min, msrc = Q.min_bytes(t.dtype, g.world_size, qv)
+  local n = tonumber(t.nbytes) or 0
+  local bound = "error bound: " .. Q.bound_text(qv)
+  if det then
+    return fmt("+ quick all-reduce %s (%s): deterministic mode: every size (rows must hold whole 32-element "
+               .. "blocks); %s", qv, tostring(src), bound)
+  end
+  return fmt("%s quick all-reduce %s (%s): %s on %d ranks from %s (%s); this call %s%s", n >= min and "+" or "-", qv,
+             tostring(src), tostring(t.dtype), g.world_size, min == math.huge and "never" or policy.human_bytes(min), msrc,
+             policy.human_bytes(n), n >= min and (" -> quick_" .. qv .. "; " .. bound) or " is below: the exact kernels")
+end
+
 local function ar_why(g, _, t, rop)
   local e = g._ar_pick_error
   if e then return (e:find("^deterministic") and "error: " or "override error: ") .. e end
+  local pick = g._ar_pick or 0
+  if pick >= 4 then
+    local qv, src = policy.quick(g)
+    local min, msrc = Q.min_bytes(t.dtype, g.world_size, qv)
+    return fmt("weft quick all-reduce, codec %s (%s)%s: two-shot, wire = %s; every rank gets the same bits; "
+               .. "error bound: %s", qv, tostring(src),
+               g._ar_det and ", deterministic mode: every size" or fmt(", from %s (%s)", policy.human_bytes(min), msrc),
+               qv == "fp8" and "fp8 e4m3 + one f32 scale per 32 elements"
+                 or (qv .. " + one f32 scale per 32 elements"), Q.bound_text(qv))
+  end
   local ov, src = policy.override(g, "all_reduce")
   local algo = ov
   local how = ov and ("override, " .. tostring(src)) or nil

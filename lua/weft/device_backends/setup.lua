@@ -217,6 +217,51 @@ policy.determ_hooks.agree = function(g, v)
   g._dispatch = nil
 end
 
+-- The quick all-reduce setting (policy.quick), agreed like deterministic
+-- mode: on the set-up all-gather, and by policy.set{quick = v, group = g}.
+local function quick_votes_error(g, votes, op)
+  local by, order = {}, {}
+  for i, v in ipairs(votes) do
+    if by[v] == nil then by[v] = {}; order[#order + 1] = v end
+    by[v][#by[v] + 1] = i
+  end
+  if by.E then
+    return fmt("weft: %s: group %s: WEFT_QUICK_ALLREDUCE is invalid on ranks %s%s", op, gname(g), rank_list(g, by.E),
+               policy.quick_env_error and (" (here: " .. policy.quick_env_error .. ")") or "")
+  end
+  if #order > 1 then
+    local parts = {}
+    for _, v in ipairs(order) do parts[#parts + 1] = fmt("%s on ranks %s", v, rank_list(g, by[v])) end
+    return fmt("weft: %s: group %s: the quick all-reduce setting differs across ranks: %s (set "
+               .. "policy.set{quick = ...} or WEFT_QUICK_ALLREDUCE alike on every rank, before the group's first "
+               .. "device call)", op, gname(g), table.concat(parts, ", "))
+  end
+  return nil, order[1]
+end
+
+policy.quick_hooks.agree = function(g, v)
+  if g.world_size <= 1 or not g.is_member or g.destroyed or g.cpu_group == nil then return end
+  local votes = g.cpu_group:allgather(v)
+  local err = quick_votes_error(g, votes, "policy.set")
+  if err then error(err, 0) end
+  local d = g._dev
+  if d ~= nil then d.quick = v end
+  g._dispatch = nil
+end
+
+-- quick_state(g) -> "int8"|"int4"|"fp8"|"off", err: the group's agreed value
+-- once its device state exists, else the local one
+function M.quick_state(g)
+  if policy.quick_env_error then return "off", "weft: " .. policy.quick_env_error end
+  local v, src = policy.quick(g)
+  local d = g._dev
+  if d == nil or d.quick == nil or d.quick == v then return v, nil end
+  return d.quick, fmt("the quick all-reduce is %s on this rank (%s) but group %s agreed on %s at its first "
+                      .. "device call: change it with policy.set{quick = \"%s\", group = g} on every rank "
+                      .. "(collective over the group), or before the group's first device call",
+                      v, tostring(src), gname(g), d.quick, v)
+end
+
 -- determ_state(g) -> on (bool), err (nil or the message a device call raises):
 -- the group's agreed value once its device state exists, else the local one
 function M.determ_state(g)
@@ -247,6 +292,7 @@ function M.setup(g, op)
   if g.world_size <= 1 or not g.is_member then
     d = { device = cuda.current_device(), scratch = {}, retired = {}, nccl_why = "group of one rank" }
     d.determ = policy.deterministic(g) and true or false
+    d.quick = policy.quick_env_error and "off" or policy.quick(g)
     g._dev = d
     return d
   end
@@ -256,13 +302,14 @@ function M.setup(g, op)
   local have_nccl, nccl_msg = nccl.version()
   local host = hostname()
   local dvote = policy.determ_env_error and "E" or (policy.deterministic(g) and "1" or "0")
-  local list = g.cpu_group:allgather(fmt("%s\t%d\t%d\t%s\t%s", host, dev, have_nccl and 1 or 0, dvote,
-                                         shared_gpu_vote()))
+  local qvote = policy.quick_env_error and "E" or policy.quick(g)
+  local list = g.cpu_group:allgather(fmt("%s\t%d\t%d\t%s\t%s\t%s", host, dev, have_nccl and 1 or 0, dvote,
+                                         qvote, shared_gpu_vote()))
   local seen, shared, missing = {}, nil, nil
-  local sharers, votes, dvotes = {}, {}, {}
+  local sharers, votes, dvotes, qvotes = {}, {}, {}, {}
   for i, s in ipairs(list) do
-    local h, dv, nk, dt, vote = s:match("^(.*)\t(%-?%d+)\t(%d)\t(%w)\t(.*)$")
-    dvotes[i] = dt
+    local h, dv, nk, dt, qv, vote = s:match("^(.*)\t(%-?%d+)\t(%d)\t(%w)\t(%w+)\t(.*)$")
+    dvotes[i], qvotes[i] = dt, qv
     local key = tostring(h) .. "\t" .. tostring(dv)
     if seen[key] and not shared then
       shared = fmt("ranks %d and %d share cuda:%s on %s", g.ranks[seen[key]], g.ranks[i], tostring(dv), tostring(h))
@@ -274,7 +321,9 @@ function M.setup(g, op)
   end
   local derr, don = determ_votes_error(g, dvotes, op)
   if derr then error(derr, 0) end             -- the same message on every rank; no state kept
-  d = { device = dev, scratch = {}, retired = {}, shared = shared, determ = don }
+  local qerr, qon = quick_votes_error(g, qvotes, op)
+  if qerr then error(qerr, 0) end
+  d = { device = dev, scratch = {}, retired = {}, shared = shared, determ = don, quick = qon }
   if shared then shared_gpu_mode(g, d, sharers, votes, op) end
   local existing = g.device_group
   if existing ~= nil and type(existing) == "table" and existing.handle ~= nil then

@@ -1,0 +1,167 @@
+#!/usr/bin/env luajit
+-- bench-quick-codec.lua — one GPU: the quick all-reduce's codec steps alone
+-- (weft_qr_codec_step: the kernel's own encode/decode functions), checked
+-- against the CPU reference bit for bit, then timed beside a device copy of
+-- the same bytes:
+--   quantize  bf16 input -> wire (codes + one f32 scale per 32 elements)
+--   reduce W  W wires -> decode, f32 sum in rank order, encode once -> wire,
+--             and the decoded result -> bf16 output
+-- Rates are given per byte of bf16 input the step stands for (quantize: its
+-- input; reduce: the W contributions, W x the output), and as total memory
+-- traffic (bytes read + written per second), against the copy's.
+--
+--   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR]
+--
+-- Writes <out>/quick-codec-<machine>-<date>.json (DESIGN.md §7 format) and .md.
+local ffi = require "ffi"
+local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local weft = require "weft"
+local cuda = require "weft.cuda"
+local T = weft.tensor
+local Q = require "weft.quick"
+local C = require("weft.ffi").C
+
+local opt = { sizes = "16,64,256", reps = 20, machine = os.getenv("WEFT_MACHINE") or "nvidia-h200",
+              out = "bench/results" }
+local i = 1
+while arg[i] do
+  local k = arg[i]:match("^%-%-(.*)$")
+  if not k or opt[k] == nil then io.stderr:write("usage: see the header of this file\n"); os.exit(2) end
+  opt[k] = arg[i + 1]
+  i = i + 2
+end
+opt.reps = tonumber(opt.reps)
+
+if not cuda.available() then io.stderr:write("bench-quick-codec: no CUDA device\n"); os.exit(77) end
+local CODECS = { "fp", "int8", "int4", "fp8" }
+local WORLDS = { 2, 4, 8 }
+local MIB = 1048576
+local BF16 = 2
+local sz1 = ffi.new("size_t[1]")
+local function wire_bytes(codec, n)
+  assert(C.weft_qr_wire_bytes(Q.CODECS[codec], n, sz1) == 0)
+  return tonumber(sz1[0])
+end
+local function step(s, codec, W, inp, wire, out, n)
+  if C.weft_qr_codec_step(s, Q.CODECS[codec], BF16, W, inp, wire, out, n, nil) ~= 0 then
+    error("codec step: " .. ffi.string(C.weft_last_error()))
+  end
+end
+
+---------------------------------------------------------------- check first
+local ok_all = true
+do
+  local n = 100003
+  for _, codec in ipairs(CODECS) do
+    for _, W in ipairs(WORLDS) do
+      local ins, wires = {}, cuda.alloc(W * wire_bytes(codec, n))
+      local wb = wire_bytes(codec, n)
+      for r = 1, W do
+        ins[r] = T.randn({ n }, "bf16", "cpu", { seed = 40 + r })
+        local d = ins[r]:clone("cuda:0")
+        step(0, codec, W, d.ptr, ffi.cast("char *", wires) + (r - 1) * wb, nil, n)
+        cuda.synchronize()
+        d:free()
+      end
+      local out = T.zeros({ n }, "bf16", "cuda:0")
+      local wo = cuda.alloc(wb)
+      step(1, codec, W, wires, wo, out.ptr, n)
+      cuda.synchronize()
+      local got, ref = out:clone("cpu"), Q.reference(codec, "bf16", ins)
+      local a, b = ffi.cast("const uint16_t *", got.ptr), ffi.cast("const uint16_t *", ref.ptr)
+      local bad = 0
+      for k = 0, n - 1 do if a[k] ~= b[k] then bad = bad + 1 end end
+      print(("check %-4s W=%d: %s"):format(codec, W, bad == 0 and "bit-identical to the CPU reference"
+                                                   or (bad .. " elements differ")))
+      if bad > 0 then ok_all = false end
+      cuda.free(wires); cuda.free(wo); out:free()
+    end
+  end
+end
+
+---------------------------------------------------------------- timing
+local e0, e1 = cuda.event(), cuda.event()
+local function time_us(fn)
+  for _ = 1, 3 do fn() end
+  local ts = {}
+  for _ = 1, 5 do
+    e0:record()
+    for _ = 1, opt.reps do fn() end
+    e1:record()
+    e1:synchronize()
+    ts[#ts + 1] = e0:elapsed(e1) * 1e3 / opt.reps
+  end
+  table.sort(ts)
+  return ts[3]
+end
+
+local recs, lines = {}, {}
+local function rec(r) recs[#recs + 1] = r end
+for s in opt.sizes:gmatch("%d+") do
+  local bytes = tonumber(s) * MIB
+  local n = bytes / 2
+  local src = T.randn({ n }, "bf16", "cuda:0", { seed = 1 })
+  local dst = cuda.alloc(bytes)
+  local us = time_us(function() cuda.copy_async(dst, src.ptr, bytes) end)
+  rec { op = "copy", backend = "cudaMemcpy", dtype = "bf16", bytes = bytes, us = us,
+        input_tbs = bytes / us / 1e6, traffic_tbs = 2 * bytes / us / 1e6 }
+  lines[#lines + 1] = ("| %d MiB | copy | - | %.1f | %.2f | %.2f |"):format(s, us, bytes / us / 1e6, 2 * bytes / us / 1e6)
+  for _, codec in ipairs(CODECS) do
+    local wb = wire_bytes(codec, n)
+    local wire = cuda.alloc(wb)
+    us = time_us(function() step(0, codec, 2, src.ptr, wire, nil, n) end)
+    rec { op = "quick_quantize", backend = codec, dtype = "bf16", bytes = bytes, us = us,
+          input_tbs = bytes / us / 1e6, traffic_tbs = (bytes + wb) / us / 1e6 }
+    lines[#lines + 1] = ("| %d MiB | quantize | %s | %.1f | %.2f | %.2f |"):format(s, codec, us, bytes / us / 1e6,
+                                                                                (bytes + wb) / us / 1e6)
+    cuda.free(wire)
+    for _, W in ipairs(WORLDS) do
+      local m = math.floor(n / W / 8) * 8               -- elements per contribution
+      local mwb = wire_bytes(codec, m)
+      local wires = cuda.alloc(W * mwb)
+      for r = 0, W - 1 do step(0, codec, 2, src.ptr, ffi.cast("char *", wires) + r * mwb, nil, m) end
+      local wo, out = cuda.alloc(mwb), cuda.alloc(m * 2)
+      us = time_us(function() step(1, codec, W, wires, wo, out, m) end)
+      local inb, traffic = W * m * 2, W * mwb + mwb + m * 2
+      rec { op = "quick_reduce", backend = codec, dtype = "bf16", world = W, bytes = inb, us = us,
+            input_tbs = inb / us / 1e6, traffic_tbs = traffic / us / 1e6 }
+      lines[#lines + 1] = ("| %d MiB | reduce W=%d | %s | %.1f | %.2f | %.2f |"):format(s, W, codec, us,
+                                                                                     inb / us / 1e6, traffic / us / 1e6)
+      cuda.free(wires); cuda.free(wo); cuda.free(out)
+    end
+  end
+  src:free(); cuda.free(dst)
+end
+
+local date = os.date("!%Y-%m-%d")
+local commit = os.getenv("WEFT_COMMIT") or "unknown"
+local base = ("%s/quick-codec-%s-%s"):format(opt.out, opt.machine, date)
+local j = assert(io.open(base .. ".json", "w"))
+local parts = {}
+for _, r in ipairs(recs) do
+  local f = {}
+  for _, k in ipairs { "op", "backend", "dtype", "world", "bytes", "us", "input_tbs", "traffic_tbs" } do
+    local v = r[k]
+    if v ~= nil then
+      f[#f + 1] = type(v) == "string" and ('"%s": "%s"'):format(k, v)
+                  or (math.floor(v) == v and ('"%s": %d'):format(k, v) or ('"%s": %.4f'):format(k, v))
+    end
+  end
+  parts[#parts + 1] = "  {" .. table.concat(f, ", ") .. "}"
+end
+j:write(('{"machine": "%s", "date": "%s", "commit": "%s", "records": [\n%s\n]}\n'):format(
+  opt.machine, date, commit, table.concat(parts, ",\n")))
+j:close()
+local m = assert(io.open(base .. ".md", "w"))
+m:write(("# Quick all-reduce codec steps on one GPU (%s, %s, commit %s)\n\n"):format(opt.machine, date, commit))
+m:write("scripts/bench-quick-codec.lua: median of 5 runs of ", opt.reps, " back-to-back calls, CUDA events. ",
+        "`input TB/s`: bytes of bf16 input the step stands for, per second (reduce: the W contributions); ",
+        "`traffic TB/s`: bytes read + written per second. The copy is cudaMemcpy of the same bytes.\n",
+        "Checked first: every codec's steps bit-identical to the CPU reference: ", ok_all and "yes" or "NO", "\n\n")
+m:write("| size | step | codec | us | input TB/s | traffic TB/s |\n|---|---|---|---|---|---|\n")
+m:write(table.concat(lines, "\n"), "\n")
+m:close()
+print(table.concat(lines, "\n"))
+print("wrote " .. base .. ".json and .md")
+os.exit(ok_all and 0 or 1)

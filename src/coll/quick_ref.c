@@ -1,0 +1,97 @@
+/* quick_ref.c — the CPU reference of the quick all-reduce
+ * (kernels/quick_allreduce.cu): the same codec (src/coll/quick_codec.h) and
+ * the same sequence of f32 operations, one IEEE rounding each, so the
+ * kernel's output equals this bit for bit (NaN payloads aside).  Tests
+ * compare the kernel with it, and check it against an f64 reference and the
+ * documented bounds (docs/quick-allreduce.md) on the CPU.  Host only.
+ * x86-64 does f32 arithmetic in SSE (no excess precision, no FMA unless
+ * asked for): the operations below are exactly the kernel's. */
+#include "core/fpconv.h"
+#include "core/internal.h"
+#include "quick_codec.h"
+#include "weft.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One block of WF_QR_BLOCK values through the wire: encode, then decode
+ * (the kernel's encode + decode). */
+static void through_wire(int codec, const float *x, float *y) {
+  float a = 0.f;
+  int bad = 0;
+  for (int i = 0; i < WF_QR_BLOCK; i++) {
+    const float ax = fabsf(x[i]);
+    bad |= !(ax <= FLT_MAX);
+    a = fmaxf(a, ax);
+  }
+  if (bad) {
+    for (int i = 0; i < WF_QR_BLOCK; i++) y[i] = NAN;
+    return;
+  }
+  if (a == 0.f) {
+    for (int i = 0; i < WF_QR_BLOCK; i++) y[i] = 0.f;
+    return;
+  }
+  const float qm = wf_qr_qmax(codec);
+  const float k = a < 0x1p-60f ? 0x1p64f : 1.f;
+  volatile float ak = a * k; /* volatile: one rounding per operation, never contracted */
+  const float r = qm / ak;
+  const float s = a / qm;
+  for (int i = 0; i < WF_QR_BLOCK; i++) {
+    volatile float xk = x[i] * k;
+    const float v = xk * r;
+    float d;
+    if (codec == WF_QR_FP8) {
+      d = wf_f8e4m3_to_f32(wf_f32_to_f8e4m3(v));
+    } else {
+      float c = rintf(v); /* round to nearest even, as __float2int_rn */
+      if (c > qm) c = qm;
+      if (c < -qm) c = -qm;
+      d = (float)(int)c; /* an integer code: -0 becomes +0, as in the kernel */
+    }
+    y[i] = d * s;
+  }
+}
+
+static float load(int dtype, const void *p, size_t i) {
+  const uint16_t h = ((const uint16_t *)p)[i];
+  return dtype == WEFT_BF16 ? wf_bf16_to_f32(h) : wf_f16_to_f32(h);
+}
+static void store(int dtype, void *p, size_t i, float v) {
+  ((uint16_t *)p)[i] = dtype == WEFT_BF16 ? wf_f32_to_bf16(v) : wf_f32_to_f16(v);
+}
+
+int weft_qr_reference(int codec, int dtype, int world, const void *const *inputs, void *out, size_t count) {
+  WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick reference: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)",
+               codec);
+  WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick reference: dtype %d is not bf16 or f16", dtype);
+  WF_CHECK_ARG(world >= 1 && world <= 64, "quick reference: world %d out of range", world);
+  WF_CHECK_ARG(inputs && out, "quick reference: NULL buffer");
+  for (int p = 0; p < world; p++) WF_CHECK_ARG(inputs[p], "quick reference: input %d is NULL", p);
+  enum { B = WF_QR_BLOCK };
+  float x[B], y[B], acc[B];
+  for (size_t b0 = 0; b0 < count; b0 += B) {
+    const size_t n = count - b0 < B ? count - b0 : B; /* past the end: +0, as the kernel pads */
+    for (int p = 0; p < world; p++) {
+      for (int i = 0; i < B; i++) x[i] = (size_t)i < n ? load(dtype, inputs[p], b0 + i) : 0.f;
+      if (codec == WF_QR_FP) memcpy(y, x, sizeof y);
+      else through_wire(codec, x, y);
+      for (int i = 0; i < B; i++) {
+        volatile float sum = p == 0 ? y[i] : acc[i] + y[i];
+        acc[i] = sum;
+      }
+    }
+    if (codec == WF_QR_FP) memcpy(y, acc, sizeof y);
+    else through_wire(codec, acc, y);
+    for (size_t i = 0; i < n; i++) store(dtype, out, b0 + i, y[i]);
+  }
+  return 0;
+}
+
+int weft_qr_wire_bytes(int codec, size_t count, size_t *bytes) {
+  WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS && bytes, "quick wire bytes: bad codec %d or NULL", codec);
+  *bytes = (size_t)wf_qr_wire_bytes(codec, (count * 2 + 15) / 16);
+  return 0;
+}

@@ -1,0 +1,260 @@
+-- One rank of tests/gpu_quick_spec.lua: the quick all-reduce's kernel at
+-- world W (ranks sharing the GPU under MPS: scripts/weft-mps -n W --
+-- scripts/weft-run -n W tests/helpers/gpu_quick_worker.lua). Every codec
+-- (fp, int8, int4, fp8), bf16 and f16, on normal data, outlier channels,
+-- all-zero blocks, subnormals and the range's extremes: the kernel's output
+-- equals the CPU reference (weft_qr_reference) bit for bit, lies within the
+-- stated bound of the f64 sum element by element, and is the same bits on
+-- every rank; NaN/Inf confined to their block; graph replays, weft.async,
+-- deterministic mode (row bits independent of the batch), a large call.
+-- WEFT_QUICK_KILL=r: rank r leaves during quick calls; the others must fail
+-- naming it. WEFT_FAKE_DEVICE=1 rehearses it on the CPU.
+-- Prints "PASS <name>" / "FAIL <name>: why" per check; exits 1 on a failure.
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/tests/?.lua;" .. package.path
+local R = require "helpers.gpu_worker"
+local G, weft, T, cuda, policy, db, graph, async = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph, R.async
+local Q = require "weft.quick"
+local QC = require "helpers.quick_cases"
+
+local world = weft.init { timeout_ms = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000 }
+local me, W = world.rank, world.world_size
+local g = world
+local DEV = "cuda:" .. cuda.current_device()
+local S = G.soft_checks()
+local want = S.want
+local check, done = G.checks(world, S, function()
+  policy.set { quick = "default", deterministic = "default", group = g }
+end)
+local CODECS = { "fp", "int8", "int4", "fp8" }
+
+-- every size takes the quick kernel once the switch is on (a policy file)
+local pf = os.tmpname()
+do
+  local f = assert(io.open(pf, "w"))
+  f:write("return { version = 1, quick_min = { ['*'] = { ['*'] = { int8 = 0, int4 = 0, fp8 = 0 } } } }")
+  f:close()
+end
+policy.load_file(pf)
+
+local d = db.ensure_ar(g)
+local ar = d.ar
+if not ar then
+  print("FAIL setup: no custom all-reduce workspace: " .. tostring(d.ar_why))
+  weft.shutdown()
+  os.exit(1)
+end
+
+-- run the quick kernel with `codec` on rank me's host tensor h; returns the host result
+local function quick(codec, h)
+  local x = h:clone(DEV)
+  ar:run(x.ptr, x.ptr, x.numel, x.dtype, Q.algo(codec))
+  cuda.synchronize()
+  local e = ar:check_error()
+  if e then error("quick kernel failed: " .. e, 0) end
+  local out = x:clone("cpu")
+  x:free()
+  return out
+end
+
+-- bit-for-bit equal (NaN payloads aside): first differing element or nil
+local function differs(a, b, dt)
+  local x, y = QC.bits(a), QC.bits(b)
+  for i = 1, #x do
+    if x[i] ~= y[i] and not (QC.is_nan_bits(x[i], dt) and QC.is_nan_bits(y[i], dt)) then
+      return i, x[i], y[i]
+    end
+  end
+end
+
+-- the same bits on every rank: a checksum over the words, all-gathered
+local function same_everywhere(h, what)
+  local b = QC.bits(h)
+  local s1, s2 = 0, 0
+  for i = 1, #b do
+    local w = b[i]
+    if QC.is_nan_bits(w, h.dtype) then w = 0x7fff end
+    s1 = (s1 + w) % 65521
+    s2 = (s2 + s1) % 65521
+  end
+  local all = g.cpu_group:allgather(("%d:%d"):format(s1, s2))
+  for r = 2, #all do
+    if all[r] ~= all[1] then want(false, "%s: rank %d's result differs from rank 0's", what, r - 1); return end
+  end
+end
+
+---------------------------------------------------------------- a leaving rank
+local victim = tonumber(os.getenv("WEFT_QUICK_KILL") or "")
+if victim then
+  local x = T.ones({ 1048576 }, "bf16", DEV)
+  ar:run(x.ptr, x.ptr, x.numel, "bf16", "quick_int8"); cuda.synchronize()
+  world:barrier()
+  if me == victim then print("LEAVING"); io.stdout:flush(); os.exit(0, false) end
+  local t0 = weft.now_us()
+  local ok, err = pcall(function()
+    for _ = 1, 100000 do
+      ar:run(x.ptr, x.ptr, x.numel, "bf16", "quick_int8")
+      cuda.synchronize()
+      local e = ar:check_error()
+      if e then error(e, 0) end
+    end
+  end)
+  local s = (weft.now_us() - t0) / 1e6
+  if ok then print("FAIL killed: no error after the peer left")
+  elseif not tostring(err):find("rank " .. victim, 1, true) then
+    print(("FAIL killed: the error does not name rank %d (%.1f s): %s"):format(victim, s, tostring(err):gsub("\n", " | ")))
+  else
+    print(("PASS killed (%.1f s): %s"):format(s, tostring(err):gsub("\n", " | ")))
+  end
+  io.stdout:flush()
+  os.exit(0, false)
+end
+
+---------------------------------------------------------------- bounds
+local N = 4096 * W * 5 + 77   -- five chunks per owner and a tail
+check("bounds", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, class in ipairs(QC.CLASSES) do
+      local xs, ts = QC.make(class, dt, W, N)
+      local ex = QC.exact(xs)
+      for _, codec in ipairs(CODECS) do
+        local got = quick(codec, ts[me + 1])
+        local ref = Q.reference(codec, dt, ts)
+        local i, a, b = differs(got, ref, dt)
+        want(i == nil, "%s %s %s: element %s is 0x%x, the CPU reference 0x%x", codec, dt, class, tostring(i), a or 0, b or 0)
+        local bnd = Q.bounds(codec, dt, xs)
+        local j, gv, ev, bv = QC.violation(got:to_table(), ex, bnd)
+        want(j == nil, "%s %s %s: element %s = %s, exact %s, bound %s", codec, dt, class, tostring(j), tostring(gv),
+             tostring(ev), tostring(bv))
+        same_everywhere(got, ("%s %s %s"):format(codec, dt, class))
+        if me == 0 and class == "normal" and dt == "bf16" then
+          print(("INFO W=%d %s normal bf16: SNR %.1f dB"):format(W, codec, Q.snr_db(ex, got:to_table())))
+        end
+      end
+    end
+  end
+end)
+
+---------------------------------------------------------------- NaN / Inf
+check("nan_inf", function()
+  local dt = "bf16"
+  local _, ts = QC.make("normal", dt, W, N)
+  local vals = ts[me + 1]:to_table()
+  local poison = { [0] = { 40, 0 / 0 }, [1] = { 100, math.huge }, [2] = { 101, -math.huge }, [3] = { 200, math.huge } }
+  local pts = {}
+  for r = 0, W - 1 do
+    local v = ts[r + 1]:to_table()
+    local p = poison[r % 4]
+    v[p[1] + 32 * 4 * math.floor(r / 4)] = p[2]
+    pts[r + 1] = T.from_table(v, dt, { N }, "cpu")
+  end
+  _ = vals
+  for _, codec in ipairs(CODECS) do
+    local clean = quick(codec, ts[me + 1])
+    local got = quick(codec, pts[me + 1])
+    local ref = Q.reference(codec, dt, pts)
+    local i = differs(got, ref, dt)
+    want(i == nil, "%s: element %s differs from the CPU reference", codec, tostring(i))
+    local gv = got:to_table()
+    local cb, gb = QC.bits(clean), QC.bits(got)
+    local bad = {}
+    for r = 0, W - 1 do
+      local p = poison[r % 4]
+      local idx = p[1] + 32 * 4 * math.floor(r / 4)
+      bad[math.floor((idx - 1) / 32)] = true
+      local v = gv[idx]
+      want(v ~= v or v == math.huge or v == -math.huge, "%s: element %d (non-finite input) is %s", codec, idx, tostring(v))
+    end
+    for k = 1, N do
+      if not bad[math.floor((k - 1) / 32)] then
+        if cb[k] ~= gb[k] then want(false, "%s: element %d of a clean block changed", codec, k); break end
+      elseif codec ~= "fp" and gv[k] == gv[k] then
+        want(false, "%s: element %d of a poisoned block is %s, documented NaN", codec, k, tostring(gv[k])); break
+      end
+    end
+    same_everywhere(got, codec .. " nan_inf")
+  end
+end)
+
+---------------------------------------------------------------- graphs
+check("graph", function()
+  cuda.synchronize()
+  policy.set { quick = "int8", group = g }
+  local n = 4096 * W + 1000
+  local y = T.zeros({ n }, "bf16", DEV)
+  want(db.choice(g, "all_reduce", y) == "quick_int8", "policy chose %s", tostring(db.choice(g, "all_reduce", y)))
+  local gr = graph.capture(function() g:all_reduce(y) end, { warmup = 1, groups = { g } })
+  for round = 1, 3 do
+    local ins = {}
+    for r = 0, W - 1 do ins[r + 1] = T.randn({ n }, "bf16", "cpu", { seed = 500 + 10 * round + r }) end
+    y:copy_(ins[me + 1])
+    gr:replay()
+    cuda.synchronize()
+    local got = y:clone("cpu")
+    local i = differs(got, Q.reference("int8", "bf16", ins), "bf16")
+    want(i == nil, "replay %d: element %s differs from the reference", round, tostring(i))
+  end
+  gr:destroy()
+end)
+
+---------------------------------------------------------------- weft.async
+check("async", function()
+  policy.set { quick = "fp8", group = g }
+  local n = 4096 * W * 2 + 3
+  local ins = {}
+  for r = 0, W - 1 do ins[r + 1] = T.randn({ n }, "f16", "cpu", { seed = 900 + r }) end
+  local x = ins[me + 1]:clone(DEV)
+  async.all_reduce(g, x):wait()
+  cuda.synchronize()
+  local i = differs(x:clone("cpu"), Q.reference("fp8", "f16", ins), "f16")
+  want(i == nil, "weft.async: element %s differs from the reference", tostring(i))
+end)
+
+---------------------------------------------------------------- deterministic mode
+-- rows of 4096 (a multiple of the block): a row's bits do not depend on the batch
+check("determinism", function()
+  policy.set { deterministic = true, quick = "int8", group = g }
+  local H = 4096
+  local function rows(b, r)   -- b rows of rank r: row k's data depends on (k, r) only
+    local parts = {}
+    for k = 0, b - 1 do parts[#parts + 1] = T.randn({ H }, "bf16", "cpu", { seed = 7000 + 97 * k + r }):to_table() end
+    local flat = {}
+    for _, p in ipairs(parts) do for _, v in ipairs(p) do flat[#flat + 1] = v end end
+    return T.from_table(flat, "bf16", { b, H }, "cpu")
+  end
+  local first
+  for _, b in ipairs { 1, 7, 64 } do
+    local x = rows(b, me):clone(DEV)
+    want(db.choice(g, "all_reduce", x) == "quick_int8", "batch %d: %s", b, tostring(db.choice(g, "all_reduce", x)))
+    g:all_reduce(x)
+    cuda.synchronize()
+    local row0 = QC.bits(x:clone("cpu"))
+    local r0 = {}
+    for k = 1, H do r0[k] = row0[k] end
+    if first == nil then first = r0
+    else
+      for k = 1, H do
+        if r0[k] ~= first[k] then want(false, "batch %d: row 0 element %d differs from batch 1", b, k); break end
+      end
+    end
+  end
+  S.expect_error("rows of 100 elements are not a multiple", g.all_reduce, g, T.ones({ 3, 100 }, "bf16", DEV))
+end)
+
+---------------------------------------------------------------- large
+check("large", function()
+  local n = 12 * 1048576 + 5   -- 24 MiB of bf16
+  local ins = {}
+  for r = 0, W - 1 do ins[r + 1] = T.randn({ n }, "bf16", "cpu", { seed = 3300 + r }) end
+  for _, codec in ipairs { "int8", "int4" } do
+    local got = quick(codec, ins[me + 1])
+    local ref = Q.reference(codec, "bf16", ins)
+    want(got:compare(ref) == 0, "%s: max abs difference %g from the CPU reference", codec, got:compare(ref))
+    got:free(); ref:free()
+  end
+end)
+
+os.remove(pf)
+policy.clear_file()
+weft.shutdown()
+done()

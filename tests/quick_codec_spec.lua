@@ -1,0 +1,184 @@
+-- The quick all-reduce's codec on the CPU: its reference (weft_qr_reference,
+-- the kernel's exact operations; tests/gpu_quick_spec.lua holds the kernel to
+-- it bit for bit) against an f64 reference, element by element, within the
+-- bound docs/quick-allreduce.md states, at worlds 2/4/6/8, bf16 and f16, on
+-- normal data, outlier channels (50-100x), all-zero blocks, subnormals and
+-- the range's extremes; NaN/Inf confined to their block; the bound not
+-- vacuous; SNR on normal and outlier data (printed for the docs).
+local Q = require "weft.quick"
+local T = require "weft.tensor"
+local QC = require "helpers.quick_cases"
+
+local CODECS = { "fp", "int8", "int4", "fp8" }
+local N = 4096 + 13   -- odd tail: a partial vector and a partial block
+
+describe("quick all-reduce codec (CPU reference)", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, W in ipairs { 2, 4, 6, 8 } do
+      for _, class in ipairs(QC.CLASSES) do
+        it(("%s world %d %s: every element within the stated bound, every codec"):format(dt, W, class), function()
+          local xs, ts = QC.make(class, dt, W, N)
+          local ex = QC.exact(xs)
+          for _, codec in ipairs(CODECS) do
+            local got = Q.reference(codec, dt, ts):to_table()
+            local b = Q.bounds(codec, dt, xs)
+            local i, g, e, bb = QC.violation(got, ex, b)
+            assert(i == nil, ("%s %s W=%d %s: element %s: got %s, exact %s, |err| %s > bound %s"):format(
+              codec, dt, W, class, tostring(i), tostring(g), tostring(e), tostring(g and e and math.abs(g - e)),
+              tostring(bb)))
+          end
+        end)
+      end
+    end
+  end
+
+  it("all-zero blocks come out exactly zero, every codec", function()
+    local xs, ts = QC.make("zero_blocks", "bf16", 4, N)
+    for _, codec in ipairs(CODECS) do
+      local got = Q.reference(codec, "bf16", ts):to_table()
+      for i = 1, N do
+        local blk = math.floor((i - 1) / 32)
+        if blk % 5 == 0 or blk % 5 == 2 then
+          assert(got[i] == 0, ("%s: element %d of a zero block is %s"):format(codec, i, tostring(got[i])))
+        end
+      end
+      _ = xs
+    end
+  end)
+
+  it("NaN and Inf: never finite, their block only (quantized: the block is NaN), other blocks bit-identical", function()
+    for _, dt in ipairs { "bf16", "f16" } do
+      local W = 4
+      local _, ts = QC.make("normal", dt, W, N)
+      local clean = {}
+      for _, codec in ipairs(CODECS) do clean[codec] = QC.bits(Q.reference(codec, dt, ts)) end
+      local vals = {}
+      for r = 1, W do vals[r] = ts[r]:to_table() end
+      local poison = { { 2, 40, 0 / 0 }, { 3, 100, math.huge }, { 4, 101, -math.huge }, { 1, 200, math.huge } }
+      for _, p in ipairs(poison) do vals[p[1]][p[2]] = p[3] end
+      local pts = {}
+      for r = 1, W do pts[r] = T.from_table(vals[r], dt, { N }, "cpu") end
+      local bad_block = { [1] = true, [3] = true, [6] = true }   -- 0-based blocks of 40, 100/101, 200
+      for _, codec in ipairs(CODECS) do
+        local out = Q.reference(codec, dt, pts)
+        local got, bits = out:to_table(), QC.bits(out)
+        for _, p in ipairs(poison) do
+          local v = got[p[2]]
+          assert(v ~= v or v == math.huge or v == -math.huge,
+                 ("%s %s: element %d (non-finite input) came out %s"):format(codec, dt, p[2], tostring(v)))
+        end
+        if codec ~= "fp" then assert(got[200] ~= got[200], codec .. ": a lone +Inf should make its block NaN") end
+        if codec == "fp" then assert(got[200] == math.huge, "fp: +Inf + finite must stay +Inf") end
+        for i = 1, N do
+          local blk = math.floor((i - 1) / 32)
+          if not bad_block[blk] then
+            assert(bits[i] == clean[codec][i], ("%s %s: element %d of a clean block changed"):format(codec, dt, i))
+          elseif codec ~= "fp" then
+            assert(got[i] ~= got[i], ("%s %s: element %d in a poisoned block is %s, documented NaN"):format(
+              codec, dt, i, tostring(got[i])))
+          elseif i ~= 40 and i ~= 100 and i ~= 101 and i ~= 200 then
+            assert(bits[i] == clean[codec][i], ("fp %s: finite element %d of a poisoned block changed"):format(dt, i))
+          end
+        end
+      end
+    end
+  end)
+
+  it("f16: a sum beyond f16's range (not f32's) is +-Inf in that element only, as with the exact kernels", function()
+    local a, b = {}, {}
+    for i = 1, 64 do a[i], b[i] = (i % 7) / 7, (i % 5) / 5 end
+    a[3], b[3] = 60000, 60000
+    local ts = { T.from_table(a, "f16", { 64 }, "cpu"), T.from_table(b, "f16", { 64 }, "cpu") }
+    for _, codec in ipairs(CODECS) do
+      local got = Q.reference(codec, "f16", ts):to_table()
+      assert.are.equal(math.huge, got[3], codec)
+      for i = 1, 64 do
+        if i ~= 3 then assert(got[i] == got[i] and math.abs(got[i]) < 65504, codec .. ": element " .. i) end
+      end
+    end
+  end)
+
+  it("the bound is not vacuous: the worst error uses a fair share of it, and halving it fails", function()
+    local xs, ts = QC.make("normal", "bf16", 4, N)
+    local ex = QC.exact(xs)
+    for _, codec in ipairs { "int8", "int4", "fp8" } do
+      local got = Q.reference(codec, "bf16", ts):to_table()
+      local b = Q.bounds(codec, "bf16", xs)
+      local worst = 0
+      for i = 1, N do worst = math.max(worst, math.abs(got[i] - ex[i]) / b[i]) end
+      assert(worst > 0.15, ("%s: worst error is only %.3f of the bound"):format(codec, worst))
+      assert(worst <= 1, codec)
+    end
+  end)
+
+  it("every rank's data counts, each with its own block scale (dropping a scale breaks the bound)", function()
+    local xs, ts = QC.make("outliers", "bf16", 4, N)
+    -- rank 3's data scaled by 100 in one block: a reference that reused a
+    -- neighbour's scale, or dropped a rank, would be off by far more than the bound
+    local v = ts[3]:to_table()
+    for i = 65, 96 do v[i] = v[i] * 100 end
+    ts[3] = T.from_table(v, "bf16", { N }, "cpu")
+    xs[3] = ts[3]:to_table()
+    local ex = QC.exact(xs)
+    for _, codec in ipairs { "int8", "int4", "fp8" } do
+      local got = Q.reference(codec, "bf16", ts):to_table()
+      local b = Q.bounds(codec, "bf16", xs)
+      assert(QC.violation(got, ex, b) == nil, codec)
+      -- the same block with rank 3 left out is far outside the bound
+      local off = 0
+      for i = 65, 96 do off = math.max(off, math.abs((ex[i] - xs[3][i]) - ex[i]) / b[i]) end
+      assert(off > 5, codec .. ": the test data does not separate a dropped contribution")
+    end
+  end)
+
+  it("measured SNR (dB) on normal and outlier data", function()
+    local lines = {}
+    local floor = { fp = 40, int8 = 30, int4 = 10, fp8 = 20 }
+    for _, W in ipairs { 2, 4, 8 } do
+      for _, class in ipairs { "normal", "outliers" } do
+        local xs, ts = QC.make(class, "bf16", W, 65536)
+        local ex = QC.exact(xs)
+        local row = {}
+        for _, codec in ipairs(CODECS) do
+          local got = Q.reference(codec, "bf16", ts):to_table()
+          local snr = Q.snr_db(ex, got)
+          row[#row + 1] = ("%s %.1f"):format(codec, snr)
+          assert(snr > floor[codec], ("%s W=%d %s: SNR %.1f dB"):format(codec, W, class, snr))
+        end
+        lines[#lines + 1] = ("bf16 W=%d %-8s %s"):format(W, class, table.concat(row, "  "))
+      end
+    end
+    if os.getenv("WEFT_QUICK_SNR") then print("\n" .. table.concat(lines, "\n")) end
+  end)
+
+  it("the C entry points refuse bad arguments, naming them", function()
+    local ffi = require "ffi"
+    local C = require("weft.ffi").C
+    local function err(rc)
+      assert.are_not.equal(0, rc)
+      return ffi.string(C.weft_last_error())
+    end
+    local x = T.zeros({ 64 }, "bf16", "cpu")
+    local ins = ffi.new("const void *[2]", x.ptr, x.ptr)
+    assert.matches("codec 7 unknown", err(C.weft_qr_reference(7, 2, 2, ins, x.ptr, 64)))
+    assert.matches("dtype 0 is not bf16 or f16", err(C.weft_qr_reference(1, 0, 2, ins, x.ptr, 64)))
+    assert.matches("step 2 is not 0", err(C.weft_qr_codec_step(2, 1, 2, 2, x.ptr, x.ptr, x.ptr, 64, nil)))
+    assert.matches("world 3 is not 2, 4, 6 or 8", err(C.weft_qr_codec_step(1, 1, 2, 3, x.ptr, x.ptr, x.ptr, 64, nil)))
+    assert.matches("dtype f32 is not bf16 or f16", err(C.weft_qr_codec_step(0, 1, 0, 2, x.ptr, x.ptr, nil, 64, nil)))
+    local n = ffi.new("size_t[1]")
+    assert.are.equal(0, C.weft_qr_wire_bytes(1, 4096, n))
+    assert.are.equal(4608, tonumber(n[0]))      -- one part of 512 vectors: 4096 code bytes + 128 scales
+    assert.are.equal(0, C.weft_qr_wire_bytes(2, 4097, n))
+    assert.are.equal(2 * 2560, tonumber(n[0]))  -- int4: two parts (the last one partial, stored whole)
+  end)
+
+  it("the seed's minimum sizes, and the policy file's quick_min over them", function()
+    assert.are.equal(8 * 1048576, (Q.min_bytes("bf16", 2, "int8", false)))
+    assert.are.equal(2 * 1048576, (Q.min_bytes("f16", 4, "int4", false)))
+    assert.are.equal(2048 * 1048576, (Q.min_bytes("bf16", 6, "int8", false)))   -- max of worlds 4 and 8
+    local n, src = Q.min_bytes("bf16", 2, "int8", { quick_min = { [2] = { bf16 = { int8 = 4096 } } } })
+    assert.are.equal(4096, n)
+    assert.is_truthy(src:find("quick_min", 1, true))
+    assert.are.equal(math.huge, (Q.min_bytes("f32", 2, "int8", false)))
+  end)
+end)

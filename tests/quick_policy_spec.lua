@@ -1,0 +1,145 @@
+-- The quick all-reduce's policy on the CPU (docs/quick-allreduce.md): the
+-- opt-in switch (policy.set{quick}, WEFT_QUICK_ALLREDUCE), its validation,
+-- the policy file's quick_min section, the routing and explain on a
+-- device-state stand-in, and on 2 real ranks over a pretend GPU
+-- (tests/helpers/quick_ranks.lua): agreement, refusals, deterministic mode,
+-- weft.async and graphs; then the GPU worker rehearsed on the pretend GPU.
+-- The kernel itself needs the GPU: tests/gpu_quick_spec.lua.
+local weft = require "weft"
+local spec = require "helpers.spec_util"
+local policy = require "weft.policy"
+local db = require "weft.device_backends"
+local pf = require "weft.policy_file"
+local _ = weft
+
+local ROOT = os.getenv("PWD") or "."
+local MIB = 1048576
+local dev = spec.dev_standin
+
+local fake_ar = {
+  max_bytes = 64 * MIB, oneshot_max = 8 * MIB,
+  resolve = function(_, _, _, algo) return tostring(algo), "fake" end,
+  run = function() end,
+}
+local function group(o) return spec.group_standin(o, fake_ar) end
+local function sel(g, t, op) return (policy.select(g, op or "all_reduce", t)) end
+
+local function reset()
+  policy.overrides.global, policy.overrides.groups = {}, {}
+  policy.override_error = nil
+  policy.clear_file()
+  policy.version = policy.version + 1
+end
+
+describe("quick all-reduce: the switch", function()
+  before_each(reset)
+  teardown(reset)
+
+  it("is off by default, set per process or per group, validated", function()
+    local g = group()
+    assert.are.equal("off", (policy.quick(g)))
+    policy.set { quick = "int8" }
+    local v, src = policy.quick(g)
+    assert.are.equal("int8", v); assert.are.equal("policy.set", src)
+    policy.set { quick = "int4", group = "tp.0" }
+    assert.are.equal("int4", (policy.quick(g)))
+    assert.are.equal("int8", (policy.quick(group { name = "tp.1" })))
+    policy.set { quick = "default", group = "tp.0" }
+    assert.are.equal("int8", (policy.quick(g)))
+    policy.set { quick = "default" }
+    assert.are.equal("off", (policy.quick(g)))
+    local ok, err = pcall(policy.set, { quick = "int6" })
+    assert.is_false(ok)
+    assert.matches("quick = int6 is not one of fp8, int4, int8, off", err)
+  end)
+
+  it("reads WEFT_QUICK_ALLREDUCE at load, and names a bad value", function()
+    local cmd = "cd %s && WEFT_QUICK_ALLREDUCE=%s luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path "
+                .. "local p = require 'weft.policy' local v, s = p.quick(nil) print(v, s, p.quick_env_error)\" 2>&1"
+    assert.matches("^fp8\tWEFT_QUICK_ALLREDUCE\tnil", spec.shell(cmd:format(ROOT, "fp8")))
+    assert.matches("^off\tWEFT_QUICK_ALLREDUCE\tnil", spec.shell(cmd:format(ROOT, "off")))
+    assert.matches("^off\tdefault\tWEFT_QUICK_ALLREDUCE=\"INT8\" is not one of", spec.shell(cmd:format(ROOT, "INT8")))
+  end)
+
+  it("the policy file's quick_min section is validated, naming the entry", function()
+    local t = pf.parse("return { version = 1, quick_min = { [2] = { bf16 = { int8 = 4096 } }, ['*'] = { ['*'] = { fp8 = 0 } } } }")
+    assert.are.equal(4096, t.quick_min[2].bf16.int8)
+    local function bad(text, pattern)
+      local ok, err = pcall(pf.parse, text, "p.lua")
+      assert.is_false(ok)
+      assert.matches(pattern, err)
+    end
+    bad("return { version = 1, quick_min = { [2] = { bf16 = { int6 = 1 } } } }", "quick_min%[2%]%.bf16%.int6: unknown codec")
+    bad("return { version = 1, quick_min = { [2] = { f32 = { int8 = 1 } } } }", "quick_min%[2%]%.f32: unknown dtype")
+    bad("return { version = 1, quick_min = { [2] = { bf16 = { int8 = -1 } } } }", "int8: must be an integer byte count")
+    bad("return { version = 1, quick_min = { [1] = { bf16 = { int8 = 1 } } } }", "world size must be")
+  end)
+end)
+
+describe("quick all-reduce: routing on a device-state stand-in", function()
+  setup(function() db._set_cuda_available(true) end)
+  teardown(function() db._set_cuda_available(nil); reset() end)
+  before_each(reset)
+
+  it("off: nothing changes; on: bf16/f16 from the seed's minimum, f32 never", function()
+    local g = group()
+    local x16 = dev({ 8 * MIB })            -- bf16 16 MiB: above the seed's 8 MiB (int8, 2 ranks)
+    assert.are.equal("custom_ar", sel(g, x16))
+    assert.is_true((g._ar_pick or 0) < 4)
+    policy.set { quick = "int8" }
+    assert.are.equal("custom_ar", sel(g, x16))
+    assert.are.equal(5, g._ar_pick)        -- WEFT_AR_QUICK_INT8
+    assert.are.equal("quick_int8", (db.choice(g, "all_reduce", x16)))
+    sel(g, dev({ 2 * MIB }))                -- 4 MiB: below 8 MiB
+    assert.is_true(g._ar_pick < 4)
+    sel(g, dev({ 4 * MIB }, "f32"))
+    assert.is_true(g._ar_pick < 4)
+    policy.set { quick = "int4" }
+    sel(g, dev({ 4 * MIB }, "f16"))         -- f16, 2 ranks: int4 from 1 MiB
+    assert.are.equal(6, g._ar_pick)
+    local e = policy.explain(g, dev({ 4 * MIB }, "f16"))
+    assert.matches("weft quick all%-reduce, codec int4 %(policy.set%), from 1 MiB %(the seed's table", e)
+    assert.matches("h = block max/7", e)
+    assert.matches("quick all%-reduce: int4 %(policy.set%)", e)
+  end)
+
+  it("deterministic mode: every size, and rows straddling blocks are an error", function()
+    policy.set { quick = "fp8", deterministic = true }
+    local g = group()
+    sel(g, dev({ 1, 64 }))
+    assert.are.equal(7, g._ar_pick); assert.is_true(g._ar_det); assert.is_nil(g._ar_pick_error)
+    sel(g, dev({ 4, 48 }))
+    assert.matches("rows of 48 elements are not a multiple of the codec's 32%-element block", tostring(g._ar_pick_error))
+  end)
+end)
+
+describe("quick all-reduce on 2 ranks over a pretend GPU", function()
+  local function run(script, n, env)
+    return spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 %s LUA_PATH='%s/tests/?.lua;;' "
+                       .. "timeout -s KILL 400 scripts/weft-run -n %d --timeout 390 %s"):format(ROOT, env or "", ROOT, n, script))
+  end
+  local function passes(out, n, count)
+    assert.is_nil(out:match("FAIL [^\n]*"), out)
+    for r = 0, n - 1 do assert.matches("%[rank" .. r .. "%] DONE 0 failed", out) end
+    assert.matches("rc=0%s*$", out)
+    local k = 0
+    for _ in out:gmatch("%] PASS ") do k = k + 1 end
+    assert.are.equal(n * count, k, out)
+  end
+
+  it("agrees, routes, explains, refuses; async and graphs take the quick kernel", function()
+    passes(run("tests/helpers/quick_ranks.lua", 2), 2, 8)
+  end)
+
+  it("WEFT_QUICK_ALLREDUCE on every rank is the group's setting", function()
+    local out = run("tests/helpers/quick_ranks.lua", 2, "WEFT_QUICK_ALLREDUCE=int8 WEFT_QUICK_ENV_ONLY=1")
+    assert.matches("%[rank0%] PASS env", out)
+    assert.matches("%[rank1%] PASS env", out)
+  end)
+
+  it("rehearses the GPU worker at worlds 2 and 4", function()
+    passes(run("tests/helpers/gpu_quick_worker.lua", 2), 2, 6)
+    passes(run("tests/helpers/gpu_quick_worker.lua", 4,
+               "WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 6)
+  end)
+end)
