@@ -6,7 +6,9 @@
 -- wait for a rank that never comes; a dead peer is named within a second;
 -- 10^5 group:all_reduce calls on a host tensor allocate nothing per call,
 -- never consult the policy table, and every argument check still refuses.
--- No speed is asserted here: bench-host measures it (--load busy included).
+-- (A spinning waiter would use most of the 1.5 s, and still far over 100 ms
+-- at an eighth of a CPU on a crowded machine.) No speed is asserted here:
+-- bench-host measures it (--load busy included).
 local util = require "helpers.store_util"
 local spec = require "helpers.spec_util"
 
@@ -35,7 +37,7 @@ describe("host waits", function()
   end)
 
   for _, n in ipairs { 2, 8 } do
-    it(("ranks waiting 1.5 s for a late rank sleep: under 300 ms of CPU each (%d ranks, shm and mq)"):format(n), function()
+    it(("ranks waiting 1.5 s for a late rank sleep: under 100 ms of CPU each (%d ranks, shm and mq)"):format(n), function()
       local res = run(n, "idle", { HW_LATE_MS = 1500 })
       all_ok(n, res)
       for r = 0, n - 2 do
@@ -43,13 +45,13 @@ describe("host waits", function()
         assert.is_truthy(g, res[r].out)
         local cpu = tonumber(g.msg:match("cpu_ms=(%d+)"))
         assert.is_true(g.ms >= 1000, ("rank %d did not wait (%d ms)"):format(r, g.ms))
-        assert.is_true(cpu < 300, ("rank %d used %d ms of CPU waiting %d ms (shm)"):format(r, cpu, g.ms))
+        assert.is_true(cpu < 100, ("rank %d used %d ms of CPU waiting %d ms (shm)"):format(r, cpu, g.ms))
       end
       for r = 1, n - 1 do
         local g = report(res, r, "IDLE_MQ")
         assert.is_truthy(g, res[r].out)
         local cpu = tonumber(g.msg:match("cpu_ms=(%d+)"))
-        assert.is_true(cpu < 300, ("rank %d used %d ms of CPU waiting %d ms (mq)"):format(r, cpu, g.ms))
+        assert.is_true(cpu < 100, ("rank %d used %d ms of CPU waiting %d ms (mq)"):format(r, cpu, g.ms))
       end
     end)
   end
