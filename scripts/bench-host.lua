@@ -240,14 +240,16 @@ local function driver()
                        :format(opts.min, max, opts.factor, opts.iters, opts.warmup, dt)
         for _, W in ipairs(worlds) do
           if load == "busy" then load_start(nproc) end
-          io.stderr:write(("bench-host: weft, %d ranks, %s, load %s (run %d) ...\n"):format(W, dt, load, rep))
+          io.stderr:write(("bench-host: [%3d s] weft, %d ranks, %s, load %s (run %d) ...\n")
+                          :format(os.time() - t_start, W, dt, load, rep))
           local out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --bind %s")
                              :format(root, W, root, common, opts.bind or "auto"))
           local recs = parse_lines(out, "weft")
           if not ok or #recs == 0 then io.stderr:write(out); failed = true end
           for _, r in ipairs(recs) do keep(load, W, "weft", r) end
           if not opts.no_mpi then
-            io.stderr:write(("bench-host: Open MPI, %d ranks, %s, load %s (run %d) ...\n"):format(W, dt, load, rep))
+            io.stderr:write(("bench-host: [%3d s] Open MPI, %d ranks, %s, load %s (run %d) ...\n")
+                            :format(os.time() - t_start, W, dt, load, rep))
             local mout, mok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s")
                                  :format(W, opts.mpi, common))
             local mrecs = parse_lines(mout, "mpi")
