@@ -98,7 +98,7 @@ int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic u
     if (stop && atomic_load(stop)) return 0;
     sched_yield();
     int64_t t = wf_now_ns();
-    if (t - now > WF_PREEMPT_NS && !w->fixed_yield && atomic_load(word) == v) {
+    if (t - now > WF_YIELD_LONG_NS && !w->fixed_yield && atomic_load(word) == v) {
       /* the core went to a thread that is not a peer (or to a peer's long
        * work): sleeping costs less than waiting out its slices */
       w->no_yield_until = t + WF_YIELD_HOLD_NS;

@@ -17,10 +17,11 @@
  *    scheduler slice).
  *  - When ranks outnumber CPUs, a bounded sched_yield() phase hands the
  *    core to a late rank before sleeping; a yield that gave the core away
- *    for long while no peer made progress means a foreign busy thread took
- *    the slice, so yields stop for WF_YIELD_HOLD_NS and such waits sleep on
- *    the futex at once (a woken sleeper preempts a busy loop; a yielder
- *    waits for its slice to end: ~4 ms).
+ *    for more than WF_YIELD_LONG_NS while no peer made progress means a
+ *    foreign busy thread took the slice, so yields stop for
+ *    WF_YIELD_HOLD_NS and such waits sleep on the futex at once (a woken
+ *    sleeper preempts a busy loop; a yielder waits for its slice to end:
+ *    ~4 ms).
  * WEFT_SHM_SPIN_US / WEFT_MQ_SPIN_US fix the spin (microseconds, spinning
  * even when crowded), WEFT_SHM_YIELD_US fixes the yield phase (0: none). */
 #ifndef WEFT_WAIT_H
@@ -34,6 +35,7 @@
 #define WF_SPIN_START_NS 50000LL
 #define WF_PREEMPT_NS 50000LL     /* a gap this long between two looks: the CPU was taken */
 #define WF_YIELD_NS 100000LL      /* default yield phase when ranks outnumber CPUs */
+#define WF_YIELD_LONG_NS 500000LL /* a yield this long with no peer progress fed a stranger's slice */
 #define WF_YIELD_HOLD_NS 500000000LL /* no yields this long after one fed a foreign thread */
 
 /* Where a rank may run, published in the segment at attach: how many CPUs
