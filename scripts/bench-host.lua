@@ -7,8 +7,8 @@
 --   luajit scripts/bench-host.lua [--worlds 2,4] [--dtypes f32,bf16] [--load none,busy]
 --        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
 --        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none]
---        [--mpi build/mpi_allreduce] [--no-mpi] [--machine NAME] [--out bench/results]
---        [--merge earlier.json]
+--        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--machine NAME]
+--        [--out bench/results] [--merge earlier.json]
 --
 -- Method (both sides): sum in place; for every call fresh random data, a
 -- barrier, one timed call; per call the slowest rank's time counts; the
@@ -21,7 +21,9 @@
 -- started before and stopped after each run; it also exits by itself when
 -- this driver is gone. Each side runs `--repeat` times, weft and MPI
 -- interleaved; per case the run with the lowest median is kept, with its
--- p99 (noise on a shared machine only adds time).
+-- p99 (noise on a shared machine only adds time). Last, the Lua call path:
+-- group:all_reduce on a 1 KiB host tensor against its C call, and the Lua
+-- heap's growth over 10^6 calls (--no-callpath skips it).
 -- Writes bench/results/host-allreduce-<machine>-<date>.json (DESIGN.md §7)
 -- and a .md table beside it.
 --
@@ -38,6 +40,8 @@ local opts = bench.parse_args(arg or {}, {
 }, {
   ["--no-mpi"] = function(o) o.no_mpi = true end,
   ["--worker"] = function(o) o.worker = true end,
+  ["--callpath"] = function(o) o.callpath = true end,
+  ["--no-callpath"] = function(o) o.no_callpath = true end,
 }, "bench-host")
 
 local function iters_for(bytes)
@@ -140,7 +144,49 @@ local function worker()
   os.exit(failed and 1 or 0)
 end
 
-if os.getenv("RANK") and opts.worker then return worker() end
+-- The Lua call path: group:all_reduce on a 1 KiB host tensor against the C
+-- call it makes (weft_shm_all_reduce on the group's communicator), back to
+-- back at 2 ranks, in batches of 1000 (a C batch after every 4th Lua one);
+-- per call the fastest batch of each (the machine's noise only adds time),
+-- and the KiB the Lua heap grew per 10^6 group:all_reduce calls (f32: over
+-- 10^6 calls; bf16: over 2 * 10^5, scaled).
+local function callpath_worker()
+  local weft = require "weft"
+  local C = require("weft.ffi").C
+  local world = weft.init()
+  local now = weft.now_us
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    local x = weft.tensor.full({ 1024 / (dt == "f32" and 4 or 2) }, 1, dt)
+    world:all_reduce(x)
+    local h, n, code = world._shm.handle, x.numel, x:dtype_code()
+    local B = 1000
+    local function cb() for _ = 1, B do C.weft_shm_all_reduce(h, x.ptr, x.ptr, n, code, 0) end end
+    local function lb() for _ = 1, B do world:all_reduce(x) end end
+    cb(); lb()
+    local mc, ml = math.huge, math.huge
+    collectgarbage("collect")
+    collectgarbage("stop")
+    local k0 = collectgarbage("count")
+    -- f32: 10^6 group:all_reduce calls (the allocation figure), bf16: 2 * 10^5
+    local rounds = dt == "f32" and 1000 or 200
+    for r = 1, rounds do
+      local t0 = now(); lb(); local t1 = now()
+      if t1 - t0 < ml then ml = t1 - t0 end
+      if r % 4 == 0 then cb(); local t2 = now(); if t2 - t1 < mc then mc = t2 - t1 end end
+    end
+    local grew = collectgarbage("count") - k0
+    collectgarbage("restart")
+    if world.rank_in_group == 0 then
+      print(("callpath world=%d dtype=%s bytes=1024 lua_us=%.3f c_us=%.3f diff_us=%.3f alloc_kib_per_1e6=%.1f")
+            :format(world.world_size, dt, ml / B, mc / B, (ml - mc) / B, grew * 1000 / rounds))
+      io.stdout:flush()
+    end
+  end
+  weft.shutdown()
+  os.exit(0)
+end
+
+if os.getenv("RANK") and opts.worker then return opts.callpath and callpath_worker() or worker() end
 
 ---------------------------------------------------------------- driver
 local sh = bench.sh
@@ -261,6 +307,14 @@ local function driver()
       end
     end
   end
+  local callpath = {}
+  if not opts.no_callpath then
+    io.stderr:write(("bench-host: [%3d s] the Lua call path, 2 ranks ...\n"):format(os.time() - t_start))
+    local out, ok = sh(("%s/scripts/weft-run -n 2 %s/scripts/bench-host.lua --worker --callpath --bind %s")
+                       :format(root, root, opts.bind or "auto"))
+    callpath = parse_lines(out, "callpath")
+    if not ok or #callpath == 0 then io.stderr:write(out); failed = true end
+  end
   local loadavg = (sh("cat /proc/loadavg"):gsub("%s+$", ""))
   io.stderr:write(("bench-host: %d s\n"):format(os.time() - t_start))
   -- records in a stable order: load, dtype, world, size, weft then MPI
@@ -284,8 +338,14 @@ local function driver()
   for i, r in ipairs(records) do lines[i] = "    " .. json_record(r) end
   local f = assert(io.open(base .. ".json", "w"))
   local runs = (opts["repeat"] or 1) + merged
-  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "runs": %d,\n  "loadavg_after": %s,\n  "records": [\n%s\n  ]\n}\n')
-          :format(json_value(machine), date, commit, nproc, runs, json_value(loadavg), table.concat(lines, ",\n")))
+  local cp = {}
+  for i, r in ipairs(callpath) do
+    cp[i] = ('    {"op": "callpath", "world": %d, "dtype": "%s", "bytes": 1024, "lua_us": %s, "c_us": %s, "alloc_kib_per_1e6": %s}')
+            :format(r.world, r.dtype, json_value(r.lua_us), json_value(r.c_us), json_value(r.alloc_kib_per_1e6))
+  end
+  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "runs": %d,\n  "loadavg_after": %s,\n  "callpath": [\n%s\n  ],\n  "records": [\n%s\n  ]\n}\n')
+          :format(json_value(machine), date, commit, nproc, runs, json_value(loadavg), table.concat(cp, ",\n"),
+                  table.concat(lines, ",\n")))
   f:close()
   -- markdown: a table per (load, dtype); per world weft and MPI median, p99, ratio
   local md = { ("# Host all-reduce, weft shm vs Open MPI (%s, %s, %d CPUs, commit %s)"):format(machine, date, nproc, commit),
@@ -321,6 +381,20 @@ local function driver()
         md[#md + 1] = ""
       end
     end
+  end
+  if #callpath > 0 then
+    md[#md + 1] = "## The Lua call path (1 KiB, 2 ranks, back to back)"
+    md[#md + 1] = ""
+    md[#md + 1] = "Per call, fastest batch of 1000 of each, batches interleaved: `group:all_reduce(t)` against the"
+    md[#md + 1] = "`weft_shm_all_reduce` call it makes; the Lua heap's growth per 10^6 `group:all_reduce` calls"
+    md[#md + 1] = "(f32: measured over 10^6 calls; bf16: over 2 * 10^5, scaled, so a fixed cost shows 5x)."
+    md[#md + 1] = ""
+    md[#md + 1] = "| dtype | group:all_reduce µs | C call µs | difference µs | KiB allocated per 10^6 calls |"
+    md[#md + 1] = "|---|---|---|---|---|"
+    for _, r in ipairs(callpath) do
+      md[#md + 1] = ("| %s | %.3f | %.3f | %.3f | %.1f |"):format(r.dtype, r.lua_us, r.c_us, r.diff_us, r.alloc_kib_per_1e6)
+    end
+    md[#md + 1] = ""
   end
   bench.finish_results(base, md)
   os.exit(failed and 1 or 0)
