@@ -2,8 +2,9 @@
 -- all-reduce, across real processes (tests/helpers/hostwait_ranks.lua):
 -- a rank waiting for a late peer sleeps instead of burning its core (the
 -- CPU time it used while waiting, 2 ranks and 8 ranks on this machine's
--- CPUs, shm barrier and mq reader); an armed interrupt (Ctrl-C's fd) ends a
--- wait for a rank that never comes; a dead peer is named within a second;
+-- CPUs, shm barrier and mq reader); a rank that never comes fails the other
+-- at the timeout, named; an armed interrupt (Ctrl-C's fd) ends a wait for a
+-- rank that never comes; a dead peer is named within a second;
 -- 10^5 group:all_reduce calls on a host tensor allocate nothing per call,
 -- never consult the policy table, and every argument check still refuses.
 -- (A spinning waiter would use most of the 1.5 s, and still far over 100 ms
@@ -68,6 +69,18 @@ describe("host waits", function()
     assert.is_truthy(p, res[1].out)
     assert.are.equal("false", p.ok)
     assert.is_truthy(p.msg:find("aborted", 1, true), p.msg)
+  end)
+
+  it("a rank that never comes: the other fails at the timeout naming it (2 ranks: the spinning path)", function()
+    local tmo = 2000
+    local res = run(2, "late", { HW_LATE_MS = 4000, HW_TIMEOUT_MS = tmo })
+    local g = report(res, 0, "LATE")
+    assert.is_truthy(g, res[0].out)
+    assert.are.equal("false", g.ok)
+    assert.is_true(g.ms >= tmo - 100 and g.ms < tmo + 1000, ("failed after %d ms"):format(g.ms))
+    assert.is_truthy(g.msg:find("timed out after 2000 ms", 1, true), g.msg)
+    assert.is_truthy(g.msg:find("rank 1 (global 1)", 1, true), g.msg)
+    assert.is_truthy(g.msg:find("all_reduce", 1, true), g.msg)
   end)
 
   it("a peer that dies while the others wait is named within a second (3 ranks)", function()

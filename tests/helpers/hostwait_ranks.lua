@@ -8,6 +8,7 @@
 --   interrupt  rank 0 waits for a rank that never comes with the interrupt
 --              armed on a pipe that holds a byte (what Ctrl-C does to the
 --              REPL's signalfd)
+--   late       the last rank never joins a call: the others time out
 --   dead       the last rank dies HW_LATE_MS after the others started waiting
 -- Lines: "<WHAT> ok=<bool> ms=<n> msg=<text>", "OK rank N checks=K" last.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -115,6 +116,16 @@ elseif mode == "interrupt" then
     sleep_ms(late_ms) -- never joins that call; its own next call finds the abort
     local ok, err = pcall(world.all_reduce, world, x)
     W.report("INTERRUPT_PEER", ok, util.now_ms(), err)
+  end
+elseif mode == "late" then
+  local x = T.full({ 256 }, 1, "f32")
+  world:all_reduce(x)
+  if me == n - 1 then
+    sleep_ms(late_ms) -- past the others' timeout
+  else
+    local t0 = util.now_ms()
+    local ok, err = pcall(world.all_reduce, world, x)
+    W.report("LATE", ok, t0, err)
   end
 elseif mode == "dead" then
   local x = T.full({ 256 }, 1, "f32")
