@@ -18,7 +18,6 @@
 #include "core/futex.h"
 #include "core/wait.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
