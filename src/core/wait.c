@@ -4,16 +4,34 @@
 #include "internal.h"
 
 #include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* CPUs' worth of time a cgroup v2 quota allows ("max" or absent: no limit,
+ * 0), rounded up: a container given 2 CPUs of a 64-CPU host crowds at 3 ranks. */
+static int quota_cpus(void) {
+  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+  if (!f) return 0;
+  char q[32] = "";
+  long long period = 0;
+  int got = fscanf(f, "%31s %lld", q, &period);
+  fclose(f);
+  if (got != 2 || period <= 0 || q[0] < '0' || q[0] > '9') return 0;
+  long long quota = atoll(q);
+  return quota > 0 ? (int)((quota + period - 1) / period) : 0;
+}
 
 wf_cpu_note wf_cpu_note_self(void) {
   wf_cpu_note n = {0, -1};
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0) return n;
   int k = CPU_COUNT(&set);
+  int quota = quota_cpus();
+  if (quota > 0 && quota < k) k = quota; /* no single CPU to name then: count only */
   n.count = (uint16_t)(k > 65535 ? 65535 : k);
-  if (k == 1)
+  if (k == 1 && CPU_COUNT(&set) == 1)
     for (int i = 0; i < CPU_SETSIZE; i++)
       if (CPU_ISSET(i, &set)) { n.cpu = (int16_t)i; break; }
   return n;

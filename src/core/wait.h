@@ -39,7 +39,8 @@
 #define WF_YIELD_HOLD_NS 500000000LL /* no yields this long after one fed a foreign thread */
 
 /* Where a rank may run, published in the segment at attach: how many CPUs
- * its affinity mask holds and, when exactly one, which. */
+ * its affinity mask holds (at most its cgroup's CPU quota) and, when its
+ * mask holds exactly one, which. */
 typedef struct {
   uint16_t count;
   int16_t cpu; /* -1 unless count == 1 */
