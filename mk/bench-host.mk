@@ -1,6 +1,8 @@
 # Host all-reduce benchmark: weft (shared memory) vs Open MPI's MPI_Allreduce,
-# side by side in one run; results in bench/results/host-allreduce-*.{json,md}.
-#   make bench-host [BENCH_HOST_ARGS="--worlds 2,4 --max 67108864"]
+# side by side in one run, quiet and with a competing busy process, f32 and
+# bf16, median and p99; results in bench/results/host-allreduce-*.{json,md}
+# (docs/host-waits.md).
+#   make bench-host [BENCH_HOST_ARGS="--load busy --worlds 2,4 --max 1048576"]
 MPICC ?= mpicc
 MPI_ALLREDUCE := $(BUILD)/mpi_allreduce
 

@@ -1,20 +1,31 @@
 #!/usr/bin/env luajit
 -- bench-host.lua — host all-reduce latency and bandwidth: weft (shared memory)
--- against Open MPI's MPI_Allreduce, same sizes, same method, one run.
+-- against Open MPI's MPI_Allreduce, same sizes, same method, one run, quiet
+-- and with a competing busy process.
 --
 --   make bench-host                 (builds bench/mpi_allreduce.c, then runs this)
---   luajit scripts/bench-host.lua [--worlds 2,4] [--min 1024] [--max 67108864]
---        [--factor 4] [--iters 200] [--repeat 3] [--bind auto|none] [--mpi build/mpi_allreduce] [--no-mpi]
---        [--machine NAME] [--out bench/results] [--merge earlier.json]
+--   luajit scripts/bench-host.lua [--worlds 2,4] [--dtypes f32,bf16] [--load none,busy]
+--        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
+--        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none]
+--        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--machine NAME]
+--        [--out bench/results] [--merge earlier.json]
 --
--- Method (both sides): f32 sum in place; for every call fresh random data,
--- a barrier, one timed call; per call the slowest rank's time counts; the
--- median over the calls is reported (calls per size: about 256 MiB of payload,
--- 10..iters). Results are checked against a reference on the first and last
--- call of every size. Each side runs `--repeat` times (default 3), weft and
--- MPI interleaved; per size the lowest median is kept (noise on a shared
--- machine only adds time). Writes bench/results/host-allreduce-<machine>-<date>.json
--- (results format: docs/architecture.md#conventions-in-one-place) and a .md table beside it.
+-- Method (both sides): sum in place; for every call fresh random data, a
+-- barrier, one timed call; per call the slowest rank's time counts; the
+-- median and the 99th percentile over the calls are reported (calls per
+-- size: about 256 MiB of payload, 10..iters). Results are checked against a
+-- reference on the first and last call of every size. f32 runs --min..--max,
+-- bf16 up to --bf16-max (MPI: a 2-byte type with a user-defined sum).
+-- --load busy: the same runs (up to --load-max) with one busy process per 2
+-- CPUs pinned to CPUs 0, 2, ... (a competing process, as on a serving host),
+-- started before and stopped after each run; it also exits by itself when
+-- this driver is gone. Each side runs `--repeat` times, weft and MPI
+-- interleaved; per case the run with the lowest median is kept, with its
+-- p99 (noise on a shared machine only adds time). Last, the Lua call path:
+-- group:all_reduce on a 1 KiB host tensor against its C call, and the Lua
+-- heap's growth over 10^6 calls (--no-callpath skips it).
+-- Writes bench/results/host-allreduce-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place)
+-- and a .md table beside it.
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
 local ffi = require "ffi"
@@ -23,11 +34,14 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.pa
 local bench = require "weft.bench"
 
 local opts = bench.parse_args(arg or {}, {
-  worlds = "2,4", min = 1024, max = 64 * 1048576, factor = 4, iters = 200, warmup = 3, ["repeat"] = 3,
-  mpi = "build/mpi_allreduce", out = "bench/results",
+  worlds = "2,4", dtypes = "f32,bf16", load = "none,busy", min = 1024, max = 64 * 1048576,
+  load_max = 1048576, bf16_max = 1048576, factor = 4, iters = 1000, warmup = 3, ["repeat"] = 2,
+  mpi = "build/mpi_allreduce", out = "bench/results", dtype = "f32",
 }, {
   ["--no-mpi"] = function(o) o.no_mpi = true end,
   ["--worker"] = function(o) o.worker = true end,
+  ["--callpath"] = function(o) o.callpath = true end,
+  ["--no-callpath"] = function(o) o.no_callpath = true end,
 }, "bench-host")
 
 local function iters_for(bytes)
@@ -35,6 +49,14 @@ local function iters_for(bytes)
   if n > opts.iters then n = opts.iters end
   if n < 10 then n = 10 end
   return n
+end
+
+-- nearest-rank percentile of a sorted list
+local function pct(list, p)
+  local k = math.floor(#list * p + 0.5)
+  if k < 1 then k = 1 end
+  if k > #list then k = #list end
+  return list[k]
 end
 
 ---------------------------------------------------------------- worker
@@ -55,12 +77,17 @@ local function worker()
     ffi.C.sched_setaffinity(0, 128, mask)
   end
   local W, me = world.world_size, world.rank_in_group
+  local dt = opts.dtype
+  local es = dt == "bf16" and 2 or 4
+  -- bf16 keeps 8 significant bits; the sum is rounded once from f32
+  local tol = dt == "bf16" and 2 ^ -7 * W or 2e-6 * W
   local sync = T.zeros({ 1 }, "f32")
   local failed = false
   local bytes = opts.min
   while bytes <= opts.max do
-    local n = bytes / 4
-    local x = T.empty({ n }, "f32")
+    local n = bytes / es
+    local x = T.empty({ n }, dt)
+    local code = x:dtype_code()
     local iters = iters_for(bytes)
     local total = iters + opts.warmup
     local times = T.zeros({ total }, "f64")
@@ -69,7 +96,7 @@ local function worker()
     local function seed(r, c) return (r * 1000003 + c) * 64 + lg end
     local bad = false
     for c = 0, total - 1 do
-      C.weft_host_fill_random(x.ptr, n, 0, seed(me, c), 0)
+      C.weft_host_fill_random(x.ptr, n, code, seed(me, c), 0)
       world:all_reduce(sync)                       -- a shared-memory barrier
       local t0 = now_us()
       world:all_reduce(x)
@@ -77,19 +104,21 @@ local function worker()
       if (c == opts.warmup or c == total - 1) and not bad then
         local ref = T.zeros({ n }, "f64")
         local rp = ffi.cast("double *", ref.ptr)
-        local one = T.empty({ n }, "f32")
-        local op = ffi.cast("float *", one.ptr)
+        local one = T.empty({ n }, dt)
+        local one64 = T.empty({ n }, "f64")
+        local op = ffi.cast("double *", one64.ptr)
         for r = 0, W - 1 do
-          C.weft_host_fill_random(one.ptr, n, 0, seed(r, c), 0)
+          C.weft_host_fill_random(one.ptr, n, code, seed(r, c), 0)
+          C.weft_host_convert(one.ptr, code, one64.ptr, one64:dtype_code(), n)
           for i = 0, n - 1 do rp[i] = rp[i] + op[i] end
         end
         local max_abs = x:compare(ref)
-        if not (max_abs <= 2e-6 * W) then
-          io.stderr:write(("bench-host: rank %d: wrong sum for %d bytes (max abs error %g)\n")
-                          :format(me, bytes, max_abs))
+        if not (max_abs <= tol) then
+          io.stderr:write(("bench-host: rank %d: wrong %s sum for %d bytes (max abs error %g)\n")
+                          :format(me, dt, bytes, max_abs))
           bad = true
         end
-        ref:free(); one:free()
+        ref:free(); one:free(); one64:free()
       end
     end
     world:all_reduce(times, "max")
@@ -101,8 +130,9 @@ local function worker()
       table.sort(list)
       local med = (#list % 2 == 1) and list[(#list + 1) / 2] or 0.5 * (list[#list / 2] + list[#list / 2 + 1])
       local busbw = bytes / (med * 1e-6) * 2 * (W - 1) / W / 1e9
-      print(("weft world=%d bytes=%d iters=%d us=%.3f min_us=%.3f busbw_gbs=%.4f check=%s backend=%s")
-            :format(W, bytes, iters, med, list[1], busbw, flag:to_table()[1] == 0 and "ok" or "FAILED",
+      print(("weft world=%d bytes=%d iters=%d us=%.3f p99_us=%.3f min_us=%.3f busbw_gbs=%.4f dtype=%s check=%s backend=%s")
+            :format(W, bytes, iters, med, pct(list, 0.99), list[1], busbw, dt,
+                    flag:to_table()[1] == 0 and "ok" or "FAILED",
                     (weft.policy.select(world, "all_reduce", x))))
       io.stdout:flush()
     end
@@ -114,7 +144,49 @@ local function worker()
   os.exit(failed and 1 or 0)
 end
 
-if os.getenv("RANK") and opts.worker then return worker() end
+-- The Lua call path: group:all_reduce on a 1 KiB host tensor against the C
+-- call it makes (weft_shm_all_reduce on the group's communicator), back to
+-- back at 2 ranks, in batches of 1000 (a C batch after every 4th Lua one);
+-- per call the fastest batch of each (the machine's noise only adds time),
+-- and the KiB the Lua heap grew per 10^6 group:all_reduce calls (f32: over
+-- 10^6 calls; bf16: over 2 * 10^5, scaled).
+local function callpath_worker()
+  local weft = require "weft"
+  local C = require("weft.ffi").C
+  local world = weft.init()
+  local now = weft.now_us
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    local x = weft.tensor.full({ 1024 / (dt == "f32" and 4 or 2) }, 1, dt)
+    world:all_reduce(x)
+    local h, n, code = world._shm.handle, x.numel, x:dtype_code()
+    local B = 1000
+    local function cb() for _ = 1, B do C.weft_shm_all_reduce(h, x.ptr, x.ptr, n, code, 0) end end
+    local function lb() for _ = 1, B do world:all_reduce(x) end end
+    cb(); lb()
+    local mc, ml = math.huge, math.huge
+    collectgarbage("collect")
+    collectgarbage("stop")
+    local k0 = collectgarbage("count")
+    -- f32: 10^6 group:all_reduce calls (the allocation figure), bf16: 2 * 10^5
+    local rounds = dt == "f32" and 1000 or 200
+    for r = 1, rounds do
+      local t0 = now(); lb(); local t1 = now()
+      if t1 - t0 < ml then ml = t1 - t0 end
+      if r % 4 == 0 then cb(); local t2 = now(); if t2 - t1 < mc then mc = t2 - t1 end end
+    end
+    local grew = collectgarbage("count") - k0
+    collectgarbage("restart")
+    if world.rank_in_group == 0 then
+      print(("callpath world=%d dtype=%s bytes=1024 lua_us=%.3f c_us=%.3f diff_us=%.3f alloc_kib_per_1e6=%.1f")
+            :format(world.world_size, dt, ml / B, mc / B, (ml - mc) / B, grew * 1000 / rounds))
+      io.stdout:flush()
+    end
+  end
+  weft.shutdown()
+  os.exit(0)
+end
+
+if os.getenv("RANK") and opts.worker then return opts.callpath and callpath_worker() or worker() end
 
 ---------------------------------------------------------------- driver
 local sh = bench.sh
@@ -122,7 +194,8 @@ local sh = bench.sh
 local parse_lines, json_value, human = bench.tagged_records, bench.json, bench.human_bytes
 
 local function json_record(r)
-  local keys = { "op", "backend", "mode", "dtype", "world", "bytes", "iters", "us", "min_us", "busbw_gbs" }
+  local keys = { "op", "backend", "mode", "load", "dtype", "world", "bytes", "iters", "us", "p99_us",
+                 "min_us", "busbw_gbs" }
   local parts = {}
   for _, k in ipairs(keys) do
     if r[k] ~= nil then parts[#parts + 1] = ('"%s": %s'):format(k, json_value(r[k])) end
@@ -130,26 +203,60 @@ local function json_record(r)
   return "{" .. table.concat(parts, ", ") .. "}"
 end
 
+local function list_of(s, numbers)
+  local t = {}
+  for w in tostring(s):gmatch("[%w_]+") do t[#t + 1] = numbers and tonumber(w) or w end
+  return t
+end
+
+-- The competing load: one busy shell loop per 2 CPUs, pinned to CPUs 0, 2,
+-- ...; each checks that this driver still exists on every turn (kill -0 is
+-- a builtin: the loop stays busy), so none outlives an interrupted run.
+ffi.cdef "int getpid(void);"
+local hog_pids = {}
+local function load_start(nproc)
+  local me = ffi.C.getpid()
+  for cpu = 0, math.max(nproc, 2) - 1, 2 do
+    local out = sh(("taskset -c %d sh -c 'while kill -0 %d 2>/dev/null; do :; done' >/dev/null 2>&1 & echo $!")
+                   :format(cpu % math.max(nproc, 1), me))
+    local pid = tonumber(out:match("(%d+)"))
+    if pid then hog_pids[#hog_pids + 1] = pid end
+  end
+  sh("sleep 0.2") -- let the scheduler see it running
+end
+local function load_stop()
+  for _, pid in ipairs(hog_pids) do sh(("kill %d 2>/dev/null"):format(pid)) end
+  hog_pids = {}
+end
+
 local function driver()
-  local worlds = {}
-  for w in tostring(opts.worlds):gmatch("%d+") do worlds[#worlds + 1] = tonumber(w) end
+  local worlds = list_of(opts.worlds, true)
+  local dtypes = list_of(opts.dtypes)
+  local loads = list_of(opts.load)
   local machine, nproc = bench.cpu_machine(opts.machine)
   local date = os.date("%Y-%m-%d")
   -- WEFT_COMMIT: the tree's commit where the copy's own git is stale (device runs)
   local commit = os.getenv("WEFT_COMMIT") or (sh("git -C " .. root .. " rev-parse --short HEAD"):gsub("%s+$", ""))
   if not commit:match("^%x+$") then commit = "unknown" end
-  local common = ("--min %d --max %d --factor %d --iters %d"):format(opts.min, opts.max, opts.factor, opts.iters)
-  local records, failed = {}, false
-  local by = {}    -- by[world][bytes] = {weft=, mpi=}
-  -- each side runs `repeat` times, interleaved; per size the lowest median
-  -- counts (a shared machine's noise only ever adds time)
-  local function keep(W, kind, r)
+  local failed = false
+  local by = {}    -- by[load][dtype][world][bytes] = {weft=, mpi=}
+  local function slot(load, dt, W, b)
+    by[load] = by[load] or {}
+    by[load][dt] = by[load][dt] or {}
+    by[load][dt][W] = by[load][dt][W] or {}
+    by[load][dt][W][b] = by[load][dt][W][b] or {}
+    return by[load][dt][W][b]
+  end
+  -- per case the run with the lowest median counts, with its own p99 (a
+  -- shared machine's noise only ever adds time)
+  local function keep(load, W, kind, r)
     if r.check ~= "ok" then failed = true end
-    by[W][r.bytes] = by[W][r.bytes] or {}
-    local cur = by[W][r.bytes][kind]
+    local e = slot(load, r.dtype or "f32", W, r.bytes)
+    local cur = e[kind]
     if not cur or r.us < cur.us then
-      by[W][r.bytes][kind] = { op = "all_reduce", backend = kind == "mpi" and "mpi" or (r.backend or "shm"),
-        mode = "eager", dtype = "f32", world = W, bytes = r.bytes, iters = r.iters, us = r.us,
+      e[kind] = { op = "all_reduce", backend = kind == "mpi" and "mpi" or (r.backend or "shm"),
+        mode = load == "none" and "eager" or "eager+" .. load, load = load, dtype = r.dtype or "f32",
+        world = W, bytes = r.bytes, iters = r.iters, us = r.us, p99_us = r.p99_us,
         min_us = r.min_us, busbw_gbs = r.busbw_gbs }
     end
   end
@@ -157,43 +264,72 @@ local function driver()
   local merged = 0
   if opts.merge then
     local f = assert(io.open(opts.merge, "r"))
-    for line in f:read("*a"):gmatch("[^\n]+") do
+    local text = f:read("*a")
+    f:close()
+    for line in text:gmatch("[^\n]+") do
       if line:match('"op": "all_reduce"') then
         local r = {}
         for k, v in line:gmatch('"([%w_]+)": "?([^",}]+)"?') do r[k] = tonumber(v) or v end
         r.check = "ok"
-        local W = r.world
-        by[W] = by[W] or {}
-        keep(W, r.backend == "mpi" and "mpi" or "weft", r)
+        keep(r.load or "none", r.world, r.backend == "mpi" and "mpi" or "weft", r)
       end
     end
-    f:close()
-    merged = tonumber((io.open(opts.merge):read("*a"):match('"runs": (%d+)'))) or 1
+    merged = tonumber(text:match('"runs": (%d+)')) or 1
   end
-  for _, W in ipairs(worlds) do
-    by[W] = by[W] or {}
-    for rep = 1, opts["repeat"] or 1 do
-      io.stderr:write(("bench-host: weft, %d ranks (run %d) ...\n"):format(W, rep))
-      local out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --warmup %d --bind %s")
-                         :format(root, W, root, common, opts.warmup, opts.bind or "auto"))
-      local recs = parse_lines(out, "weft")
-      if not ok or #recs == 0 then io.stderr:write(out); failed = true end
-      for _, r in ipairs(recs) do keep(W, "weft", r) end
-      if not opts.no_mpi then
-        io.stderr:write(("bench-host: Open MPI, %d ranks (run %d) ...\n"):format(W, rep))
-        local mout, mok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s --warmup %d")
-                             :format(W, opts.mpi, common, opts.warmup))
-        local mrecs = parse_lines(mout, "mpi")
-        if not mok or #mrecs == 0 then io.stderr:write(mout); failed = true end
-        for _, r in ipairs(mrecs) do keep(W, "mpi", r) end
+  local t_start = os.time()
+  for rep = 1, opts["repeat"] or 1 do
+    for _, load in ipairs(loads) do
+      for _, dt in ipairs(dtypes) do
+        local max = dt == "bf16" and math.min(opts.max, opts.bf16_max) or opts.max
+        if load ~= "none" then max = math.min(max, opts.load_max) end
+        local common = ("--min %d --max %d --factor %d --iters %d --warmup %d --dtype %s")
+                       :format(opts.min, max, opts.factor, opts.iters, opts.warmup, dt)
+        for _, W in ipairs(worlds) do
+          if load == "busy" then load_start(nproc) end
+          io.stderr:write(("bench-host: [%3d s] weft, %d ranks, %s, load %s (run %d) ...\n")
+                          :format(os.time() - t_start, W, dt, load, rep))
+          local out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --bind %s")
+                             :format(root, W, root, common, opts.bind or "auto"))
+          local recs = parse_lines(out, "weft")
+          if not ok or #recs == 0 then io.stderr:write(out); failed = true end
+          for _, r in ipairs(recs) do keep(load, W, "weft", r) end
+          if not opts.no_mpi then
+            io.stderr:write(("bench-host: [%3d s] Open MPI, %d ranks, %s, load %s (run %d) ...\n")
+                            :format(os.time() - t_start, W, dt, load, rep))
+            local mout, mok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s")
+                                 :format(W, opts.mpi, common))
+            local mrecs = parse_lines(mout, "mpi")
+            if not mok or #mrecs == 0 then io.stderr:write(mout); failed = true end
+            for _, r in ipairs(mrecs) do keep(load, W, "mpi", r) end
+          end
+          load_stop()
+        end
       end
     end
-    local b = opts.min
-    while b <= opts.max do
-      local e = by[W][b] or {}
-      if e.weft then records[#records + 1] = e.weft end
-      if e.mpi then records[#records + 1] = e.mpi end
-      b = b * opts.factor
+  end
+  local callpath = {}
+  if not opts.no_callpath then
+    io.stderr:write(("bench-host: [%3d s] the Lua call path, 2 ranks ...\n"):format(os.time() - t_start))
+    local out, ok = sh(("%s/scripts/weft-run -n 2 %s/scripts/bench-host.lua --worker --callpath --bind %s")
+                       :format(root, root, opts.bind or "auto"))
+    callpath = parse_lines(out, "callpath")
+    if not ok or #callpath == 0 then io.stderr:write(out); failed = true end
+  end
+  local loadavg = (sh("cat /proc/loadavg"):gsub("%s+$", ""))
+  io.stderr:write(("bench-host: %d s\n"):format(os.time() - t_start))
+  -- records in a stable order: load, dtype, world, size, weft then MPI
+  local records = {}
+  local sizes = {}
+  do local b = opts.min; while b <= opts.max do sizes[#sizes + 1] = b; b = b * opts.factor end end
+  for _, load in ipairs(loads) do
+    for _, dt in ipairs(dtypes) do
+      for _, W in ipairs(worlds) do
+        for _, b in ipairs(sizes) do
+          local e = by[load] and by[load][dt] and by[load][dt][W] and by[load][dt][W][b] or {}
+          if e.weft then records[#records + 1] = e.weft end
+          if e.mpi then records[#records + 1] = e.mpi end
+        end
+      end
     end
   end
   os.execute("mkdir -p " .. opts.out)
@@ -202,35 +338,63 @@ local function driver()
   for i, r in ipairs(records) do lines[i] = "    " .. json_record(r) end
   local f = assert(io.open(base .. ".json", "w"))
   local runs = (opts["repeat"] or 1) + merged
-  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "runs": %d,\n  "records": [\n%s\n  ]\n}\n')
-          :format(json_value(machine), date, commit, nproc, runs, table.concat(lines, ",\n")))
+  local cp = {}
+  for i, r in ipairs(callpath) do
+    cp[i] = ('    {"op": "callpath", "world": %d, "dtype": "%s", "bytes": 1024, "lua_us": %s, "c_us": %s, "alloc_kib_per_1e6": %s}')
+            :format(r.world, r.dtype, json_value(r.lua_us), json_value(r.c_us), json_value(r.alloc_kib_per_1e6))
+  end
+  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "runs": %d,\n  "loadavg_after": %s,\n  "callpath": [\n%s\n  ],\n  "records": [\n%s\n  ]\n}\n')
+          :format(json_value(machine), date, commit, nproc, runs, json_value(loadavg), table.concat(cp, ",\n"),
+                  table.concat(lines, ",\n")))
   f:close()
-  -- markdown: one row per size, weft / MPI / ratio per world size
+  -- markdown: a table per (load, dtype); per world weft and MPI median, p99, ratio
   local md = { ("# Host all-reduce, weft shm vs Open MPI (%s, %s, %d CPUs, commit %s)"):format(machine, date, nproc, commit),
                "",
-               "f32 sum in place, eager; median µs per call over fresh random data (slowest rank per call),",
-               ("lowest median of %d runs per side (weft and MPI interleaved);"):format((opts["repeat"] or 1) + merged),
-               "busbw = bytes/time x 2(n-1)/n. ratio = weft / MPI (below 1: weft faster).", "" }
-  local head, sep = { "| bytes |" }, { "|---|" }
-  for _, W in ipairs(worlds) do
-    head[#head + 1] = (" weft %d ranks µs | MPI %d ranks µs | ratio | weft GB/s | MPI GB/s |"):format(W, W)
-    sep[#sep + 1] = "---|---|---|---|---|"
-  end
-  md[#md + 1] = table.concat(head)
-  md[#md + 1] = table.concat(sep)
-  local b = opts.min
-  while b <= opts.max do
-    local row = { ("| %s |"):format(human(b)) }
-    for _, W in ipairs(worlds) do
-      local e = by[W][b] or {}
-      local wu, mu = e.weft and e.weft.us, e.mpi and e.mpi.us
-      row[#row + 1] = (" %s | %s | %s | %s | %s |"):format(
-        wu and ("%.2f"):format(wu) or "-", mu and ("%.2f"):format(mu) or "-",
-        (wu and mu) and ("%.2f"):format(wu / mu) or "-",
-        e.weft and ("%.2f"):format(e.weft.busbw_gbs) or "-", e.mpi and ("%.2f"):format(e.mpi.busbw_gbs) or "-")
+               "Sum in place, eager; µs per call over fresh random data (slowest rank per call): median and 99th",
+               ("percentile of the run with the lowest median of %d runs per side (weft and MPI interleaved)."):format(runs),
+               "ratio = weft / MPI median (below 1: weft faster). busy: one busy process per 2 CPUs pinned to CPU 0, 2, ...",
+               "(started before and stopped after every run). /proc/loadavg after the runs: " .. loadavg .. ".", "" }
+  for _, load in ipairs(loads) do
+    for _, dt in ipairs(dtypes) do
+      if by[load] and by[load][dt] then
+        md[#md + 1] = ("## %s, load: %s"):format(dt, load == "none" and "none (quiet)" or load)
+        md[#md + 1] = ""
+        local head, sep = { "| bytes |" }, { "|---|" }
+        for _, W in ipairs(worlds) do
+          head[#head + 1] = (" weft %d med | weft %d p99 | MPI %d med | MPI %d p99 | ratio |"):format(W, W, W, W)
+          sep[#sep + 1] = "---|---|---|---|---|"
+        end
+        md[#md + 1] = table.concat(head)
+        md[#md + 1] = table.concat(sep)
+        for _, b in ipairs(sizes) do
+          local row, any = { ("| %s |"):format(human(b)) }, false
+          for _, W in ipairs(worlds) do
+            local e = by[load][dt][W] and by[load][dt][W][b] or {}
+            local wv, mv = e.weft, e.mpi
+            any = any or wv ~= nil or mv ~= nil
+            local function f2(v) return v and ("%.2f"):format(v) or "-" end
+            row[#row + 1] = (" %s | %s | %s | %s | %s |"):format(f2(wv and wv.us), f2(wv and wv.p99_us),
+              f2(mv and mv.us), f2(mv and mv.p99_us), (wv and mv) and ("%.2f"):format(wv.us / mv.us) or "-")
+          end
+          if any then md[#md + 1] = table.concat(row) end
+        end
+        md[#md + 1] = ""
+      end
     end
-    md[#md + 1] = table.concat(row)
-    b = b * opts.factor
+  end
+  if #callpath > 0 then
+    md[#md + 1] = "## The Lua call path (1 KiB, 2 ranks, back to back)"
+    md[#md + 1] = ""
+    md[#md + 1] = "Per call, fastest batch of 1000 of each, batches interleaved: `group:all_reduce(t)` against the"
+    md[#md + 1] = "`weft_shm_all_reduce` call it makes; the Lua heap's growth per 10^6 `group:all_reduce` calls"
+    md[#md + 1] = "(f32: measured over 10^6 calls; bf16: over 2 * 10^5, scaled, so a fixed cost shows 5x)."
+    md[#md + 1] = ""
+    md[#md + 1] = "| dtype | group:all_reduce µs | C call µs | difference µs | KiB allocated per 10^6 calls |"
+    md[#md + 1] = "|---|---|---|---|---|"
+    for _, r in ipairs(callpath) do
+      md[#md + 1] = ("| %s | %.3f | %.3f | %.3f | %.1f |"):format(r.dtype, r.lua_us, r.c_us, r.diff_us, r.alloc_kib_per_1e6)
+    end
+    md[#md + 1] = ""
   end
   bench.finish_results(base, md)
   os.exit(failed and 1 or 0)

@@ -12,7 +12,7 @@
 --
 --   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR]
 --
--- Writes <out>/quick-codec-<machine>-<date>.json (DESIGN.md §7 format) and .md.
+-- Writes <out>/quick-codec-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and .md.
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path

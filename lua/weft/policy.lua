@@ -101,7 +101,13 @@ function M.hier_applies(g, op, t, rop)
   return true
 end
 
--- The table itself. Fields: name (shown by explain), backend, ops, when, why.
+-- Rules that look at the size only across nodes: on one node they never
+-- match whatever the size, so the decision past them may be memoized (the
+-- small host call's dispatch is then a table lookup, not this list).
+local function same_node_group(g) return g.same_node == true end
+
+-- The table itself. Fields: name (shown by explain), backend, ops, when, why,
+-- cacheable (true, or a function of the call saying so).
 M.rules = {
   { name = "single rank", backend = "bypass", cacheable = true,
     when = function(g) return g.world_size == 1 end,
@@ -113,6 +119,7 @@ M.rules = {
     when = function(g) return host_forced(g) == "store" end,
     why = "host tensor, store backend forced (weft.init{backend=\"store\"} or WEFT_HOST_BACKEND)" },
   { name = "hierarchical across nodes", backend = "gloo_hier", ops = { all_reduce = true },
+    cacheable = same_node_group,
     when = function(g, op, t, rop) return M.hier_applies(g, op, t, rop) == true end,
     why = function(g, _, t)
       return ("host tensor of %s across %d nodes: shm all-reduce inside each node, Gloo among "
@@ -123,6 +130,7 @@ M.rules = {
     end,
     why_not = function(g, op, t, rop) return select(2, M.hier_applies(g, op, t, rop)) end },
   { name = "small across nodes", backend = "store", ops = { all_reduce = true },
+    cacheable = same_node_group,
     when = function(g, op, t, rop) return M.store_small_applies(g, op, t, rop) end,
     why = function(g, _, t)
       return ("host tensor of %s, one rank per node: one all-gather through the store and a "
@@ -163,14 +171,21 @@ M.rules = {
 local rules = M.rules
 
 -- select(group, op, tensor [, reduce_op]) -> backend name, reason, cacheable
--- (cacheable: every rule consulted said cacheable = true)
+-- (cacheable: every rule consulted said cacheable = true, or a function of
+-- (group, op, tensor, reduce_op) that returned true: its answer does not
+-- depend on the size for this call's group; device rules do not count for
+-- host tensors)
 function M.select(g, op, t, rop)
   local cacheable = true
   for i = 1, #rules do
     local r = rules[i]
     local ops = r.ops
     if ops == nil or ops[op] then
-      if r.cacheable ~= true then cacheable = false end
+      local c = r.cacheable
+      -- a device rule (device = true) decides nothing for a host tensor
+      if c ~= true and not (r.device and not is_device(t)) and not (c and c(g, op, t, rop)) then
+        cacheable = false
+      end
       if r.when(g, op, t, rop) then return r.backend, r.why, cacheable end
     end
   end

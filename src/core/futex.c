@@ -1,11 +1,10 @@
-/* futex.c — shared futex wait/wake, pid liveness and spin defaults (futex.h). */
+/* futex.c — shared futex wait/wake and pid liveness (futex.h). */
 #include "futex.h"
 #include "internal.h"
 
 #include <limits.h>
 #include <pthread.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -63,24 +62,4 @@ static void host_init(void) {
 const char *wf_hostname(void) {
   pthread_once(&host_once, host_init);
   return host_name;
-}
-
-static int cpus_usable(void) {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-}
-
-int64_t wf_yield_default_ns(const char *env, int world) {
-  long us = wf_env_long(env, -1);
-  if (us >= 0) return (int64_t)us * 1000;
-  return cpus_usable() < world ? 100 * 1000 : 0;
-}
-
-int64_t wf_spin_default_ns(const char *env, int world) {
-  long us = wf_env_long(env, -1);
-  if (us >= 0) return (int64_t)us * 1000;
-  int cpus = cpus_usable();
-  /* With a core per rank a peer is usually microseconds away: spin a little.
-   * Oversubscribed, spinning only steals the peer's core: sleep. */
-  return cpus >= world ? 50 * 1000 : 2 * 1000;
 }

@@ -35,12 +35,4 @@ int wf_pid_stopped(int32_t pid);
 /* This machine's host name (cached; "?" when unknown), for messages. */
 const char *wf_hostname(void);
 
-/* Spin time before sleeping, in ns: env (microseconds) if set, else a short
- * spin with a core per rank and a token one when oversubscribed. */
-int64_t wf_spin_default_ns(const char *env, int world);
-/* sched_yield() phase after the spin, before the futex sleep, in ns: env
- * (microseconds) if set, else 100 us when ranks outnumber the CPUs (the rank
- * that must arrive runs at once instead of after a sleep and a wake-up), else 0. */
-int64_t wf_yield_default_ns(const char *env, int world);
-
 #endif

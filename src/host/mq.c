@@ -3,7 +3,8 @@
  * in mq.h. Creation goes through the cpu group like the shm communicator
  * (random name, 0600, unlinked once everyone attached).
  *
- * Waits spin briefly, then sleep on a shared futex in slices of SLICE_MS,
+ * Waits spin (how long: the adaptive wait of core/wait.h; not at all when
+ * ranks outnumber their CPUs), then sleep on a shared futex in slices of SLICE_MS,
  * checking the abort word, the peer's departure and (same pid namespace) its
  * liveness at every slice, within a bound: the group's timeout. A sleeper
  * announces itself in the line's `waiters` before re-checking the word and a
@@ -17,6 +18,7 @@
 #include "mq.h"
 #include "cpugroup.h"
 #include "core/futex.h"
+#include "core/wait.h"
 #include "shm.h" /* wf_shm_random_name, wf_shm_unlink */
 
 #include <fcntl.h>
@@ -109,20 +111,6 @@ static inline int leave(weft_mq *q, int rc) {
   return rc;
 }
 
-/* Spin on w for up to spin_ns; 1 when it reached target. */
-static int spin_until(weft_mq *q, _Atomic uint32_t *w, uint32_t target) {
-  int64_t t_end = 0;
-  for (uint32_t it = 0;; it++) {
-    if (wf_reached(atomic_load_explicit(w, memory_order_acquire), target)) return 1;
-    if ((it & 31) == 0) {
-      int64_t t = wf_now_ns();
-      if (!t_end) t_end = t + q->spin_ns;
-      else if (t >= t_end) return 0;
-    }
-    wf_cpu_relax();
-  }
-}
-
 enum { WT_OK = 0, WT_TIMEOUT, WT_LEFT, WT_DEAD, WT_ABORT, WT_INTR };
 
 /* An interrupt (weft_interrupt_arm) aborts the queue for every member. */
@@ -202,7 +190,8 @@ static int mq_attach(const char *name, int create, int index, int world, int wri
   q->chunks = chunks;
   q->stride = stride;
   q->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
-  q->spin_ns = wf_spin_default_ns("WEFT_MQ_SPIN_US", world);
+  /* crowded until every rank's CPU note is known (weft_mq_create) */
+  wf_wait_init(&q->wait, "WEFT_MQ_SPIN_US", NULL, sysconf(_SC_NPROCESSORS_ONLN) < world);
 
   int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
   if (fd < 0) {
@@ -266,6 +255,7 @@ static int mq_attach(const char *name, int create, int index, int world, int wri
   }
   wf_mq_rank *r = &q->rk[index];
   r->pidns = wf_pidns();
+  r->cpus = wf_cpu_note_self();
   atomic_store(&r->pid, (int32_t)getpid());
   atomic_fetch_add(&h->attached, 1);
   *out = q;
@@ -361,6 +351,8 @@ int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks,
   }
   /* Same pid namespace everywhere: liveness checks are meaningful. */
   q->check_pids = 1;
+  /* every rank attached (and published its CPU note) before confirming */
+  q->wait.crowded = wf_cpu_notes_cover(&q->rk[0].cpus, size, (int)sizeof q->rk[0]) < size;
   *out = q;
   wf_log(1, "mq: group '%s': writer %d, %d ranks, %u chunks of %zu bytes, segment %zu bytes",
          gname, writer, size, q->chunks, q->chunk, q->map_len);
@@ -419,20 +411,21 @@ static void unread_list(weft_mq *q, uint64_t s, uint32_t need, char *buf, size_t
  * one leaves a half-written message, so it aborts the queue). */
 static int wait_readers(weft_mq *q, uint64_t s, uint32_t need, uint32_t frag, const char *op) {
   int r = 0;
-  int64_t t_end = 0;
-  for (uint32_t it = 0;; it++) { /* one spin window for all readers */
-    while (r < q->world && (r == q->writer ||
-                            wf_reached(atomic_load_explicit(&rline(q, s, r)->seq,
-                                                         memory_order_acquire), need)))
-      r++;
-    if (r == q->world) return 0;
-    if ((it & 31) == 0) {
-      int64_t t = wf_now_ns();
-      if (!t_end) t_end = t + q->spin_ns;
-      else if (t >= t_end) break;
-    }
-    wf_cpu_relax();
+  /* one spin window for all readers */
+  int spun = 0;
+  for (; r < q->world; r++) {
+    if (r == q->writer) continue;
+    _Atomic uint32_t *seq = &rline(q, s, r)->seq;
+    if (wf_reached(atomic_load_explicit(seq, memory_order_acquire), need)) continue;
+    int ok = spun ? wf_wait_spin_more(&q->wait, seq, need) : wf_wait_spin(&q->wait, seq, need);
+    spun = 1;
+    if (!ok) break;
   }
+  if (r == q->world) {
+    if (spun) wf_wait_end(&q->wait);
+    return 0;
+  }
+  q->wait.slept = 1; /* spun (r < world implies it) and now sleeps */
   int64_t deadline = wf_now_ms() + q->timeout_ms;
   for (; r < q->world; r++) {
     if (r == q->writer) continue;
@@ -468,6 +461,7 @@ static int wait_readers(weft_mq *q, uint64_t s, uint32_t need, uint32_t frag, co
                     q->group, q->timeout_ms, msg, frag > 0 ? ", queue aborted" : "", who,
                     q->chunks, q->chunk);
   }
+  wf_wait_end(&q->wait);
   return 0;
 }
 
@@ -530,8 +524,13 @@ static int wait_writer(weft_mq *q, wf_mq_wline *w, uint32_t target, int nonblock
     else if (atomic_load(&q->rk[q->writer].left))
       res = wf_reached(atomic_load_explicit(&w->seq, memory_order_acquire), target) ? WT_OK : WT_LEFT;
   } else {
-    if (spin_until(q, &w->seq, target)) return 0;
+    if (wf_wait_spin(&q->wait, &w->seq, target)) {
+      wf_wait_end(&q->wait);
+      return 0;
+    }
+    q->wait.slept = 1;
     res = sleep_until(q, &w->seq, &w->waiters, target, q->writer, deadline);
+    if (res == WT_OK) wf_wait_end(&q->wait);
   }
   if (res == WT_OK) return 0;
   uint32_t ab = atomic_load(&q->hdr->abort);

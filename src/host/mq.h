@@ -21,6 +21,7 @@
 #define WF_MQ_H
 
 #include "core/internal.h"
+#include "core/wait.h"
 
 #include <stdatomic.h>
 
@@ -48,7 +49,8 @@ typedef struct {
   _Atomic uint32_t left;    /* set by destroy: waiting on this rank is futile */
   uint64_t pidns;           /* pid namespace inode: liveness checks only if equal */
   char why[160];            /* reason, written before this rank raises the abort word */
-  uint8_t pad[WF_MQ_RANK - 176];
+  wf_cpu_note cpus;         /* where this rank may run (core/wait.h): who may spin */
+  uint8_t pad[WF_MQ_RANK - 180];
 } wf_mq_rank;
 _Static_assert(sizeof(wf_mq_rank) == WF_MQ_RANK, "rank block is 256 bytes");
 
@@ -80,7 +82,7 @@ struct weft_mq {
   size_t chunk, stride;
   uint32_t chunks;
   int world, me, writer, timeout_ms, check_pids;
-  int64_t spin_ns;          /* spin this long before sleeping on a futex */
+  wf_wait wait;             /* the adaptive wait (core/wait.h) */
   uint64_t pos;             /* next position to write (writer) or read (reader) */
   uint64_t msgs;            /* messages moved: named in errors */
   int held;                 /* reader: position pos-1 is still lent to the caller */

@@ -17,6 +17,7 @@
 
 #include "core/internal.h"
 #include "shm_zc.h"
+#include "core/wait.h"
 
 #include <stdatomic.h>
 
@@ -44,7 +45,7 @@ typedef struct {
   _Atomic uint32_t seq;     /* last barrier generation this rank arrived at */
   _Atomic uint32_t left;    /* set by destroy: waiting on this rank is futile */
   _Atomic int32_t pid;
-  uint32_t reserved;
+  wf_cpu_note cpus;         /* where this rank may run (core/wait.h): who may spin */
   uint64_t pidns;           /* pid namespace inode: liveness checks only if equal */
   char why[104];            /* reason, written before this rank sets the abort word */
   wf_shm_desc desc[2];      /* by call parity (a peer is at most one call ahead) */
@@ -81,8 +82,8 @@ struct weft_shm {
   size_t slot;          /* bytes per rank per half */
   size_t oneshot_max;   /* all_reduce up to this many bytes: one barrier, N reads */
   int world, me, timeout_ms, check_pids;
-  int64_t spin_ns;      /* spin this long before sleeping on a futex */
-  int64_t yield_ns;     /* then sched_yield() this long (oversubscribed), then sleep */
+  wf_wait wait;         /* the adaptive wait of this rank's barriers (core/wait.h) */
+  int cpus_known;       /* wait.crowded was decided from every rank's CPU note */
   uint32_t gen;         /* barriers passed */
   uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
   _Atomic int busy;     /* one operation in flight per communicator */

@@ -178,11 +178,10 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
   c->me = index;
   c->slot = slot;
   c->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
-  c->yield_ns = wf_yield_default_ns("WEFT_SHM_YIELD_US", world);
-  /* With a yield phase, spinning only burns the slice the late rank needs
-   * (4 ranks on 2 cores, 1 KiB: 15 us with a 2 us spin, 7 us without). */
-  c->spin_ns = c->yield_ns > 0 && wf_env_long("WEFT_SHM_SPIN_US", -1) < 0
-                   ? 0 : wf_spin_default_ns("WEFT_SHM_SPIN_US", world);
+  /* crowded until every rank's CPU note is known (after the first barrier,
+   * shm_sync.c): the machine's CPUs against the group size */
+  wf_wait_init(&c->wait, "WEFT_SHM_SPIN_US", "WEFT_SHM_YIELD_US",
+               sysconf(_SC_NPROCESSORS_ONLN) < world);
   long os = wf_env_long("WEFT_SHM_ONESHOT_MAX", -1);
   c->oneshot_max = os >= 0 ? (size_t)os : 32 * 1024;
 
@@ -251,6 +250,7 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
   }
   wf_shm_rank *r = &c->rk[index];
   r->pidns = wf_pidns();
+  r->cpus = wf_cpu_note_self();
   atomic_store(&r->pid, (int32_t)getpid());
   atomic_fetch_add(&c->hdr->attached, 1);
   *out = c;

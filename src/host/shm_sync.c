@@ -10,13 +10,14 @@
  * sleeper announces itself in `sleepers` before re-checking the counter, and
  * the last arrival wakes only when that count is non-zero (both sides
  * seq_cst, so one always sees the other: no lost wake-up, and no syscall when
- * nobody sleeps). Oversubscribed, a bounded sched_yield() phase sits between
- * the spin and the sleep. Sleeps last at most SLICE_MS, to notice an abort, a rank
- * that destroyed its handle or a process that died. */
+ * nobody sleeps). How long to spin, whether to yield first (ranks
+ * outnumber CPUs) is the adaptive wait's decision (core/wait.h). Sleeps last
+ * at most SLICE_MS, to notice an abort, a rank that destroyed its handle or
+ * a process that died. */
 #include "shm.h"
 #include "core/futex.h"
+#include "core/wait.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -111,32 +112,19 @@ static int departed(weft_shm *c, uint32_t g) {
 static int wait_all(weft_shm *c, uint32_t g, const char *op) {
   _Atomic uint32_t *arr = &c->hdr->arrivals;
   const uint32_t target = g * (uint32_t)c->world;
-  int64_t t_end = 0;
-  /* no spin phase at all when spin_ns is 0 (oversubscribed): even the 32
-   * polls before the first clock check burn the slice the late rank needs */
-  for (uint32_t it = 0; c->spin_ns > 0; it++) {
-    if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
-    if ((it & 31) == 0) {
-      int64_t t = wf_now_ns();
-      if (!t_end) t_end = t + c->spin_ns;
-      else if (t >= t_end) break;
-    }
-    wf_cpu_relax();
-  }
-  /* Oversubscribed: give the core to a rank that still has to arrive, then
-   * look again; cheaper than a futex sleep plus a wake-up. Bounded by time. */
-  if (c->yield_ns > 0) {
-    const int64_t y_end = wf_now_ns() + c->yield_ns;
-    do {
-      /* looked at before yielding: the last to arrive never yields */
-      if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
-      if (atomic_load(&c->hdr->abort)) break; /* reported below */
-      sched_yield();
-    } while (wf_now_ns() < y_end);
+  /* spin (ranks have a CPU each), else yield (crowded), then sleep:
+   * core/wait.h decides from what recent waits saw */
+  if (wf_wait_spin(&c->wait, arr, target) ||
+      wf_wait_yield(&c->wait, arr, target, &c->hdr->abort)) {
+    wf_wait_end(&c->wait);
+    return 0;
   }
   const int64_t deadline = wf_now_ms() + c->timeout_ms;
   for (;;) {
-    if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) return 0;
+    if (wf_reached(atomic_load_explicit(arr, memory_order_acquire), target)) {
+      wf_wait_end(&c->wait);
+      return 0;
+    }
     uint32_t ab = atomic_load(&c->hdr->abort);
     if (ab) return aborted_error(c, ab, op);
     char rn[64], why[104];
@@ -243,6 +231,13 @@ static int check_desc(weft_shm *c, const wf_shm_desc *d, const char *op) {
                   "(call %llu): %s", op, c->group, (unsigned long long)d->call, msg);
 }
 
+/* Whether this group's ranks outnumber the CPUs they may run on. */
+static void crowding(weft_shm *c) {
+  c->cpus_known = 1;
+  int cpus = wf_cpu_notes_cover(&c->rk[0].cpus, c->world, (int)sizeof c->rk[0]);
+  c->wait.crowded = cpus < c->world;
+}
+
 int wf_shm_sync(weft_shm *c, const wf_shm_desc *d, const char *op) {
   uint32_t g = ++c->gen;
   wf_shm_rank *me = &c->rk[c->me];
@@ -251,9 +246,13 @@ int wf_shm_sync(weft_shm *c, const wf_shm_desc *d, const char *op) {
   /* The RMW publishes this rank's data: a waiter's acquire of the final count
    * synchronizes with every arrival before it (release sequence). */
   uint32_t before = atomic_fetch_add(&c->hdr->arrivals, 1);
-  if (before + 1 == g * (uint32_t)c->world && atomic_load(&c->hdr->sleepers))
-    wf_futex_wake_all(&c->hdr->arrivals);
-  int rc = wait_all(c, g, op);
-  if (rc) return rc;
+  if (before + 1 == g * (uint32_t)c->world) {
+    if (atomic_load(&c->hdr->sleepers)) wf_futex_wake_all(&c->hdr->arrivals);
+  } else {
+    int rc = wait_all(c, g, op);
+    if (rc) return rc;
+  }
+  /* every rank published its CPU note before its first arrival */
+  if (!c->cpus_known) crowding(c);
   return d ? check_desc(c, d, op) : 0;
 }

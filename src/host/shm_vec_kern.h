@@ -1,8 +1,9 @@
 /* shm_vec_kern.h — per-target vector types, loads and stores (no include
  * guard: a kernel file includes it once per `#pragma GCC target` region).
  * Before including, define KN(x) (this copy's name, e.g. x##_gen / x##_avx2)
- * and WF_VB (vector bytes: 16 for SSE2, 32 for AVX2); define WF_KERN_F16C
- * where F16C is enabled. GCC vector extensions make the same source compile
+ * and WF_VB (vector bytes: 16 for SSE2, 32 for AVX2, 64 for AVX-512); define
+ * WF_KERN_F16C where F16C is enabled on 32-byte vectors, WF_KERN_F16C512 on
+ * 64-byte ones. GCC vector extensions make the same source compile
  * to the target's vector instructions without relying on the auto-vectorizer
  * (which -O2 barely runs). At its end it includes the kernel header
  * WF_KERN_FILE, then undefines this copy's names. Included through
@@ -33,6 +34,11 @@ WF_AI VF KN(vh2f)(VH h) { return (VF)_mm256_cvtph_ps((__m128i)h); }
 WF_AI VH KN(vf2h)(VF f) {
   return (VH)_mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+#elif defined(WF_KERN_F16C512)
+WF_AI VF KN(vh2f)(VH h) { return (VF)_mm512_cvtph_ps((__m256i)h); }
+WF_AI VH KN(vf2h)(VF f) {
+  return (VH)_mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 #else
 WF_AI VF KN(vh2f)(VH h) {
   VU w = __builtin_convertvector(h, VU) << 16;
@@ -57,13 +63,24 @@ WF_AI VH KN(vf2h)(VF f) {
 }
 #endif
 
-WF_AI VF KN(vb2f)(VH h) { return (VF)(__builtin_convertvector(h, VU) << 16); }
+#ifdef WF_KERN_F16C512
+/* GCC splits these widenings and narrowings into 256-bit halves: one
+ * instruction each instead (vpmovzxwd, vpmovdw) */
+#define WF_WIDEN(h) ((VU)_mm512_cvtepu16_epi32((__m256i)(h)))
+#define WF_NARROW(u) ((VH)_mm512_cvtepi32_epi16((__m512i)(u)))
+#else
+#define WF_WIDEN(h) __builtin_convertvector(h, VU)
+#define WF_NARROW(u) __builtin_convertvector(u, VH)
+#endif
+WF_AI VF KN(vb2f)(VH h) { return (VF)(WF_WIDEN(h) << 16); }
 WF_AI VH KN(vf2b)(VF f) {
   VU x = (VU)f;
   VU r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
   VU nan = (VU)((VI)(x & 0x7fffffffu) > 0x7f800000); /* |x| fits: signed compare is one op */
-  return __builtin_convertvector((nan & ((x >> 16) | 0x40u)) | (~nan & r), VH);
+  return WF_NARROW((nan & ((x >> 16) | 0x40u)) | (~nan & r));
 }
+#undef WF_WIDEN
+#undef WF_NARROW
 
 /* LF floats from p (f32, f16 or bf16 storage; dt is a compile-time constant
  * at every call site, so the branches fold away). */

@@ -34,6 +34,22 @@ static inline int wf_host_avx2(void) {
 #include "shm_vec_kern.h"
 #undef WF_KERN_F16C
 #pragma GCC pop_options
+
+/* Opt-in (define WF_VEC_AVX512 before including): an AVX-512 copy, suffix
+ * _avx512, 64-byte vectors. It computes with the generic copy's element-wise
+ * operations (F16C's conversions, as the AVX2 copy), so its results are the
+ * same bits; it only halves the instructions per element (bf16/f16 sums are
+ * bound by the conversions, not by memory). */
+#ifdef WF_VEC_AVX512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")
+#define KN(x) x##_avx512
+#define WF_VB 64
+#define WF_KERN_F16C512 1
+#include "shm_vec_kern.h"
+#undef WF_KERN_F16C512
+#pragma GCC pop_options
+#endif
 #endif
 
 #undef WF_KERN_FILE
