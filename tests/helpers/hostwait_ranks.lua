@@ -100,6 +100,9 @@ elseif mode == "idle" then
   end
   world:barrier()
   q:destroy()
+  -- rank 0 hosts the store: leave together, or a rank still reading the
+  -- barrier's reply sees the store's host gone
+  weft.shutdown()
 elseif mode == "interrupt" then
   local x = T.full({ 256 }, 1, "f32")
   world:all_reduce(x)
