@@ -173,11 +173,23 @@ constexpr uint64_t kSlotRs = 0xE0ull << 56;   // our own ring reduce-scatter
 constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use prefixes < 0x20)
 
 // A failure inside a call: name the group and the op, the ranks the store
-// saw die, and close this rank's connections so the peers fail now, not at
-// their timeout. The handle is unusable afterwards.
+// saw die or cannot reach, or the store itself when it cannot be reached,
+// and close this rank's connections so the peers fail now, not at their
+// timeout. The handle is unusable afterwards. The diagnosis is bounded as
+// a whole (wf_store_diagnose): a timeout waits for no tombstone (a death
+// would have closed a connection before it), a lost connection up to 1 s
+// for the server to notice the death behind it.
 int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
-  char who[1200];
-  int gone = wf_store_gone_among(c->s, c->ranks.data(), c->size, 1000, who, sizeof who);
+  const bool timed_out = cause.find("imed out") != std::string::npos ||
+                         cause.find("timeout") != std::string::npos;
+  wf_store_diag d;
+  int gone = wf_store_diagnose(c->s, timed_out ? 0 : 1000, &d);
+  // what else the store can tell: ranks cut off from its host, or the store itself
+  std::string also;
+  if (d.unreachable)
+    also.append("; unreachable from the store's host (no TCP acknowledgement, a partition?): ")
+        .append(d.unreach_who);
+  if (d.store_lost) also.append("; ").append(d.store_why);
   // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
   std::string at;
   size_t b = cause.find('['), e = cause.find(']');
@@ -191,17 +203,17 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
   int rc;
   if (gone > 0)
     rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
-                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), who,
+                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), d.gone_who,
                   cause.c_str());
-  else if (cause.find("imed out") != std::string::npos || cause.find("timeout") != std::string::npos)
+  else if (timed_out)
     rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
-                  "timeout%s%s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
-                  at.empty() ? "" : ", waiting for ", at.c_str(), cause.c_str());
+                  "timeout%s%s%s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
+                  at.empty() ? "" : ", waiting for ", at.c_str(), also.c_str(), cause.c_str());
   else
-    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s%s%s", op, c->name.c_str(),
+    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s%s%s%s", op, c->name.c_str(),
                   at.empty() ? "" : "lost the connection to ", at.c_str(),
-                  at.empty() ? "" : " (no death seen by the store, or the store is gone with rank 0): ",
-                  cause.c_str());
+                  at.empty() || !also.empty() ? "" : " (no death seen by the store, or the store is gone with rank 0)",
+                  also.c_str(), (std::string(at.empty() && also.empty() ? "" : ": ") + cause).c_str());
   c->broken = true;
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", weft_last_error());

@@ -91,9 +91,15 @@ struct weft_store {
   int live_world;
   char rank0[200];    /* "rank 0 (pid P, host H)", the store's host */
   char **live_reg;    /* [live_world] registration values seen (store_live.c) */
+  int64_t cap;        /* no request waits past this (0: none): a liveness wait or a
+                       * diagnosis bounds its whole run, not each request (store_live.c) */
+  int64_t unreachable; /* when a request last found the server unreachable (no reply,
+                        * no connection); 0 once it answers again */
 };
 
 void wf_store_cl_drop(weft_store *s);
+/* "the store at ADDR (rank 0, pid P, host H)" for messages. */
+void wf_store_cl_describe(weft_store *s, char *buf, size_t n);
 /* retry: keep trying with backoff until the deadline; otherwise one attempt. */
 int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int retry);
 int wf_store_cl_read_frame(weft_store *s, const char *op, int64_t deadline, int *fop, wf_rd *rd);
@@ -114,6 +120,11 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
  * missing keys are checked for a tombstone, the abort key and the interrupt.
  * get_once: one plain GET whose timeout message says report_ms. */
 #define WF_LIVE_SLICE_MS 200
+/* A liveness wait or a diagnosis ends this long after its own deadline at
+ * most (one round trip to a store that answers); a diagnosis right after
+ * the store was found unreachable gives it WF_LIVE_RETRY_MS. */
+#define WF_LIVE_RTT_MS 400
+#define WF_LIVE_RETRY_MS 150
 typedef int (*wf_store_get_fn)(weft_store *s, const char *op, wf_get_req *q, int report_ms);
 int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once);
 /* Re-announces a registered handle on a new connection (after a reconnect). */

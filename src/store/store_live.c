@@ -295,6 +295,10 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   const int total = q->timeout_ms;
   const unsigned flags = q->flags;
   const int64_t t_end = wf_now_ms() + total;
+  /* the whole wait, every slice and check included, ends by t_end plus one
+   * round trip: a store that stops answering (a partition) costs no more */
+  const int64_t cap0 = s->cap;
+  if (!s->cap || s->cap > t_end + WF_LIVE_RTT_MS) s->cap = t_end + WF_LIVE_RTT_MS;
   int rc;
   for (;;) {
     int64_t left = t_end - wf_now_ms();
@@ -313,6 +317,7 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   }
   q->flags = flags;
   q->timeout_ms = total;
+  s->cap = cap0;
   if (rc == WEFT_EABORT && (flags & WF_GET_PUT)) {
     /* take back this rank's key, so that no member that comes later pairs it
      * with a fresh one: it waits, sees the abort key and fails too */
@@ -329,45 +334,97 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   return rc;
 }
 
-/* For engines outside the store (Gloo): after one of their calls failed, is
- * a rank gone? Polls the tombstones for up to wait_ms (the server may see
- * the closed connection a moment after the engine did) of ranks[] and then
- * of every other rank of the world (the first death may be outside the
- * group: a launcher then stops that rank's node mates, who are in it).
- * Returns how many are gone, all described in who ("rank R (pid P, host H),
- * rank S (...)", in rank order), or 0. */
+/* For engines outside the store (Gloo) and the Lua layer: after one of their
+ * calls failed, who is gone or cut off? One multi-key poll of every rank's
+ * tombstone and unreachable mark per round, repeated for up to wait_ms
+ * while nothing is found (the server may see a closed connection a moment
+ * after the engine did); the whole diagnosis, connecting included, ends
+ * within wait_ms + WF_LIVE_RTT_MS (WF_LIVE_RETRY_MS when the store was just
+ * found unreachable): a store that cannot be reached is reported as such,
+ * never waited for. */
+static void append(char *buf, size_t n, size_t *used, const char *s) {
+  int w = snprintf(buf + *used, n - *used, "%s%s", *used ? ", " : "", s);
+  if (w > 0) *used = *used + (size_t)w < n ? *used + (size_t)w : n - 1;
+}
+
+static void diag_round(weft_store *s, char **keys, int W, const void **vals, size_t *lens,
+                       int *miss, uint8_t *present, wf_store_diag *d) {
+  size_t gu = 0, uu = 0;
+  d->gone = d->unreachable = 0;
+  d->gone_who[0] = d->unreach_who[0] = '\0';
+  int rc = poll_keys(s, "liveness", keys, 2 * W, vals, lens, miss, present);
+  if (rc) {
+    d->store_lost = 1;
+    const char *m = weft_last_error();
+    if (!strncmp(m, "liveness: ", 10)) m += 10;
+    snprintf(d->store_why, sizeof d->store_why, "%s", m);
+    return;
+  }
+  for (int i = 0; i < 2 * W; i++) {
+    if (!present[i]) continue;
+    int r = i % W, gone = i < W;
+    char v[320], one[400];
+    /* a mark's value is the rank's registration ("pid=P host=H") */
+    if (!s->live_reg[r] && read_now(s, "liveness", keys[i], v, sizeof v) == 0)
+      s->live_reg[r] = strdup(v);
+    snprintf(v, sizeof v, "%s", s->live_reg[r] ? s->live_reg[r] : "");
+    int same;
+    describe_value(r, v, one, sizeof one, NULL, &same);
+    if (gone) { append(d->gone_who, sizeof d->gone_who, &gu, one); d->gone++; }
+    else if (!present[r]) { append(d->unreach_who, sizeof d->unreach_who, &uu, one); d->unreachable++; }
+  }
+}
+
+int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
+  memset(d, 0, sizeof *d);
+  if (!s || s->live_rank < 0) return 0;
+  int W = s->live_world;
+  char **keys = malloc((size_t)2 * W * sizeof *keys);
+  char *kb = malloc((size_t)2 * W * 48);
+  const void **vals = malloc((size_t)2 * W * sizeof *vals);
+  size_t *lens = malloc((size_t)2 * W * sizeof *lens);
+  int *miss = malloc((size_t)2 * W * sizeof *miss);
+  uint8_t *present = malloc((size_t)2 * W);
+  if (keys && kb && vals && lens && miss && present && wf_store_lock(s, "liveness") == 0) {
+    for (int i = 0; i < 2 * W; i++) {
+      keys[i] = kb + (size_t)i * 48;
+      live_key(keys[i], 48, i % W, i < W ? "/gone" : "/unreachable");
+    }
+    int64_t now = wf_now_ms(), wait_end = now + (wait_ms > 0 ? wait_ms : 0);
+    int64_t cap0 = s->cap;
+    s->cap = wait_end + (s->unreachable ? WF_LIVE_RETRY_MS : WF_LIVE_RTT_MS);
+    if (cap0 && cap0 < s->cap) s->cap = cap0;
+    for (;;) {
+      diag_round(s, keys, W, vals, lens, miss, present, d);
+      if (d->store_lost || d->gone || wf_now_ms() >= wait_end) break;
+      int64_t left = wait_end - wf_now_ms();
+      usleep((useconds_t)(left < 50 ? left : 50) * 1000);
+    }
+    s->cap = cap0;
+    wf_store_unlock(s);
+  }
+  free(keys); free(kb); free(vals); free(lens); free(miss); free(present);
+  wf_clear_error();
+  return d->gone;
+}
+
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
                         size_t whon) {
-  if (!s || whon == 0 || s->live_rank < 0) return 0;
-  (void)ranks;
-  n = s->live_world;   /* every rank of the world: ranks[] is a subset */
-  int64_t deadline = wf_now_ms() + wait_ms;
-  char key[64], v[320], one[400];
-  for (;;) {
-    int found = 0;
-    size_t used = 0;
-    who[0] = '\0';
-    if (wf_store_lock(s, "liveness") == 0) {
-      for (int i = 0; i < n; i++) {
-        live_key(key, sizeof key, i, "/gone");
-        if (read_now(s, "liveness", key, v, sizeof v) != 0) continue;
-        int pid = 0, same = 0;
-        describe_value(i, v, one, sizeof one, &pid, &same);
-        int w = snprintf(who + used, whon - used, "%s%s", found ? ", " : "", one);
-        if (w > 0) used = used + (size_t)w < whon ? used + (size_t)w : whon - 1;
-        found++;
-      }
-      wf_store_unlock(s);
-    }
-    wf_clear_error();
-    if (found || wf_now_ms() >= deadline) return found;
-    usleep(50 * 1000);
-  }
+  (void)ranks; (void)n;  /* every rank of the world: the first death may be outside the group */
+  wf_store_diag d;
+  int gone = wf_store_diagnose(s, wait_ms, &d);
+  if (whon) snprintf(who, whon, "%s", d.gone_who);
+  return gone;
 }
 
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n) {
   WF_CHECK_ARG(s && buf && len > 0 && n, "store gone_ranks: NULL argument");
   buf[0] = '\0';
-  *n = wf_store_gone_among(s, NULL, 0, wait_ms, buf, len);
+  wf_store_diag d;
+  *n = wf_store_diagnose(s, wait_ms, &d);
+  if (d.gone) snprintf(buf, len, "%s", d.gone_who);
+  else if (d.unreachable) snprintf(buf, len, "%s unreachable from the store's host", d.unreach_who);
+  if (d.store_lost)
+    return wf_error(WEFT_ECLOSED, "store gone_ranks: %s", d.store_why);
   return 0;
 }

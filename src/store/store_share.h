@@ -24,6 +24,17 @@ int wf_store_local_addr(weft_store *s, char *buf, size_t n);
  * (pid P, host H), ..." (store_live.c). 0: none. */
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
                         size_t whon);
+/* The same, with the rest of what the store can tell: ranks whose host the
+ * store's host gets no TCP acknowledgement from (a partition), and whether
+ * the store itself could not be asked. Ends within wait_ms + ~300 ms in
+ * all (store_live.c). Returns d->gone. */
+typedef struct wf_store_diag {
+  int gone, unreachable, store_lost;
+  char gone_who[1200];      /* "rank R (pid P, host H), ..." */
+  char unreach_who[1200];
+  char store_why[700];      /* "...: the store at ADDR (rank 0 ...) is unreachable: ..." */
+} wf_store_diag;
+int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d);
 
 #ifdef __cplusplus
 }

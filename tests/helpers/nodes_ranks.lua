@@ -11,6 +11,9 @@
 --                                      "FAIL <ms> <message>" from the others
 --   luajit nodes_ranks.lua stall <rank> the same, but <rank> sleeps past the
 --                                      timeout instead ("STALL <ms>")
+--   luajit nodes_ranks.lua partition <node>  the same, but rank 0 cuts
+--                                      <node>'s link from the hub (weft-sim-nodes'
+--                                      WEFT_SIM_HUB) instead: "CUT <ms>" from it
 local U = require "helpers.group_util"
 local W = require "helpers.rank_util"
 local ffi = require "ffi"
@@ -319,7 +322,31 @@ local function stall(victim)
   os.exit(1)
 end
 
+---------------------------------------------------------------- partition
+-- NODES_PART_NUMEL: f32 elements per call (the route); NODES_PART_BACKEND:
+-- WEFT_HOST_BACKEND's value, when the spec pins one
+local function partition(cut)
+  own_failure_only()
+  local world = weft.init()
+  local x = T.ones({ tonumber(os.getenv("NODES_PART_NUMEL")) or 4096 }, "f32")
+  world:all_reduce(x)
+  local okc, err = pcall(function()
+    for i = 1, 1000000 do
+      if world.rank == 0 and i == 10 then
+        local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
+        check(os.execute(("ip -n %s link set n%d nomaster"):format(hub, cut)) == 0, "cutting node %d", cut)
+        W.say(("CUT %d"):format(now_ms()))
+      end
+      world:all_reduce(x)
+    end
+  end)
+  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
+  assert(not okc)
+  os.exit(1)
+end
+
 if scenario == "layout" then layout()
+elseif scenario == "partition" then partition(assert(tonumber(arg[2]), "partition <node>"))
 elseif scenario == "stall" then stall(assert(tonumber(arg[2]), "stall <rank>"))
 elseif scenario == "collectives" then collectives()
 elseif scenario == "kill" then kill(assert(tonumber(arg[2]), "kill <rank>"))
