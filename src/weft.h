@@ -157,6 +157,8 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
  * collective failed elsewhere): every member's current and later calls fail
  * with WEFT_EABORT "aborted by rank R: why" (why: up to ~100 bytes kept). */
 int weft_shm_abort(weft_shm *c, const char *why);
+/* The bound of this rank's later waits (the group's timeout at create). */
+int weft_shm_set_timeout(weft_shm *c, int timeout_ms);
 /* Zero-copy: when the buffers a collective reads from peers are weft host
  * memory (weft_host_alloc, weft_host_is_shared) on every rank (broadcast:
  * the root's) and it moves at least zero_copy_min bytes, ranks read each
