@@ -103,8 +103,12 @@ int weft_store_num_keys(weft_store *s, int64_t *n);
 int weft_store_register_rank(weft_store *s, int rank, int world);
 /* The ranks of the world that are gone (tombstones), polled up to wait_ms
  * until one appears: *n of them, described in buf ("rank R (pid P, host H),
- * ..."). For callers whose own wait failed elsewhere (a peer's connection,
- * another group) and who want to name the first cause. */
+ * ..."). With none gone (*n == 0), buf lists the ranks whose host the
+ * store's host gets no TCP acknowledgement from (a partition), or is "".
+ * For callers whose own wait failed elsewhere (a peer's connection, another
+ * group) and who want to name the first cause. The whole call ends within
+ * wait_ms + ~400 ms; WEFT_ECLOSED when the store itself did not answer
+ * ("the store at ADDR ... is unreachable"). */
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n);
 
 /* ---- interrupt (src/core/interrupt.c) ----

@@ -220,7 +220,9 @@ local function with_gone(g, err)
   end
   local gone = ffi_string(gone_buf)
   if gone == "" or msg:find(gone, 1, true) then return msg end
-  if gone_n[0] == 0 then return msg .. " (" .. gone .. ")" end
+  if gone_n[0] == 0 then   -- none gone: these ranks' hosts are cut off from the store's
+    return msg .. "; unreachable from the store's host (no TCP acknowledgement, a partition?): " .. gone
+  end
   return msg .. " (gone from the job: " .. gone .. ")"
 end
 
@@ -232,15 +234,14 @@ local function leaders_failure(msg)
   if who then return who .. " died" end
   local at = msg:match("waiting for (rank%(s%) [%d, ]+ at [^;%s(]+)")
   local hosts, seen = {}, {}
-  local cut = msg:match("unreachable from the store's host[^:]*: ([^;]*)") or
-              msg:match("%(([^()]*%b()[^()]*) unreachable from the store's host%)") or ""
+  local cut = msg:match("unreachable from the store's host[^:]*: ([^;]*)") or ""
   for h in cut:gmatch("host ([^,)%s]+)") do
     if not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
   end
   local why = at and ("the node leaders timed out waiting for " .. at) or "the node leaders' exchange failed"
   if #hosts > 0 then why = why .. "; unreachable: host " .. concat(hosts, ", ")
   elseif msg:find("is unreachable", 1, true) then why = why .. "; the store is unreachable" end
-  if not at and #hosts == 0 then why = why .. " (see that rank's error)" end
+  if not at and #hosts == 0 and not msg:find("is unreachable", 1, true) then why = why .. " (see that rank's error)" end
   return why
 end
 

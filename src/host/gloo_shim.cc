@@ -34,6 +34,7 @@
 #include <stdexcept>
 #include <string>
 #include <sys/random.h>
+#include <unistd.h>
 #include <vector>
 
 extern "C" {
@@ -179,6 +180,7 @@ constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use pre
 // a whole (wf_store_diagnose): a timeout waits for no tombstone (a death
 // would have closed a connection before it), a lost connection up to 1 s
 // for the server to notice the death behind it.
+constexpr int kLingerMs = 300;
 int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
   const bool timed_out = cause.find("imed out") != std::string::npos ||
                          cause.find("timeout") != std::string::npos;
@@ -214,6 +216,10 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
                   at.empty() ? "" : "lost the connection to ", at.c_str(),
                   at.empty() || !also.empty() ? "" : " (no death seen by the store, or the store is gone with rank 0)",
                   also.c_str(), (std::string(at.empty() && also.empty() ? "" : ": ") + cause).c_str());
+  // the store's host stays a moment after a timeout: the group's other
+  // ranks time out at about the same time, and their diagnosis needs the
+  // store (this rank's process may exit right after this error)
+  if (timed_out && wf_store_serves(c->s)) usleep(kLingerMs * 1000);
   c->broken = true;
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", weft_last_error());

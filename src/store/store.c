@@ -76,6 +76,8 @@ void wf_store_unlock(weft_store *s) { pthread_mutex_unlock(&s->mu); }
 
 int wf_store_default_timeout(weft_store *s) { return s->timeout_ms; }
 
+int wf_store_serves(weft_store *s) { return s && s->server != NULL; }
+
 const char *wf_store_note(weft_store *s) { return s->note; }
 
 void wf_store_ref(weft_store *s) { __atomic_add_fetch(&s->refs, 1, __ATOMIC_ACQ_REL); }

@@ -423,7 +423,7 @@ int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int
   wf_store_diag d;
   *n = wf_store_diagnose(s, wait_ms, &d);
   if (d.gone) snprintf(buf, len, "%s", d.gone_who);
-  else if (d.unreachable) snprintf(buf, len, "%s unreachable from the store's host", d.unreach_who);
+  else if (d.unreachable) snprintf(buf, len, "%s", d.unreach_who);
   if (d.store_lost)
     return wf_error(WEFT_ECLOSED, "store gone_ranks: %s", d.store_why);
   return 0;

@@ -35,6 +35,8 @@ typedef struct wf_store_diag {
   char store_why[700];      /* "...: the store at ADDR (rank 0 ...) is unreachable: ..." */
 } wf_store_diag;
 int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d);
+/* 1 when this handle's process serves the store (store.c). */
+int wf_store_serves(weft_store *s);
 
 #ifdef __cplusplus
 }
