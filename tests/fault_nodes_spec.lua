@@ -1,8 +1,9 @@
 -- Faults across simulated nodes (scripts/weft-sim-nodes; needs root, else
 -- pending): a rank killed on node 1, a rank that stalls past the timeout, a
--- node started with a wrong store secret, and the simulator itself stopped
--- with SIGINT. Every survivor fails within bounds naming the cause; every
--- node's launcher exits non-zero; nothing is left behind.
+-- node cut off from the others (a partition), a node started with a wrong
+-- store secret, and the simulator itself stopped with SIGINT. Every
+-- survivor fails within bounds naming the cause; every node's launcher
+-- exits non-zero; nothing is left behind.
 local N = require "helpers.nodes_util"
 local P = require "helpers.procs"
 
@@ -88,6 +89,58 @@ describe("faults across simulated nodes #fault", function()
     both_launchers_failed(out, rc)
     assert.is_true(wall < 30, ("the run took %.1f s"):format(wall))
   end)
+  end
+
+  -- Issue 24 item 3: node 1's link cut from the hub mid-loop. Every rank on
+  -- both sides fails within the timeout + 1 s; the near side names node 1's
+  -- ranks or host, the far side the store it cannot reach (rank 0's). The
+  -- routes: flat Gloo (small, 2 nodes), the hierarchy (shm + leaders' Gloo),
+  -- the leaders' store all-gather (3 nodes, small), the store path.
+  local T = 3000
+  for _, case in ipairs {
+    { 2, "flat Gloo", { NODES_PART_NUMEL = "4096" } },
+    { 2, "the hierarchy", { NODES_PART_NUMEL = "524288" } },
+    { 2, "the store path", { NODES_PART_NUMEL = "4096", WEFT_HOST_BACKEND = "store" } },
+    { 3, "the hierarchy, leaders' Gloo ring", { NODES_PART_NUMEL = "524288" } },
+    { 3, "the hierarchy, leaders' store all-gather", { NODES_PART_NUMEL = "4096" } },
+  } do
+    local nodes, route = case[1], case[2]
+    it(("a partition (%dx2 ranks, %s): every rank on both sides fails within the timeout + 1 s naming whom it cannot reach")
+       :format(nodes, route), function()
+      local env = { WEFT_TIMEOUT_MS = tostring(T) }
+      for k, v in pairs(case[3]) do env[k] = v end
+      local out, rc = run_or_skip { nodes = nodes, per_node = 2, timeout = 60, env = env,
+                                    args = { "tests/helpers/nodes_ranks.lua", "partition", "1" } }
+      if not out then return end
+      local cut
+      local fails = {}
+      for _, l in ipairs(N.rank_lines(out)) do
+        local c = l.text:match("^CUT (%d+)")
+        if c then cut = tonumber(c) end
+        local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
+        if ms then fails[l.rank] = { ms = tonumber(ms), msg = msg, node = l.node } end
+      end
+      assert.is_number(cut, out)
+      for r = 0, 2 * nodes - 1 do
+        local f = fails[r]
+        assert.is_truthy(f, ("rank %d did not fail:\n%s"):format(r, out))
+        local late = f.ms - cut
+        assert.is_true(late < T + 1000, ("rank %d failed %d ms after the cut (timeout %d ms): %s"):format(r, late, T, f.msg))
+        assert.is_truthy(f.msg:find("all_reduce", 1, true), f.msg)
+        if f.node == 1 then
+          -- the far side: the store (on node 0) cannot be reached, or node 0's ranks
+          assert.is_truthy(f.msg:find("the store at", 1, true) and f.msg:find("is unreachable", 1, true)
+                           or f.msg:find("rank%(s%) 0") or f.msg:find("rank 0 %(global"),
+                           ("rank %d names neither the store nor node 0: %s"):format(r, f.msg))
+        else
+          -- the near side: node 1's host or ranks (2 and 3)
+          assert.is_truthy(f.msg:find("node1", 1, true) or f.msg:find("rank%(s%) 2") or f.msg:find("ranks? 2[ ,]"),
+                           ("rank %d does not name node 1 or its ranks: %s"):format(r, f.msg))
+        end
+      end
+      assert.are_not.equal(0, rc, out)
+      assert.are.equal("", N.leftover_namespaces())
+    end)
   end
 
   it("a node started with a wrong secret is refused, with a clear message on both sides", function()
