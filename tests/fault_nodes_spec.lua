@@ -143,6 +143,33 @@ describe("faults across simulated nodes #fault", function()
     end)
   end
 
+  -- Issue 24 item 7: deterministic mode on rank 3 only sends it down the
+  -- store path while the others build a Gloo context; ranks 0-2 failed with
+  -- an empty cause ("weft_gloo_create: group 'world': ") when cleanup after
+  -- the failed rendezvous cleared the thread's last error.
+  it("deterministic mode on one rank only: every rank fails naming a cause, none empty", function()
+    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "2000" },
+                                  args = { "tests/helpers/nodes_ranks.lua", "determ_one", "3" } }
+    if not out then return end
+    local fails = {}
+    for _, l in ipairs(N.rank_lines(out)) do
+      local msg = l.text:match("^FAIL %d+ (.*)$")
+      if msg then fails[l.rank] = msg end
+    end
+    for r = 0, 3 do
+      local msg = fails[r]
+      assert.is_truthy(msg, ("rank %d did not fail:\n%s"):format(r, out))
+      assert.is_falsy(msg:find(":%s*$") or msg:find("(gloo: )", 1, true) or msg:find("no message was recorded", 1, true),
+                      ("rank %d: empty cause: %s"):format(r, msg))
+      if r < 3 then
+        assert.is_truthy(msg:find("Gloo address of rank 3", 1, true), ("rank %d does not name rank 3: %s"):format(r, msg))
+      else
+        assert.is_truthy(msg:find("did not arrive", 1, true) and msg:find("0 (pid", 1, true), msg)
+      end
+    end
+    assert.are_not.equal(0, rc, out)
+  end)
+
   it("a node started with a wrong secret is refused, with a clear message on both sides", function()
     local out, rc, wall = run_or_skip { nodes = 2, per_node = 1, timeout = 60,
       env = { WEFT_STORE_SECRET = "right-secret", WEFT_TIMEOUT_MS = "20000" },

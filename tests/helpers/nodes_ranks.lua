@@ -14,6 +14,9 @@
 --   luajit nodes_ranks.lua partition <node>  the same, but rank 0 cuts
 --                                      <node>'s link from the hub (weft-sim-nodes'
 --                                      WEFT_SIM_HUB) instead: "CUT <ms>" from it
+--   luajit nodes_ranks.lua determ_one <rank>  deterministic mode set on <rank>
+--                                      only, then one all-reduce: "FAIL <ms> <msg>"
+--                                      from every rank (issue 24 item 7)
 local U = require "helpers.group_util"
 local W = require "helpers.rank_util"
 local ffi = require "ffi"
@@ -345,7 +348,22 @@ local function partition(cut)
   os.exit(1)
 end
 
+---------------------------------------------------------------- determ_one
+-- one rank's policy differs: it takes another route than the others, and
+-- every rank must fail with a message that names its cause
+local function determ_one(odd)
+  own_failure_only()
+  local world = weft.init()
+  if world.rank == odd then weft.policy.set { deterministic = true } end
+  local x = T.ones({ tonumber(os.getenv("NODES_DET_NUMEL")) or 4096 }, "f32")
+  local okc, err = pcall(function() world:all_reduce(x) end)
+  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
+  assert(not okc)
+  os.exit(1)
+end
+
 if scenario == "layout" then layout()
+elseif scenario == "determ_one" then determ_one(assert(tonumber(arg[2]), "determ_one <rank>"))
 elseif scenario == "partition" then partition(assert(tonumber(arg[2]), "partition <node>"))
 elseif scenario == "stall" then stall(assert(tonumber(arg[2]), "stall <rank>"))
 elseif scenario == "collectives" then collectives()
