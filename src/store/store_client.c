@@ -323,7 +323,10 @@ static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64
 
 static int64_t deadline_for(weft_store *s, int wait_ms) {
   s->t0 = wf_now_ms();
-  int64_t d = s->t0 + (wait_ms > 0 ? (int64_t)wait_ms + WAIT_GRACE_MS : s->timeout_ms);
+  /* the grace never exceeds the handle's timeout: a short wait on a store
+   * that stopped answering ends within the timeout, like any request */
+  int64_t grace = WAIT_GRACE_MS < s->timeout_ms ? WAIT_GRACE_MS : s->timeout_ms;
+  int64_t d = s->t0 + (wait_ms > 0 ? (int64_t)wait_ms + grace : s->timeout_ms);
   return s->cap && s->cap < d ? s->cap : d;
 }
 

@@ -184,9 +184,19 @@ void wf_store_live_describe(weft_store *s, const char *op, int rank, char *buf, 
   snprintf(buf, n, "rank %d", rank);
   if (s->live_rank < 0) return;
   live_key(key, sizeof key, rank, "");
-  if (rank >= 0 && rank < s->live_world && s->live_reg[rank]) {
+  /* a message's lookup: one round trip at most, none to a store just found
+   * unreachable (a caller may describe several ranks in a row) */
+  int64_t cap0 = s->cap, lim = wf_now_ms() + WF_LIVE_RTT_MS;
+  if (!s->cap || s->cap > lim) s->cap = lim;
+  int known = rank >= 0 && rank < s->live_world && s->live_reg[rank];
+  int miss = !known && (s->unreachable || read_now(s, op, key, v, sizeof v));
+  s->cap = cap0;
+  if (known) {
     snprintf(v, sizeof v, "%s", s->live_reg[rank]);
-  } else if (read_now(s, op, key, v, sizeof v)) {
+  } else if (miss && s->unreachable) {
+    wf_clear_error();
+    return;   /* "rank R": who it is cannot be asked now */
+  } else if (miss) {
     snprintf(buf, n, "rank %d (never connected to the store: not started, or died before weft.init)",
              rank);
     wf_clear_error();
@@ -317,7 +327,6 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   }
   q->flags = flags;
   q->timeout_ms = total;
-  s->cap = cap0;
   if (rc == WEFT_EABORT && (flags & WF_GET_PUT)) {
     /* take back this rank's key, so that no member that comes later pairs it
      * with a fresh one: it waits, sees the abort key and fails too */
@@ -328,6 +337,7 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
     wf_store_cl_request(s, op, WF_OP_DELETE, 0, 0, b_key, q->put_key, &st, &r);
     wf_error(rc, "%s", keep);
   }
+  s->cap = cap0;
   if (rc == WEFT_ECLOSED && s->live_rank >= 0 && !s->server && s->fd < 0)
     rc = wf_error_context(rc, "%s, which hosts the store, is gone (died, or shut down before "
                           "this rank)", s->rank0[0] ? s->rank0 : "rank 0");
