@@ -107,7 +107,7 @@ int weft_store_register_rank(weft_store *s, int rank, int world);
  * store's host gets no TCP acknowledgement from (a partition), or is "".
  * For callers whose own wait failed elsewhere (a peer's connection, another
  * group) and who want to name the first cause. The whole call ends within
- * wait_ms + ~400 ms; WEFT_ECLOSED when the store itself did not answer
+ * wait_ms + ~300 ms; WEFT_ECLOSED when the store itself did not answer
  * ("the store at ADDR ... is unreachable"). */
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n);
 

@@ -187,7 +187,7 @@ constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use pre
 // a whole (wf_store_diagnose): a timeout waits for no tombstone (a death
 // would have closed a connection before it), a lost connection up to 1 s
 // for the server to notice the death behind it.
-constexpr int kLingerMs = 300;
+constexpr int kLingerMs = 200;
 int failed(weft_gloo *c, const char *op, int code, const std::string &cause0) {
   // every error names its cause: an empty one is a bug of ours, said as such
   const std::string cause = cause0.empty() ? std::string("no message was recorded (a bug: please report)") : cause0;

@@ -123,7 +123,7 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
 /* A liveness wait or a diagnosis ends this long after its own deadline at
  * most (one round trip to a store that answers); a diagnosis right after
  * the store was found unreachable gives it WF_LIVE_RETRY_MS. */
-#define WF_LIVE_RTT_MS 400
+#define WF_LIVE_RTT_MS 300
 #define WF_LIVE_RETRY_MS 150
 typedef int (*wf_store_get_fn)(weft_store *s, const char *op, wf_get_req *q, int report_ms);
 int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once);

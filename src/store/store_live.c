@@ -400,11 +400,12 @@ int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
       keys[i] = kb + (size_t)i * 48;
       live_key(keys[i], 48, i % W, i < W ? "/gone" : "/unreachable");
     }
-    int64_t now = wf_now_ms(), wait_end = now + (wait_ms > 0 ? wait_ms : 0);
+    int64_t wait_end = wf_now_ms() + (wait_ms > 0 ? wait_ms : 0);
     int64_t cap0 = s->cap;
-    s->cap = wait_end + (s->unreachable ? WF_LIVE_RETRY_MS : WF_LIVE_RTT_MS);
-    if (cap0 && cap0 < s->cap) s->cap = cap0;
     for (;;) {
+      /* each round one round trip at most, so the last ends by wait_end + it */
+      s->cap = wf_now_ms() + (s->unreachable ? WF_LIVE_RETRY_MS : WF_LIVE_RTT_MS);
+      if (cap0 && cap0 < s->cap) s->cap = cap0;
       diag_round(s, keys, W, vals, lens, miss, present, d);
       if (d->store_lost || d->gone || wf_now_ms() >= wait_end) break;
       int64_t left = wait_end - wf_now_ms();
