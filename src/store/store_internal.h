@@ -125,6 +125,9 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
  * the store was found unreachable gives it WF_LIVE_RETRY_MS. */
 #define WF_LIVE_RTT_MS 300
 #define WF_LIVE_RETRY_MS 150
+/* The store's host waits this long before reporting its own timed-out wait
+ * (store_live.c) or Gloo call (gloo_shim.cc: the same figure). */
+#define WF_LIVE_LINGER_MS 200
 typedef int (*wf_store_get_fn)(weft_store *s, const char *op, wf_get_req *q, int report_ms);
 int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once);
 /* Re-announces a registered handle on a new connection (after a reconnect). */

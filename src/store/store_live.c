@@ -338,6 +338,11 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
     wf_error(rc, "%s", keep);
   }
   s->cap = cap0;
+  /* the store's host stays a moment after its own wait timed out: the
+   * others' waits of the same collective end about now, and they should
+   * read why (their own timeout, who is cut off), not find the store gone
+   * with this process */
+  if (rc == WEFT_ETIMEOUT && s->server) usleep(WF_LIVE_LINGER_MS * 1000);
   if (rc == WEFT_ECLOSED && s->live_rank >= 0 && !s->server && s->fd < 0)
     rc = wf_error_context(rc, "%s, which hosts the store, is gone (died, or shut down before "
                           "this rank)", s->rank0[0] ? s->rank0 : "rank 0");
