@@ -110,6 +110,12 @@ int weft_store_register_rank(weft_store *s, int rank, int world);
  * wait_ms + ~300 ms; WEFT_ECLOSED when the store itself did not answer
  * ("the store at ADDR ... is unreachable"). */
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n);
+/* Both lists at once, bounded the same: the gone ranks (*n_gone, described
+ * in gone) and the ranks whose host the store's host cannot reach (*n_cut,
+ * in cut: a partition). After a timeout the gone ones may have failed on
+ * the cut-off ones and exited (docs/faults.md). */
+int weft_store_diagnose(weft_store *s, int wait_ms, char *gone, size_t gone_len, int *n_gone,
+                        char *cut, size_t cut_len, int *n_cut);
 
 /* ---- interrupt (src/core/interrupt.c) ----
  * While armed, weft's blocking host waits (cpu group and store waits, shm

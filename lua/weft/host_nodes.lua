@@ -209,20 +209,25 @@ end
 -- is kept; a timeout waits for no tombstone (a death closes a connection
 -- long before the timeout), so the whole costs ~0 past the step's deadline.
 local gone_buf, gone_n = ffi.new("char[2048]"), ffi.new("int[1]")
+local cut_buf, cut_n = ffi.new("char[2048]"), ffi.new("int[1]")
+local CUT = "; unreachable from the store's host (no TCP acknowledgement, a partition?): "
 local function with_gone(g, err)
   local msg = tostring(err)
   local st = g.cpu_group and g.cpu_group.store
   if not (st and st.handle) then return msg end
-  if msg:find(" died ", 1, true) or msg:find("unreachable", 1, true) then return msg end
+  if msg:find(" died ", 1, true) or msg:find("unreachable", 1, true) or msg:find("gone from the job", 1, true) then
+    return msg
+  end
   local timed_out = msg:find("timed out", 1, true) or msg:find("no progress within", 1, true)
-  if wffi.C.weft_store_gone_ranks(st.handle, timed_out and 0 or 500, gone_buf, 2048, gone_n) ~= 0 then
-    return msg .. "; " .. wffi.last_error():gsub("^store gone_ranks: ", "")
+  if wffi.C.weft_store_diagnose(st.handle, timed_out and 0 or 500, gone_buf, 2048, gone_n,
+                                cut_buf, 2048, cut_n) ~= 0 then
+    return msg .. "; " .. wffi.last_error():gsub("^store diagnose: ", "")
   end
-  local gone = ffi_string(gone_buf)
-  if gone == "" or msg:find(gone, 1, true) then return msg end
-  if gone_n[0] == 0 then   -- none gone: these ranks' hosts are cut off from the store's
-    return msg .. "; unreachable from the store's host (no TCP acknowledgement, a partition?): " .. gone
-  end
+  local gone, cut = ffi_string(gone_buf), ffi_string(cut_buf)
+  if cut_n[0] > 0 then msg = msg .. CUT .. cut end
+  if gone_n[0] == 0 or msg:find(gone, 1, true) then return msg end
+  -- after a timeout, a rank gone now may have failed on the same cause and exited
+  if timed_out then return msg .. "; gone from the job meanwhile: " .. gone end
   return msg .. " (gone from the job: " .. gone .. ")"
 end
 
@@ -230,14 +235,15 @@ end
 -- keeps: the dead, else whom the leader waited for and which hosts the
 -- store cannot reach (a partition), else a pointer to the leader's error
 local function leaders_failure(msg)
-  local who = msg:match("gone from the job: (.-)%)$") or msg:match("(rank %d+ %b().-) died")
-  if who then return who .. " died" end
-  local at = msg:match("waiting for (rank%(s%) [%d, ]+ at [^;%s(]+)")
   local hosts, seen = {}, {}
   local cut = msg:match("unreachable from the store's host[^:]*: ([^;]*)") or ""
   for h in cut:gmatch("host ([^,)%s]+)") do
     if not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
   end
+  -- hosts cut off come first: ranks that died meanwhile may have failed on them
+  local who = #hosts == 0 and (msg:match("gone from the job: (.-)%)$") or msg:match("(rank %d+ %b().-) died"))
+  if who then return who .. " died" end
+  local at = msg:match("waiting for (rank%(s%) [%d, ]+ at [^;%s(]+)")
   local why = at and ("the node leaders timed out waiting for " .. at) or "the node leaders' exchange failed"
   if #hosts > 0 then why = why .. "; unreachable: host " .. concat(hosts, ", ")
   elseif msg:find("is unreachable", 1, true) then why = why .. "; the store is unreachable" end

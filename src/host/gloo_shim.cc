@@ -212,19 +212,19 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause0) {
     if (!at.empty()) at = std::string("rank(s) ").append(at).append(" at ").append(a);
   }
   int rc;
-  if (gone > 0 && timed_out)   // a death would have closed a connection: it came after, or elsewhere
-    rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
-                  "timeout%s%s; gone from the job meanwhile (exited or killed without "
-                  "weft.shutdown()): %s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
-                  at.empty() ? "" : ", waiting for ", at.c_str(), d.gone_who, cause.c_str());
-  else if (gone > 0)
-    rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
-                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), d.gone_who,
-                  cause.c_str());
-  else if (timed_out)
+  if (timed_out) {
+    // a death during the wait would have closed a connection: one seen now
+    // came after (a rank that failed first and exited), or elsewhere
+    if (gone > 0)
+      also.append("; gone from the job meanwhile (exited or killed without weft.shutdown()): ")
+          .append(d.gone_who);
     rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
                   "timeout%s%s%s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
                   at.empty() ? "" : ", waiting for ", at.c_str(), also.c_str(), cause.c_str());
+  } else if (gone > 0)
+    rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
+                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), d.gone_who,
+                  cause.c_str());
   else
     rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s%s%s%s", op, c->name.c_str(),
                   at.empty() ? "" : "lost the connection to ", at.c_str(),

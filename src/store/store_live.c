@@ -433,6 +433,19 @@ int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, cha
   return gone;
 }
 
+int weft_store_diagnose(weft_store *s, int wait_ms, char *gone, size_t gone_len, int *n_gone,
+                        char *cut, size_t cut_len, int *n_cut) {
+  WF_CHECK_ARG(s && gone && gone_len > 0 && n_gone && cut && cut_len > 0 && n_cut,
+               "store diagnose: NULL argument");
+  wf_store_diag d;
+  *n_gone = wf_store_diagnose(s, wait_ms, &d);
+  *n_cut = d.unreachable;
+  snprintf(gone, gone_len, "%s", d.gone_who);
+  snprintf(cut, cut_len, "%s", d.unreach_who);
+  if (d.store_lost) return wf_error(WEFT_ECLOSED, "store diagnose: %s", d.store_why);
+  return 0;
+}
+
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n) {
   WF_CHECK_ARG(s && buf && len > 0 && n, "store gone_ranks: NULL argument");
   buf[0] = '\0';
