@@ -152,10 +152,10 @@ describe("weft.store under abuse #fault", function()
 
   -- Issue 24 item 3 at the store's level: a store that stops answering (its
   -- process stopped: connections stay, replies never come, as across a
-  -- partition) costs a registered wait its timeout + ~400 ms, and the
-  -- diagnosis ~150-400 ms in all, never a timeout per rank; both say the
+  -- partition) costs a registered wait its timeout + ~500 ms, and the
+  -- diagnosis ~150-300 ms in all, never a timeout per rank; both say the
   -- store is unreachable.
-  it("a store that stops answering: a wait ends by its timeout + 0.5 s, the diagnosis within 0.6 s, both naming it", function()
+  it("a store that stops answering: a wait ends within its timeout + 1 s, the diagnosis within 0.6 s, both naming it", function()
     local ffi = require "ffi"
     local C = require("weft.ffi").C
     local port = util.free_port()
@@ -172,7 +172,7 @@ describe("weft.store under abuse #fault", function()
       local t0 = util.now_ms()
       local e = err_of(c.wait, c, { "never-set" }, 1500)
       local ms = util.now_ms() - t0
-      assert.is_true(ms < 1500 + 500, ("the wait took %d ms: %s"):format(ms, e))
+      assert.is_true(ms < 1500 + 1000, ("the wait took %d ms: %s"):format(ms, e))
       assert.is_truthy(e:find("the store at 127.0.0.1:" .. port .. " is unreachable: no reply within", 1, true), e)
       local buf, n = ffi.new("char[2048]"), ffi.new("int[1]")
       t0 = util.now_ms()

@@ -124,6 +124,9 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
  * most (one round trip to a store that answers); a diagnosis right after
  * the store was found unreachable gives it WF_LIVE_RETRY_MS. */
 #define WF_LIVE_RTT_MS 300
+/* A liveness wait's last reply may come this late (the server answers at the
+ * deadline; a loaded client thread reads it a moment later). */
+#define WF_LIVE_WAIT_GRACE_MS 500
 #define WF_LIVE_RETRY_MS 150
 /* The store's host waits this long before reporting its own timed-out wait
  * (store_live.c) or Gloo call (gloo_shim.cc: the same figure). */

@@ -305,10 +305,10 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   const int total = q->timeout_ms;
   const unsigned flags = q->flags;
   const int64_t t_end = wf_now_ms() + total;
-  /* the whole wait, every slice and check included, ends by t_end plus one
-   * round trip: a store that stops answering (a partition) costs no more */
+  /* the whole wait, every slice and check included, ends by t_end plus a
+   * grace: a store that stops answering (a partition) costs no more */
   const int64_t cap0 = s->cap;
-  if (!s->cap || s->cap > t_end + WF_LIVE_RTT_MS) s->cap = t_end + WF_LIVE_RTT_MS;
+  if (!s->cap || s->cap > t_end + WF_LIVE_WAIT_GRACE_MS) s->cap = t_end + WF_LIVE_WAIT_GRACE_MS;
   int rc;
   for (;;) {
     int64_t left = t_end - wf_now_ms();
