@@ -143,6 +143,16 @@ describe("faults across simulated nodes #fault", function()
     end)
   end
 
+  it("a partition shorter than the timeout: node 1's ranks are marked unreachable while it lasts, and the job goes on", function()
+    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "15000" },
+                                  args = { "tests/helpers/nodes_ranks.lua", "heal" } }
+    if not out then return end
+    assert.is_truthy(out:find("MARK cut pid=%d+ host=node1"), out)
+    assert.is_truthy(out:find("MARK healed nil", 1, true), out)
+    assert.are.equal(4, N.count_ok(out, "heal"), out)
+    assert.are.equal(0, rc, out)
+  end)
+
   -- Issue 24 item 7: deterministic mode on rank 3 only sent it down the store
   -- path while the others built a Gloo context; ranks 0-2 failed with an
   -- empty cause ("weft_gloo_create: group 'world': "): the cleanup after the

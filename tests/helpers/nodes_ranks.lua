@@ -14,6 +14,10 @@
 --   luajit nodes_ranks.lua partition <node>  the same, but rank 0 cuts
 --                                      <node>'s link from the hub (weft-sim-nodes'
 --                                      WEFT_SIM_HUB) instead: "CUT <ms>" from it
+--   luajit nodes_ranks.lua heal         rank 0 cuts node 1 off for ~3 s,
+--                                      shorter than the timeout: "MARK cut|healed
+--                                      <value>" (the store's unreachable mark of
+--                                      rank per_node), then every rank "OK heal"
 --   luajit nodes_ranks.lua determ_one <rank>  deterministic mode set on <rank>
 --                                      only, then one all-reduce: "FAIL <ms> <msg>"
 --                                      from every rank (issue 24 item 7)
@@ -348,6 +352,31 @@ local function partition(cut)
   os.exit(1)
 end
 
+---------------------------------------------------------------- heal
+-- a partition shorter than the timeout: the store's host marks node 1's
+-- ranks unreachable while it lasts, clears the mark after, and the job goes on
+local function heal()
+  local world = weft.init()
+  local st = world.cpu_group.store
+  world:barrier()
+  if world.rank == 0 then
+    local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
+    local key = ("weft/rank/%d/unreachable"):format(per_node)
+    check(os.execute(("ip -n %s link set n1 nomaster"):format(hub)) == 0, "cutting node 1")
+    os.execute("sleep 2.5")
+    W.say("MARK cut " .. tostring(st:try_get(key)))
+    check(os.execute(("ip -n %s link set n1 master br0"):format(hub)) == 0, "healing node 1")
+    os.execute("sleep 1.5")
+    W.say("MARK healed " .. tostring(st:try_get(key)))
+  end
+  world:barrier()
+  local x = T.ones({ 4096 }, "f32")
+  world:all_reduce(x)
+  check(ffi.cast("float *", x.ptr)[0] == world.world_size, "all_reduce after the heal")
+  weft.shutdown()
+  ok("heal")
+end
+
 ---------------------------------------------------------------- determ_one
 -- one rank's policy differs: it takes another route than the others, and
 -- every rank must fail with a message that names its cause
@@ -363,6 +392,7 @@ local function determ_one(odd)
 end
 
 if scenario == "layout" then layout()
+elseif scenario == "heal" then heal()
 elseif scenario == "determ_one" then determ_one(assert(tonumber(arg[2]), "determ_one <rank>"))
 elseif scenario == "partition" then partition(assert(tonumber(arg[2]), "partition <node>"))
 elseif scenario == "stall" then stall(assert(tonumber(arg[2]), "stall <rank>"))
