@@ -15,8 +15,11 @@
  * slice costs nothing extra. No thread, no heartbeat: a rank that is stopped
  * (SIGSTOP) keeps its connection, so it is not gone; it stays "did not
  * arrive" until the timeout, described as stopped when it runs on this host.
- * A host that vanishes without closing its sockets is not seen here (TCP
- * does not tell): that still ends at the timeout. */
+ * A host that vanishes without closing its sockets (a partition) is not
+ * gone: those waits end at the timeout, bounded as a whole (s->cap: never a
+ * timeout per request), and the server marks the ranks whose host stopped
+ * acknowledging its keepalive probes "weft/rank/<R>/unreachable"
+ * (store_server.c), which the diagnosis below names. */
 #include "core/futex.h"
 #include "store_share.h"
 #include "store_internal.h"
