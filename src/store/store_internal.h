@@ -59,6 +59,8 @@ typedef struct wf_store_srv wf_store_srv;
 int wf_store_srv_start(const char *bind_host, int port, const char *secret, wf_store_srv **out,
                        int *actual_port);
 void wf_store_srv_stop(wf_store_srv *v);  /* joins the thread, frees; NULL ok */
+/* Registered ranks of other processes still connected (store.c's exit linger). */
+int wf_store_srv_others(wf_store_srv *v);
 
 /* ---- store_client.c: a handle and its connection ---- */
 
@@ -131,6 +133,9 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
 /* The store's host waits this long before reporting its own timed-out wait
  * (store_live.c) or Gloo call (gloo_shim.cc: the same figure). */
 #define WF_LIVE_LINGER_MS 200
+/* A process that exits serving a store others still use keeps serving up to
+ * this long (store.c). */
+#define WF_EXIT_LINGER_MS 500
 typedef int (*wf_store_get_fn)(weft_store *s, const char *op, wf_get_req *q, int report_ms);
 int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once);
 /* Re-announces a registered handle on a new connection (after a reconnect). */

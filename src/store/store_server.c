@@ -3,6 +3,7 @@
  * listener, a self-pipe and every connection; the key table lives here.
  * Waits are server-side: a GET for absent keys parks the connection until
  * the keys are set or its deadline passes, so clients never poll in loops. */
+#include "core/futex.h"
 #include "store_internal.h"
 
 #include <fcntl.h>
@@ -100,6 +101,7 @@ typedef struct wf_store_srv {
   int blocked_rank;             /* a never-joined rank was rejected: waits fail */
   char block_msg[640];
   int64_t reach_next;           /* the next reachability look (live_reach) */
+  int nothers;                  /* atomic: registered connections of other processes */
 } srv;
 
 static uint64_t key_hash(const uint8_t *k, size_t n) {
@@ -871,6 +873,17 @@ static void srv_expire(srv *v, int64_t now) {
     else v->c[j++] = v->c[i];
   }
   v->nc = j;
+  int others = 0;
+  uint32_t me = (uint32_t)getpid();
+  for (int i = 0; i < v->nc; i++) {
+    const conn *c = v->c[i];
+    if (c->live_key && !(c->claim.pid == me && !strcmp(c->claim.host, wf_hostname()))) others++;
+  }
+  __atomic_store_n(&v->nothers, others, __ATOMIC_RELEASE);
+}
+
+int wf_store_srv_others(wf_store_srv *v) {
+  return v ? __atomic_load_n(&v->nothers, __ATOMIC_ACQUIRE) : 0;
 }
 
 static int64_t earliest(int64_t a, int64_t b) { return (a == 0 || (b != 0 && b < a)) ? b : a; }
