@@ -365,56 +365,74 @@ static void append(char *buf, size_t n, size_t *used, const char *s) {
   if (w > 0) *used = *used + (size_t)w < n ? *used + (size_t)w : n - 1;
 }
 
-static void diag_round(weft_store *s, char **keys, int W, const void **vals, size_t *lens,
-                       int *miss, uint8_t *present, wf_store_diag *d) {
+/* Ranks per poll (two keys each: well under a request's limits), and ranks
+ * per list whose pid and host are looked up (the rest go by number: the
+ * lookups share the round's bound). */
+#define DIAG_CHUNK 2048
+#define DIAG_DESCRIBE 8
+
+static void diag_round(weft_store *s, char **keys, const void **vals, size_t *lens, int *miss,
+                       uint8_t *present, wf_store_diag *d) {
   size_t gu = 0, uu = 0;
+  int W = s->live_world;
   d->gone = d->unreachable = 0;
   d->gone_who[0] = d->unreach_who[0] = '\0';
-  int rc = poll_keys(s, "liveness", keys, 2 * W, vals, lens, miss, present);
-  if (rc) {
-    d->store_lost = 1;
-    const char *m = weft_last_error();
-    if (!strncmp(m, "liveness: ", 10)) m += 10;
-    snprintf(d->store_why, sizeof d->store_why, "%s", m);
-    return;
-  }
-  for (int i = 0; i < 2 * W; i++) {
-    if (!present[i]) continue;
-    int r = i % W, gone = i < W;
-    char v[320], one[400];
-    /* a mark's value is the rank's registration ("pid=P host=H") */
-    if (!s->live_reg[r] && read_now(s, "liveness", keys[i], v, sizeof v) == 0)
-      s->live_reg[r] = strdup(v);
-    snprintf(v, sizeof v, "%s", s->live_reg[r] ? s->live_reg[r] : "");
-    int same;
-    describe_value(r, v, one, sizeof one, NULL, &same);
-    if (gone) { append(d->gone_who, sizeof d->gone_who, &gu, one); d->gone++; }
-    else if (!present[r]) { append(d->unreach_who, sizeof d->unreach_who, &uu, one); d->unreachable++; }
+  for (int r0 = 0; r0 < W; r0 += DIAG_CHUNK) {
+    int n = W - r0 < DIAG_CHUNK ? W - r0 : DIAG_CHUNK;
+    for (int i = 0; i < n; i++) {
+      live_key(keys[i], 48, r0 + i, "/gone");
+      live_key(keys[n + i], 48, r0 + i, "/unreachable");
+    }
+    int rc = poll_keys(s, "liveness", keys, 2 * n, vals, lens, miss, present);
+    if (rc) {
+      d->store_lost = 1;
+      const char *m = weft_last_error();
+      if (!strncmp(m, "liveness: ", 10)) m += 10;
+      snprintf(d->store_why, sizeof d->store_why, "%s", m);
+      return;
+    }
+    for (int i = 0; i < 2 * n; i++) {
+      if (!present[i]) continue;
+      int r = r0 + i % n, gone = i < n;
+      if (!gone && present[i - n]) continue;   /* gone and cut off: gone */
+      int *count = gone ? &d->gone : &d->unreachable;
+      char v[320], one[400];
+      if (*count < DIAG_DESCRIBE) {
+        /* a mark's value is the rank's registration ("pid=P host=H") */
+        if (!s->live_reg[r] && read_now(s, "liveness", keys[i], v, sizeof v) == 0)
+          s->live_reg[r] = strdup(v);
+        snprintf(v, sizeof v, "%s", s->live_reg[r] ? s->live_reg[r] : "");
+        int same;
+        describe_value(r, v, one, sizeof one, NULL, &same);
+      } else {
+        snprintf(one, sizeof one, "rank %d", r);
+      }
+      if (gone) append(d->gone_who, sizeof d->gone_who, &gu, one);
+      else append(d->unreach_who, sizeof d->unreach_who, &uu, one);
+      (*count)++;
+    }
   }
 }
 
 int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
   memset(d, 0, sizeof *d);
   if (!s || s->live_rank < 0) return 0;
-  int W = s->live_world;
-  char **keys = malloc((size_t)2 * W * sizeof *keys);
-  char *kb = malloc((size_t)2 * W * 48);
-  const void **vals = malloc((size_t)2 * W * sizeof *vals);
-  size_t *lens = malloc((size_t)2 * W * sizeof *lens);
-  int *miss = malloc((size_t)2 * W * sizeof *miss);
-  uint8_t *present = malloc((size_t)2 * W);
+  int K = 2 * (s->live_world < DIAG_CHUNK ? s->live_world : DIAG_CHUNK);
+  char **keys = malloc((size_t)K * sizeof *keys);
+  char *kb = malloc((size_t)K * 48);
+  const void **vals = malloc((size_t)K * sizeof *vals);
+  size_t *lens = malloc((size_t)K * sizeof *lens);
+  int *miss = malloc((size_t)K * sizeof *miss);
+  uint8_t *present = malloc((size_t)K);
   if (keys && kb && vals && lens && miss && present && wf_store_lock(s, "liveness") == 0) {
-    for (int i = 0; i < 2 * W; i++) {
-      keys[i] = kb + (size_t)i * 48;
-      live_key(keys[i], 48, i % W, i < W ? "/gone" : "/unreachable");
-    }
+    for (int i = 0; i < K; i++) keys[i] = kb + (size_t)i * 48;
     int64_t wait_end = wf_now_ms() + (wait_ms > 0 ? wait_ms : 0);
     int64_t cap0 = s->cap;
     for (;;) {
       /* each round one round trip at most, so the last ends by wait_end + it */
       s->cap = wf_now_ms() + (s->unreachable ? WF_LIVE_RETRY_MS : WF_LIVE_RTT_MS);
       if (cap0 && cap0 < s->cap) s->cap = cap0;
-      diag_round(s, keys, W, vals, lens, miss, present, d);
+      diag_round(s, keys, vals, lens, miss, present, d);
       if (d->store_lost || d->gone || wf_now_ms() >= wait_end) break;
       int64_t left = wait_end - wf_now_ms();
       usleep((useconds_t)(left < 50 ? left : 50) * 1000);
