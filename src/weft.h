@@ -103,9 +103,19 @@ int weft_store_num_keys(weft_store *s, int64_t *n);
 int weft_store_register_rank(weft_store *s, int rank, int world);
 /* The ranks of the world that are gone (tombstones), polled up to wait_ms
  * until one appears: *n of them, described in buf ("rank R (pid P, host H),
- * ..."). For callers whose own wait failed elsewhere (a peer's connection,
- * another group) and who want to name the first cause. */
+ * ..."). With none gone (*n == 0), buf lists the ranks whose host the
+ * store's host gets no TCP acknowledgement from (a partition), or is "".
+ * For callers whose own wait failed elsewhere (a peer's connection, another
+ * group) and who want to name the first cause. The whole call ends within
+ * wait_ms + ~300 ms; WEFT_ECLOSED when the store itself did not answer
+ * ("the store at ADDR ... is unreachable"). */
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n);
+/* Both lists at once, bounded the same: the gone ranks (*n_gone, described
+ * in gone) and the ranks whose host the store's host cannot reach (*n_cut,
+ * in cut: a partition). After a timeout the gone ones may have failed on
+ * the cut-off ones and exited (docs/faults.md). */
+int weft_store_diagnose(weft_store *s, int wait_ms, char *gone, size_t gone_len, int *n_gone,
+                        char *cut, size_t cut_len, int *n_cut);
 
 /* ---- interrupt (src/core/interrupt.c) ----
  * While armed, weft's blocking host waits (cpu group and store waits, shm
@@ -157,6 +167,8 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
  * collective failed elsewhere): every member's current and later calls fail
  * with WEFT_EABORT "aborted by rank R: why" (why: up to ~100 bytes kept). */
 int weft_shm_abort(weft_shm *c, const char *why);
+/* The bound of this rank's later waits (the group's timeout at create). */
+int weft_shm_set_timeout(weft_shm *c, int timeout_ms);
 /* Zero-copy: when the buffers a collective reads from peers are weft host
  * memory (weft_host_alloc, weft_host_is_shared) on every rank (broadcast:
  * the root's) and it moves at least zero_copy_min bytes, ranks read each

@@ -1,8 +1,9 @@
 -- Faults across simulated nodes (scripts/weft-sim-nodes; needs root, else
 -- pending): a rank killed on node 1, a rank that stalls past the timeout, a
--- node started with a wrong store secret, and the simulator itself stopped
--- with SIGINT. Every survivor fails within bounds naming the cause; every
--- node's launcher exits non-zero; nothing is left behind.
+-- node cut off from the others (a partition), a node started with a wrong
+-- store secret, and the simulator itself stopped with SIGINT. Every
+-- survivor fails within bounds naming the cause; every node's launcher
+-- exits non-zero; nothing is left behind.
 local N = require "helpers.nodes_util"
 local P = require "helpers.procs"
 
@@ -89,6 +90,122 @@ describe("faults across simulated nodes #fault", function()
     assert.is_true(wall < 30, ("the run took %.1f s"):format(wall))
   end)
   end
+
+  -- Issue 24 item 3: node 1's link cut from the hub mid-loop. Every rank on
+  -- both sides fails within the timeout + 1 s; the near side names node 1's
+  -- ranks or host, the far side the store it cannot reach (rank 0's). The
+  -- routes: flat Gloo (small, 2 nodes), the hierarchy (shm + leaders' Gloo),
+  -- the leaders' store all-gather (3 nodes, small), the store path.
+  local T = 3000
+  for _, case in ipairs {
+    { 2, "flat Gloo", { NODES_PART_NUMEL = "4096" } },
+    { 2, "the hierarchy", { NODES_PART_NUMEL = "524288" } },
+    { 2, "the store path", { NODES_PART_NUMEL = "4096", WEFT_HOST_BACKEND = "store" } },
+    { 3, "the hierarchy, leaders' Gloo ring", { NODES_PART_NUMEL = "524288" } },
+    { 3, "the hierarchy, leaders' store all-gather", { NODES_PART_NUMEL = "4096" } },
+  } do
+    local nodes, route = case[1], case[2]
+    it(("a partition (%dx2 ranks, %s): every rank on both sides fails within the timeout + 1 s naming whom it cannot reach")
+       :format(nodes, route), function()
+      local env = { WEFT_TIMEOUT_MS = tostring(T) }
+      for k, v in pairs(case[3]) do env[k] = v end
+      local out, rc = run_or_skip { nodes = nodes, per_node = 2, timeout = 60, env = env,
+                                    args = { "tests/helpers/nodes_ranks.lua", "partition", "1" } }
+      if not out then return end
+      local cut
+      local fails = {}
+      for _, l in ipairs(N.rank_lines(out)) do
+        local c = l.text:match("^CUT (%d+)")
+        if c then cut = tonumber(c) end
+        local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
+        if ms then fails[l.rank] = { ms = tonumber(ms), msg = msg, node = l.node } end
+      end
+      assert.is_number(cut, out)
+      for r = 0, 2 * nodes - 1 do
+        local f = fails[r]
+        assert.is_truthy(f, ("rank %d did not fail:\n%s"):format(r, out))
+        local late = f.ms - cut
+        assert.is_true(late < T + 1000, ("rank %d failed %d ms after the cut (timeout %d ms): %s"):format(r, late, T, f.msg))
+        assert.is_truthy(f.msg:find("all_reduce", 1, true), f.msg)
+        if f.node == 1 then
+          -- the far side: the store (on node 0) is unreachable, or Gloo's peers there
+          assert.is_truthy(f.msg:find("the store is unreachable", 1, true)
+                           or f.msg:find("the store at [^ ]+, served by rank 0 %(pid %d+, host node0%), is unreachable")
+                           or f.msg:find("waiting for rank%(s%) 0"),
+                           ("rank %d names neither the store nor node 0: %s"):format(r, f.msg))
+        else
+          -- the near side: node 1's host or ranks (2 and 3)
+          assert.is_truthy(f.msg:find("node1", 1, true) or f.msg:find("rank%(s%) 2") or f.msg:find("ranks? 2[ ,]"),
+                           ("rank %d does not name node 1 or its ranks: %s"):format(r, f.msg))
+        end
+      end
+      assert.are_not.equal(0, rc, out)
+      assert.are.equal("", N.leftover_namespaces())
+    end)
+  end
+
+  it("a partition shorter than the timeout: node 1's ranks are marked unreachable while it lasts, and the job goes on", function()
+    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "15000" },
+                                  args = { "tests/helpers/nodes_ranks.lua", "heal" } }
+    if not out then return end
+    assert.is_truthy(out:find("MARK cut pid=%d+ host=node1"), out)
+    assert.is_truthy(out:find("MARK healed nil", 1, true), out)
+    assert.are.equal(4, N.count_ok(out, "heal"), out)
+    assert.are.equal(0, rc, out)
+  end)
+
+  -- Issue 24 item 7: deterministic mode on rank 3 only sent it down the store
+  -- path while the others built a Gloo context; ranks 0-2 failed with an
+  -- empty cause ("weft_gloo_create: group 'world': "): the cleanup after the
+  -- failed rendezvous cleared the thread's last error. Now the group agrees
+  -- on the mode at its first host reduction across nodes, and names who
+  -- differs; and a Gloo rendezvous that fails names whom it waited for.
+  local function fail_lines(out)
+    local fails = {}
+    for _, l in ipairs(N.rank_lines(out)) do
+      local msg = l.text:match("^FAIL %d+ (.*)$")
+      if msg then fails[l.rank] = msg end
+    end
+    return fails
+  end
+  local function no_empty_cause(r, msg)
+    assert.is_falsy(msg:find(":%s*$") or msg:find("(gloo: )", 1, true) or msg:find("no message was recorded", 1, true),
+                    ("rank %d: empty cause: %s"):format(r, msg))
+  end
+
+  it("deterministic mode on one rank only: every rank fails at once naming who is on and who is off", function()
+    local out, rc, wall = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "5000" },
+                                        args = { "tests/helpers/nodes_ranks.lua", "determ_one", "3" } }
+    if not out then return end
+    local fails = fail_lines(out)
+    for r = 0, 3 do
+      local msg = fails[r]
+      assert.is_truthy(msg, ("rank %d did not fail:\n%s"):format(r, out))
+      no_empty_cause(r, msg)
+      assert.is_truthy(msg:find("deterministic mode is on for rank 3 and off for ranks 0, 1, 2", 1, true), msg)
+    end
+    assert.are_not.equal(0, rc, out)
+    assert.is_true(wall < 5, ("took %.1f s: the disagreement must not wait for the timeout"):format(wall))
+  end)
+
+  it("node 1 forced to the store path while node 0 builds a Gloo context: the Gloo side names whom it waited for", function()
+    local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "2000" },
+                                  node_env = { "1:WEFT_HOST_BACKEND=store" },
+                                  args = { "tests/helpers/nodes_ranks.lua", "determ_one", "-1" } }
+    if not out then return end
+    local fails = fail_lines(out)
+    for r = 0, 3 do
+      local msg = fails[r]
+      assert.is_truthy(msg, ("rank %d did not fail:\n%s"):format(r, out))
+      no_empty_cause(r, msg)
+      if r < 2 then
+        assert.is_truthy(msg:find("weft_gloo_create", 1, true) and msg:find("Gloo address of rank [23]"), msg)
+      else
+        assert.is_truthy(msg:find("did not arrive", 1, true), msg)
+      end
+    end
+    assert.are_not.equal(0, rc, out)
+  end)
 
   it("a node started with a wrong secret is refused, with a clear message on both sides", function()
     local out, rc, wall = run_or_skip { nodes = 2, per_node = 1, timeout = 60,

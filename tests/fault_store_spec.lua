@@ -150,6 +150,46 @@ describe("weft.store under abuse #fault", function()
     end)
   end)
 
+  -- Issue 24 item 3 at the store's level: a store that stops answering (its
+  -- process stopped: connections stay, replies never come, as across a
+  -- partition) costs a registered wait its timeout + ~500 ms, and the
+  -- diagnosis ~150-300 ms in all, never a timeout per rank; both say the
+  -- store is unreachable.
+  it("a store that stops answering: a wait ends within its timeout + 1 s, the diagnosis within 0.6 s, both naming it", function()
+    local ffi = require "ffi"
+    local C = require("weft.ffi").C
+    local port = util.free_port()
+    local spid, slog = spawn_server(port, "-n 1024")
+    local ph = io.popen("pgrep -P " .. spid)
+    local luapid = tonumber(ph:read("*l") or "")
+    ph:close()
+    assert.is_number(luapid, "no server process under " .. spid)
+    local c = store.open { port = port, timeout_ms = 2000 }
+    local ok, err = pcall(function()
+      c:register_rank(0, 16)     -- rank 0 waits for no one at registration
+      c:set("k", "v")
+      os.execute("kill -STOP " .. luapid)
+      local t0 = util.now_ms()
+      local e = err_of(c.wait, c, { "never-set" }, 1500)
+      local ms = util.now_ms() - t0
+      assert.is_true(ms < 1500 + 1000, ("the wait took %d ms: %s"):format(ms, e))
+      assert.is_truthy(e:find("the store at 127.0.0.1:" .. port .. " is unreachable: no reply within", 1, true), e)
+      local buf, n = ffi.new("char[2048]"), ffi.new("int[1]")
+      t0 = util.now_ms()
+      local rc = C.weft_store_gone_ranks(c.handle, 0, buf, 2048, n)
+      ms = util.now_ms() - t0
+      local msg = ffi.string(C.weft_last_error())
+      assert.is_true(ms < 600, ("the diagnosis took %d ms: %s"):format(ms, msg))
+      assert.are_not.equal(0, rc)
+      assert.is_truthy(msg:find("is unreachable", 1, true), msg)
+      assert.are.equal(0, n[0])
+    end)
+    os.execute("kill -CONT " .. luapid)
+    c:close()
+    stop_server(spid, slog, port)
+    if not ok then error(err, 0) end
+  end)
+
   it("a 2-rank run where rank 1 has a wrong secret: rank 0 names the rejection within seconds", function()
     local res = util.run_ranks(2, "tests/helpers/store_fault.lua rank",
                                { WEFT_STORE_SECRET = SECRET, WEFT_TIMEOUT_MS = 20000 }, 40)

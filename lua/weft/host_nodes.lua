@@ -203,19 +203,58 @@ end
 
 -- a failure of one step, with the world's dead ranks appended when the
 -- message does not name them (the first death may be outside this group:
--- a node leader that exited after its own node failed)
+-- a node leader that exited after its own node failed), or the ranks the
+-- store's host cannot reach, or the store itself being unreachable. A
+-- message that went through the store's diagnosis already (the Gloo shim's)
+-- is kept; a timeout waits for no tombstone (a death closes a connection
+-- long before the timeout), so the whole costs ~0 past the step's deadline.
 local gone_buf, gone_n = ffi.new("char[2048]"), ffi.new("int[1]")
+local cut_buf, cut_n = ffi.new("char[2048]"), ffi.new("int[1]")
+local CUT = "; unreachable from the store's host (no TCP acknowledgement, a partition?): "
 local function with_gone(g, err)
   local msg = tostring(err)
   local st = g.cpu_group and g.cpu_group.store
   if not (st and st.handle) then return msg end
-  if wffi.C.weft_store_gone_ranks(st.handle, 500, gone_buf, 2048, gone_n) ~= 0 or gone_n[0] == 0 then
+  if msg:find(" died ", 1, true) or msg:find("unreachable", 1, true) or msg:find("gone from the job", 1, true) then
     return msg
   end
-  local gone = ffi_string(gone_buf)
-  if msg:find(gone, 1, true) then return msg end
+  local timed_out = msg:find("timed out", 1, true) or msg:find("no progress within", 1, true)
+  if wffi.C.weft_store_diagnose(st.handle, timed_out and 0 or 500, gone_buf, 2048, gone_n,
+                                cut_buf, 2048, cut_n) ~= 0 then
+    return msg .. "; " .. wffi.last_error():gsub("^store diagnose: ", "")
+  end
+  local gone, cut = ffi_string(gone_buf), ffi_string(cut_buf)
+  if cut_n[0] > 0 then msg = msg .. CUT .. cut end
+  if gone_n[0] == 0 or msg:find(gone, 1, true) then return msg end
+  -- after a timeout, a rank gone now may have failed on the same cause and exited
+  if timed_out then return msg .. "; gone from the job meanwhile: " .. gone end
   return msg .. " (gone from the job: " .. gone .. ")"
 end
+
+-- why the node leaders' exchange failed, in the ~100 bytes a shm abort
+-- keeps: the dead, else whom the leader waited for and which hosts the
+-- store cannot reach (a partition), else a pointer to the leader's error
+local function leaders_failure(msg)
+  local hosts, seen = {}, {}
+  local cut = msg:match("unreachable from the store's host[^:]*: ([^;]*)") or ""
+  for h in cut:gmatch("host ([^,)%s]+)") do
+    if not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
+  end
+  -- hosts cut off come first: ranks that died meanwhile may have failed on them
+  local who = #hosts == 0 and (msg:match("gone from the job: (.-)%)$") or msg:match("(rank %d+ %b().-) died"))
+  if who then return who .. " died" end
+  local at = msg:match("waiting for (rank%(s%) [%d, ]+ at [^;%s(]+)")
+  local why = at and ("the node leaders timed out waiting for " .. at) or "the node leaders' exchange failed"
+  if #hosts > 0 then why = why .. "; unreachable: host " .. concat(hosts, ", ")
+  elseif msg:find("is unreachable", 1, true) then why = why .. "; the store is unreachable" end
+  if not at and #hosts == 0 and not msg:find("is unreachable", 1, true) then why = why .. " (see that rank's error)" end
+  return why
+end
+
+-- A non-leader waits for its leader's broadcast this much past the group's
+-- timeout: the leader's own cross-node step ends at the timeout, and its
+-- abort (naming the cause) must arrive before this rank gives up on it.
+M.HIER_GRACE_MS = 700
 
 local hier_backend = setmetatable({
   all_reduce = function(g, _, t, out_ptr, _, code)
@@ -245,15 +284,21 @@ local hier_backend = setmetatable({
         local msg = with_gone(g, err)
         -- the node's other ranks wait in the broadcast below: tell them why,
         -- now (the shm abort keeps ~100 bytes: the dead ranks, else a hint)
-        if h.local_shm then
-          local who = msg:match("gone from the job: (.-)%)$") or msg:match("(rank %d+ %b().-) died")
-          h.local_shm:abort(who and (who .. " died")
-                            or "the node leaders' exchange failed (see that rank's error)")
-        end
+        if h.local_shm then h.local_shm:abort(leaders_failure(msg)) end
         error(msg, 0)
       end
     end
-    if h.local_shm then h.local_shm:broadcast(out_ptr, t.nbytes, 0) end
+    if h.local_shm then
+      local T = g.timeout_ms
+      if h.local_index ~= 0 and T and g.node_count > 1 then
+        h.local_shm:set_timeout(T + M.HIER_GRACE_MS)
+        local ok, err = pcall(h.local_shm.broadcast, h.local_shm, out_ptr, t.nbytes, 0)
+        h.local_shm:set_timeout(T)
+        if not ok then error(err, 0) end
+      else
+        h.local_shm:broadcast(out_ptr, t.nbytes, 0)
+      end
+    end
   end,
 }, { __index = gloo_backend })
 M.hier_backend = hier_backend

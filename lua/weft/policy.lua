@@ -79,6 +79,13 @@ local function det_host_ring(g, op, t, rop)
          and M.deterministic(g) or false
 end
 M.det_host_ring = det_host_ring
+-- whether deterministic mode decides the route of this host call (ranks on
+-- several nodes, a float sum or product): the ranks must agree on the mode
+-- first (weft.group.host, once per group), or they meet on no route
+function M.det_host_routed(g, op, t, rop)
+  return not g.same_node and DET_OPS[op] and t ~= nil and DET_FLOAT[t.dtype] and DET_ARITH[rop or "sum"]
+         and not (t.device ~= nil and t.device ~= "cpu") or false
+end
 
 function M.hier_applies(g, op, t, rop)
   if g.same_node then return false, "all ranks on one node" end

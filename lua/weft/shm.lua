@@ -8,6 +8,7 @@
 --   c:broadcast(ptr, bytes, root_index)
 --   c:info() -> { world, zero_copy, zero_copy_min, zero_copy_calls, segment_calls }
 --   c:abort(why)                                    -- every member's calls fail, naming why
+--   c:set_timeout(ms)                               -- this rank's later waits (default: the group's)
 --   c:destroy()                                     -- local, idempotent
 --   shm.is_shared(ptr, bytes) -> true when the range is weft's shared host
 --                                memory (weft_host_alloc from 64 KiB on)
@@ -115,6 +116,12 @@ end
 function Comm:broadcast(ptr, bytes, root)
   local h = handle_of(self, "broadcast")
   if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
+end
+
+-- the bound of this rank's later waits (the group's timeout at create)
+function Comm:set_timeout(ms)
+  local h = handle_of(self, "set_timeout")
+  if C.weft_shm_set_timeout(h, ms) ~= 0 then error("weft: " .. last_error(), 2) end
 end
 
 -- this rank gives up: every member's calls fail with "aborted by rank R: why"

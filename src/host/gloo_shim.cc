@@ -38,6 +38,7 @@
 #include <stdexcept>
 #include <string>
 #include <sys/random.h>
+#include <unistd.h>
 #include <vector>
 
 extern "C" {
@@ -48,9 +49,13 @@ extern "C" {
 
 namespace {
 
-// An error already recorded with wf_error (code kept), thrown through Gloo.
+// An error already recorded with wf_error, thrown through Gloo: the code and
+// the message, taken when thrown (cleanup on the way out, e.g. forget()'s
+// store calls, may overwrite the thread's last error before guarded() reads it).
 struct Recorded {
   int code;
+  std::string msg;
+  explicit Recorded(int c) : code(c), msg(weft_last_error()) {}
 };
 
 using ms = std::chrono::milliseconds;
@@ -76,7 +81,7 @@ class WeftStore : public gloo::rendezvous::Store {
   void set(const std::string &key, const std::vector<char> &data) override {
     std::string k = cat(prefix_, key);
     int rc = weft_store_set(s_, k.c_str(), data.data(), data.size());
-    if (rc) throw Recorded{wf_error_context(rc, "publishing this rank's Gloo address")};
+    if (rc) throw Recorded(wf_error_context(rc, "publishing this rank's Gloo address"));
     mine_.push_back(k);
   }
 
@@ -85,7 +90,7 @@ class WeftStore : public gloo::rendezvous::Store {
     const void *v = nullptr;
     size_t len = 0;
     int rc = weft_store_get(s_, k.c_str(), timeout_ms_, &v, &len);
-    if (rc) throw Recorded{wf_error_context(rc, "waiting for %s", who(key).c_str())};
+    if (rc) throw Recorded(wf_error_context(rc, "waiting for %s", who(key).c_str()));
     const char *p = static_cast<const char *>(v);
     return std::vector<char>(p, p + len);
   }
@@ -100,14 +105,17 @@ class WeftStore : public gloo::rendezvous::Store {
     int t = (int)timeout.count();
     if (t <= 0 || t > timeout_ms_) t = timeout_ms_;
     int rc = weft_store_wait(s_, arr.data(), (int)arr.size(), t);
-    if (rc) throw Recorded{wf_error_context(rc, "waiting for %s", who(keys.empty() ? "" : keys[0]).c_str())};
+    if (rc) throw Recorded(wf_error_context(rc, "waiting for %s", who(keys.empty() ? "" : keys[0]).c_str()));
   }
 
-  // the keys this rank published (deleted once every rank is connected)
+  // the keys this rank published (deleted once every rank is connected);
+  // best effort, and the thread's last error (the cause of a failed
+  // connect, on the error path) is left as it was
   void forget() {
+    std::string keep = weft_last_error();
     for (const auto &k : mine_) weft_store_delete(s_, k.c_str(), nullptr);
     mine_.clear();
-    wf_clear_error();
+    wf_error(0, "%s", keep.c_str());
   }
 
  private:
@@ -177,11 +185,26 @@ constexpr uint64_t kSlotRs = 0xE0ull << 56;   // our own ring reduce-scatter
 constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use prefixes < 0x20)
 
 // A failure inside a call: name the group and the op, the ranks the store
-// saw die, and close this rank's connections so the peers fail now, not at
-// their timeout. The handle is unusable afterwards.
-int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
-  char who[1200];
-  int gone = wf_store_gone_among(c->s, c->ranks.data(), c->size, 1000, who, sizeof who);
+// saw die or cannot reach, or the store itself when it cannot be reached,
+// and close this rank's connections so the peers fail now, not at their
+// timeout. The handle is unusable afterwards. The diagnosis is bounded as
+// a whole (wf_store_diagnose): a timeout waits for no tombstone (a death
+// would have closed a connection before it), a lost connection up to 1 s
+// for the server to notice the death behind it.
+constexpr int kLingerMs = 200;
+int failed(weft_gloo *c, const char *op, int code, const std::string &cause0) {
+  // every error names its cause: an empty one is a bug of ours, said as such
+  const std::string cause = cause0.empty() ? std::string("no message was recorded (a bug: please report)") : cause0;
+  const bool timed_out = cause.find("imed out") != std::string::npos ||
+                         cause.find("timeout") != std::string::npos;
+  wf_store_diag d;
+  int gone = wf_store_diagnose(c->s, timed_out ? 0 : 1000, &d);
+  // what else the store can tell: ranks cut off from its host, or the store itself
+  std::string also;
+  if (d.unreachable)
+    also.append("; unreachable from the store's host (no TCP acknowledgement, a partition?): ")
+        .append(d.unreach_who);
+  if (d.store_lost) also.append("; ").append(d.store_why);
   // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
   std::string at;
   size_t b = cause.find('['), e = cause.find(']');
@@ -193,19 +216,28 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause) {
     if (!at.empty()) at = std::string("rank(s) ").append(at).append(" at ").append(a);
   }
   int rc;
-  if (gone > 0)
-    rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
-                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), who,
-                  cause.c_str());
-  else if (cause.find("imed out") != std::string::npos || cause.find("timeout") != std::string::npos)
+  if (timed_out) {
+    // a death during the wait would have closed a connection: one seen now
+    // came after (a rank that failed first and exited), or elsewhere
+    if (gone > 0)
+      also.append("; gone from the job meanwhile (exited or killed without weft.shutdown()): ")
+          .append(d.gone_who);
     rc = wf_error(WEFT_ETIMEOUT, "weft_gloo_%s: group '%s': no progress within the %d ms "
-                  "timeout%s%s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
-                  at.empty() ? "" : ", waiting for ", at.c_str(), cause.c_str());
-  else
-    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s%s%s", op, c->name.c_str(),
-                  at.empty() ? "" : "lost the connection to ", at.c_str(),
-                  at.empty() ? "" : " (no death seen by the store, or the store is gone with rank 0): ",
+                  "timeout%s%s%s (gloo: %s)", op, c->name.c_str(), c->timeout_ms,
+                  at.empty() ? "" : ", waiting for ", at.c_str(), also.c_str(), cause.c_str());
+  } else if (gone > 0)
+    rc = wf_error(WEFT_ECLOSED, "weft_gloo_%s: group '%s': %s died (exited or was killed "
+                  "without weft.shutdown()) during the call (gloo: %s)", op, c->name.c_str(), d.gone_who,
                   cause.c_str());
+  else
+    rc = wf_error(code, "weft_gloo_%s: group '%s': %s%s%s%s%s", op, c->name.c_str(),
+                  at.empty() ? "" : "lost the connection to ", at.c_str(),
+                  at.empty() || !also.empty() ? "" : " (no death seen by the store, or the store is gone with rank 0)",
+                  also.c_str(), (std::string(at.empty() && also.empty() ? "" : ": ") + cause).c_str());
+  // the store's host stays a moment after a timeout: the group's other
+  // ranks time out at about the same time, and their diagnosis needs the
+  // store (this rank's process may exit right after this error)
+  if (timed_out && wf_store_serves(c->s)) usleep(kLingerMs * 1000);
   c->broken = true;
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", weft_last_error());
@@ -270,8 +302,7 @@ int guarded(weft_gloo *c, const char *op, F &&f) {
     f();
     return 0;
   } catch (const Recorded &r) {
-    std::string m = weft_last_error();
-    return failed(c, op, r.code, m);
+    return failed(c, op, r.code, r.msg);
   } catch (const std::bad_alloc &) {
     return failed(c, op, WEFT_ENOMEM, "out of memory");
   } catch (const std::exception &e) {
@@ -292,7 +323,7 @@ gloo::AllreduceOptions::Func reduce_fn(int dtype, int op) {
   return [dtype, op](void *out, const void *a, const void *b, size_t n) {
     const void *srcs[2] = {a, b};
     if (weft_host_reduce(out, srcs, 2, n, dtype, op))
-      throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+      throw Recorded(wf_error_context(WEFT_EINVAL, "reduction"));
   };
 }
 
@@ -502,7 +533,7 @@ void reduce_pair(weft_gloo *c, int peer, uint8_t *acc, size_t off, size_t n, siz
   const uint8_t *theirs = c->sync_in[peer].data() + off;
   const void *srcs[2] = {c->me < peer ? mine : theirs, c->me < peer ? theirs : mine};
   if (weft_host_reduce(mine, srcs, 2, n / es, dtype, op))
-    throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+    throw Recorded(wf_error_context(WEFT_EINVAL, "reduction"));
 }
 
 // Receive buffers of at least `bytes` for every partner: a larger one (the
@@ -648,7 +679,7 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
     try {
       c->dev = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception &e) {
-      throw Recorded{wf_error(WEFT_ESYS, "cannot listen on %s: %s", addr, gloo_text(e.what()).c_str())};
+      throw Recorded(wf_error(WEFT_ESYS, "cannot listen on %s: %s", addr, gloo_text(e.what()).c_str()));
     }
     c->ctx = std::make_shared<gloo::rendezvous::Context>(me, size);
     c->ctx->setTimeout(ms(timeout));
@@ -665,7 +696,7 @@ int weft_gloo_create(weft_cpugroup *g, const char *host, weft_gloo **out) {
     const size_t *lens = nullptr;
     int brc = weft_cpugroup_allgather(g, addr, strlen(addr), &all, &lens);
     store.forget();
-    if (brc) throw Recorded{wf_error_context(brc, "after connecting")};
+    if (brc) throw Recorded(wf_error_context(brc, "after connecting"));
     const char *p = static_cast<const char *>(all);
     for (int i = 0; i < size; i++) { c->addrs.emplace_back(p, lens[i]); p += lens[i]; }
   });
@@ -766,7 +797,7 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
       int chunk = ((me - s - 2) % W + 2 * W) % W;
       const void *srcs[2] = {tmp, src + (size_t)chunk * cb};
       if (weft_host_reduce(acc, srcs, 2, count_out, dtype, op))
-        throw Recorded{wf_error_context(WEFT_EINVAL, "reduction")};
+        throw Recorded(wf_error_context(WEFT_EINVAL, "reduction"));
     }
     memcpy(out, acc, cb);
   });

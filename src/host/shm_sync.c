@@ -56,6 +56,13 @@ int weft_shm_abort(weft_shm *c, const char *why) {
   return 0;
 }
 
+int weft_shm_set_timeout(weft_shm *c, int timeout_ms) {
+  WF_CHECK_ARG(c && timeout_ms > 0, "weft_shm_set_timeout: NULL communicator or timeout %d <= 0",
+               timeout_ms);
+  c->timeout_ms = timeout_ms;
+  return 0;
+}
+
 static int aborted_error(weft_shm *c, uint32_t ab, const char *op) {
   char rn[64];
   int who = (int)ab - 1;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DEFAULT_TIMEOUT_MS 30000
 
@@ -60,6 +61,40 @@ static void fmt_keys(char *out, size_t cap, const char *const *keys, const int *
   }
 }
 
+/* ---- the exit linger ----
+ * A process that serves a store and exits without closing it (a failure
+ * and os.exit, an uncaught error) takes the store along. The other ranks
+ * usually fail in the same collective a moment later, and their errors
+ * need the store (the agreed vote, a tombstone, an unreachable mark), not
+ * "store gone". So at exit such a process keeps serving while other ranks
+ * are still connected, up to WF_EXIT_LINGER_MS. A clean shutdown closed the
+ * store: nothing to wait for. */
+#define WF_SERVED_MAX 16
+static pthread_mutex_t g_served_mu = PTHREAD_MUTEX_INITIALIZER;
+static weft_store *g_served[WF_SERVED_MAX];
+
+static void served_set(weft_store *s, int on) {
+  pthread_mutex_lock(&g_served_mu);
+  for (int i = 0; i < WF_SERVED_MAX; i++) {
+    if (on && !g_served[i]) { g_served[i] = s; break; }
+    if (!on && g_served[i] == s) { g_served[i] = NULL; break; }
+  }
+  pthread_mutex_unlock(&g_served_mu);
+}
+
+__attribute__((destructor)) static void served_linger(void) {
+  int64_t end = wf_now_ms() + WF_EXIT_LINGER_MS;
+  for (;;) {
+    int busy = 0;
+    if (pthread_mutex_trylock(&g_served_mu) != 0) return;  /* exiting mid-open/close: not worth a risk */
+    for (int i = 0; i < WF_SERVED_MAX; i++)
+      if (g_served[i] && g_served[i]->server && wf_store_srv_others(g_served[i]->server) > 0) busy = 1;
+    pthread_mutex_unlock(&g_served_mu);
+    if (!busy || wf_now_ms() >= end) return;
+    usleep(10 * 1000);
+  }
+}
+
 /* ---- lock / lifetime ---- */
 
 int wf_store_lock(weft_store *s, const char *op) {
@@ -76,11 +111,14 @@ void wf_store_unlock(weft_store *s) { pthread_mutex_unlock(&s->mu); }
 
 int wf_store_default_timeout(weft_store *s) { return s->timeout_ms; }
 
+int wf_store_serves(weft_store *s) { return s && s->server != NULL; }
+
 const char *wf_store_note(weft_store *s) { return s->note; }
 
 void wf_store_ref(weft_store *s) { __atomic_add_fetch(&s->refs, 1, __ATOMIC_ACQ_REL); }
 
 static void store_free(weft_store *s) {
+  if (s->server) served_set(s, 0);
   wf_store_srv_stop(s->server);
   wf_store_cl_drop(s);
   wf_store_wb_free(&s->rq);
@@ -137,6 +175,7 @@ int weft_store_open(const weft_store_opts *opts, weft_store **out) {
     rc = wf_store_cl_connect(s, "store open", s->t0 + s->timeout_ms, 1);
   }
   if (rc) { store_free(s); return rc; }
+  if (s->server) served_set(s, 1);
   wf_log(2, "store: connected to %s%s", s->where, opts->is_server ? " (own server)" : "");
   *out = s;
   return 0;
@@ -154,6 +193,7 @@ int weft_store_close(weft_store *s) {
   if (!s->server) wf_store_live_leave(s);
   pthread_mutex_unlock(&s->mu);
   /* The server goes first: clients of other ranks see ECLOSED at once. */
+  served_set(s, 0);
   wf_store_srv_stop(s->server);
   pthread_mutex_lock(&s->mu);
   s->server = NULL;

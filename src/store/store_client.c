@@ -41,11 +41,22 @@ static int wait_fd(int fd, short ev, int64_t deadline) {
   }
 }
 
+void wf_store_cl_describe(weft_store *s, char *buf, size_t n) {
+  if (s->rank0[0]) snprintf(buf, n, "the store at %s, served by %s,", s->where, s->rank0);
+  else snprintf(buf, n, "the store at %s", s->where);
+}
+
 static int io_error(weft_store *s, const char *op, int saved_errno, int timed_out) {
   wf_store_cl_drop(s);
-  if (timed_out)
-    return wf_error(WEFT_ETIMEOUT, "%s: no reply from the server at %s within %lld ms",
-                    op, s->where, (long long)(wf_now_ms() - s->t0));
+  if (timed_out) {
+    /* no reply at all: the server's host cannot be reached (a partition, a
+     * vanished host) or is too busy to answer; liveness waits say which */
+    char st[560];
+    wf_store_cl_describe(s, st, sizeof st);
+    s->unreachable = wf_now_ms();
+    return wf_error(WEFT_ETIMEOUT, "%s: %s is unreachable: no reply within %lld ms",
+                    op, st, (long long)(wf_now_ms() - s->t0));
+  }
   if (saved_errno == 0 || saved_errno == ECONNRESET || saved_errno == EPIPE ||
       saved_errno == ENOTCONN || saved_errno == ESHUTDOWN)
     return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection (store gone?)",
@@ -92,6 +103,7 @@ int wf_store_cl_read_frame(weft_store *s, const char *op, int64_t deadline, int 
   rc = cl_recv_all(s, op, s->resp.p, (size_t)len, deadline);
   if (rc) return rc;
   s->resp.len = (size_t)len;
+  s->unreachable = 0;
   *fop = h[5];
   *rd = (wf_rd){s->resp.p, s->resp.len, 0, 0};
   return 0;
@@ -246,6 +258,13 @@ int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int ret
     }
     char why[160];
     snprintf(why, sizeof why, "%s", detail ? detail : strerror(err));
+    if (!retry && (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH)) {
+      char st[560];
+      wf_store_cl_describe(s, st, sizeof st);
+      s->unreachable = wf_now_ms();
+      return wf_error(WEFT_ECLOSED, "%s: %s is unreachable (%s within %lld ms)", op, st, why,
+                      (long long)(wf_now_ms() - s->t0));
+    }
     if (!retry)
       return wf_error(WEFT_ECLOSED, "%s: cannot reach the store at %s (%s)", op, s->where, why);
     if (wf_now_ms() >= deadline)
@@ -304,7 +323,11 @@ static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64
 
 static int64_t deadline_for(weft_store *s, int wait_ms) {
   s->t0 = wf_now_ms();
-  return s->t0 + (wait_ms > 0 ? (int64_t)wait_ms + WAIT_GRACE_MS : s->timeout_ms);
+  /* the grace never exceeds the handle's timeout: a short wait on a store
+   * that stopped answering ends within the timeout, like any request */
+  int64_t grace = WAIT_GRACE_MS < s->timeout_ms ? WAIT_GRACE_MS : s->timeout_ms;
+  int64_t d = s->t0 + (wait_ms > 0 ? (int64_t)wait_ms + grace : s->timeout_ms);
+  return s->cap && s->cap < d ? s->cap : d;
 }
 
 /* Builds, sends and reads one request; retried once after a reconnect. */

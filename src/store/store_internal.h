@@ -60,6 +60,8 @@ typedef struct wf_store_srv wf_store_srv;
 int wf_store_srv_start(const char *bind_host, int port, const char *secret, wf_store_srv **out,
                        int *actual_port);
 void wf_store_srv_stop(wf_store_srv *v);  /* joins the thread, frees; NULL ok */
+/* Registered ranks of other processes still connected (store.c's exit linger). */
+int wf_store_srv_others(wf_store_srv *v);
 
 /* ---- store_client.c: a handle and its connection ---- */
 
@@ -94,9 +96,15 @@ struct weft_store {
   char **live_reg;    /* [live_world] registration values seen (store_live.c) */
   int sibling;        /* a worker thread's own connection (store_thread.c): never
                          speaks for the rank (no registration, rebind or leave) */
+  int64_t cap;        /* no request waits past this (0: none): a liveness wait or a
+                       * diagnosis bounds its whole run, not each request (store_live.c) */
+  int64_t unreachable; /* when a request last found the server unreachable (no reply,
+                        * no connection); 0 once it answers again */
 };
 
 void wf_store_cl_drop(weft_store *s);
+/* "the store at ADDR (rank 0, pid P, host H)" for messages. */
+void wf_store_cl_describe(weft_store *s, char *buf, size_t n);
 /* retry: keep trying with backoff until the deadline; otherwise one attempt. */
 int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int retry);
 int wf_store_cl_read_frame(weft_store *s, const char *op, int64_t deadline, int *fop, wf_rd *rd);
@@ -117,6 +125,20 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
  * missing keys are checked for a tombstone, the abort key and the interrupt.
  * get_once: one plain GET whose timeout message says report_ms. */
 #define WF_LIVE_SLICE_MS 200
+/* A liveness wait or a diagnosis ends this long after its own deadline at
+ * most (one round trip to a store that answers); a diagnosis right after
+ * the store was found unreachable gives it WF_LIVE_RETRY_MS. */
+#define WF_LIVE_RTT_MS 300
+/* A liveness wait's last reply may come this late (the server answers at the
+ * deadline; a loaded client thread reads it a moment later). */
+#define WF_LIVE_WAIT_GRACE_MS 500
+#define WF_LIVE_RETRY_MS 150
+/* The store's host waits this long before reporting its own timed-out wait
+ * (store_live.c) or Gloo call (gloo_shim.cc: the same figure). */
+#define WF_LIVE_LINGER_MS 200
+/* A process that exits serving a store others still use keeps serving up to
+ * this long (store.c). */
+#define WF_EXIT_LINGER_MS 500
 typedef int (*wf_store_get_fn)(weft_store *s, const char *op, wf_get_req *q, int report_ms);
 int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_get_fn get_once);
 /* Re-announces a registered handle on a new connection (after a reconnect). */

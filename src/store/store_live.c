@@ -15,8 +15,11 @@
  * slice costs nothing extra. No thread, no heartbeat: a rank that is stopped
  * (SIGSTOP) keeps its connection, so it is not gone; it stays "did not
  * arrive" until the timeout, described as stopped when it runs on this host.
- * A host that vanishes without closing its sockets is not seen here (TCP
- * does not tell): that still ends at the timeout. */
+ * A host that vanishes without closing its sockets (a partition) is not
+ * gone: those waits end at the timeout, bounded as a whole (s->cap: never a
+ * timeout per request), and the server marks the ranks whose host stopped
+ * acknowledging its keepalive probes "weft/rank/<R>/unreachable"
+ * (store_server.c), which the diagnosis below names. */
 #include "core/futex.h"
 #include "store_share.h"
 #include "store_internal.h"
@@ -184,9 +187,19 @@ void wf_store_live_describe(weft_store *s, const char *op, int rank, char *buf, 
   snprintf(buf, n, "rank %d", rank);
   if (s->live_rank < 0) return;
   live_key(key, sizeof key, rank, "");
-  if (rank >= 0 && rank < s->live_world && s->live_reg[rank]) {
+  /* a message's lookup: one round trip at most, none to a store just found
+   * unreachable (a caller may describe several ranks in a row) */
+  int64_t cap0 = s->cap, lim = wf_now_ms() + WF_LIVE_RTT_MS;
+  if (!s->cap || s->cap > lim) s->cap = lim;
+  int known = rank >= 0 && rank < s->live_world && s->live_reg[rank];
+  int miss = !known && (s->unreachable || read_now(s, op, key, v, sizeof v));
+  s->cap = cap0;
+  if (known) {
     snprintf(v, sizeof v, "%s", s->live_reg[rank]);
-  } else if (read_now(s, op, key, v, sizeof v)) {
+  } else if (miss && s->unreachable) {
+    wf_clear_error();
+    return;   /* "rank R": who it is cannot be asked now */
+  } else if (miss) {
     snprintf(buf, n, "rank %d (never connected to the store: not started, or died before weft.init)",
              rank);
     wf_clear_error();
@@ -295,6 +308,10 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
   const int total = q->timeout_ms;
   const unsigned flags = q->flags;
   const int64_t t_end = wf_now_ms() + total;
+  /* the whole wait, every slice and check included, ends by t_end plus a
+   * grace: a store that stops answering (a partition) costs no more */
+  const int64_t cap0 = s->cap;
+  if (!s->cap || s->cap > t_end + WF_LIVE_WAIT_GRACE_MS) s->cap = t_end + WF_LIVE_WAIT_GRACE_MS;
   int rc;
   for (;;) {
     int64_t left = t_end - wf_now_ms();
@@ -323,51 +340,141 @@ int wf_store_live_wait(weft_store *s, const char *op, wf_get_req *q, wf_store_ge
     wf_store_cl_request(s, op, WF_OP_DELETE, 0, 0, b_key, q->put_key, &st, &r);
     wf_error(rc, "%s", keep);
   }
+  s->cap = cap0;
+  /* the store's host stays a moment after its own wait timed out: the
+   * others' waits of the same collective end about now, and they should
+   * read why (their own timeout, who is cut off), not find the store gone
+   * with this process */
+  if (rc == WEFT_ETIMEOUT && s->server) usleep(WF_LIVE_LINGER_MS * 1000);
   if (rc == WEFT_ECLOSED && s->live_rank >= 0 && !s->server && s->fd < 0)
     rc = wf_error_context(rc, "%s, which hosts the store, is gone (died, or shut down before "
                           "this rank)", s->rank0[0] ? s->rank0 : "rank 0");
   return rc;
 }
 
-/* For engines outside the store (Gloo): after one of their calls failed, is
- * a rank gone? Polls the tombstones for up to wait_ms (the server may see
- * the closed connection a moment after the engine did) of ranks[] and then
- * of every other rank of the world (the first death may be outside the
- * group: a launcher then stops that rank's node mates, who are in it).
- * Returns how many are gone, all described in who ("rank R (pid P, host H),
- * rank S (...)", in rank order), or 0. */
+/* For engines outside the store (Gloo) and the Lua layer: after one of their
+ * calls failed, who is gone or cut off? One multi-key poll of every rank's
+ * tombstone and unreachable mark per round, repeated for up to wait_ms
+ * while nothing is found (the server may see a closed connection a moment
+ * after the engine did); the whole diagnosis, connecting included, ends
+ * within wait_ms + WF_LIVE_RTT_MS (WF_LIVE_RETRY_MS when the store was just
+ * found unreachable): a store that cannot be reached is reported as such,
+ * never waited for. */
+static void append(char *buf, size_t n, size_t *used, const char *s) {
+  int w = snprintf(buf + *used, n - *used, "%s%s", *used ? ", " : "", s);
+  if (w > 0) *used = *used + (size_t)w < n ? *used + (size_t)w : n - 1;
+}
+
+/* Ranks per poll (two keys each: well under a request's limits), and ranks
+ * per list whose pid and host are looked up (the rest go by number: the
+ * lookups share the round's bound). */
+#define DIAG_CHUNK 2048
+#define DIAG_DESCRIBE 8
+
+static void diag_round(weft_store *s, char **keys, const void **vals, size_t *lens, int *miss,
+                       uint8_t *present, wf_store_diag *d) {
+  size_t gu = 0, uu = 0;
+  int W = s->live_world;
+  d->gone = d->unreachable = 0;
+  d->gone_who[0] = d->unreach_who[0] = '\0';
+  for (int r0 = 0; r0 < W; r0 += DIAG_CHUNK) {
+    int n = W - r0 < DIAG_CHUNK ? W - r0 : DIAG_CHUNK;
+    for (int i = 0; i < n; i++) {
+      live_key(keys[i], 48, r0 + i, "/gone");
+      live_key(keys[n + i], 48, r0 + i, "/unreachable");
+    }
+    int rc = poll_keys(s, "liveness", keys, 2 * n, vals, lens, miss, present);
+    if (rc) {
+      d->store_lost = 1;
+      const char *m = weft_last_error();
+      if (!strncmp(m, "liveness: ", 10)) m += 10;
+      snprintf(d->store_why, sizeof d->store_why, "%s", m);
+      return;
+    }
+    for (int i = 0; i < 2 * n; i++) {
+      if (!present[i]) continue;
+      int r = r0 + i % n, gone = i < n;
+      if (!gone && present[i - n]) continue;   /* gone and cut off: gone */
+      int *count = gone ? &d->gone : &d->unreachable;
+      char v[320], one[400];
+      if (*count < DIAG_DESCRIBE) {
+        /* a mark's value is the rank's registration ("pid=P host=H") */
+        if (!s->live_reg[r] && read_now(s, "liveness", keys[i], v, sizeof v) == 0)
+          s->live_reg[r] = strdup(v);
+        snprintf(v, sizeof v, "%s", s->live_reg[r] ? s->live_reg[r] : "");
+        int same;
+        describe_value(r, v, one, sizeof one, NULL, &same);
+      } else {
+        snprintf(one, sizeof one, "rank %d", r);
+      }
+      if (gone) append(d->gone_who, sizeof d->gone_who, &gu, one);
+      else append(d->unreach_who, sizeof d->unreach_who, &uu, one);
+      (*count)++;
+    }
+  }
+}
+
+int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
+  memset(d, 0, sizeof *d);
+  if (!s || s->live_rank < 0) return 0;
+  int K = 2 * (s->live_world < DIAG_CHUNK ? s->live_world : DIAG_CHUNK);
+  char **keys = malloc((size_t)K * sizeof *keys);
+  char *kb = malloc((size_t)K * 48);
+  const void **vals = malloc((size_t)K * sizeof *vals);
+  size_t *lens = malloc((size_t)K * sizeof *lens);
+  int *miss = malloc((size_t)K * sizeof *miss);
+  uint8_t *present = malloc((size_t)K);
+  if (keys && kb && vals && lens && miss && present && wf_store_lock(s, "liveness") == 0) {
+    for (int i = 0; i < K; i++) keys[i] = kb + (size_t)i * 48;
+    int64_t wait_end = wf_now_ms() + (wait_ms > 0 ? wait_ms : 0);
+    int64_t cap0 = s->cap;
+    for (;;) {
+      /* each round one round trip at most, so the last ends by wait_end + it */
+      s->cap = wf_now_ms() + (s->unreachable ? WF_LIVE_RETRY_MS : WF_LIVE_RTT_MS);
+      if (cap0 && cap0 < s->cap) s->cap = cap0;
+      diag_round(s, keys, vals, lens, miss, present, d);
+      if (d->store_lost || d->gone || wf_now_ms() >= wait_end) break;
+      int64_t left = wait_end - wf_now_ms();
+      usleep((useconds_t)(left < 50 ? left : 50) * 1000);
+    }
+    s->cap = cap0;
+    wf_store_unlock(s);
+  }
+  free(keys); free(kb); free(vals); free(lens); free(miss); free(present);
+  wf_clear_error();
+  return d->gone;
+}
+
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,
                         size_t whon) {
-  if (!s || whon == 0 || s->live_rank < 0) return 0;
-  (void)ranks;
-  n = s->live_world;   /* every rank of the world: ranks[] is a subset */
-  int64_t deadline = wf_now_ms() + wait_ms;
-  char key[64], v[320], one[400];
-  for (;;) {
-    int found = 0;
-    size_t used = 0;
-    who[0] = '\0';
-    if (wf_store_lock(s, "liveness") == 0) {
-      for (int i = 0; i < n; i++) {
-        live_key(key, sizeof key, i, "/gone");
-        if (read_now(s, "liveness", key, v, sizeof v) != 0) continue;
-        int pid = 0, same = 0;
-        describe_value(i, v, one, sizeof one, &pid, &same);
-        int w = snprintf(who + used, whon - used, "%s%s", found ? ", " : "", one);
-        if (w > 0) used = used + (size_t)w < whon ? used + (size_t)w : whon - 1;
-        found++;
-      }
-      wf_store_unlock(s);
-    }
-    wf_clear_error();
-    if (found || wf_now_ms() >= deadline) return found;
-    usleep(50 * 1000);
-  }
+  (void)ranks; (void)n;  /* every rank of the world: the first death may be outside the group */
+  wf_store_diag d;
+  int gone = wf_store_diagnose(s, wait_ms, &d);
+  if (whon) snprintf(who, whon, "%s", d.gone_who);
+  return gone;
+}
+
+int weft_store_diagnose(weft_store *s, int wait_ms, char *gone, size_t gone_len, int *n_gone,
+                        char *cut, size_t cut_len, int *n_cut) {
+  WF_CHECK_ARG(s && gone && gone_len > 0 && n_gone && cut && cut_len > 0 && n_cut,
+               "store diagnose: NULL argument");
+  wf_store_diag d;
+  *n_gone = wf_store_diagnose(s, wait_ms, &d);
+  *n_cut = d.unreachable;
+  snprintf(gone, gone_len, "%s", d.gone_who);
+  snprintf(cut, cut_len, "%s", d.unreach_who);
+  if (d.store_lost) return wf_error(WEFT_ECLOSED, "store diagnose: %s", d.store_why);
+  return 0;
 }
 
 int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int *n) {
   WF_CHECK_ARG(s && buf && len > 0 && n, "store gone_ranks: NULL argument");
   buf[0] = '\0';
-  *n = wf_store_gone_among(s, NULL, 0, wait_ms, buf, len);
+  wf_store_diag d;
+  *n = wf_store_diagnose(s, wait_ms, &d);
+  if (d.gone) snprintf(buf, len, "%s", d.gone_who);
+  else if (d.unreachable) snprintf(buf, len, "%s", d.unreach_who);
+  if (d.store_lost)
+    return wf_error(WEFT_ECLOSED, "store gone_ranks: %s", d.store_why);
   return 0;
 }

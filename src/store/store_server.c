@@ -3,6 +3,7 @@
  * listener, a self-pipe and every connection; the key table lives here.
  * Waits are server-side: a GET for absent keys parks the connection until
  * the keys are set or its deadline passes, so clients never poll in loops. */
+#include "core/futex.h"
 #include "store_internal.h"
 
 #include <fcntl.h>
@@ -27,6 +28,13 @@
  * data still lets the ranks fail and name why. */
 #define SMALL_FRAME (64u << 10)
 #define CONTROL_RESERVE (64ull << 20)
+/* Reachability of registered ranks (live_reach): their connections carry
+ * TCP keepalive probes every second of silence, which the far kernel
+ * acknowledges even when the process is stopped or busy; no acknowledgement
+ * for REACH_SILENT_MS means its host is cut off. Looked at every
+ * REACH_CHECK_MS. */
+#define REACH_CHECK_MS 250
+#define REACH_SILENT_MS 1500
 
 typedef struct entry {
   struct entry *next;
@@ -68,6 +76,7 @@ typedef struct conn {
   uint64_t reserved;   /* payload bytes of the frame being read, counted in inflight */
   int discard;         /* the frame is over the total cap: read, dropped, refused */
   uint64_t dgot;       /* payload bytes dropped so far */
+  int unreach;         /* "<live key>/unreachable" is set for it */
 } conn;
 
 /* The server's state; wf_store_srv outside this file. */
@@ -103,6 +112,8 @@ typedef struct wf_store_srv {
   uint8_t *joined;              /* [world]: ranks that authenticated */
   int blocked_rank;             /* a never-joined rank was rejected: waits fail */
   char block_msg[640];
+  int64_t reach_next;           /* the next reachability look (live_reach) */
+  int nothers;                  /* atomic: registered connections of other processes */
 } srv;
 
 static uint64_t key_hash(const uint8_t *k, size_t n) {
@@ -444,6 +455,15 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
 
 /* ---- liveness (store_live.c): a rank's key and its tombstone ---- */
 
+/* Removes c's "<live key>/unreachable" mark. */
+static void live_unmark(srv *v, conn *c) {
+  uint8_t key[WF_ST_MAX_KEY + 16];
+  if (!c->live_key || c->live_klen + 12 > sizeof key) return;
+  memcpy(key, c->live_key, c->live_klen);
+  memcpy(key + c->live_klen, "/unreachable", 12);
+  tab_del(v, (wf_store_kref){key, c->live_klen + 12});
+}
+
 /* c now speaks for the rank that key names (a reconnect takes it over). */
 static void live_bind(srv *v, conn *c, wf_store_kref k) {
   for (int i = 0; i < v->nc; i++) {
@@ -461,6 +481,46 @@ static void live_bind(srv *v, conn *c, wf_store_kref k) {
   free(c->live_key);
   c->live_key = copy;
   c->live_klen = k.len;
+  live_unmark(v, c);
+  c->unreach = 0;
+  /* probes on every second of silence; given up only after ~2 minutes,
+   * when the kernel ends the connection (then a tombstone) */
+  int one = 1, idle = 1, intvl = 1, cnt = 120;
+  setsockopt(c->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
+/* The rank of c is cut off from this host: "<key>/unreachable" holds its
+ * registration value while no acknowledgement comes (store_live.c reads it
+ * for messages; nothing waits on it). */
+static void live_reach(srv *v, int64_t now) {
+  if (now < v->reach_next) return;
+  v->reach_next = now + REACH_CHECK_MS;
+  for (int i = 0; i < v->nc; i++) {
+    conn *c = v->c[i];
+    if (c->dead || !c->live_key) continue;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
+    int silent = ti.tcpi_last_ack_recv > REACH_SILENT_MS;
+    if (silent == c->unreach) continue;
+    if (!silent) { live_unmark(v, c); c->unreach = 0; continue; }
+    entry *e = tab_find(v, (wf_store_kref){c->live_key, c->live_klen});
+    if (!e) continue;  /* left cleanly */
+    uint8_t key[WF_ST_MAX_KEY + 16];
+    if (c->live_klen + 12 > sizeof key) continue;
+    memcpy(key, c->live_key, c->live_klen);
+    memcpy(key + c->live_klen, "/unreachable", 12);
+    wf_log(1, "store server: no TCP acknowledgement from the rank of '%.*s' (%.*s, %s) for %u ms",
+           (int)c->live_klen, c->live_key, (int)e->vlen, e->val, c->peer, ti.tcpi_last_ack_recv);
+    uint8_t *val = malloc(e->vlen ? e->vlen : 1);
+    if (!val) continue;
+    memcpy(val, e->val, e->vlen);
+    if (!tab_set(v, (wf_store_kref){key, c->live_klen + 12}, val, e->vlen, 0)) c->unreach = 1;
+    free(val);
+  }
 }
 
 /* c ended from the rank's side while its key exists (a clean close deletes
@@ -883,12 +943,26 @@ static void srv_expire(srv *v, int64_t now) {
   }
   for (int i = 0; i < v->nc; i++)
     if (v->c[i]->dead && v->c[i]->lost && v->c[i]->live_key) live_gone(v, v->c[i]);
+  for (int i = 0; i < v->nc; i++)
+    if (v->c[i]->dead && v->c[i]->unreach) live_unmark(v, v->c[i]);
+  live_reach(v, now);
   int j = 0;
   for (int i = 0; i < v->nc; i++) {
     if (v->c[i]->dead) { v->inflight -= v->c[i]->reserved; conn_free(v->c[i]); }
     else v->c[j++] = v->c[i];
   }
   v->nc = j;
+  int others = 0;
+  uint32_t me = (uint32_t)getpid();
+  for (int i = 0; i < v->nc; i++) {
+    const conn *c = v->c[i];
+    if (c->live_key && !(c->claim.pid == me && !strcmp(c->claim.host, wf_hostname()))) others++;
+  }
+  __atomic_store_n(&v->nothers, others, __ATOMIC_RELEASE);
+}
+
+int wf_store_srv_others(wf_store_srv *v) {
+  return v ? __atomic_load_n(&v->nothers, __ATOMIC_ACQUIRE) : 0;
 }
 
 static int64_t earliest(int64_t a, int64_t b) { return (a == 0 || (b != 0 && b < a)) ? b : a; }
@@ -917,6 +991,7 @@ static void *srv_main(void *arg) {
       next = earliest(next, c->rdeadline);
       if (sending) next = earliest(next, c->wdeadline);
       if (v->idle_ms && conn_idle(c)) next = earliest(next, c->t_active + v->idle_ms);
+      if (c->live_key) next = earliest(next, v->reach_next);
     }
     int timeout = next == 0 ? -1 : (next <= now ? 0 : (int)(next - now > 60000 ? 60000 : next - now));
     int r = poll(v->pfd, (nfds_t)n + 2, timeout);

@@ -32,6 +32,19 @@ int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, cha
 void wf_store_thread_private(void);
 void wf_store_thread_release(void);
 int wf_store_here(weft_store *s, const char *op, weft_store **out);
+/* The same, with the rest of what the store can tell: ranks whose host the
+ * store's host gets no TCP acknowledgement from (a partition), and whether
+ * the store itself could not be asked. Ends within wait_ms + ~300 ms in
+ * all (store_live.c). Returns d->gone. */
+typedef struct wf_store_diag {
+  int gone, unreachable, store_lost;
+  char gone_who[1200];      /* "rank R (pid P, host H), ..." */
+  char unreach_who[1200];
+  char store_why[700];      /* "...: the store at ADDR (rank 0 ...) is unreachable: ..." */
+} wf_store_diag;
+int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d);
+/* 1 when this handle's process serves the store (store.c). */
+int wf_store_serves(weft_store *s);
 
 #ifdef __cplusplus
 }

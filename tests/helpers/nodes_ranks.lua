@@ -11,6 +11,16 @@
 --                                      "FAIL <ms> <message>" from the others
 --   luajit nodes_ranks.lua stall <rank> the same, but <rank> sleeps past the
 --                                      timeout instead ("STALL <ms>")
+--   luajit nodes_ranks.lua partition <node>  the same, but rank 0 cuts
+--                                      <node>'s link from the hub (weft-sim-nodes'
+--                                      WEFT_SIM_HUB) instead: "CUT <ms>" from it
+--   luajit nodes_ranks.lua heal         rank 0 cuts node 1 off for ~3 s,
+--                                      shorter than the timeout: "MARK cut|healed
+--                                      <value>" (the store's unreachable mark of
+--                                      rank per_node), then every rank "OK heal"
+--   luajit nodes_ranks.lua determ_one <rank>  deterministic mode set on <rank>
+--                                      only, then one all-reduce: "FAIL <ms> <msg>"
+--                                      from every rank (issue 24 item 7)
 local U = require "helpers.group_util"
 local W = require "helpers.rank_util"
 local ffi = require "ffi"
@@ -319,7 +329,72 @@ local function stall(victim)
   os.exit(1)
 end
 
+---------------------------------------------------------------- partition
+-- NODES_PART_NUMEL: f32 elements per call (the route); NODES_PART_BACKEND:
+-- WEFT_HOST_BACKEND's value, when the spec pins one
+local function partition(cut)
+  own_failure_only()
+  local world = weft.init()
+  local x = T.ones({ tonumber(os.getenv("NODES_PART_NUMEL")) or 4096 }, "f32")
+  world:all_reduce(x)
+  local okc, err = pcall(function()
+    for i = 1, 1000000 do
+      if world.rank == 0 and i == 10 then
+        local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
+        check(os.execute(("ip -n %s link set n%d nomaster"):format(hub, cut)) == 0, "cutting node %d", cut)
+        W.say(("CUT %d"):format(now_ms()))
+      end
+      world:all_reduce(x)
+    end
+  end)
+  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
+  assert(not okc)
+  os.exit(1)
+end
+
+---------------------------------------------------------------- heal
+-- a partition shorter than the timeout: the store's host marks node 1's
+-- ranks unreachable while it lasts, clears the mark after, and the job goes on
+local function heal()
+  local world = weft.init()
+  local st = world.cpu_group.store
+  world:barrier()
+  if world.rank == 0 then
+    local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
+    local key = ("weft/rank/%d/unreachable"):format(per_node)
+    check(os.execute(("ip -n %s link set n1 nomaster"):format(hub)) == 0, "cutting node 1")
+    os.execute("sleep 2.5")
+    W.say("MARK cut " .. tostring(st:try_get(key)))
+    check(os.execute(("ip -n %s link set n1 master br0"):format(hub)) == 0, "healing node 1")
+    os.execute("sleep 1.5")
+    W.say("MARK healed " .. tostring(st:try_get(key)))
+  end
+  world:barrier()
+  local x = T.ones({ 4096 }, "f32")
+  world:all_reduce(x)
+  check(ffi.cast("float *", x.ptr)[0] == world.world_size, "all_reduce after the heal")
+  weft.shutdown()
+  ok("heal")
+end
+
+---------------------------------------------------------------- determ_one
+-- one rank's policy differs: it takes another route than the others, and
+-- every rank must fail with a message that names its cause
+local function determ_one(odd)
+  own_failure_only()
+  local world = weft.init()
+  if world.rank == odd then weft.policy.set { deterministic = true } end
+  local x = T.ones({ tonumber(os.getenv("NODES_DET_NUMEL")) or 4096 }, "f32")
+  local okc, err = pcall(function() world:all_reduce(x) end)
+  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
+  assert(not okc)
+  os.exit(1)
+end
+
 if scenario == "layout" then layout()
+elseif scenario == "heal" then heal()
+elseif scenario == "determ_one" then determ_one(assert(tonumber(arg[2]), "determ_one <rank>"))
+elseif scenario == "partition" then partition(assert(tonumber(arg[2]), "partition <node>"))
 elseif scenario == "stall" then stall(assert(tonumber(arg[2]), "stall <rank>"))
 elseif scenario == "collectives" then collectives()
 elseif scenario == "kill" then kill(assert(tonumber(arg[2]), "kill <rank>"))

@@ -214,6 +214,7 @@ policy.determ_hooks.agree = function(g, v)
   if err then error(err, 0) end
   local d = g._dev
   if d ~= nil then d.determ = v and true or false end
+  g._host_determ = v and true or false   -- host routes across nodes too (weft.group.host)
   g._dispatch = nil
 end
 

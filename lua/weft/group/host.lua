@@ -159,6 +159,45 @@ local function select_backend(g, op, t, rop)
   return be, name, cacheable
 end
 
+-- Deterministic mode routes a float host reduction across nodes (the store
+-- path instead of Gloo's ring). The switch is local, so a group agrees on
+-- it at its first such call (one all-gather over its cpu group, every rank
+-- at the same call): ranks that disagree would wait on different routes and
+-- meet nowhere. Mixed: every rank raises naming who is on and who is off.
+-- Later, a rank whose value left the agreed one raises before anything is
+-- sent (policy.set{deterministic = v, group = g} changes it collectively).
+local function rank_list(g, idx)
+  local t = {}
+  for i, k in ipairs(idx) do t[i] = tostring(g.ranks[k] or (k - 1)) end
+  return concat(t, ", ")
+end
+
+local function host_determ_check(g, op)
+  local on, src = policy.deterministic(g)
+  on = on and true or false
+  if g._host_determ == nil then
+    local votes = M.cpu(g, op, "allgather", on and "1" or "0")
+    local ons, offs = {}, {}
+    for i, v in ipairs(votes) do
+      if v == "1" then ons[#ons + 1] = i else offs[#offs + 1] = i end
+    end
+    if #ons > 0 and #offs > 0 then
+      error(("weft: %s: group %s: deterministic mode is on for %s %s and off for %s %s: their host "
+             .. "reductions across nodes would take different routes (store path / Gloo) and never "
+             .. "meet; set policy.set{deterministic = ...} or WEFT_DETERMINISTIC alike on every rank")
+            :format(op, gname(g), #ons == 1 and "rank" or "ranks", rank_list(g, ons),
+                    #offs == 1 and "rank" or "ranks", rank_list(g, offs)), 0)
+    end
+    g._host_determ = on
+  elseif g._host_determ ~= on then
+    error(("weft: %s: group %s: deterministic mode is %s on this rank (%s) but the group agreed on %s "
+           .. "at its first host reduction across nodes: change it with policy.set{deterministic = %s, "
+           .. "group = g} on every rank (collective over the group)")
+          :format(op, gname(g), on and "on" or "off", tostring(src), g._host_determ and "on" or "off",
+                  tostring(on)), 0)
+  end
+end
+
 -- The hot path: a per-group memo of cacheable decisions, keyed by op, dtype,
 -- device and reduction (nested tables: no key building per call); dropped
 -- whenever the policy table changes (policy.version) or the group changes
@@ -175,6 +214,7 @@ local function backend_for(g, op, t, rop)
   local c = b and b[dev]
   local e = c and c[rop or ""]
   if e then return e[1], e[2] end
+  if policy.det_host_routed(g, op, t, rop) and g.world_size > 1 then host_determ_check(g, op) end
   local be, name, cacheable = select_backend(g, op, t, rop)
   if cacheable then
     if not a then a = {}; memo[op] = a end
