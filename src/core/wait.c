@@ -98,6 +98,31 @@ int wf_wait_spin(wf_wait *w, _Atomic uint32_t *word, uint32_t target) {
   return spin_to(w, word, target);
 }
 
+int wf_wait_spin_on(wf_wait *w, int (*ready)(void *), void *arg) {
+  w->preempted = w->slept = 0;
+  w->t0 = wf_now_ns();
+  w->end = 0;
+  if (ready(arg)) return 1;
+  if (!((w->crowded && !w->fixed_spin) || w->spin_ns <= 0)) {
+    w->end = w->t0 + w->spin_ns;
+    int64_t last = w->t0;
+    for (;;) {
+      if (ready(arg)) return 1;
+      int64_t now = wf_now_ns();
+      if (now - last > WF_PREEMPT_NS && !w->fixed_spin) {
+        w->preempted = 1; /* the core is wanted elsewhere: block, a woken reader preempts */
+        break;
+      }
+      if (now >= w->end) break;
+      last = now;
+      wf_cpu_relax(); /* never a yield: that hands a busy neighbour its whole slice */
+    }
+    w->end = 0;
+  }
+  w->slept = 1; /* the caller blocks next */
+  return 0;
+}
+
 int wf_wait_spin_more(wf_wait *w, _Atomic uint32_t *word, uint32_t target) {
   if (wf_wait_reached(word, target)) return 1;
   return w->end && !w->slept ? spin_to(w, word, target) : 0;

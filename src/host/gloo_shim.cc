@@ -43,6 +43,7 @@
 extern "C" {
 #include "core/internal.h"
 #include "host/cpugroup.h"
+#include "core/wait.h"
 }
 #include "store/store_share.h"
 
@@ -167,6 +168,7 @@ struct weft_gloo {
   std::vector<std::vector<uint8_t>> sync_in;             // per partner: what arrives
   std::vector<std::unique_ptr<gloo::transport::Buffer>> sync_recv;   // per partner, over sync_in
   std::vector<int> sync_fd;                              // per partner: its socket, polled only
+  wf_wait sync_wait;                                     // how long to poll it before blocking
   size_t sync_cap = 0;
   size_t sync_chunk = 0;                                 // agreed by the group (see exchange)
 };
@@ -358,17 +360,16 @@ size_t halving_min() {
   return v;
 }
 
-// Up to this many microseconds a small all-reduce polls its partner's
-// socket (yielding the CPU between looks) before it blocks in Gloo's read:
-// a blocked reader costs a wake-up per message, tens of µs on a VM whose
-// idle vCPU has halted (WEFT_GLOO_SPIN_US; 0 blocks at once).
-int spin_us() {
-  static const int v = [] {
-    const char *e = getenv("WEFT_GLOO_SPIN_US");
-    return e && *e ? atoi(e) : 200;
-  }();
-  return v;
-}
+// How long a small all-reduce polls its partner's socket before it blocks
+// in Gloo's read (a blocked reader costs a wake-up per message, tens of µs
+// on a VM whose idle vCPU has halted): the adaptive wait of src/core/wait.c
+// (docs/host-waits.md), a budget of 10-200 µs that follows how soon the
+// partner's data came, looked at without ever yielding (a yield hands a
+// busy process on the same core its whole slice, ~3-4 ms), and ended at
+// once when this thread lost its CPU while polling (then blocking is
+// cheaper: a woken reader preempts the busy process). WEFT_GLOO_SPIN_US
+// fixes the budget (0 blocks at once).
+void init_sync_wait(weft_gloo *c) { wf_wait_init(&c->sync_wait, "WEFT_GLOO_SPIN_US", nullptr, 0); }
 
 // Gloo keeps a pair's socket to itself (and Debian's headers for its tcp
 // pair are incomplete); the small path only polls it, never reads it. A
@@ -393,16 +394,9 @@ int pair_fd(gloo::transport::Pair &pair) {
   return n == 1 ? found : -1;
 }
 
-void spin_until_readable(int fd) {
-  const int us = spin_us();
-  if (fd < 0 || us <= 0) return;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-  struct pollfd p = {fd, POLLIN, 0};
-  for (;;) {
-    if (poll(&p, 1, 0) != 0) return;   // data, an error or a hang-up: Gloo's read reports it
-    if (std::chrono::steady_clock::now() >= end) return;
-    sched_yield();
-  }
+int readable(void *fd) {
+  struct pollfd p = {*static_cast<int *>(fd), POLLIN, 0};
+  return poll(&p, 1, 0) != 0;   // data, an error or a hang-up: Gloo's read reports it
 }
 
 // The largest chunk a blocking write of this socket hands to the kernel
@@ -465,6 +459,7 @@ void make_sync_mesh(weft_gloo *c) {
   gloo::barrier(b);
   store.forget();
   c->sctx = ctx;
+  init_sync_wait(c);
   c->sync_cap = cap;
   c->sync_chunk = chunk;
 }
@@ -487,8 +482,12 @@ void exchange(weft_gloo *c, int peer, gloo::transport::Buffer *sb, size_t soff, 
       sb->waitSend();
     }
     if (o < rn) {
-      spin_until_readable(c->sync_fd[peer]);
+      // the read below stays bounded by the context's timeout; the spin
+      // adds at most its budget (200 µs)
+      int fd = c->sync_fd[peer];
+      if (fd >= 0) wf_wait_spin_on(&c->sync_wait, readable, &fd);
       rb->waitRecv();
+      if (fd >= 0) wf_wait_end(&c->sync_wait);
       got(roff + o, rn - o < ch ? rn - o : ch);
     }
   }
