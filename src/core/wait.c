@@ -152,6 +152,25 @@ int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic u
   return wf_wait_reached(word, target);
 }
 
+int wf_wait_yield_on(wf_wait *w, int (*ready)(void *), void *arg) {
+  w->slept = 1;
+  if (w->yield_ns <= 0 || !(w->crowded || w->fixed_yield)) return 0;
+  int64_t now = wf_now_ns();
+  if (now < w->no_yield_until) return 0;
+  const int64_t end = now + w->yield_ns;
+  do {
+    if (ready(arg)) return 1; /* looked at before yielding */
+    sched_yield();
+    int64_t t = wf_now_ns();
+    if (t - now > WF_YIELD_LONG_NS && !w->fixed_yield && !ready(arg)) {
+      w->no_yield_until = t + WF_YIELD_HOLD_NS; /* fed a stranger's slice, as in wf_wait_yield */
+      return 0;
+    }
+    now = t;
+  } while (now < end);
+  return ready(arg);
+}
+
 void wf_wait_end(wf_wait *w) {
   if (!w->t0 || w->fixed_spin) return;
   int64_t took = wf_now_ns() - w->t0, s = w->spin_ns;

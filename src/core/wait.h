@@ -22,11 +22,13 @@
  *    WF_YIELD_HOLD_NS and such waits sleep on the futex at once (a woken
  *    sleeper preempts a busy loop; a yielder waits for its slice to end:
  *    ~4 ms).
- *  - The Gloo shim's small path (gloo_shim.cc) spins the same way on a
- *    readiness test (its partner's socket, polled without blocking) and
- *    then blocks in the socket's read: wf_wait_spin_on.
- * WEFT_SHM_SPIN_US / WEFT_MQ_SPIN_US / WEFT_GLOO_SPIN_US fix the spin (microseconds, spinning
- * even when crowded), WEFT_SHM_YIELD_US fixes the yield phase (0: none). */
+ *  - The Gloo shim's small path (gloo_shim.cc) spins and yields the same
+ *    way on a readiness test (its partner's socket, polled without
+ *    blocking), then blocks in the socket's read: wf_wait_spin_on,
+ *    wf_wait_yield_on.
+ * WEFT_SHM_SPIN_US / WEFT_MQ_SPIN_US / WEFT_GLOO_SPIN_US fix the spin
+ * (microseconds, spinning even when crowded), WEFT_SHM_YIELD_US /
+ * WEFT_GLOO_YIELD_US fix the yield phase (0: none). */
 #ifndef WEFT_WAIT_H
 #define WEFT_WAIT_H
 
@@ -81,6 +83,10 @@ void wf_wait_init(wf_wait *w, const char *spin_env, const char *yield_env, int c
  * clock; 0: the caller blocks next (the wait counts as one that slept, for
  * wf_wait_end). */
 int wf_wait_spin_on(wf_wait *w, int (*ready)(void *), void *arg);
+/* Its yield phase (crowded waits only, as wf_wait_yield): 1 when ready(arg)
+ * said so; a long yield after which it still is not ready fed a stranger:
+ * yields are held off. */
+int wf_wait_yield_on(wf_wait *w, int (*ready)(void *), void *arg);
 
 #ifndef __cplusplus
 /* Spin phase: 1 when *word reached target. Starts the wait's clock. */
