@@ -517,8 +517,9 @@ void exchange(weft_gloo *c, int peer, gloo::transport::Buffer *sb, size_t soff, 
       sb->waitSend();
     }
     if (o < rn) {
-      // the read below stays bounded by the context's timeout; the spin
-      // adds at most its budget (200 µs)
+      // the read below stays bounded by the context's timeout; the spin and
+      // the yield phase add at most their budgets (200 + 100 µs unless fixed
+      // by the environment; a yield that fed a stranger, up to its slice)
       int fd = c->sync_fd[peer];
       if (fd >= 0 && !wf_wait_spin_on(&c->sync_wait, readable, &fd)) wf_wait_yield_on(&c->sync_wait, readable, &fd);
       rb->waitRecv();
