@@ -6,7 +6,7 @@
 --   make bench-host                 (builds bench/mpi_allreduce.c, then runs this)
 --   luajit scripts/bench-host.lua [--worlds 2,4] [--dtypes f32,bf16] [--load none,busy]
 --        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
---        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none]
+--        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none|rank]
 --        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--machine NAME]
 --        [--out bench/results] [--merge earlier.json]
 --
@@ -68,11 +68,13 @@ local function worker()
   local world = weft.init()
   -- like mpirun's default (--bind-to core when ranks <= cores): pin rank r to
   -- CPU r when there is a core per rank, so both sides are measured alike
+  -- (--bind rank: by global rank, for simulated nodes whose ranks are all
+  -- local rank 0 but share this machine's CPUs)
   local ncpu = tonumber(io.popen("nproc"):read("*l")) or 1
   if opts.bind ~= "none" and world.world_size <= ncpu then
     pcall(ffi.cdef, "int sched_setaffinity(int pid, size_t size, const uint8_t *mask);")
     local mask = ffi.new("uint8_t[128]")
-    local cpu = world.local_rank % ncpu
+    local cpu = (opts.bind == "rank" and world.rank or world.local_rank) % ncpu
     mask[math.floor(cpu / 8)] = 2 ^ (cpu % 8)
     ffi.C.sched_setaffinity(0, 128, mask)
   end

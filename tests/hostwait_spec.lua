@@ -96,3 +96,20 @@ describe("host waits", function()
     end
   end)
 end)
+
+-- The spin the Gloo shim's small path runs on its partner's socket before
+-- blocking in the read (wf_wait_spin_on): never a yield, stops once the
+-- thread lost its CPU, adapts within its bounds (tests/c/wait_spin_test.c).
+-- Its bounds across nodes (a stalled rank fails the others at the timeout,
+-- a killed one is named) are in tests/fault_nodes_spec.lua.
+describe("the Gloo small path's socket spin (tests/c/wait_spin_test.c)", function()
+  local run_c = spec.c_test("wait_spin_test", 60)
+  it("passes every check", function()
+    local o = run_c()
+    local passed, failed = o:match("wait_spin: (%d+) passed, (%d+) failed")
+    assert.is_truthy(passed, o)
+    assert.are.equal("0", failed, o)
+    assert.is_true(tonumber(passed) >= 20, o)
+    assert.is_truthy(o:match("rc=0%s*$"), o)
+  end)
+end)

@@ -98,6 +98,31 @@ int wf_wait_spin(wf_wait *w, _Atomic uint32_t *word, uint32_t target) {
   return spin_to(w, word, target);
 }
 
+int wf_wait_spin_on(wf_wait *w, int (*ready)(void *), void *arg) {
+  w->preempted = w->slept = 0;
+  w->t0 = wf_now_ns();
+  w->end = 0;
+  if (ready(arg)) return 1;
+  if (!((w->crowded && !w->fixed_spin) || w->spin_ns <= 0)) {
+    w->end = w->t0 + w->spin_ns;
+    int64_t last = w->t0;
+    for (;;) {
+      if (ready(arg)) return 1;
+      int64_t now = wf_now_ns();
+      if (now - last > WF_PREEMPT_NS && !w->fixed_spin) {
+        w->preempted = 1; /* the core is wanted elsewhere: block, a woken reader preempts */
+        break;
+      }
+      if (now >= w->end) break;
+      last = now;
+      wf_cpu_relax(); /* never a yield: that hands a busy neighbour its whole slice */
+    }
+    w->end = 0;
+  }
+  w->slept = 1; /* the caller blocks next */
+  return 0;
+}
+
 int wf_wait_spin_more(wf_wait *w, _Atomic uint32_t *word, uint32_t target) {
   if (wf_wait_reached(word, target)) return 1;
   return w->end && !w->slept ? spin_to(w, word, target) : 0;
@@ -125,6 +150,25 @@ int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic u
     now = t;
   } while (now < end);
   return wf_wait_reached(word, target);
+}
+
+int wf_wait_yield_on(wf_wait *w, int (*ready)(void *), void *arg) {
+  w->slept = 1;
+  if (w->yield_ns <= 0 || !(w->crowded || w->fixed_yield)) return 0;
+  int64_t now = wf_now_ns();
+  if (now < w->no_yield_until) return 0;
+  const int64_t end = now + w->yield_ns;
+  do {
+    if (ready(arg)) return 1; /* looked at before yielding */
+    sched_yield();
+    int64_t t = wf_now_ns();
+    if (t - now > WF_YIELD_LONG_NS && !w->fixed_yield && !ready(arg)) {
+      w->no_yield_until = t + WF_YIELD_HOLD_NS; /* fed a stranger's slice, as in wf_wait_yield */
+      return 0;
+    }
+    now = t;
+  } while (now < end);
+  return ready(arg);
 }
 
 void wf_wait_end(wf_wait *w) {

@@ -22,13 +22,20 @@
  *    WF_YIELD_HOLD_NS and such waits sleep on the futex at once (a woken
  *    sleeper preempts a busy loop; a yielder waits for its slice to end:
  *    ~4 ms).
- * WEFT_SHM_SPIN_US / WEFT_MQ_SPIN_US fix the spin (microseconds, spinning
- * even when crowded), WEFT_SHM_YIELD_US fixes the yield phase (0: none). */
+ *  - The Gloo shim's small path (gloo_shim.cc) spins and yields the same
+ *    way on a readiness test (its partner's socket, polled without
+ *    blocking), then blocks in the socket's read: wf_wait_spin_on,
+ *    wf_wait_yield_on.
+ * WEFT_SHM_SPIN_US / WEFT_MQ_SPIN_US / WEFT_GLOO_SPIN_US fix the spin
+ * (microseconds, spinning even when crowded), WEFT_SHM_YIELD_US /
+ * WEFT_GLOO_YIELD_US fix the yield phase (0: none). */
 #ifndef WEFT_WAIT_H
 #define WEFT_WAIT_H
 
-#include <stdatomic.h>
 #include <stdint.h>
+#ifndef __cplusplus /* the Gloo shim (C++) uses only wf_wait and the readiness spin */
+#include <stdatomic.h>
+#endif
 
 #define WF_SPIN_MIN_NS 10000LL    /* a futex wake-up on a VM costs about this much */
 #define WF_SPIN_MAX_NS 200000LL   /* well inside a scheduler slice (~3-4 ms) */
@@ -70,6 +77,18 @@ int wf_cpu_notes_cover(const wf_cpu_note *notes, int n, int stride_bytes);
  * no yield phase by default). crowded: from wf_cpu_notes_cover < world. */
 void wf_wait_init(wf_wait *w, const char *spin_env, const char *yield_env, int crowded);
 
+/* Spin phase on a readiness test rather than a word: ready(arg) != 0 ends
+ * it (the Gloo shim's socket poll: each look is a system call, so the clock
+ * is read on every look, and there is no yield phase). Starts the wait's
+ * clock; 0: the caller blocks next (the wait counts as one that slept, for
+ * wf_wait_end). */
+int wf_wait_spin_on(wf_wait *w, int (*ready)(void *), void *arg);
+/* Its yield phase (crowded waits only, as wf_wait_yield): 1 when ready(arg)
+ * said so; a long yield after which it still is not ready fed a stranger:
+ * yields are held off. */
+int wf_wait_yield_on(wf_wait *w, int (*ready)(void *), void *arg);
+
+#ifndef __cplusplus
 /* Spin phase: 1 when *word reached target. Starts the wait's clock. */
 int wf_wait_spin(wf_wait *w, _Atomic uint32_t *word, uint32_t target);
 /* The same wait's spin continued on another word (a writer waiting for
@@ -81,11 +100,12 @@ int wf_wait_spin_more(wf_wait *w, _Atomic uint32_t *word, uint32_t target);
  * which *word has not moved fed a stranger, not a peer: yields are held off
  * (shm's word counts every arrival, so any peer's progress moves it). */
 int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic uint32_t *stop);
-/* The wait ended (successfully): adapt the spin budget to what it saw. */
-void wf_wait_end(wf_wait *w);
-
 static inline int wf_wait_reached(_Atomic uint32_t *word, uint32_t target) {
   return (int32_t)(atomic_load_explicit(word, memory_order_acquire) - target) >= 0;
 }
+#endif
+
+/* The wait ended (successfully): adapt the spin budget to what it saw. */
+void wf_wait_end(wf_wait *w);
 
 #endif

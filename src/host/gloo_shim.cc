@@ -44,6 +44,7 @@
 extern "C" {
 #include "core/internal.h"
 #include "host/cpugroup.h"
+#include "core/wait.h"
 }
 #include "store/store_share.h"
 
@@ -175,6 +176,7 @@ struct weft_gloo {
   std::vector<std::vector<uint8_t>> sync_in;             // per partner: what arrives
   std::vector<std::unique_ptr<gloo::transport::Buffer>> sync_recv;   // per partner, over sync_in
   std::vector<int> sync_fd;                              // per partner: its socket, polled only
+  wf_wait sync_wait;                                     // how long to poll it before blocking
   size_t sync_cap = 0;
   size_t sync_chunk = 0;                                 // agreed by the group (see exchange)
 };
@@ -389,16 +391,50 @@ size_t halving_min() {
   return v;
 }
 
-// Up to this many microseconds a small all-reduce polls its partner's
-// socket (yielding the CPU between looks) before it blocks in Gloo's read:
-// a blocked reader costs a wake-up per message, tens of µs on a VM whose
-// idle vCPU has halted (WEFT_GLOO_SPIN_US; 0 blocks at once).
-int spin_us() {
-  static const int v = [] {
-    const char *e = getenv("WEFT_GLOO_SPIN_US");
-    return e && *e ? atoi(e) : 200;
-  }();
-  return v;
+// How a small all-reduce waits for its partner's socket before it blocks
+// in Gloo's read (a blocked reader costs a wake-up per message, tens of µs
+// on a VM whose idle vCPU has halted): the adaptive wait of src/core/wait.c
+// (docs/host-waits.md). When the group's ranks that share this kernel have
+// a CPU each, it polls for a budget of 10-200 µs that follows how soon the
+// partner's data came, never yielding (a yield hands a busy process on the
+// same core its whole slice, ~3-4 ms), and stops once this thread lost its
+// CPU while polling (then blocking is cheaper: a woken reader preempts the
+// busy process). When they outnumber their CPUs (simulated nodes, or many
+// ranks per node) it does not spin (a spinner burns the core a late rank
+// needs) but yields for up to 100 µs, held off once a yield fed a stranger.
+// WEFT_GLOO_SPIN_US fixes the spin (0 blocks at once), WEFT_GLOO_YIELD_US
+// the yield phase (0: none).
+//
+// Who shares this kernel: every rank publishes its boot id and where it may
+// run (an all-gather on the main context, at the sync mesh's making; the
+// boot id is the same in every network namespace of one machine). A rank
+// without a boot id counts as alone.
+struct CpuShare {
+  char boot[40];
+  wf_cpu_note note;
+};
+
+void init_sync_wait(weft_gloo *c) {
+  CpuShare mine;
+  memset(&mine, 0, sizeof mine);
+  if (FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (!fgets(mine.boot, sizeof mine.boot, f)) mine.boot[0] = 0;
+    fclose(f);
+  }
+  mine.note = wf_cpu_note_self();
+  std::vector<CpuShare> all(c->size);
+  gloo::AllgatherOptions a(c->ctx);
+  a.setInput(reinterpret_cast<uint8_t *>(&mine), sizeof mine);
+  a.setOutput(reinterpret_cast<uint8_t *>(all.data()), sizeof mine * all.size());
+  a.setTag(c->tag++);
+  a.setTimeout(ms(c->timeout_ms));
+  gloo::allgather(a);
+  std::vector<wf_cpu_note> here;
+  for (const CpuShare &r : all)
+    if (mine.boot[0] && memcmp(r.boot, mine.boot, sizeof mine.boot) == 0) here.push_back(r.note);
+  const int n = (int)here.size();
+  const int crowded = n > 1 && wf_cpu_notes_cover(here.data(), n, sizeof(wf_cpu_note)) < n;
+  wf_wait_init(&c->sync_wait, "WEFT_GLOO_SPIN_US", "WEFT_GLOO_YIELD_US", crowded);
 }
 
 // Gloo keeps a pair's socket to itself (and Debian's headers for its tcp
@@ -424,16 +460,9 @@ int pair_fd(gloo::transport::Pair &pair) {
   return n == 1 ? found : -1;
 }
 
-void spin_until_readable(int fd) {
-  const int us = spin_us();
-  if (fd < 0 || us <= 0) return;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-  struct pollfd p = {fd, POLLIN, 0};
-  for (;;) {
-    if (poll(&p, 1, 0) != 0) return;   // data, an error or a hang-up: Gloo's read reports it
-    if (std::chrono::steady_clock::now() >= end) return;
-    sched_yield();
-  }
+int readable(void *fd) {
+  struct pollfd p = {*static_cast<int *>(fd), POLLIN, 0};
+  return poll(&p, 1, 0) != 0;   // data, an error or a hang-up: Gloo's read reports it
 }
 
 // The largest chunk a blocking write of this socket hands to the kernel
@@ -488,6 +517,7 @@ void make_sync_mesh(weft_gloo *c) {
   a.setTag(c->tag++);
   a.setTimeout(ms(c->timeout_ms));
   gloo::allreduce(a);
+  init_sync_wait(c);
   // every rank has read every address once all are connected: a barrier on
   // the main context, then the keys can go
   gloo::BarrierOptions b(c->ctx);
@@ -518,8 +548,13 @@ void exchange(weft_gloo *c, int peer, gloo::transport::Buffer *sb, size_t soff, 
       sb->waitSend();
     }
     if (o < rn) {
-      spin_until_readable(c->sync_fd[peer]);
+      // the read below stays bounded by the context's timeout; the spin and
+      // the yield phase add at most their budgets (200 + 100 µs unless fixed
+      // by the environment; a yield that fed a stranger, up to its slice)
+      int fd = c->sync_fd[peer];
+      if (fd >= 0 && !wf_wait_spin_on(&c->sync_wait, readable, &fd)) wf_wait_yield_on(&c->sync_wait, readable, &fd);
       rb->waitRecv();
+      if (fd >= 0) wf_wait_end(&c->sync_wait);
       got(roff + o, rn - o < ch ? rn - o : ch);
     }
   }
