@@ -176,7 +176,9 @@ local function driver()
       meds[#meds + 1], p99s[#p99s + 1] = p.phases[ph].med, p.phases[ph].p99
       local g = s[#s].rss - s[1].rss
       local d = s[#s].fds - s[1].fds
-      if g >= growth then growth, rss_first, rss_last = g, s[1].rss, s[#s].rss end
+      -- the first rank always counts: a phase where every rank shrank
+      -- still reports real figures (not 0 -> 0)
+      if rk == 0 or g > growth then growth, rss_first, rss_last = g, s[1].rss, s[#s].rss end
       if math.abs(d) >= math.abs(fd_delta) then fd_delta, fds_first, fds_last = d, s[1].fds, s[#s].fds end
       wrong = wrong + p.done.wrong
     end
