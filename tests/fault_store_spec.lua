@@ -212,4 +212,46 @@ describe("weft.store total memory cap #fault", function()
     stop_server(spid, slog, port, nil)
     if not ok then error(err, 0) end
   end)
+
+  -- The cap counts what an entry costs, not only its bytes of key and value:
+  -- before, a new key with an empty value was never checked (100 000 keys of
+  -- 4000 bytes: 400 MB held under a 64 MiB cap) and one-byte values were
+  -- counted at ~9 bytes each while the server spent ~140 (5 M of them: 690 MB).
+  -- Small SETs may use the 64 MiB control reserve past the cap, no more.
+  for _, case in ipairs {
+    { what = "new keys of 4000 bytes with empty values", klen = 4000, vlen = 0, max = 200000 },
+    { what = "many small keys (12-byte keys, 1-byte values)", klen = 12, vlen = 1, max = 1200000 },
+  } do
+    it("a server capped at 16 MiB refuses " .. case.what .. " past the cap and the reserve; its RSS stays bounded", function()
+      local CAP, RESERVE = 16 * 2^20, 64 * 2^20
+      local port = util.free_port()
+      local slog, clog = os.tmpname(), os.tmpname()
+      local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
+                               .. "serve %d 120000"):format(CAP, port), 130, slog)
+      local out = wait_for(slog, "SERVING", 10000)
+      local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+      local ok, err = pcall(function()
+        assert.is_truthy(server, "server did not start: " .. out)
+        local before = tonumber((util.read_file("/proc/" .. server .. "/status") or ""):match("VmRSS:%s+(%d+) kB"))
+        local cpid = util.spawn(("luajit tests/helpers/store_fault.lua keys %d %d %d %d")
+                                :format(port, case.klen, case.vlen, case.max), 110, clog)
+        assert.is_true(util.reap(cpid, 105000), "the client did not finish")
+        local text = util.read_file(clog) or ""
+        local n, msg = text:match("KEYS (%d+) refused (.*)")
+        assert.is_truthy(n, "no SET was refused:\n" .. text)
+        assert.is_truthy(msg:find("the store is full", 1, true) and msg:find("WEFT_STORE_MAX_TOTAL", 1, true), msg)
+        -- each key costs at least its bytes: the count admitted is below (cap + reserve) / bytes
+        assert.is_true(tonumber(n) * (case.klen + case.vlen) < CAP + RESERVE, n .. " keys stored")
+        local status = util.read_file("/proc/" .. server .. "/status") or ""
+        local rss = tonumber(status:match("VmRSS:%s+(%d+) kB"))
+        assert.is_truthy(rss and before, status)
+        assert.is_true((rss - before) * 1024 < 1.25 * (CAP + RESERVE),
+                       ("the server grew by %d MiB holding %s keys under a %d MiB cap (+ %d MiB reserve)")
+                       :format(math.floor((rss - before) / 1024), n, CAP / 2^20, RESERVE / 2^20))
+      end)
+      os.remove(clog)
+      stop_server(spid, slog, port, nil)
+      if not ok then error(err, 0) end
+    end)
+  end
 end)

@@ -38,6 +38,19 @@ typedef struct entry {
   size_t vlen;
 } entry;
 
+/* What an entry really costs the server, the figure the total cap counts:
+ * its key and value plus the entry itself, the malloc chunks of all three
+ * (16-byte steps, 32 at least) and its share of the bucket table. Counting
+ * only key and value bytes let a client hold ten times the cap in small
+ * keys (5 M one-byte values under a 64 MiB cap: 690 MB). */
+static uint64_t chunk_cost(size_t n) {
+  uint64_t c = ((uint64_t)(n ? n : 1) + 8 + 15) & ~(uint64_t)15;
+  return c < 32 ? 32 : c;
+}
+static uint64_t entry_cost(size_t klen, size_t vlen) {
+  return chunk_cost(sizeof(entry)) + chunk_cost(klen) + chunk_cost(vlen) + 2 * sizeof(entry *);
+}
+
 enum { C_AUTH, C_READY, C_PARKED };
 
 typedef struct conn {
@@ -84,7 +97,7 @@ typedef struct wf_store_srv {
   int cap_pfd;
   size_t max_value;
   uint64_t max_total;           /* WEFT_STORE_MAX_TOTAL */
-  uint64_t stored;              /* bytes of keys and values in the table */
+  uint64_t stored;              /* what the table's entries cost (entry_cost) */
   uint64_t inflight;            /* payload bytes of frames being read */
   int64_t read_to;
   long max_conns, max_preauth;  /* admission caps (resolved at start) */
@@ -155,8 +168,10 @@ static int over_total(const srv *v, uint64_t add) {
 static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32_t reads) {
   uint64_t h = key_hash(k.p, k.len);
   entry **pp = tab_slot(v, k.p, k.len, h);
-  uint64_t old = *pp ? (*pp)->vlen : 0, grow = *pp ? 0 : k.len;
-  if (vlen > old && over_total(v, grow + vlen - old)) return -2;
+  /* a new key is always checked, an empty value included: its key and
+   * entry are held too */
+  uint64_t old = *pp ? entry_cost((*pp)->klen, (*pp)->vlen) : 0, cost = entry_cost(k.len, vlen);
+  if (cost > old && over_total(v, cost - old)) return -2;
   uint8_t *copy = malloc(vlen ? vlen : 1);
   if (!copy) return -1;
   if (vlen) memcpy(copy, val, vlen);
@@ -165,7 +180,7 @@ static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32
     (*pp)->val = copy;
     (*pp)->vlen = vlen;
     (*pp)->reads = reads;
-    v->stored = v->stored - old + vlen;
+    v->stored = v->stored - old + cost;
     return 0;
   }
   entry *e = calloc(1, sizeof *e);
@@ -176,7 +191,7 @@ static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32
   e->next = NULL;
   *pp = e;
   v->nent++;
-  v->stored += (uint64_t)k.len + vlen;
+  v->stored += cost;
   if (v->nent > v->nb) tab_grow(v);  /* failure only costs speed */
   return 0;
 }
@@ -186,7 +201,7 @@ static int tab_del(srv *v, wf_store_kref k) {
   if (!*pp) return 0;
   entry *e = *pp;
   *pp = e->next;
-  v->stored -= (uint64_t)e->klen + e->vlen;
+  v->stored -= entry_cost(e->klen, e->vlen);
   entry_free(e);
   v->nent--;
   return 1;
@@ -249,7 +264,7 @@ static void resp_ok(srv *v, conn *c) { resp_begin(c, 0); frame_end(v, c, WF_OP_R
 static void refuse_full(srv *v, conn *c, uint64_t bytes) {
   char msg[400];
   snprintf(msg, sizeof msg, "the store is full: %llu more bytes would pass its total limit of %llu "
-           "bytes (it holds %llu bytes of keys and values, %llu more being received; "
+           "bytes (it holds %llu bytes of keys, values and their entries, %llu more being received; "
            "WEFT_STORE_MAX_TOTAL, docs/store.md)", (unsigned long long)bytes,
            (unsigned long long)v->max_total, (unsigned long long)v->stored,
            (unsigned long long)v->inflight);
