@@ -42,6 +42,7 @@
 #include "store/store_proto.h"
 #include "store/store_share.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +70,27 @@ struct weft_cpugroup {
   char op[320];            /* "cpugroup '<name>' <op>" for messages */
   char abort_key[300];     /* "<prefix>/<gen>/abort" */
   char broken[1024];       /* why this group refuses work, "" while usable */
+  _Atomic int busy;        /* one operation at a time (enter/leave below) */
 };
+
+/* One operation at a time per group. The sequence number, the key strings
+ * and the result buffers are the group's: two threads in it at once (an
+ * async worker running a queued operation while the caller's thread makes a
+ * blocking call on the same group) took interleaved sequence numbers and
+ * overwrote each other's keys, and every rank silently got another call's
+ * sums (issue 24 item 4, store route). The second caller is refused, as the
+ * shm, Gloo and message-queue handles refuse it. */
+static int enter(weft_cpugroup *g, const char *what) {
+  int zero = 0;
+  if (atomic_compare_exchange_strong(&g->busy, &zero, 1)) return 0;
+  return wf_error(WEFT_ESTATE, "cpugroup '%s' %s: another operation is in flight on this group "
+                  "(one at a time: an async operation of the group may still run; wait for its "
+                  "handle first)", g->name, what);
+}
+static int leave(weft_cpugroup *g, int rc) {
+  atomic_store(&g->busy, 0);
+  return rc;
+}
 
 static int grow(uint8_t **p, size_t *cap, size_t need) {
   if (need <= *cap) return 0;
@@ -369,11 +390,17 @@ static int refuse_in_capture(const weft_cpugroup *g, const char *what) {
                   "(control-plane collectives cannot be captured)", g->name, what);
 }
 
-int weft_cpugroup_barrier(weft_cpugroup *g) {
+static int barrier_one(weft_cpugroup *g) {
   WF_CHECK_ARG(g, "cpugroup barrier: group is NULL");
   { int grc = refuse_in_capture(g, "barrier"); if (grc) return grc; }
   if (g->size == 1) { g->seq++; return 0; }
   return exchange(g, "barrier", NULL, 0, 1);
+}
+
+int weft_cpugroup_barrier(weft_cpugroup *g) {
+  if (!g) return barrier_one(g);  /* refused there, naming the NULL */
+  int rc = enter(g, "barrier");
+  return rc ? rc : leave(g, barrier_one(g));
 }
 
 /* All-gather into g->out / g->outlens; `what` names the operation. */
@@ -387,7 +414,7 @@ static int gather(weft_cpugroup *g, const char *what, const void *in, size_t len
   return 0;
 }
 
-int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
+static int allgather_one(weft_cpugroup *g, const void *in, size_t len, const void **out,
                             const size_t **lens) {
   WF_CHECK_ARG(g && out && lens, "cpugroup allgather: NULL argument");
   { int grc = refuse_in_capture(g, "allgather"); if (grc) return grc; }
@@ -399,7 +426,14 @@ int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const 
   return 0;
 }
 
-int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
+int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
+                            const size_t **lens) {
+  if (!g) return allgather_one(g, in, len, out, lens);  /* refused there, naming the NULL */
+  int rc = enter(g, "allgather");
+  return rc ? rc : leave(g, allgather_one(g, in, len, out, lens));
+}
+
+static int broadcast_one(weft_cpugroup *g, int root, const void *in, size_t len,
                             const void **out, size_t *out_len) {
   WF_CHECK_ARG(g && out && out_len, "cpugroup broadcast: NULL argument");
   { int grc = refuse_in_capture(g, "broadcast"); if (grc) return grc; }
@@ -469,7 +503,14 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
   return rc;
 }
 
-int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
+                            const void **out, size_t *out_len) {
+  if (!g) return broadcast_one(g, root, in, len, out, out_len);  /* refused there, naming the NULL */
+  int rc = enter(g, "broadcast");
+  return rc ? rc : leave(g, broadcast_one(g, root, in, len, out, out_len));
+}
+
+static int allreduce_i64_one(weft_cpugroup *g, int64_t *vals, int n, int op) {
   WF_CHECK_ARG(g, "cpugroup allreduce_i64: group is NULL");
   { int grc = refuse_in_capture(g, "allreduce_i64"); if (grc) return grc; }
   WF_CHECK_ARG(n >= 0 && (vals || n == 0), "cpugroup '%s' allreduce_i64: bad buffer (n=%d)", g->name, n);
@@ -505,7 +546,13 @@ int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) 
   return 0;
 }
 
-int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
+int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+  if (!g) return allreduce_i64_one(g, vals, n, op);  /* refused there, naming the NULL */
+  int rc = enter(g, "allreduce_i64");
+  return rc ? rc : leave(g, allreduce_i64_one(g, vals, n, op));
+}
+
+static int send_one(weft_cpugroup *g, int dst, const void *buf, size_t len) {
   WF_CHECK_ARG(g, "cpugroup send: group is NULL");
   { int grc = refuse_in_capture(g, "send"); if (grc) return grc; }
   WF_CHECK_ARG(dst >= 0 && dst < g->size, "cpugroup '%s' send: destination %d outside 0..%d",
@@ -522,7 +569,13 @@ int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
   return rc;
 }
 
-int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len) {
+int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
+  if (!g) return send_one(g, dst, buf, len);  /* refused there, naming the NULL */
+  int rc = enter(g, "send");
+  return rc ? rc : leave(g, send_one(g, dst, buf, len));
+}
+
+static int recv_one(weft_cpugroup *g, int src, const void **out, size_t *len) {
   WF_CHECK_ARG(g && out && len, "cpugroup recv: NULL argument");
   { int grc = refuse_in_capture(g, "recv"); if (grc) return grc; }
   WF_CHECK_ARG(src >= 0 && src < g->size, "cpugroup '%s' recv: source %d outside 0..%d",
@@ -555,6 +608,12 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
   }
   wf_store_unlock(s);
   return rc;
+}
+
+int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len) {
+  if (!g) return recv_one(g, src, out, len);  /* refused there, naming the NULL */
+  int rc = enter(g, "recv");
+  return rc ? rc : leave(g, recv_one(g, src, out, len));
 }
 
 weft_store *wf_cpugroup_store(weft_cpugroup *g) { return g ? g->s : NULL; }
