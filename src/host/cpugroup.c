@@ -167,12 +167,13 @@ static int note_failure(weft_cpugroup *g, int rc) {
  * (message set): the group is broken here and, when the store answered
  * (reachable), on every member: the abort key is published and own_key
  * (this rank's key of the collective, NULL: none) taken back, so nobody
- * completes that collective later. Called with the store locked. */
-static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, uint64_t seq, const char *own_key,
-                   int reachable) {
+ * completes that collective later. q: the wait that failed (NULL: a root's
+ * SET); when its keys turn out all set, the collective completed after all
+ * and 0 is returned (its values in q). Called with the store locked. */
+static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, uint64_t seq,
+                   wf_get_req *q, const char *own_key, int reachable) {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", weft_last_error());
-  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", msg);
   if (reachable) {
     char pre[300], why[1200];
     int pl = snprintf(pre, sizeof pre, "cpugroup '%s' %s: ", g->name, what);
@@ -182,9 +183,37 @@ static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, ui
                        (unsigned long long)seq, cause);
     if (len < 0) len = 0;
     if ((size_t)len >= sizeof why) len = (int)sizeof why - 1;
-    wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0);
-    if (own_key) wf_store_delete_locked(s, g->op, own_key);
+    int grc = WEFT_EPROTO;
+    if (q) {
+      /* One request decides: every key there now (the last member came
+       * after this rank's wait ended) -> the collective completed, here as
+       * on the members it answered; else its keys go and the abort comes in
+       * the same step. Two requests (abort, then delete) let a member that
+       * came in between complete it while this rank failed: with the
+       * store's host stopped, 1 of 4 ranks then counted one call fewer, and
+       * a retrying loop paired its retry with the others' next call. */
+      wf_get_req gq = *q;
+      gq.timeout_ms = 0;
+      gq.flags = (q->flags & WF_GET_NOVALUES) | WF_GET_CONSUME | WF_GET_PUT | WF_GET_GIVEUP;
+      gq.put_key = g->abort_key;
+      gq.put_val = why;
+      gq.put_len = (size_t)len;
+      gq.put_reads = 0;
+      gq.owners = NULL;
+      gq.abort_key = NULL;
+      grc = wf_store_get_locked(s, g->op, &gq);
+      if (grc == 0) {
+        q->nmissing = 0;
+        wf_clear_error();
+        return 0;
+      }
+    }
+    if (grc != WEFT_EAGAIN) {  /* no atomic give-up: abort, then take the own key back */
+      wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0);
+      if (own_key) wf_store_delete_locked(s, g->op, own_key);
+    }
   }
+  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", msg);
   return wf_error(rc, "%s. The group is aborted%s (no member may pair this call with a later "
                   "one): rebuild the groups on every rank with weft.recover() (docs/faults.md)",
                   msg, reachable ? " on every member" : " here");
@@ -231,7 +260,7 @@ static int failed(weft_cpugroup *g, weft_store *s, int rc, const char *what, uin
     reachable = 1;
   }
   opname(g, what);
-  return give_up(g, s, rc, what, seq, own_key, reachable);
+  return give_up(g, s, rc, what, seq, q, own_key, reachable);
 }
 
 static int refuse_broken(weft_cpugroup *g, const char *what) {

@@ -442,12 +442,22 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
   c->nkeys = (int)n;
   c->cursor = 0;
   c->gflags = c->flags;
-  if (put) {
+  int giveup = put && (c->flags & WF_GET_GIVEUP);
+  if (put && !giveup) {
     int rc = tab_set(v, pk, pv, pn, preads);
     if (rc) { set_refused(v, c, rc); return 0; }
     wake_waiters(v);
   }
   if (get_complete(v, c)) get_answer(v, c);
+  else if (giveup) {
+    /* the collective's keys go and its abort key comes in one step: no
+     * member arriving later completes it (WF_GET_GIVEUP) */
+    for (int i = 0; i < c->nkeys; i++) tab_del(v, c->keys[i]);
+    int rc = tab_set(v, pk, pv, pn, preads);
+    if (rc) { set_refused(v, c, rc); return 0; }
+    wake_waiters(v);
+    get_missing_answer(v, c, WEFT_EAGAIN);
+  }
   else if (timeout <= 0) get_missing_answer(v, c, WEFT_EAGAIN);
   else if (v->blocked_rank >= 0) fail_parked(v, c);
   else {
