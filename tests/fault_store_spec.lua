@@ -255,3 +255,41 @@ describe("weft.store total memory cap #fault", function()
     end)
   end
 end)
+
+-- A request whose client gave up before the server ran it never runs: the
+-- client told its caller it failed (a cpu group member then failed the
+-- collective), so the server, stopped meanwhile, drops a changing request
+-- from a connection that was closed behind it. Before: the key was set when
+-- the server resumed, and the others completed a collective that member had
+-- failed (issue 24; 3 simulated nodes x 1 rank, the store's host stopped
+-- 8 s past a 3 s timeout: one rank counted a call more than the others).
+describe("weft.store requests a client gave up on #fault", function()
+  it("a SET whose client timed out while the server was stopped is dropped when the server resumes", function()
+    local port = util.free_port()
+    local slog = os.tmpname()
+    local spid = util.spawn(("env -u WEFT_STORE_SECRET luajit tests/helpers/store_fault.lua serve %d 60000"):format(port), 70, slog)
+    local out = wait_for(slog, "SERVING", 10000)
+    local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+    local ok, err = pcall(function()
+      assert.is_truthy(server, "server did not start: " .. out)
+      local c = store.open { port = port, timeout_ms = 600 }
+      c:set("before", "1")
+      os.execute("kill -STOP " .. server)
+      local sok, serr = pcall(c.set, c, "late", "stale")
+      local pok, perr = pcall(c.add, c, "counter", 5)
+      os.execute("kill -CONT " .. server)
+      assert.is_false(sok, "the SET succeeded while the server was stopped")
+      assert.is_truthy(tostring(serr):find("no reply", 1, true), tostring(serr))
+      assert.is_false(pok, tostring(perr))
+      c:close()
+      local d = store.open { port = port, timeout_ms = 3000 }
+      assert.are.equal("1", d:try_get("before"))
+      assert.is_nil(d:try_get("late"), "the SET its client gave up on ran when the server resumed")
+      assert.are.equal(1, d:add("counter", 1), "the ADD its client gave up on ran when the server resumed")
+      d:close()
+    end)
+    os.execute("kill -CONT " .. (server or 0) .. " 2>/dev/null")
+    stop_server(spid, slog, port, nil)
+    if not ok then error(err, 0) end
+  end)
+end)

@@ -522,6 +522,23 @@ static int parse_i64(const uint8_t *p, size_t n, int64_t *out) {
   return 0;
 }
 
+/* A request that changes the table, from a client that has closed its
+ * connection by now (its end of file is queued behind the frame): the
+ * client gave up on it (no reply within its bound: this server was stopped
+ * or starved) and told its caller it failed, so running it now would make
+ * that failure a lie. A cpu group member that gave up so while the store's
+ * host was stopped had its key of the collective set when the server
+ * resumed, and the others completed the collective it failed (issue 24).
+ * Every client waits for the reply of each request, so a closed connection
+ * never carries one that is still wanted. */
+static int left_before_run(conn *c) {
+  int mutating = c->op == WF_OP_SET || c->op == WF_OP_ADD || c->op == WF_OP_CAS ||
+                 c->op == WF_OP_DELETE || (c->op == WF_OP_GET && (c->flags & WF_GET_PUT));
+  if (!mutating) return 0;
+  char b;
+  return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 static int handle_frame(srv *v, conn *c) {
   wf_rd r = {c->in.p, c->in.len, 0, 0};
   wf_store_kref k;
@@ -745,6 +762,11 @@ static void conn_read(srv *v, conn *c) {
     if (c->state == C_READY) c->rdeadline = 0;
     v->inflight -= c->reserved;  /* from here the table counts what it keeps */
     c->reserved = 0;
+    if (left_before_run(c)) {
+      c->lost = 1;
+      conn_close(c, "the client gave up and closed its connection before its request ran: dropped");
+      return;
+    }
     if (handle_frame(v, c) < 0) { conn_close(c, "malformed frame"); return; }
     if (c->state != C_PARKED) wf_store_wb_trim(&c->in);
     if (c->dead || c->state == C_PARKED || c->out.len) return;
