@@ -275,6 +275,13 @@ describe("weft.store requests a client gave up on #fault", function()
       local c = store.open { port = port, timeout_ms = 600 }
       c:set("before", "1")
       os.execute("kill -STOP " .. server)
+      -- the stop lands a moment later: wait until the process is stopped
+      local deadline = util.now_ms() + 3000
+      while util.now_ms() < deadline do
+        local st = util.read_file("/proc/" .. server .. "/stat") or ""
+        if st:match("^%d+ %b() (%a)") == "T" then break end
+        util.sleep_ms(5)
+      end
       local sok, serr = pcall(c.set, c, "late", "stale")
       local pok, perr = pcall(c.add, c, "counter", 5)
       os.execute("kill -CONT " .. server)

@@ -530,10 +530,12 @@ static int parse_i64(const uint8_t *p, size_t n, int64_t *out) {
  * host was stopped had its key of the collective set when the server
  * resumed, and the others completed the collective it failed (issue 24).
  * Every client waits for the reply of each request, so a closed connection
- * never carries one that is still wanted. */
+ * never carries one that is still wanted. A DELETE still runs: it only
+ * takes back (a rank's leave, a member's own key), which stays right late,
+ * and a leave dropped would mark a rank that shut down as dead. */
 static int left_before_run(conn *c) {
   int mutating = c->op == WF_OP_SET || c->op == WF_OP_ADD || c->op == WF_OP_CAS ||
-                 c->op == WF_OP_DELETE || (c->op == WF_OP_GET && (c->flags & WF_GET_PUT));
+                 (c->op == WF_OP_GET && (c->flags & WF_GET_PUT));
   if (!mutating) return 0;
   char b;
   return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
