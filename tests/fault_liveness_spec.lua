@@ -47,6 +47,7 @@ local function run(scenario, world, victim, timeout_ms)
     o.shutdown_ms, o.shutdown = tonumber(sms), sres
     outs[r] = o
   end
+  os.execute("rm -rf " .. P.q(dir))   -- the run's script and outputs are read: leave nothing in /tmp
   return outs, dir, wall
 end
 

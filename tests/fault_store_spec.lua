@@ -252,4 +252,91 @@ describe("weft.store total memory cap #fault", function()
     stop_server(spid, slog, port, nil)
     if not ok then error(err, 0) end
   end)
+
+  -- The cap counts what an entry costs, not only its bytes of key and value:
+  -- before, a new key with an empty value was never checked (100 000 keys of
+  -- 4000 bytes: 400 MB held under a 64 MiB cap) and one-byte values were
+  -- counted at ~9 bytes each while the server spent ~140 (5 M of them: 690 MB).
+  -- Small SETs may use the 64 MiB control reserve past the cap, no more.
+  for _, case in ipairs {
+    { what = "new keys of 4000 bytes with empty values", klen = 4000, vlen = 0, max = 200000 },
+    { what = "many small keys (12-byte keys, 1-byte values)", klen = 12, vlen = 1, max = 1200000 },
+  } do
+    it("a server capped at 16 MiB refuses " .. case.what .. " past the cap and the reserve; its RSS stays bounded", function()
+      local CAP, RESERVE = 16 * 2^20, 64 * 2^20
+      local port = util.free_port()
+      local slog, clog = os.tmpname(), os.tmpname()
+      local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
+                               .. "serve %d 120000"):format(CAP, port), 130, slog)
+      local out = wait_for(slog, "SERVING", 10000)
+      local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+      local ok, err = pcall(function()
+        assert.is_truthy(server, "server did not start: " .. out)
+        local before = tonumber((util.read_file("/proc/" .. server .. "/status") or ""):match("VmRSS:%s+(%d+) kB"))
+        local cpid = util.spawn(("luajit tests/helpers/store_fault.lua keys %d %d %d %d")
+                                :format(port, case.klen, case.vlen, case.max), 110, clog)
+        assert.is_true(util.reap(cpid, 105000), "the client did not finish")
+        local text = util.read_file(clog) or ""
+        local n, msg = text:match("KEYS (%d+) refused (.*)")
+        assert.is_truthy(n, "no SET was refused:\n" .. text)
+        assert.is_truthy(msg:find("the store is full", 1, true) and msg:find("WEFT_STORE_MAX_TOTAL", 1, true), msg)
+        -- each key costs at least its bytes: the count admitted is below (cap + reserve) / bytes
+        assert.is_true(tonumber(n) * (case.klen + case.vlen) < CAP + RESERVE, n .. " keys stored")
+        local status = util.read_file("/proc/" .. server .. "/status") or ""
+        local rss = tonumber(status:match("VmRSS:%s+(%d+) kB"))
+        assert.is_truthy(rss and before, status)
+        assert.is_true((rss - before) * 1024 < 1.25 * (CAP + RESERVE),
+                       ("the server grew by %d MiB holding %s keys under a %d MiB cap (+ %d MiB reserve)")
+                       :format(math.floor((rss - before) / 1024), n, CAP / 2^20, RESERVE / 2^20))
+      end)
+      os.remove(clog)
+      stop_server(spid, slog, port, nil)
+      if not ok then error(err, 0) end
+    end)
+  end
+end)
+
+-- A request whose client gave up before the server ran it never runs: the
+-- client told its caller it failed (a cpu group member then failed the
+-- collective), so the server, stopped meanwhile, drops a changing request
+-- from a connection that was closed behind it. Before: the key was set when
+-- the server resumed, and the others completed a collective that member had
+-- failed (issue 24; 3 simulated nodes x 1 rank, the store's host stopped
+-- 8 s past a 3 s timeout: one rank counted a call more than the others).
+describe("weft.store requests a client gave up on #fault", function()
+  it("a SET whose client timed out while the server was stopped is dropped when the server resumes", function()
+    local port = util.free_port()
+    local slog = os.tmpname()
+    local spid = util.spawn(("env -u WEFT_STORE_SECRET luajit tests/helpers/store_fault.lua serve %d 60000"):format(port), 70, slog)
+    local out = wait_for(slog, "SERVING", 10000)
+    local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+    local ok, err = pcall(function()
+      assert.is_truthy(server, "server did not start: " .. out)
+      local c = store.open { port = port, timeout_ms = 600 }
+      c:set("before", "1")
+      os.execute("kill -STOP " .. server)
+      -- the stop lands a moment later: wait until the process is stopped
+      local deadline = util.now_ms() + 3000
+      while util.now_ms() < deadline do
+        local st = util.read_file("/proc/" .. server .. "/stat") or ""
+        if st:match("^%d+ %b() (%a)") == "T" then break end
+        util.sleep_ms(5)
+      end
+      local sok, serr = pcall(c.set, c, "late", "stale")
+      local pok, perr = pcall(c.add, c, "counter", 5)
+      os.execute("kill -CONT " .. server)
+      assert.is_false(sok, "the SET succeeded while the server was stopped")
+      assert.is_truthy(tostring(serr):find("no reply", 1, true), tostring(serr))
+      assert.is_false(pok, tostring(perr))
+      c:close()
+      local d = store.open { port = port, timeout_ms = 3000 }
+      assert.are.equal("1", d:try_get("before"))
+      assert.is_nil(d:try_get("late"), "the SET its client gave up on ran when the server resumed")
+      assert.are.equal(1, d:add("counter", 1), "the ADD its client gave up on ran when the server resumed")
+      d:close()
+    end)
+    os.execute("kill -CONT " .. (server or 0) .. " 2>/dev/null")
+    stop_server(spid, slog, port, nil)
+    if not ok then error(err, 0) end
+  end)
 end)

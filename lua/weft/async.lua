@@ -13,9 +13,11 @@
 -- worker (a C thread made on first use, never at load time), one at a time,
 -- each bounded by its communicator's timeout; ranks that submit the same
 -- sequence meet in the same order, exactly as with the blocking calls. While
--- a group has operations in flight the worker owns its communicators: the
--- blocking methods drain the queue first (install), and raw use of
--- g.cpu_group / g._shm from the caller's thread must wait for the handles.
+-- a group has operations in flight the worker owns its communicators: every
+-- blocking call on the group drains its queue first (lua/weft/group/host.lua,
+-- with or without install), and raw use of g.cpu_group / g._shm from the
+-- caller's thread must wait for the handles (a cpu group, shm, Gloo or mq
+-- handle in use by the worker refuses it).
 -- Each worker reaches the store through connections of its own
 -- (src/store/store_thread.c), so an operation pending on one group never
 -- holds up the caller's blocking calls on another group, nor its store use.

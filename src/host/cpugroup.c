@@ -42,6 +42,7 @@
 #include "store/store_proto.h"
 #include "store/store_share.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +70,27 @@ struct weft_cpugroup {
   char op[320];            /* "cpugroup '<name>' <op>" for messages */
   char abort_key[300];     /* "<prefix>/<gen>/abort" */
   char broken[1024];       /* why this group refuses work, "" while usable */
+  _Atomic int busy;        /* one operation at a time (enter/leave below) */
 };
+
+/* One operation at a time per group. The sequence number, the key strings
+ * and the result buffers are the group's: two threads in it at once (an
+ * async worker running a queued operation while the caller's thread makes a
+ * blocking call on the same group) took interleaved sequence numbers and
+ * overwrote each other's keys, and every rank silently got another call's
+ * sums (issue 24 item 4, store route). The second caller is refused, as the
+ * shm, Gloo and message-queue handles refuse it. */
+static int enter(weft_cpugroup *g, const char *what) {
+  int zero = 0;
+  if (atomic_compare_exchange_strong(&g->busy, &zero, 1)) return 0;
+  return wf_error(WEFT_ESTATE, "cpugroup '%s' %s: another operation is in flight on this group "
+                  "(one at a time: an async operation of the group may still run; wait for its "
+                  "handle first)", g->name, what);
+}
+static int leave(weft_cpugroup *g, int rc) {
+  atomic_store(&g->busy, 0);
+  return rc;
+}
 
 static int grow(uint8_t **p, size_t *cap, size_t need) {
   if (need <= *cap) return 0;
@@ -146,12 +167,13 @@ static int note_failure(weft_cpugroup *g, int rc) {
  * (message set): the group is broken here and, when the store answered
  * (reachable), on every member: the abort key is published and own_key
  * (this rank's key of the collective, NULL: none) taken back, so nobody
- * completes that collective later. Called with the store locked. */
-static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, uint64_t seq, const char *own_key,
-                   int reachable) {
+ * completes that collective later. q: the wait that failed (NULL: a root's
+ * SET); when its keys turn out all set, the collective completed after all
+ * and 0 is returned (its values in q). Called with the store locked. */
+static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, uint64_t seq,
+                   wf_get_req *q, const char *own_key, int reachable) {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", weft_last_error());
-  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", msg);
   if (reachable) {
     char pre[300], why[1200];
     int pl = snprintf(pre, sizeof pre, "cpugroup '%s' %s: ", g->name, what);
@@ -161,9 +183,37 @@ static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, ui
                        (unsigned long long)seq, cause);
     if (len < 0) len = 0;
     if ((size_t)len >= sizeof why) len = (int)sizeof why - 1;
-    wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0);
-    if (own_key) wf_store_delete_locked(s, g->op, own_key);
+    int grc = WEFT_EPROTO;
+    if (q) {
+      /* One request decides: every key there now (the last member came
+       * after this rank's wait ended) -> the collective completed, here as
+       * on the members it answered; else its keys go and the abort comes in
+       * the same step. Two requests (abort, then delete) let a member that
+       * came in between complete it while this rank failed: with the
+       * store's host stopped, 1 of 4 ranks then counted one call fewer, and
+       * a retrying loop paired its retry with the others' next call. */
+      wf_get_req gq = *q;
+      gq.timeout_ms = 0;
+      gq.flags = (q->flags & WF_GET_NOVALUES) | WF_GET_CONSUME | WF_GET_PUT | WF_GET_GIVEUP;
+      gq.put_key = g->abort_key;
+      gq.put_val = why;
+      gq.put_len = (size_t)len;
+      gq.put_reads = 0;
+      gq.owners = NULL;
+      gq.abort_key = NULL;
+      grc = wf_store_get_locked(s, g->op, &gq);
+      if (grc == 0) {
+        q->nmissing = 0;
+        wf_clear_error();
+        return 0;
+      }
+    }
+    if (grc != WEFT_EAGAIN) {  /* no atomic give-up: abort, then take the own key back */
+      wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0);
+      if (own_key) wf_store_delete_locked(s, g->op, own_key);
+    }
   }
+  if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", msg);
   return wf_error(rc, "%s. The group is aborted%s (no member may pair this call with a later "
                   "one): rebuild the groups on every rank with weft.recover() (docs/faults.md)",
                   msg, reachable ? " on every member" : " here");
@@ -210,7 +260,7 @@ static int failed(weft_cpugroup *g, weft_store *s, int rc, const char *what, uin
     reachable = 1;
   }
   opname(g, what);
-  return give_up(g, s, rc, what, seq, own_key, reachable);
+  return give_up(g, s, rc, what, seq, q, own_key, reachable);
 }
 
 static int refuse_broken(weft_cpugroup *g, const char *what) {
@@ -369,11 +419,17 @@ static int refuse_in_capture(const weft_cpugroup *g, const char *what) {
                   "(control-plane collectives cannot be captured)", g->name, what);
 }
 
-int weft_cpugroup_barrier(weft_cpugroup *g) {
+static int barrier_one(weft_cpugroup *g) {
   WF_CHECK_ARG(g, "cpugroup barrier: group is NULL");
   { int grc = refuse_in_capture(g, "barrier"); if (grc) return grc; }
   if (g->size == 1) { g->seq++; return 0; }
   return exchange(g, "barrier", NULL, 0, 1);
+}
+
+int weft_cpugroup_barrier(weft_cpugroup *g) {
+  if (!g) return barrier_one(g);  /* refused there, naming the NULL */
+  int rc = enter(g, "barrier");
+  return rc ? rc : leave(g, barrier_one(g));
 }
 
 /* All-gather into g->out / g->outlens; `what` names the operation. */
@@ -387,7 +443,7 @@ static int gather(weft_cpugroup *g, const char *what, const void *in, size_t len
   return 0;
 }
 
-int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
+static int allgather_one(weft_cpugroup *g, const void *in, size_t len, const void **out,
                             const size_t **lens) {
   WF_CHECK_ARG(g && out && lens, "cpugroup allgather: NULL argument");
   { int grc = refuse_in_capture(g, "allgather"); if (grc) return grc; }
@@ -399,7 +455,14 @@ int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const 
   return 0;
 }
 
-int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
+int weft_cpugroup_allgather(weft_cpugroup *g, const void *in, size_t len, const void **out,
+                            const size_t **lens) {
+  if (!g) return allgather_one(g, in, len, out, lens);  /* refused there, naming the NULL */
+  int rc = enter(g, "allgather");
+  return rc ? rc : leave(g, allgather_one(g, in, len, out, lens));
+}
+
+static int broadcast_one(weft_cpugroup *g, int root, const void *in, size_t len,
                             const void **out, size_t *out_len) {
   WF_CHECK_ARG(g && out && out_len, "cpugroup broadcast: NULL argument");
   { int grc = refuse_in_capture(g, "broadcast"); if (grc) return grc; }
@@ -469,7 +532,14 @@ int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t l
   return rc;
 }
 
-int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
+                            const void **out, size_t *out_len) {
+  if (!g) return broadcast_one(g, root, in, len, out, out_len);  /* refused there, naming the NULL */
+  int rc = enter(g, "broadcast");
+  return rc ? rc : leave(g, broadcast_one(g, root, in, len, out, out_len));
+}
+
+static int allreduce_i64_one(weft_cpugroup *g, int64_t *vals, int n, int op) {
   WF_CHECK_ARG(g, "cpugroup allreduce_i64: group is NULL");
   { int grc = refuse_in_capture(g, "allreduce_i64"); if (grc) return grc; }
   WF_CHECK_ARG(n >= 0 && (vals || n == 0), "cpugroup '%s' allreduce_i64: bad buffer (n=%d)", g->name, n);
@@ -505,7 +575,13 @@ int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) 
   return 0;
 }
 
-int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
+int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) {
+  if (!g) return allreduce_i64_one(g, vals, n, op);  /* refused there, naming the NULL */
+  int rc = enter(g, "allreduce_i64");
+  return rc ? rc : leave(g, allreduce_i64_one(g, vals, n, op));
+}
+
+static int send_one(weft_cpugroup *g, int dst, const void *buf, size_t len) {
   WF_CHECK_ARG(g, "cpugroup send: group is NULL");
   { int grc = refuse_in_capture(g, "send"); if (grc) return grc; }
   WF_CHECK_ARG(dst >= 0 && dst < g->size, "cpugroup '%s' send: destination %d outside 0..%d",
@@ -522,7 +598,13 @@ int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
   return rc;
 }
 
-int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len) {
+int weft_cpugroup_send(weft_cpugroup *g, int dst, const void *buf, size_t len) {
+  if (!g) return send_one(g, dst, buf, len);  /* refused there, naming the NULL */
+  int rc = enter(g, "send");
+  return rc ? rc : leave(g, send_one(g, dst, buf, len));
+}
+
+static int recv_one(weft_cpugroup *g, int src, const void **out, size_t *len) {
   WF_CHECK_ARG(g && out && len, "cpugroup recv: NULL argument");
   { int grc = refuse_in_capture(g, "recv"); if (grc) return grc; }
   WF_CHECK_ARG(src >= 0 && src < g->size, "cpugroup '%s' recv: source %d outside 0..%d",
@@ -555,6 +637,12 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
   }
   wf_store_unlock(s);
   return rc;
+}
+
+int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len) {
+  if (!g) return recv_one(g, src, out, len);  /* refused there, naming the NULL */
+  int rc = enter(g, "recv");
+  return rc ? rc : leave(g, recv_one(g, src, out, len));
 }
 
 weft_store *wf_cpugroup_store(weft_cpugroup *g) { return g ? g->s : NULL; }

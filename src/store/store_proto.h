@@ -61,6 +61,12 @@ enum {
 #define WF_GET_PUT 4u      /* set a key first: a gather is one round trip */
 #define WF_GET_LIVE 8u     /* a slice of a liveness wait (store_live.c): a rank's
                             * death answers it at once with WEFT_EAGAIN */
+#define WF_GET_GIVEUP 16u  /* with PUT, timeout 0 (a cpu group member giving up on
+                            * a collective): keys all set -> answered as usual;
+                            * else the ones set are deleted and the put key (the
+                            * group's abort key) set, in one step, so a
+                            * collective never completes for some members after
+                            * another gave up on it */
 
 /* SET flag: the key describes this connection's owner (store_live.c); when
  * the connection ends from the client's side while the key still exists,

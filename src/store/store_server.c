@@ -46,6 +46,19 @@ typedef struct entry {
   size_t vlen;
 } entry;
 
+/* What an entry really costs the server, the figure the total cap counts:
+ * its key and value plus the entry itself, the malloc chunks of all three
+ * (16-byte steps, 32 at least) and its share of the bucket table. Counting
+ * only key and value bytes let a client hold ten times the cap in small
+ * keys (5 M one-byte values under a 64 MiB cap: 690 MB). */
+static uint64_t chunk_cost(size_t n) {
+  uint64_t c = ((uint64_t)(n ? n : 1) + 8 + 15) & ~(uint64_t)15;
+  return c < 32 ? 32 : c;
+}
+static uint64_t entry_cost(size_t klen, size_t vlen) {
+  return chunk_cost(sizeof(entry)) + chunk_cost(klen) + chunk_cost(vlen) + 2 * sizeof(entry *);
+}
+
 enum { C_AUTH, C_READY, C_PARKED };
 
 typedef struct conn {
@@ -93,7 +106,7 @@ typedef struct wf_store_srv {
   int cap_pfd;
   size_t max_value;
   uint64_t max_total;           /* WEFT_STORE_MAX_TOTAL */
-  uint64_t stored;              /* bytes of keys and values in the table */
+  uint64_t stored;              /* what the table's entries cost (entry_cost) */
   uint64_t inflight;            /* payload bytes of frames being read */
   int64_t read_to;
   long max_conns, max_preauth;  /* admission caps (resolved at start) */
@@ -166,8 +179,10 @@ static int over_total(const srv *v, uint64_t add) {
 static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32_t reads) {
   uint64_t h = key_hash(k.p, k.len);
   entry **pp = tab_slot(v, k.p, k.len, h);
-  uint64_t old = *pp ? (*pp)->vlen : 0, grow = *pp ? 0 : k.len;
-  if (vlen > old && over_total(v, grow + vlen - old)) return -2;
+  /* a new key is always checked, an empty value included: its key and
+   * entry are held too */
+  uint64_t old = *pp ? entry_cost((*pp)->klen, (*pp)->vlen) : 0, cost = entry_cost(k.len, vlen);
+  if (cost > old && over_total(v, cost - old)) return -2;
   uint8_t *copy = malloc(vlen ? vlen : 1);
   if (!copy) return -1;
   if (vlen) memcpy(copy, val, vlen);
@@ -176,7 +191,7 @@ static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32
     (*pp)->val = copy;
     (*pp)->vlen = vlen;
     (*pp)->reads = reads;
-    v->stored = v->stored - old + vlen;
+    v->stored = v->stored - old + cost;
     return 0;
   }
   entry *e = calloc(1, sizeof *e);
@@ -187,7 +202,7 @@ static int tab_set(srv *v, wf_store_kref k, const void *val, size_t vlen, uint32
   e->next = NULL;
   *pp = e;
   v->nent++;
-  v->stored += (uint64_t)k.len + vlen;
+  v->stored += cost;
   if (v->nent > v->nb) tab_grow(v);  /* failure only costs speed */
   return 0;
 }
@@ -197,7 +212,7 @@ static int tab_del(srv *v, wf_store_kref k) {
   if (!*pp) return 0;
   entry *e = *pp;
   *pp = e->next;
-  v->stored -= (uint64_t)e->klen + e->vlen;
+  v->stored -= entry_cost(e->klen, e->vlen);
   entry_free(e);
   v->nent--;
   return 1;
@@ -260,7 +275,7 @@ static void resp_ok(srv *v, conn *c) { resp_begin(c, 0); frame_end(v, c, WF_OP_R
 static void refuse_full(srv *v, conn *c, uint64_t bytes) {
   char msg[400];
   snprintf(msg, sizeof msg, "the store is full: %llu more bytes would pass its total limit of %llu "
-           "bytes (it holds %llu bytes of keys and values, %llu more being received; "
+           "bytes (it holds %llu bytes of keys, values and their entries, %llu more being received; "
            "WEFT_STORE_MAX_TOTAL, docs/store.md)", (unsigned long long)bytes,
            (unsigned long long)v->max_total, (unsigned long long)v->stored,
            (unsigned long long)v->inflight);
@@ -438,12 +453,22 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
   c->nkeys = (int)n;
   c->cursor = 0;
   c->gflags = c->flags;
-  if (put) {
+  int giveup = put && (c->flags & WF_GET_GIVEUP);
+  if (put && !giveup) {
     int rc = tab_set(v, pk, pv, pn, preads);
     if (rc) { set_refused(v, c, rc); return 0; }
     wake_waiters(v);
   }
   if (get_complete(v, c)) get_answer(v, c);
+  else if (giveup) {
+    /* the collective's keys go and its abort key comes in one step: no
+     * member arriving later completes it (WF_GET_GIVEUP) */
+    for (int i = 0; i < c->nkeys; i++) tab_del(v, c->keys[i]);
+    int rc = tab_set(v, pk, pv, pn, preads);
+    if (rc) { set_refused(v, c, rc); return 0; }
+    wake_waiters(v);
+    get_missing_answer(v, c, WEFT_EAGAIN);
+  }
   else if (timeout <= 0) get_missing_answer(v, c, WEFT_EAGAIN);
   else if (v->blocked_rank >= 0) fail_parked(v, c);
   else {
@@ -555,6 +580,25 @@ static int parse_i64(const uint8_t *p, size_t n, int64_t *out) {
   if (errno || *end || end == buf) return -1;
   *out = x;
   return 0;
+}
+
+/* A request that changes the table, from a client that has closed its
+ * connection by now (its end of file is queued behind the frame): the
+ * client gave up on it (no reply within its bound: this server was stopped
+ * or starved) and told its caller it failed, so running it now would make
+ * that failure a lie. A cpu group member that gave up so while the store's
+ * host was stopped had its key of the collective set when the server
+ * resumed, and the others completed the collective it failed (issue 24).
+ * Every client waits for the reply of each request, so a closed connection
+ * never carries one that is still wanted. A DELETE still runs: it only
+ * takes back (a rank's leave, a member's own key), which stays right late,
+ * and a leave dropped would mark a rank that shut down as dead. */
+static int left_before_run(conn *c) {
+  int mutating = c->op == WF_OP_SET || c->op == WF_OP_ADD || c->op == WF_OP_CAS ||
+                 (c->op == WF_OP_GET && (c->flags & WF_GET_PUT));
+  if (!mutating) return 0;
+  char b;
+  return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 static int handle_frame(srv *v, conn *c) {
@@ -780,6 +824,11 @@ static void conn_read(srv *v, conn *c) {
     if (c->state == C_READY) c->rdeadline = 0;
     v->inflight -= c->reserved;  /* from here the table counts what it keeps */
     c->reserved = 0;
+    if (left_before_run(c)) {
+      c->lost = 1;
+      conn_close(c, "the client gave up and closed its connection before its request ran: dropped");
+      return;
+    }
     if (handle_frame(v, c) < 0) { conn_close(c, "malformed frame"); return; }
     if (c->state != C_PARKED) wf_store_wb_trim(&c->in);
     if (c->dead || c->state == C_PARKED || c->out.len) return;

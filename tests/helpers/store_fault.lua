@@ -10,6 +10,9 @@
 --   store_fault.lua fill PORT COUNT BYTES     sets COUNT keys of BYTES bytes each; prints
 --                                            "SET <i> ok" or "SET <i> refused <message>", then
 --                                            "FILLED"
+--   store_fault.lua keys PORT KEYLEN VALLEN MAX sets up to MAX new keys of KEYLEN bytes with values
+--                                            of VALLEN bytes until one is refused; prints
+--                                            "KEYS <stored> refused <message>" or "KEYS <stored> all"
 --   store_fault.lua rank                      a rank of a 2-rank run: rank 1 has a wrong secret;
 --                                            prints "INIT OK" or "ERR <ms> <message>"
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -45,6 +48,20 @@ if mode == "serve" then
   local soft, hard = nofile()
   say(("SERVING %d nofile %d %d pid %d"):format(s.port, soft, hard, C.getpid()))
   pcall(s.get, s, "done", tonumber(arg[3]))
+  s:close()
+elseif mode == "keys" then
+  local store = require "weft.store"
+  local s = store.open { port = tonumber(arg[2]), timeout_ms = 20000 }
+  local klen, vlen, max = tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5])
+  local val = ("v"):rep(vlen)
+  local n, why = 0, nil
+  for i = 1, max do
+    local key = ("k"):rep(klen - #tostring(i)) .. i
+    local ok, e = pcall(s.set, s, key, val)
+    if not ok then why = tostring(e); break end
+    n = i
+  end
+  say(why and ("KEYS %d refused %s"):format(n, why) or ("KEYS %d all"):format(n))
   s:close()
 elseif mode == "fill" then
   local store = require "weft.store"

@@ -236,11 +236,27 @@ local function rethrow(g, op, ok, ...)
   error(("weft: %s: group %s: %s"):format(op, gname(g), (msg:gsub("^weft: ", ""))), 0)
 end
 
+-- A blocking call waits for the group's async operations first (program
+-- order is execution order), with or without weft.async.install: a queued
+-- operation runs on the group's progress worker, and the worker and the
+-- caller in one communicator at once refuse each other (or, on the cpu
+-- group before it refused too, silently paired each other's keys).
+local drain
+local function settle(g)
+  local q = g._async
+  if q and q.npending > 0 then
+    drain = drain or require("weft.async.queue").drain
+    drain(g)
+  end
+end
+
 local function call_be(g, op, f, ...)
+  settle(g)
   return rethrow(g, op, pcall(f, g, op, ...))
 end
 
 local function cpu(g, op, method, ...)
+  settle(g)
   local c = g.cpu_group
   return rethrow(g, op, pcall(c[method], c, ...))
 end
