@@ -70,6 +70,8 @@ typedef struct conn {
   unsigned flags;
   uint64_t plen;
   wf_store_wbuf in;    /* payload of the frame being read (kept while parked) */
+  wf_store_kref pkey;  /* parked with WF_GET_PUT: the key it set (points into in) */
+  int has_pkey;
   int64_t rdeadline;   /* incomplete frame / handshake must progress by then */
   wf_store_wbuf out;
   size_t out_off;
@@ -474,6 +476,8 @@ static int handle_get(srv *v, conn *c, wf_rd *r) {
   else {
     c->state = C_PARKED;
     c->pdeadline = wf_now_ms() + timeout;
+    c->pkey = pk;
+    c->has_pkey = put;
   }
   return 0;
 }
@@ -730,6 +734,11 @@ static void conn_read(srv *v, conn *c) {
     ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n <= 0) c->lost = 1;
+    /* It gave up on its collective (no reply within its bound: this server
+     * was stopped or starved) and told its caller so: the key it set goes
+     * too, or a member arriving later would complete that collective. */
+    if (c->has_pkey) tab_del(v, c->pkey);
+    c->has_pkey = 0;
     conn_close(c, n > 0 ? "data from a client that is waiting" : NULL);
     return;
   }
@@ -1054,13 +1063,17 @@ static void *srv_main(void *arg) {
         char buf[64];
         while (read(v->wake[0], buf, sizeof buf) > 0) {}
       }
-      for (int i = 0; i < n; i++) {
-        conn *c = v->c[i];
-        short re = v->pfd[i + 2].revents;
-        if (!re || c->dead) continue;
-        if ((re & POLLOUT) || c->out.len) conn_flush(v, c);  /* errors surface in send */
-        else conn_read(v, c);
-      }
+      /* parked waiters first: after this server was stopped, the clients
+       * that gave up meanwhile take their keys back before a late member's
+       * frame could complete their collective with them */
+      for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+          conn *c = v->c[i];
+          short re = v->pfd[i + 2].revents;
+          if (!re || c->dead || (c->state == C_PARKED) != (pass == 0)) continue;
+          if ((re & POLLOUT) || c->out.len) conn_flush(v, c);  /* errors surface in send */
+          else conn_read(v, c);
+        }
       if (v->pfd[1].revents) srv_accept(v);
     }
     srv_expire(v, wf_now_ms());
