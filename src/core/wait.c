@@ -56,6 +56,26 @@ int wf_cpu_notes_cover(const wf_cpu_note *notes, int n, int stride_bytes) {
   return distinct > widest ? distinct : widest;
 }
 
+int wf_cpu_crowded(const wf_cpu_note *notes, int n, int stride_bytes) {
+  int cover = wf_cpu_notes_cover(notes, n, stride_bytes);
+  int pinned = 1;
+  for (int i = 0; i < n && pinned; i++) {
+    const wf_cpu_note *p = (const wf_cpu_note *)((const char *)notes + (size_t)i * (size_t)stride_bytes);
+    pinned = p->count == 1 && p->cpu >= 0;
+  }
+  if (pinned && cover == n) return 0;  /* a CPU of its own each */
+  /* unpinned: the job's other ranks on this machine (other groups: the TP
+   * groups of a PP job wait at the same time) want the same CPUs. Read
+   * once: the launcher's LOCAL_WORLD_SIZE does not change in a process. */
+  static int node_ranks = -1;
+  if (node_ranks < 0) {
+    long l = wf_env_long("LOCAL_WORLD_SIZE", 0);
+    node_ranks = l > 0 && l < 1 << 20 ? (int)l : 0;
+  }
+  int ranks = node_ranks > n ? node_ranks : n;
+  return cover < ranks;
+}
+
 void wf_wait_init(wf_wait *w, const char *spin_env, const char *yield_env, int crowded) {
   memset(w, 0, sizeof *w);
   w->crowded = crowded;

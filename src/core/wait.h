@@ -73,8 +73,13 @@ wf_cpu_note wf_cpu_note_self(void);
  * else at least the largest mask (masks of several CPUs are not published). */
 int wf_cpu_notes_cover(const wf_cpu_note *notes, int n, int stride_bytes);
 
+/* Whether n ranks (their notes) outnumber the CPUs they may run on: ranks
+ * pinned to distinct CPUs never are; otherwise the CPUs they cover must
+ * also hold the job's other ranks on this machine (LOCAL_WORLD_SIZE). */
+int wf_cpu_crowded(const wf_cpu_note *notes, int n, int stride_bytes);
+
 /* spin_env/yield_env: names of the overriding variables (yield_env NULL:
- * no yield phase by default). crowded: from wf_cpu_notes_cover < world. */
+ * no yield phase by default). crowded: from wf_cpu_crowded. */
 void wf_wait_init(wf_wait *w, const char *spin_env, const char *yield_env, int crowded);
 
 /* Spin phase on a readiness test rather than a word: ready(arg) != 0 ends

@@ -433,7 +433,7 @@ void init_sync_wait(weft_gloo *c) {
   for (const CpuShare &r : all)
     if (mine.boot[0] && memcmp(r.boot, mine.boot, sizeof mine.boot) == 0) here.push_back(r.note);
   const int n = (int)here.size();
-  const int crowded = n > 1 && wf_cpu_notes_cover(here.data(), n, sizeof(wf_cpu_note)) < n;
+  const int crowded = n > 1 && wf_cpu_crowded(here.data(), n, sizeof(wf_cpu_note));
   wf_wait_init(&c->sync_wait, "WEFT_GLOO_SPIN_US", "WEFT_GLOO_YIELD_US", crowded);
 }
 

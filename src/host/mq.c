@@ -352,7 +352,7 @@ int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks,
   /* Same pid namespace everywhere: liveness checks are meaningful. */
   q->check_pids = 1;
   /* every rank attached (and published its CPU note) before confirming */
-  q->wait.crowded = wf_cpu_notes_cover(&q->rk[0].cpus, size, (int)sizeof q->rk[0]) < size;
+  q->wait.crowded = wf_cpu_crowded(&q->rk[0].cpus, size, (int)sizeof q->rk[0]);
   *out = q;
   wf_log(1, "mq: group '%s': writer %d, %d ranks, %u chunks of %zu bytes, segment %zu bytes",
          gname, writer, size, q->chunks, q->chunk, q->map_len);

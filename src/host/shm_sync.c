@@ -241,8 +241,7 @@ static int check_desc(weft_shm *c, const wf_shm_desc *d, const char *op) {
 /* Whether this group's ranks outnumber the CPUs they may run on. */
 static void crowding(weft_shm *c) {
   c->cpus_known = 1;
-  int cpus = wf_cpu_notes_cover(&c->rk[0].cpus, c->world, (int)sizeof c->rk[0]);
-  c->wait.crowded = cpus < c->world;
+  c->wait.crowded = wf_cpu_crowded(&c->rk[0].cpus, c->world, (int)sizeof c->rk[0]);
 }
 
 int wf_shm_sync(weft_shm *c, const wf_shm_desc *d, const char *op) {

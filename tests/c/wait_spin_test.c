@@ -192,6 +192,17 @@ int main(void) {
   wf_wait_spin_on(&w, ready, &p);
   CHECK(wf_wait_yield_on(&w, ready, &p) == 0 && yields == 0, "WEFT_GLOO_YIELD_US=0: no yields (%d)", yields);
 
+  /* Crowding: 2 ranks pinned to CPUs 0 and 1 have a CPU each whatever else
+   * runs; 2 unpinned ranks on 2 CPUs are crowded once the job has 4 ranks on
+   * this machine (a PP job's two TP groups wait at the same time). */
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  wf_cpu_note pinned2[2] = {{1, 0}, {1, 1}}, same[2] = {{1, 0}, {1, 0}}, free2[2] = {{2, -1}, {2, -1}};
+  CHECK(!wf_cpu_crowded(pinned2, 2, sizeof pinned2[0]), "pinned to distinct CPUs: not crowded");
+  CHECK(wf_cpu_crowded(same, 2, sizeof same[0]), "two ranks pinned to one CPU: crowded");
+  CHECK(wf_cpu_crowded(free2, 2, sizeof free2[0]), "2 of 4 local ranks on 2 CPUs: crowded");
+  wf_cpu_note free8[2] = {{8, -1}, {8, -1}};
+  CHECK(!wf_cpu_crowded(free8, 2, sizeof free8[0]), "4 local ranks on 8 CPUs: not crowded");
+
   printf("wait_spin: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
