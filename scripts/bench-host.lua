@@ -28,8 +28,9 @@
 -- ranks outnumber CPUs, the ranks sharing a CPU return from a call one at a
 -- time, and each goes on to fill its next input before the scheduler runs
 -- the next: without it the last rank's time holds its CPU-mates' fills
--- (measured, 4 ranks on 2 CPUs, 1 MiB f32: ~300 µs per fill; with a busy
--- process the scheduler puts all 4 ranks on the other CPU, so 3 fills).
+-- (traced, 4 ranks on 2 CPUs, 1 MiB f32: 264-275 µs per fill; with a busy
+-- process the scheduler puts all 4 ranks on the other CPU, so 3 fills:
+-- bench/results/host-allreduce-vm-2cpu-w4-trace-2026-12-03.md).
 -- With it, a call's time is the collective's alone, CPU sharing included.
 -- Writes bench/results/host-allreduce-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place)
 -- and a .md table beside it.
