@@ -10,8 +10,13 @@
  * type, so it is a 2-byte type with a user-defined sum (what a framework on
  * MPI does: f32 accumulation, rounded to nearest even).
  *
+ * --settle: an untimed barrier after every timed call, so no rank starts
+ * the next call's fill while a peer sharing its CPU has not yet returned
+ * from the timed one (ranks outnumbering CPUs: without it a rank's time
+ * also holds its CPU-mates' fills; scripts/bench-host.lua says more).
+ *
  * usage: mpi_allreduce [--min BYTES] [--max BYTES] [--factor F] [--iters N]
- *                      [--warmup N] [--dtype f32|bf16]
+ *                      [--warmup N] [--dtype f32|bf16] [--settle]
  * Rank 0 prints one line per size:
  *   mpi world=W bytes=B iters=N us=MEDIAN p99_us=P99 min_us=MIN busbw_gbs=BW dtype=D check=ok
  */
@@ -96,9 +101,11 @@ int main(int argc, char **argv) {
   long factor = arg_long(argc, argv, "--factor", 4);
   long iters_max = arg_long(argc, argv, "--iters", 200);
   long warmup = arg_long(argc, argv, "--warmup", 3);
-  int bf16 = 0;
+  int bf16 = 0, settle = 0;
   for (int i = 1; i + 1 < argc; i++)
     if (strcmp(argv[i], "--dtype") == 0) bf16 = strcmp(argv[i + 1], "bf16") == 0;
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--settle") == 0) settle = 1;
   const size_t es = bf16 ? 2 : 4;
   MPI_Datatype type = MPI_FLOAT;
   MPI_Op op = MPI_SUM;
@@ -134,6 +141,7 @@ int main(int argc, char **argv) {
       double t0 = MPI_Wtime();
       MPI_Allreduce(MPI_IN_PLACE, data, (int)n, type, op, MPI_COMM_WORLD);
       times[c] = MPI_Wtime() - t0;
+      if (settle) MPI_Barrier(MPI_COMM_WORLD);
       if ((c == warmup || c == total - 1) && !bad) {
         if (bf16)
           for (size_t i = 0; i < n; i++) buf[i] = bf16_to_f32(hbuf[i]);

@@ -7,7 +7,7 @@
 --   luajit scripts/bench-host.lua [--worlds 2,4] [--dtypes f32,bf16] [--load none,busy]
 --        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
 --        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none|rank]
---        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--machine NAME]
+--        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--settle] [--machine NAME]
 --        [--out bench/results] [--merge earlier.json]
 --
 -- Method (both sides): sum in place; for every call fresh random data, a
@@ -24,6 +24,14 @@
 -- p99 (noise on a shared machine only adds time). Last, the Lua call path:
 -- group:all_reduce on a 1 KiB host tensor against its C call, and the Lua
 -- heap's growth over 10^6 calls (--no-callpath skips it).
+-- --settle (both sides): an untimed barrier after every timed call. When
+-- ranks outnumber CPUs, the ranks sharing a CPU return from a call one at a
+-- time, and each goes on to fill its next input before the scheduler runs
+-- the next: without it the last rank's time holds its CPU-mates' fills
+-- (traced, 4 ranks on 2 CPUs, 1 MiB f32: 264-275 µs per fill; with a busy
+-- process the scheduler puts all 4 ranks on the other CPU, so 3 fills:
+-- bench/results/host-allreduce-vm-2cpu-w4-trace-2026-12-03.md).
+-- With it, a call's time is the collective's alone, CPU sharing included.
 -- Writes bench/results/host-allreduce-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place)
 -- and a .md table beside it.
 --
@@ -42,6 +50,7 @@ local opts = bench.parse_args(arg or {}, {
   ["--worker"] = function(o) o.worker = true end,
   ["--callpath"] = function(o) o.callpath = true end,
   ["--no-callpath"] = function(o) o.no_callpath = true end,
+  ["--settle"] = function(o) o.settle = true end,
 }, "bench-host")
 
 local function iters_for(bytes)
@@ -103,6 +112,7 @@ local function worker()
       local t0 = now_us()
       world:all_reduce(x)
       tp[c] = now_us() - t0
+      if opts.settle then world:all_reduce(sync) end -- untimed: see --settle
       if (c == opts.warmup or c == total - 1) and not bad then
         local ref = T.zeros({ n }, "f64")
         local rp = ffi.cast("double *", ref.ptr)
@@ -257,7 +267,7 @@ local function driver()
     local cur = e[kind]
     if not cur or r.us < cur.us then
       e[kind] = { op = "all_reduce", backend = kind == "mpi" and "mpi" or (r.backend or "shm"),
-        mode = load == "none" and "eager" or "eager+" .. load, load = load, dtype = r.dtype or "f32",
+        mode = (load == "none" and "eager" or "eager+" .. load) .. (opts.settle and "+settle" or ""), load = load, dtype = r.dtype or "f32",
         world = W, bytes = r.bytes, iters = r.iters, us = r.us, p99_us = r.p99_us,
         min_us = r.min_us, busbw_gbs = r.busbw_gbs }
     end
@@ -284,8 +294,9 @@ local function driver()
       for _, dt in ipairs(dtypes) do
         local max = dt == "bf16" and math.min(opts.max, opts.bf16_max) or opts.max
         if load ~= "none" then max = math.min(max, opts.load_max) end
-        local common = ("--min %d --max %d --factor %d --iters %d --warmup %d --dtype %s")
-                       :format(opts.min, max, opts.factor, opts.iters, opts.warmup, dt)
+        local common = ("--min %d --max %d --factor %d --iters %d --warmup %d --dtype %s%s")
+                       :format(opts.min, max, opts.factor, opts.iters, opts.warmup, dt,
+                               opts.settle and " --settle" or "")
         for _, W in ipairs(worlds) do
           if load == "busy" then load_start(nproc) end
           io.stderr:write(("bench-host: [%3d s] weft, %d ranks, %s, load %s (run %d) ...\n")
@@ -356,6 +367,10 @@ local function driver()
                ("percentile of the run with the lowest median of %d runs per side (weft and MPI interleaved)."):format(runs),
                "ratio = weft / MPI median (below 1: weft faster). busy: one busy process per 2 CPUs pinned to CPU 0, 2, ...",
                "(started before and stopped after every run). /proc/loadavg after the runs: " .. loadavg .. ".", "" }
+  if opts.settle then
+    table.insert(md, #md, "--settle: an untimed barrier after every timed call (both sides), so a call's time holds")
+    table.insert(md, #md, "no CPU-mate's fill of its next input (scripts/bench-host.lua).")
+  end
   for _, load in ipairs(loads) do
     for _, dt in ipairs(dtypes) do
       if by[load] and by[load][dt] then
