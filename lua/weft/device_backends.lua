@@ -416,6 +416,8 @@ function M.install(gm)
   gm.register_backend("nccl", nccl_be)
   gm.register_backend("custom_ar", car)
   gm.register_backend("device_host", stage)
+  -- the eager all_reduce's size-dependent choice, memoised (see that module)
+  require("weft.group.host").sized_memo = require "weft.device_backends.sized_memo"
   gm.register_backend("fused", {
     fused_allreduce_rmsnorm = function(g, _, x, r, w, eps, opts) return M.fused(g, x, r, w, eps, opts) end,
   })

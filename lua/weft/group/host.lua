@@ -201,7 +201,10 @@ end
 -- The hot path: a per-group memo of cacheable decisions, keyed by op, dtype,
 -- device and reduction (nested tables: no key building per call); dropped
 -- whenever the policy table changes (policy.version) or the group changes
--- state (g._dispatch = nil).
+-- state (g._dispatch = nil). Decisions that depend on the size (the device
+-- all_reduce's kernels-or-NCCL) go to M.sized_memo where one is installed
+-- (weft.device_backends.sized_memo), kept inside the same memo.
+M.sized_memo = nil
 local function backend_for(g, op, t, rop)
   local memo = g._dispatch
   if memo == nil or memo.version ~= policy.version then
@@ -214,6 +217,11 @@ local function backend_for(g, op, t, rop)
   local c = b and b[dev]
   local e = c and c[rop or ""]
   if e then return e[1], e[2] end
+  local sized = M.sized_memo
+  if sized ~= nil then
+    local sbe, sname = sized.lookup(memo, g, op, t, rop)
+    if sbe ~= nil then return sbe, sname end
+  end
   if policy.det_host_routed(g, op, t, rop) and g.world_size > 1 then host_determ_check(g, op) end
   local be, name, cacheable = select_backend(g, op, t, rop)
   if cacheable then
@@ -221,6 +229,8 @@ local function backend_for(g, op, t, rop)
     if not b then b = {}; a[dt] = b end
     if not c then c = {}; b[dev] = c end
     c[rop or ""] = { be, name }
+  elseif sized ~= nil then
+    sized.store(memo, g, op, t, rop, be, name)
   end
   return be, name
 end

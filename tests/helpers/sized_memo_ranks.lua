@@ -1,0 +1,94 @@
+-- Ranks of tests/sized_memo_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1, 2
+-- ranks): the eager device all_reduce's memo of the size-dependent choice
+-- (weft.device_backends.sized_memo). After the first calls the rules are not
+-- walked again; every input the choice reads still steers each later call.
+-- Prints "PASS <name>" / "FAIL <name>: why"; exits 1 on a failure.
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/tests/?.lua;" .. package.path
+require("helpers.fake_device").install()
+local weft = require "weft"
+local policy = require "weft.policy"
+local db = require "weft.device_backends"
+local C = require("weft.ffi").C
+
+local world = weft.init { timeout_ms = 20000 }
+local DEV = "cuda:" .. require("weft.cuda").current_device()
+local failed = false
+local function check(name, ok, why)
+  if ok then print("PASS " .. name) else failed = true; print("FAIL " .. name .. ": " .. tostring(why)) end
+end
+
+-- count the kernel launches (and their algorithm) and the policy walks
+local real_run = C.weft_ar_run
+local runs, algos = 0, {}
+C.weft_ar_run = function(h, i, o, c, dt, algo, s)
+  runs = runs + 1; algos[#algos + 1] = tonumber(algo)
+  return real_run(h, i, o, c, dt, algo, s)
+end
+local real_select = policy.select
+local walks = 0
+policy.select = function(...) walks = walks + 1; return real_select(...) end
+
+local x = weft.tensor.randn({ 4096 }, "bf16", DEV)     -- 8 KiB
+local function calls(n, t)
+  runs, walks, algos = 0, 0, {}
+  for _ = 1, n do world:all_reduce(t or x) end
+end
+
+world:all_reduce(x)   -- makes the workspace
+calls(2)
+calls(50)
+check("memoised: 50 calls, 0 policy walks, 50 kernel launches", walks == 0 and runs == 50,
+      ("walks %d, launches %d"):format(walks, runs))
+
+policy.set { all_reduce = "twoshot" }
+calls(3)
+check("policy.set re-decides (twoshot: algorithm 2)", runs == 3 and algos[3] == 2 and walks == 1,
+      ("launches %d, last algorithm %s, walks %d"):format(runs, tostring(algos[#algos]), walks))
+policy.set { all_reduce = "default" }
+
+world.use_custom_allreduce = false
+calls(3)
+check("g.use_custom_allreduce = false sends the next calls to NCCL", runs == 0, ("%d launches"):format(runs))
+world.use_custom_allreduce = nil
+calls(3)
+check("g.use_custom_allreduce = nil brings the kernels back", runs == 3, ("%d launches"):format(runs))
+
+local kind = world._kind or "world"
+local saved = db.custom_ar_by_kind[kind]
+db.custom_ar_by_kind[kind] = false
+calls(3)
+check("the per-kind table edited in place is seen", runs == 0, ("%d launches"):format(runs))
+db.custom_ar_by_kind[kind] = saved
+calls(3)
+check("and restored", runs == 3, ("%d launches"):format(runs))
+
+-- an unaligned input of the same size: NCCL, and the aligned one still takes the kernels
+local big = weft.tensor.randn({ 4097 }, "bf16", DEV)
+local un = big:narrow(0, 1, 4096)
+calls(3, un)
+check("an unaligned input of a memoised size goes to NCCL", runs == 0, ("%d launches"):format(runs))
+calls(3)
+check("the aligned one still takes the kernels", runs == 3, ("%d launches"):format(runs))
+
+-- the workspace's size bounds the choice: a size over it never takes the kernels
+local d = db.ensure_ar(world)
+local over = weft.tensor.randn({ d.ar.max_bytes / 2 + 8 }, "bf16", DEV)
+calls(2, over)
+check("a size over the workspace goes to NCCL (twice)", runs == 0, ("%d launches"):format(runs))
+over:free()
+
+-- a failed kernel breaks the group's workspace: the memo must not outlive it
+C.weft_ar_run = function() runs = runs + 1; return -5 end
+local ok = pcall(world.all_reduce, world, x)
+C.weft_ar_run = function(h, i, o, c, dt, algo, s)
+  runs = runs + 1; algos[#algos + 1] = tonumber(algo)
+  return real_run(h, i, o, c, dt, algo, s)
+end
+local ok2, err2 = pcall(world.all_reduce, world, x)
+check("after a failed kernel the next call raises (no stale choice)", not ok and not ok2 and
+      tostring(err2):find("failed earlier", 1, true) ~= nil, tostring(err2))
+
+io.stdout:flush()
+weft.shutdown()
+os.exit(failed and 1 or 0)
