@@ -39,11 +39,12 @@ MOE_LOCAL_BENCH := $(BUILD)/moe_local_bench
 .PHONY: moe-local-bench
 moe-local-bench: $(MOE_LOCAL_BENCH)
 ifeq ($(WEFT_CUDA),1)
-$(MOE_LOCAL_BENCH): bench/moe_local_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
+# against libweft.so, as bench/ar_bench.cu (the library's objects alone lack
+# libcrypto, which libweft.so links)
+$(MOE_LOCAL_BENCH): bench/moe_local_bench.cu src/weft.h $(LIB)
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
-	  -Xcompiler -pthread -o $@ bench/moe_local_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o \
-	  -ldl -lrt -lm $(if $(filter 1,$(WEFT_GLOO)),-lgloo -lstdc++)
+	  -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread
 else
 $(MOE_LOCAL_BENCH):
 	@echo "weft: moe_local_bench needs nvcc (CUDA)" >&2; exit 1
