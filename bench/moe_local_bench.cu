@@ -20,6 +20,9 @@
 // block per token; row_threads(hidden / 8) threads as kernels/moe_reduce.cu,
 // the norm kernel's own count for rmsnorm), every load of a vector issued
 // before any store: % of copy = copy time / kernel time for the same bytes.
+// (For rmsnorm at few tokens the copy is a weak reference: with the norm
+// kernel's 224-256 threads per row a copy thread moves its 2-4 vectors one
+// after another, where the kernel loads them all first.)
 //
 // Method: CUDA graph of C calls replayed R times (event per replay, median /
 // C); each call of a graph reads and writes its own slot of buffers, and
