@@ -80,7 +80,7 @@ __device__ __forceinline__ uint4 contribution(const wfx_args &a, const MoeIn &m,
                                               int j, size_t rb) {
   if (!moe) return ld_vec((const char *)a.input + (size_t)t * rb + (size_t)j * 16);
   float acc[Pack<T>::N];
-  moe_vec<T>(m, t, j, rb, acc);
+  moe_vec<T, 2>(m, t, j, rb, acc);   /* 2: the two-shot kernel spills with 4 */
   return Pack<T>::from_f32(acc);
 }
 
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
         }
       }
     }
-    if (!exchange(a, env, par, 0, E, WFX_SITE_PUSH)) return;
+    if (!exchange(a, env, par, 0, E, WFX_SITE_PUSH | ((uint32_t)a.pattern << 4))) return;
     const char *const in0 = local + a.off_os + (uint64_t)par * W * a.os_slot;
     for (int t = b; t < a.tokens; t += G) {
       const size_t off = (size_t)t * rb;
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
         }
       }
     }
-    if (!exchange(a, env, par, 0, E, WFX_SITE_PUSH)) return;
+    if (!exchange(a, env, par, 0, E, WFX_SITE_PUSH | ((uint32_t)a.pattern << 4))) return;
     /* 2. own range: reduce, epilogue, outputs; push to the peers' all-gather inbox */
     const int ms = range_start(rank, T_, W), mn = range_start(rank + 1, T_, W) - ms;
     const bool gather = !rs || a.gathered_out != nullptr;
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
       }
     }
     if (gather) {
-      if (!exchange(a, env, par, 1, E, WFX_SITE_GATHER)) return;
+      if (!exchange(a, env, par, 1, E, WFX_SITE_GATHER | ((uint32_t)a.pattern << 4))) return;
       /* 3. the peers' rows */
       for (int i = 1; i < W; i++) {
         const int p = (rank + W - i) % W, ps = range_start(p, T_, W), pn = range_start(p + 1, T_, W) - ps;

@@ -50,31 +50,66 @@ template <> __device__ __forceinline__ float scalar_f32<__half>(const void *p, i
 
 /* The MoE partial of vector j of token t in f32: shared first, then the top_k
  * weighted outputs in k order by fma (as weft_host_moe_reduce); a bad
- * permutation entry makes it NaN. */
-template <typename T>
+ * permutation entry makes it NaN. The loads go out in batches of kBatch
+ * rows (permutation entries and scales first, then the rows, then the fmas
+ * in k order: the same bits as one row at a time): a thread keeps up to
+ * kBatch + 1 16-byte loads in flight instead of one, which a row of 512-896
+ * threads needs to approach copy bandwidth (fewer where a thread holds
+ * several vectors of its row: registers). first: a vector loaded by the
+ * caller beside the first batch (the residual), returned in *first_out. */
+constexpr int kBatchMax = 4;
+
+template <typename T, int kBatch = kBatchMax>
 __device__ __forceinline__ void moe_vec(const MoeIn &m, int t, int j, size_t rb,
-                                        float (&acc)[Pack<T>::N]) {
+                                        float (&acc)[Pack<T>::N], const void *first = nullptr,
+                                        uint4 *first_out = nullptr) {
   constexpr int N = Pack<T>::N;
-  if (m.shared) Pack<T>::to_f32(ld_vec((const char *)m.shared + (size_t)t * rb + (size_t)j * 16), acc);
-  else
-#pragma unroll
-    for (int e = 0; e < N; e++) acc[e] = 0.f;
+  const size_t col = (size_t)j * 16;
+  uint4 sv = make_uint4(0, 0, 0, 0);
+  if (m.shared) sv = ld_vec((const char *)m.shared + (size_t)t * rb + col);
+  if (first) *first_out = ld_vec((const char *)first + col);
   bool bad = false;
-  for (int k = 0; k < m.top_k; k++) {
-    int64_t row, si;
-    if (m.perm) {
-      si = (int64_t)t * m.top_k + k;
-      row = m.perm[si];
-      if (row < 0 || row >= m.expert_rows) { bad = true; continue; }
-    } else {
-      si = (int64_t)k * m.tokens + t;
-      row = si;
-    }
-    const float s = m.scales_f32 ? scalar_f32<float>(m.scales, si) : scalar_f32<T>(m.scales, si);
-    float v[N];
-    Pack<T>::to_f32(ld_vec((const char *)m.input + (size_t)row * rb + (size_t)j * 16), v);
+  for (int k0 = 0; k0 < m.top_k; k0 += kBatch) {
+    int64_t row[kBatch];
+    float s[kBatch];
 #pragma unroll
-    for (int e = 0; e < N; e++) acc[e] = __fmaf_rn(s, v[e], acc[e]);
+    for (int i = 0; i < kBatch; i++) {
+      const int k = k0 + i;
+      row[i] = -1;
+      s[i] = 0.f;
+      if (k < m.top_k) {
+        int64_t si, r;
+        if (m.perm) {
+          si = (int64_t)t * m.top_k + k;
+          r = m.perm[si];
+          if (r < 0 || r >= m.expert_rows) { bad = true; r = -1; }
+        } else {
+          si = (int64_t)k * m.tokens + t;
+          r = si;
+        }
+        row[i] = r;
+        if (r >= 0) s[i] = m.scales_f32 ? scalar_f32<float>(m.scales, si) : scalar_f32<T>(m.scales, si);
+      }
+    }
+    uint4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; i++)
+      if (row[i] >= 0) v[i] = ld_vec((const char *)m.input + (size_t)row[i] * rb + col);
+    if (k0 == 0) {
+      if (m.shared) Pack<T>::to_f32(sv, acc);
+      else
+#pragma unroll
+        for (int e = 0; e < N; e++) acc[e] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; i++) {
+      if (row[i] >= 0) {
+        float x[N];
+        Pack<T>::to_f32(v[i], x);
+#pragma unroll
+        for (int e = 0; e < N; e++) acc[e] = __fmaf_rn(s[i], x[e], acc[e]);
+      }
+    }
   }
   if (bad)
 #pragma unroll

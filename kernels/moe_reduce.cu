@@ -31,7 +31,12 @@ struct LocalArgs {
   int gemma;
 };
 
-template <typename T>
+/* VM: vectors of a row per thread (1 up to 1024 vectors: hidden 8192 in
+ * bf16/f16; 2 or 4 beyond), so a thread holds only the registers its row
+ * needs and the expert loads of moe_vec stay in flight without spills (the
+ * one kernel with kVM = 4 for every size spilled 300 bytes; VM 4, rows of
+ * more than 2048 vectors, still spills ~100). */
+template <typename T, int VM>
 __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs a) {
   constexpr int N = Pack<T>::N;
   __shared__ float red[33];
@@ -39,22 +44,25 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
   const size_t rb = (size_t)a.hidden * sizeof(T);
   const bool norm = a.weight != nullptr;
   for (int t = blockIdx.x; t < a.m.tokens; t += gridDim.x) {
-    float y[kVM][N];
+    float y[VM][N];
     float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < kVM; k++) {
+    for (int k = 0; k < VM; k++) {
       const int j = threadIdx.x + k * blockDim.x;
       if (j < nv) {
         const size_t off = (size_t)t * rb + (size_t)j * 16;
-        moe_vec<T>(a.m, t, j, rb, y[k]);
+        /* the residual's load goes out with the experts' first batch */
+        uint4 rv = make_uint4(0, 0, 0, 0);
+        const bool res = norm && a.residual;
+        moe_vec<T, VM == 1 ? kBatchMax : 2>(a.m, t, j, rb, y[k], res ? (const char *)a.residual + (size_t)t * rb : nullptr, &rv);
         const uint4 xv = Pack<T>::from_f32(y[k]);
         if (a.out) st_vec((char *)a.out + off, xv);
         if (norm) {
           /* residual_out = round(round(x) + residual): as the unfused path */
-          float r[N];
           Pack<T>::to_f32(xv, y[k]);
-          if (a.residual) {
-            Pack<T>::to_f32(ld_vec((const char *)a.residual + off), r);
+          if (res) {
+            float r[N];
+            Pack<T>::to_f32(rv, r);
 #pragma unroll
             for (int e = 0; e < N; e++) y[k][e] += r[e];
           }
@@ -66,15 +74,30 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
       }
     }
     if (!norm) continue;
+    /* the weight (L2-resident) requested before the block sum, used after it */
+    uint4 wv[VM];
+#pragma unroll
+    for (int k = 0; k < VM; k++) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j < nv) wv[k] = ld_vec((const char *)a.weight + (size_t)j * 16);
+    }
     const float tot = block_sum(ss, red);
     const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
 #pragma unroll
-    for (int k = 0; k < kVM; k++) {
+    for (int k = 0; k < VM; k++) {
       const int j = threadIdx.x + k * blockDim.x;
       if (j < nv)
-        st_vec((char *)a.norm_out + (size_t)t * rb + (size_t)j * 16,
-               norm_vec<T>(y[k], rstd, ld_vec((const char *)a.weight + (size_t)j * 16), a.gemma != 0));
+        st_vec((char *)a.norm_out + (size_t)t * rb + (size_t)j * 16, norm_vec<T>(y[k], rstd, wv[k], a.gemma != 0));
     }
+  }
+}
+
+template <typename T>
+void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const LocalArgs &a) {
+  switch (vm) {
+  case 1: moe_reduce_kernel<T, 1><<<blocks, threads, 0, s>>>(a); break;
+  case 2: moe_reduce_kernel<T, 2><<<blocks, threads, 0, s>>>(a); break;
+  default: moe_reduce_kernel<T, kVM><<<blocks, threads, 0, s>>>(a); break;
   }
 }
 
@@ -131,10 +154,11 @@ extern "C" int weft_cuda_moe_reduce(const void *input, const void *scales, int s
   const int threads = row_threads((int)(hidden * es / 16));
   const int64_t blocks = tokens < 65535 ? tokens : 65535;
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
+  const int nv = (int)(hidden * es / 16), vm = (nv + threads - 1) / threads;
   switch (dtype) {
-  case WEFT_F32: moe_reduce_kernel<float><<<(unsigned)blocks, threads, 0, s>>>(a); break;
-  case WEFT_F16: moe_reduce_kernel<__half><<<(unsigned)blocks, threads, 0, s>>>(a); break;
-  default: moe_reduce_kernel<__nv_bfloat16><<<(unsigned)blocks, threads, 0, s>>>(a); break;
+  case WEFT_F32: launch_vm<float>(vm, (unsigned)blocks, threads, s, a); break;
+  case WEFT_F16: launch_vm<__half>(vm, (unsigned)blocks, threads, s, a); break;
+  default: launch_vm<__nv_bfloat16>(vm, (unsigned)blocks, threads, s, a); break;
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "moe_reduce kernel launch", e);

@@ -31,3 +31,21 @@ fusion-ptxas:
 
 gpu-fusion:
 	scripts/gpu-fusion
+
+# The single-rank kernels of weft.fusion_ext (kernels/moe_reduce.cu, the
+# norm kernel) against a copy kernel moving the same bytes, on one GPU
+# (bench/moe_local_bench.cu; scripts/gpu-fusion --ext / --ext-only).
+MOE_LOCAL_BENCH := $(BUILD)/moe_local_bench
+.PHONY: moe-local-bench
+moe-local-bench: $(MOE_LOCAL_BENCH)
+ifeq ($(WEFT_CUDA),1)
+# against libweft.so, as bench/ar_bench.cu (the library's objects alone lack
+# libcrypto, which libweft.so links)
+$(MOE_LOCAL_BENCH): bench/moe_local_bench.cu src/weft.h $(LIB)
+	@mkdir -p $(BUILD)
+	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+	  -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread
+else
+$(MOE_LOCAL_BENCH):
+	@echo "weft: moe_local_bench needs nvcc (CUDA)" >&2; exit 1
+endif

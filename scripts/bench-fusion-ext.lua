@@ -3,15 +3,8 @@
 -- CUDA-graph replay (a graph of --reps calls, replayed --iters times; per
 -- call: the median replay / reps).
 --
---   luajit scripts/bench-fusion-ext.lua local [--tokens 1,2,4,...,8192] [--hidden 4096,7168]
---        [--top-k 8] [--reps 20] [--iters 15] [--out bench/results]
---     One rank, one GPU: the end of an MoE layer on one rank in one kernel
---     (weft_cuda_moe_reduce with the residual and the norm: top_k expert rows,
---     the shared expert's row and the residual in, residual_out and norm_out
---     out) against the unfused pair (the MoE reduction, then the norm kernel)
---     and against a device-to-device copy moving the same bytes (read +
---     written): the fraction of copy bandwidth the kernel reaches.
---     Writes fusion-ext-local-<machine>-<date>.{json,md}.
+--   The single-rank kernels (one GPU, against a copy kernel moving the same
+--   bytes): bench/moe_local_bench.cu (make moe-local-bench).
 --
 --   scripts/weft-run -n N scripts/bench-fusion-ext.lua ranks [--tokens ...] [--hidden ...]
 --        [--top-k 8] [--patterns moe,finalize,prepost,rs] [--smoke]
@@ -32,8 +25,9 @@ local bench = require "weft.bench"
 local fmt = string.format
 
 local mode = arg[1]
-if mode ~= "local" and mode ~= "ranks" then
-  io.stderr:write("usage: bench-fusion-ext.lua local|ranks [--tokens a,b] [--hidden a,b] [--top-k K] ...\n")
+if mode ~= "ranks" then
+  io.stderr:write("usage: bench-fusion-ext.lua ranks [--tokens a,b] [--hidden a,b] [--top-k K] ...\n"
+                  .. "(one rank's kernels against copy bandwidth: build/moe_local_bench)\n")
   os.exit(2)
 end
 local rest = {}
@@ -70,65 +64,7 @@ end
 
 local date = os.date("!%Y-%m-%d")
 local machine = bench.machine_name(cuda.available() and cuda.device_name(cuda.current_device()) or "none",
-                                   mode == "local" and 1 or tonumber(os.getenv("WORLD_SIZE") or "1"))
-
----------------------------------------------------------------- one rank
-if mode == "local" then
-  local dev = "cuda:" .. cuda.current_device()
-  local K = o.top_k
-  local rows, md = {}, {}
-  for _, H in ipairs(nums(o.hidden)) do
-    for _, Tn in ipairs(nums(o.tokens)) do
-      local x = T.randn({ K, Tn, H }, "bf16", dev, { seed = 1 })
-      local sc = T.rand({ K, Tn }, "f32", dev, { seed = 2 })
-      local sh = T.randn({ Tn, H }, "bf16", dev, { seed = 3 })
-      local res = T.randn({ Tn, H }, "bf16", dev, { seed = 4 })
-      local w = T.randn({ H }, "bf16", dev, { seed = 5 })
-      local ro, no, part = T.empty({ Tn, H }, "bf16", dev), T.empty({ Tn, H }, "bf16", dev), T.empty({ Tn, H }, "bf16", dev)
-      local row = H * 2
-      local bytes = (K + 2) * Tn * row + Tn * K * 4 + row + 2 * Tn * row   -- in: experts, shared, residual, scales, weight; out: 2 rows
-      local cpy_n = math.floor(bytes / 2 / 16) * 16                        -- a copy of n bytes moves 2n
-      local src, dst = T.empty({ cpy_n / 2 }, "bf16", dev), T.empty({ cpy_n / 2 }, "bf16", dev)
-      local function fused()
-        local s = cuda.current_stream()
-        assert(C.weft_cuda_moe_reduce(x.ptr, sc.ptr, 0, nil, K * Tn, sh.ptr, nil, res.ptr, w.ptr, ro.ptr, no.ptr,
-                                      Tn, H, K, 2, 1e-6, 0, s.handle) == 0)
-      end
-      local function unfused()
-        local s = cuda.current_stream()
-        assert(C.weft_cuda_moe_reduce(x.ptr, sc.ptr, 0, nil, K * Tn, sh.ptr, part.ptr, nil, nil, nil, nil,
-                                      Tn, H, K, 2, 1e-6, 0, s.handle) == 0)
-        cuda.rmsnorm(part, res, w, 1e-6, { out = no, residual_out = ro, stream = s })
-      end
-      local function copy() cuda.copy_async(dst.ptr, src.ptr, cpy_n, cuda.current_stream()) end
-      local tf, tu, tc = time_graph(fused), time_graph(unfused), time_graph(copy)
-      local r = { hidden = H, tokens = Tn, top_k = K, bytes = bytes, fused_us = tf, unfused_us = tu, copy_us = tc,
-                  fused_gbs = bytes / tf / 1e3, copy_gbs = 2 * cpy_n / tc / 1e3 }
-      r.of_copy = r.fused_gbs / r.copy_gbs
-      rows[#rows + 1] = r
-      md[#md + 1] = { tostring(H), tostring(Tn), bench.human_bytes(bytes), fmt("%.2f", tf), fmt("%.2f", tu),
-                      fmt("%.2f", tc), fmt("%.0f", r.fused_gbs), fmt("%.0f", r.copy_gbs), fmt("%.1f %%", 100 * r.of_copy) }
-      io.write(fmt("H %d T %d: fused %.2f us (%.0f GB/s), unfused %.2f us, copy %.2f us (%.0f GB/s): %.1f %% of copy\n",
-                   H, Tn, tf, r.fused_gbs, tu, tc, r.copy_gbs, 100 * r.of_copy))
-      io.stdout:flush()
-      for _, t in ipairs { x, sc, sh, res, w, ro, no, part, src, dst } do t:free() end
-    end
-  end
-  local doc = { kind = "fusion-ext-local", machine = machine, date = date, commit = bench.commit(),
-                method = fmt("graph of %d calls replayed %d times, median per call; bf16, top_k %d, shared expert on", o.reps, o.iters, o.top_k),
-                rows = rows }
-  local base = fmt("%s/fusion-ext-local-%s-%s", o.out, machine, date)
-  os.execute("mkdir -p '" .. o.out .. "'")
-  local f = assert(io.open(base .. ".json", "w")); f:write(bench.json(doc, "  "), "\n"); f:close()
-  local text = { fmt("# The end of an MoE layer on one rank (%s, %s, commit %s)", machine, date, doc.commit), "",
-                 doc.method .. ". fused: one kernel (MoE reduction + residual + RMSNorm, weft_cuda_moe_reduce); "
-                 .. "unfused: the reduction kernel, then weft_cuda_rmsnorm; copy: cudaMemcpyAsync device to device "
-                 .. "moving the same bytes (read + written); % of copy = fused GB/s / copy GB/s.", "",
-                 bench.table({ "hidden", "tokens", "bytes", "fused µs", "unfused µs", "copy µs", "fused GB/s", "copy GB/s", "% of copy" }, md) }
-  local fo = assert(io.open(base .. ".md", "w")); fo:write(table.concat(text, "\n")); fo:close()
-  print("wrote " .. base .. ".json and .md")
-  os.exit(0)
-end
+                                   tonumber(os.getenv("WORLD_SIZE") or "1"))
 
 ---------------------------------------------------------------- N ranks
 local world = weft.init { timeout_ms = 60000 }

@@ -143,6 +143,31 @@ describe("every pattern against f64", function()
     passes(run(4, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,5 WEFT_ALLOW_SHARED_GPU=1 "
                   .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 13)
   end)
+  -- a peer that never arrives at the fused calls (the rehearsal of
+  -- tests/gpu_fusion_ext_spec.lua's fault runs): every other rank fails
+  -- within the timeout naming the group, the method and the late rank
+  local FAULT_ENV = "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "
+  local function survivors_named(out, n, victim)
+    for r = 0, n - 1 do
+      if r ~= victim then
+        assert.is_truthy(out:find("[rank" .. r .. "] PASS killed", 1, true), ("rank %d:\n%s"):format(r, out))
+      end
+    end
+    assert.is_nil(out:match("FAIL [^\n]*"), out)
+  end
+  it("a pretend GPU, 4 ranks: a rank that leaves during fused_moe_allreduce_rmsnorm", function()
+    local t0 = os.time()
+    local out = run(4, FAULT_ENV .. "WEFT_TIMEOUT_MS=5000 FX_KILL=2 FX_KILL_OP=moe")
+    assert.is_truthy(out:find("[rank2] LEAVING", 1, true), out)
+    survivors_named(out, 4, 2)
+    assert.is_true(os.time() - t0 < 60, "took " .. (os.time() - t0) .. " s")
+  end)
+  it("a pretend GPU, 4 ranks: a rank that stalls past the timeout during fused_reduce_scatter_rmsnorm", function()
+    local out = run(4, FAULT_ENV .. "WEFT_TIMEOUT_MS=5000 FX_KILL=1 FX_KILL_OP=rs FX_KILL_HOW=stall")
+    assert.is_truthy(out:find("[rank1] STALLING", 1, true), out)
+    survivors_named(out, 4, 1)
+    assert.is_truthy(out:find("[rank1] PASS stalled", 1, true), out)
+  end)
 end)
 
 describe("weft.fusion_ext decision (the policy rule's checks)", function()

@@ -9,7 +9,12 @@
 -- new data, explain, deterministic mode, refusals. Needs one GPU and
 -- nvidia-cuda-mps-control (else pending). With $OUT set, each world's output
 -- is kept there (fusion-ext-w<W>.log). FX_WORLDS narrows the worlds, FX_TIMEOUT_S
--- bounds each (default 200).
+-- bounds each (default 200). Then a peer that never arrives (world 4): a
+-- rank that leaves during fused_moe_allreduce_rmsnorm calls, one that stalls
+-- past the timeout during fused_reduce_scatter_rmsnorm calls: every other
+-- rank fails within the timeout (+ 3 s) naming the group, the method and
+-- the late rank; the stalled rank's late call ends too; nothing hangs
+-- (FX_NO_FAULTS=1 skips them; logs fusion-ext-leave.log, fusion-ext-stall.log).
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
@@ -38,6 +43,19 @@ local function run(w)
   return out, rc
 end
 
+-- a fault run at world 4 (tests/helpers/fusion_ext_ranks.lua FX_KILL)
+local function fault_run(env, log)
+  local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=4096 WEFT_TIMEOUT_MS=8000 %s LUA_PATH='%s/tests/?.lua;;' "
+                              .. "timeout 120 scripts/weft-mps -n 4 -- scripts/weft-run -n 4 --timeout 100 "
+                              .. "tests/helpers/fusion_ext_ranks.lua"):format(env, os.getenv("PWD") or "."))
+  local dir = os.getenv("OUT")
+  if dir and dir ~= "" then
+    local f = io.open(dir .. "/" .. log, "w")
+    if f then f:write(out); f:close() end
+  end
+  return out, rc
+end
+
 local worlds = {}
 for v in (os.getenv("FX_WORLDS") or "1,2,4,6,8"):gmatch("%d+") do worlds[#worlds + 1] = tonumber(v) end
 
@@ -52,6 +70,33 @@ describe("#gpu fusion_ext patterns (shared GPU, MPS)", function()
       local k = 0
       for _ in out:gmatch("%] PASS ") do k = k + 1 end
       assert.are.equal(w * checks(w), k, out:sub(-4000))
+    end)
+  end
+
+  local function survivors_named(out, victim)
+    for r = 0, 3 do
+      if r ~= victim then
+        assert.is_truthy(out:find("[rank" .. r .. "] PASS killed", 1, true),
+                         ("rank %d did not report the late rank:\n%s"):format(r, out:sub(-4000)))
+      end
+    end
+    assert.is_nil(out:match("FAIL [^\n]*"), out:sub(-4000))
+  end
+  for _, f in ipairs {
+    { "a rank that leaves during fused_moe_allreduce_rmsnorm", "FX_KILL=2 FX_KILL_OP=moe", "fusion-ext-leave.log", 2, "LEAVING" },
+    { "a rank that stalls past the timeout during fused_reduce_scatter_rmsnorm", "FX_KILL=1 FX_KILL_OP=rs FX_KILL_HOW=stall",
+      "fusion-ext-stall.log", 1, "STALLING" },
+  } do
+    it("world 4: " .. f[1] .. ": every other rank fails naming it, nothing hangs", function()
+      if not G.need_gpus(1, function(why) pending(why) end) then return end
+      if os.getenv("FX_NO_FAULTS") == "1" then pending("FX_NO_FAULTS=1"); return end
+      local t0 = os.time()
+      local out, rc = fault_run(f[2], f[3])
+      if rc == 77 then pending(out:match("weft%-mps: ([^\n]*)") or "MPS cannot start here"); return end
+      assert.is_truthy(out:find("[rank" .. f[4] .. "] " .. f[5], 1, true), out:sub(-4000))
+      survivors_named(out, f[4])
+      if f[5] == "STALLING" then assert.is_truthy(out:find("[rank1] PASS stalled", 1, true), out:sub(-4000)) end
+      assert.is_true(os.time() - t0 < 100, "took " .. (os.time() - t0) .. " s")
     end)
   end
 end)

@@ -188,12 +188,26 @@ int weft_fusion_ext_abort(weft_fusion_ext *f) { (void)f; return nodev("fusion_ex
 
 #else
 
+/* The kernel reports the wait in the low 4 bits of the error word's site
+ * byte and the call's pattern in the high 4 (kernels/fused_ext.cu), so the
+ * error names the operation that a late peer left waiting. */
 static const char *site_name(unsigned site) {
-  switch (site) {
-    case WFX_SITE_PUSH: return "flag after the peers' pushes (one-shot / reduce-scatter)";
-    case WFX_SITE_GATHER: return "all-gather flag (two-shot)";
-    default: return "unknown wait";
-  }
+  static const char *const names[5][2] = {
+    {"flag after the peers' pushes (one-shot / reduce-scatter)", "all-gather flag (two-shot)"},
+    {"flag after the peers' pushes of the MoE + all-reduce + RMSNorm kernel (fused_moe_allreduce_rmsnorm)",
+     "all-gather flag of the MoE + all-reduce + RMSNorm kernel (fused_moe_allreduce_rmsnorm, two-shot)"},
+    {"flag after the peers' pushes of the MoE finalize + all-reduce + RMSNorm kernel "
+     "(fused_moe_finalize_allreduce_rmsnorm)",
+     "all-gather flag of the MoE finalize + all-reduce + RMSNorm kernel (fused_moe_finalize_allreduce_rmsnorm, "
+     "two-shot)"},
+    {"flag after the peers' pushes of the all-reduce + pre/post RMSNorm kernel (fused_allreduce_prepost_rmsnorm)",
+     "all-gather flag of the all-reduce + pre/post RMSNorm kernel (fused_allreduce_prepost_rmsnorm, two-shot)"},
+    {"flag after the peers' pushes of the reduce-scatter + RMSNorm kernel (fused_reduce_scatter_rmsnorm)",
+     "all-gather flag of the reduce-scatter + RMSNorm kernel (fused_reduce_scatter_rmsnorm)"},
+  };
+  const unsigned wait = site & 15u, pat = site >> 4;
+  if (wait != WFX_SITE_PUSH && wait != WFX_SITE_GATHER) return "unknown wait";
+  return names[pat <= 4 ? pat : 0][wait - 1];
 }
 
 static const wf_dc_names NAMES = {

@@ -548,6 +548,10 @@ function M.install()
   -- the real host norm; records each run's pattern and algorithm.
   local fxs = {}
   M.fx_runs = {}
+  local FX_PATTERN = { "MoE + all-reduce + RMSNorm (fused_moe_allreduce_rmsnorm)",
+                       "MoE finalize + all-reduce + RMSNorm (fused_moe_finalize_allreduce_rmsnorm)",
+                       "all-reduce + pre/post RMSNorm (fused_allreduce_prepost_rmsnorm)",
+                       "reduce-scatter + RMSNorm (fused_reduce_scatter_rmsnorm)" }
   F.weft_cuda_moe_reduce = function(inp, sc, sdt, perm, rows, shared, out, res, w, res_out, norm_out,
                                     tokens, hidden, top_k, dtype, eps, flags)
     local n = tonumber(tokens) * tonumber(hidden)
@@ -604,7 +608,9 @@ function M.install()
     for _, k in ipairs { "input", "scales", "permutation", "shared_output", "residual", "weight", "weight_pre",
                          "residual_out", "norm_out", "gathered_out" } do c[k] = p[k] end
     local top_k, rows, sdt, eps, eps_pre = p.top_k, p.expert_rows, (p.flags >= 32) and dtype or 0, p.eps, p.eps_pre
-    return defer(function()
+    -- a peer that never arrives: the collective's bounded wait fails, named
+    -- as the real run names a failed call (group, rank, pattern)
+    local okr, rc = pcall(defer, function()
       local part = R.weft_host_alloc(n * es)
       if pat <= 2 then
         local perm = pat == 2 and c.permutation or nil
@@ -639,6 +645,9 @@ function M.install()
       end
       R.weft_host_free(part)
     end)
+    if okr then return rc end
+    return fail(-2, ("fusion_ext run (group '%s', rank %d, %s): %s"):format(tostring(s.g.name), me, FX_PATTERN[pat] or "?",
+                                                                          tostring(rc)))
   end
   return M
 end

@@ -10,6 +10,12 @@
 -- "PASS <name>" / "FAIL <name>: why" per check, "DONE <n> failed".
 -- Env: FX_DEVICE=1 (device tensors), FX_HIDDEN (comma list, default 256),
 -- FX_TOKENS (default 1,7,33), FX_DTYPES (default bf16,f16).
+-- FX_KILL=r: instead of the checks, rank r never arrives at a fused call
+-- (FX_KILL_HOW=leave: it exits; stall: it sleeps past the timeout, then
+-- makes the call late) during FX_KILL_OP (moe | rs) calls: every other rank
+-- must fail within the timeout naming the group, the operation and rank r,
+-- and nothing may hang ("PASS killed" / "FAIL killed", "LEAVING",
+-- "STALLING", "PASS stalled").
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 local fake = nil
@@ -23,7 +29,7 @@ local G = require "helpers.gpu_ranks"
 local policy = require "weft.policy"
 local T = weft.tensor
 
-local world = weft.init { timeout_ms = 60000 }
+local world = weft.init { timeout_ms = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000 }
 local me, W = world.rank, world.world_size
 local ON_DEV = os.getenv("FX_DEVICE") == "1"
 local DEV = ON_DEV and ("cuda:" .. require("weft.cuda").current_device()) or "cpu"
@@ -248,6 +254,7 @@ local function equal_bytes(a, b, what)
   return want(eq, "%s: not bit-identical", what)
 end
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
+pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 
 local SEED = 1
 local function run_case(cs, label)
@@ -306,6 +313,60 @@ local function run_case(cs, label)
   if dwp ~= weight_pre then dwp:free() end
   if residual ~= resid_full then residual:free() end
   resid_full:free(); weight:free(); weight_pre:free()
+end
+
+---------------------------------------------------------------- a peer that never arrives
+local victim = tonumber(os.getenv("FX_KILL") or "")
+if victim then
+  local op = os.getenv("FX_KILL_OP") or "moe"
+  local how = os.getenv("FX_KILL_HOW") or "leave"
+  local tmo_s = (tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000) / 1000
+  local method = op == "rs" and "fused_reduce_scatter_rmsnorm" or "fused_moe_allreduce_rmsnorm"
+  local cuda = ON_DEV and require("weft.cuda") or nil
+  local dt, H = DTYPES[1], HIDDEN[1]
+  local cs = { pattern = op == "rs" and "rs" or "moe", dtype = dt, tokens = op == "rs" and 2 * W or 5, hidden = H,
+               top_k = 2, shared = true, eps = 1e-6, scales_dtype = "f32", seed = 31 }
+  local rows = op == "rs" and 2 or cs.tokens
+  local t = on_device(inputs(cs, me))
+  local res, w = dev(gen({ rows, H }, dt, 32)), dev(gen({ H }, dt, 33))
+  local no, ro = T.empty({ rows, H }, dt, DEV), T.empty({ rows, H }, dt, DEV)
+  local go = op == "rs" and T.empty({ cs.tokens, H }, dt, DEV) or nil
+  local function once()
+    call(cs, t, res, w, w, { norm_out = no, residual_out = ro, gathered_out = go })
+    if cuda then cuda.synchronize() end
+  end
+  local function say(fmt_, ...)
+    print((fmt_):format(...))
+    io.stdout:flush()
+  end
+  local function flat(e) return (tostring(e):gsub("\n", " | ")) end
+  once()
+  if W > 1 and world:fusion_ext_last() ~= "fused" then say("FAIL killed: the warm-up call took the %s path", tostring(world:fusion_ext_last())) end
+  world:barrier()
+  if me == victim then
+    if how == "leave" then say("LEAVING"); os.exit(0, false) end
+    say("STALLING")
+    ffi.C.poll(nil, 0, math.floor((tmo_s + 1) * 1000))
+    local t0 = weft.now_us()
+    local ok, err = pcall(once)
+    local s = (weft.now_us() - t0) / 1e6
+    -- its late call ends within its own bound, failed or not (its peers gave up)
+    if s <= tmo_s + 3 then say("PASS stalled (%.1f s, %s)", s, ok and "completed" or flat(err))
+    else say("FAIL stalled: the late call took %.1f s (bound %.0f s): %s", s, tmo_s, ok and "completed" or flat(err)) end
+    os.exit(0, false)
+  end
+  local t0 = weft.now_us()
+  local ok, err = pcall(function() for _ = 1, 1000000 do once() end end)
+  local s = (weft.now_us() - t0) / 1e6
+  local e = flat(err)
+  if ok then say("FAIL killed: no error after rank %d %s", victim, how == "leave" and "left" or "stalled")
+  elseif not e:find("rank " .. victim .. "[^%d]") and not e:find("rank " .. victim .. "$") then
+    say("FAIL killed: the error does not name rank %d (%.1f s): %s", victim, s, e)
+  elseif not e:find("world", 1, true) then say("FAIL killed: the error does not name the group (%.1f s): %s", s, e)
+  elseif not e:find(method, 1, true) then say("FAIL killed: the error does not name %s (%.1f s): %s", method, s, e)
+  elseif s > tmo_s + 3 then say("FAIL killed: %.1f s, past the timeout (%.0f s) + 3 s: %s", s, tmo_s, e)
+  else say("PASS killed (%.1f s): %s", s, e) end
+  os.exit(0, false)
 end
 
 ---------------------------------------------------------------- the checks
