@@ -497,6 +497,15 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
 enum { WEFT_QR_FP = 0, WEFT_QR_INT8 = 1, WEFT_QR_INT4 = 2, WEFT_QR_FP8 = 3 };
 int weft_qr_reference(int codec, int dtype, int world, const void *const *inputs, void *out, size_t count);
 int weft_qr_wire_bytes(int codec, size_t count, size_t *bytes);
+/* The fused quick two-shot (weft_fusion_params.quick) on the CPU: inputs[r]
+ * rank r's [tokens][hidden], blocks of 32 from each row's start; writes
+ * residual_out (the kernel's bits) and, when norm_out is not NULL, the norm
+ * of residual_out in f64 rounded to dtype (the kernel's norm differs from it by
+ * its f32 roundings only; its bits are weft_cuda_rmsnorm's of residual_out).
+ * gemma: weight + 1. sum_out (optional): the all-reduced value (dtype). */
+int weft_qr_fused_reference(int codec, int dtype, int world, const void *const *inputs, const void *residual,
+                            const void *weight, float eps, int gemma, int64_t tokens, int64_t hidden,
+                            void *sum_out, void *residual_out, void *norm_out);
 int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in, void *wire, void *out,
                        size_t count, void *stream);
 
@@ -557,6 +566,11 @@ typedef struct weft_fusion_params {
   const float *scale;          /* FP8: device pointer to the dequantisation scale */
   float eps;
   void *stream;
+  int quick;                   /* 0: exact; WEFT_QR_INT8, _INT4, _FP8: the quick two-shot
+                                  (kernels/quick_fused.cu, docs/quick-allreduce.md): AR_RMSNORM,
+                                  bf16/f16, worlds 2/4/6/8; the sum travels in that codec (32-element
+                                  blocks from each row's start), residual_out = round(round(decoded
+                                  sum) + residual): weft_qr_fused_reference's bits */
 } weft_fusion_params;
 typedef struct weft_fusion_info {
   int rank, world, dtype;

@@ -11,7 +11,7 @@
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
-local CHECKS = { "bounds", "nan_inf", "graph", "async", "determinism", "large" }
+local CHECKS = { "bounds", "nan_inf", "graph", "async", "determinism", "large", "fused" }
 
 local runs = {}
 local function run(w, env, log)

@@ -182,3 +182,86 @@ describe("quick all-reduce codec (CPU reference)", function()
     assert.are.equal(math.huge, (Q.min_bytes("f32", 2, "int8", false)))
   end)
 end)
+
+-- The fused quick two-shot's reference (weft_qr_fused_reference; the GPU
+-- kernel is held to its residual_out bit for bit by tests/gpu_quick_spec.lua):
+-- blocks from each row's start; the all-reduced value equals the quick
+-- all-reduce's when rows are a multiple of 32; residual_out and norm_out
+-- within weft.quick.fused_bounds of the f64 computation.
+describe("fused quick two-shot (CPU reference)", function()
+  local function case(dt, W, class, tk, h)
+    local xs, ins = {}, {}
+    for r = 0, W - 1 do
+      ins[r + 1] = T.from_table(QC.values(class, dt, W, tk * h, r), dt, { tk, h }, "cpu")
+      xs[r + 1] = ins[r + 1]:to_table()
+    end
+    local res = T.randn({ tk, h }, dt, "cpu", { seed = 5 + W })
+    local wv, u = {}, QC.rng(9)
+    for j = 1, h do wv[j] = 0.5 + u() end
+    return xs, ins, res, T.from_table(wv, dt, { h }, "cpu")
+  end
+
+  it("rows of a multiple of 32: the all-reduced value is the quick all-reduce's, bit for bit", function()
+    for _, codec in ipairs { "int8", "int4", "fp8" } do
+      local _, ins, res, w = case("bf16", 4, "outliers", 5, 512)
+      local sum = Q.fused_reference(codec, "bf16", ins, res, w, 1e-6)
+      local flat = {}
+      for r = 1, 4 do flat[r] = T.from_table(ins[r]:to_table(), "bf16", { 5 * 512 }, "cpu") end
+      local ar = Q.reference(codec, "bf16", flat)
+      assert.are.same(QC.bits(ar), QC.bits(sum))
+    end
+  end)
+
+  it("rows of 200: blocks restart at each row (not the quick all-reduce's buffer blocks)", function()
+    local _, ins, res, w = case("bf16", 2, "outliers", 3, 200)
+    local sum = Q.fused_reference("int4", "bf16", ins, res, w, 1e-6)
+    local flat = {}
+    for r = 1, 2 do flat[r] = T.from_table(ins[r]:to_table(), "bf16", { 600 }, "cpu") end
+    local a, b = QC.bits(Q.reference("int4", "bf16", flat)), QC.bits(sum)
+    local same = true
+    for i = 201, 600 do if a[i] ~= b[i] then same = false end end
+    assert.is_false(same, "row 2 is blocked as the buffer would be")
+  end)
+
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, W in ipairs { 2, 4, 6, 8 } do
+      it(("%s world %d: residual_out and norm_out within the stated bounds (not vacuous), every codec, rows of 512 "
+          .. "and 200"):format(dt, W), function()
+        local used = 0   -- the largest share of norm_out's bound an element uses
+        for _, shp in ipairs { { 3, 512 }, { 4, 200 } } do
+          for _, class in ipairs { "normal", "outliers" } do
+            local tk, h = shp[1], shp[2]
+            local xs, ins, res, w = case(dt, W, class, tk, h)
+            local rv, wv = res:to_table(), w:to_table()
+            for _, codec in ipairs { "int8", "int4", "fp8" } do
+              local _, ro, no = Q.fused_reference(codec, dt, ins, res, w, 1e-5)
+              local got = ro:to_table()
+              local b = Q.fused_bounds(codec, dt, xs, rv, wv, h, 1e-5, false, got)
+              local ex, exn = {}, {}
+              for t0 = 0, tk - 1 do
+                local ss = 0
+                for k = 1, h do
+                  local e = rv[t0 * h + k]
+                  for r = 1, W do e = e + xs[r][t0 * h + k] end
+                  ex[t0 * h + k], ss = e, ss + e * e
+                end
+                local rs = 1 / math.sqrt(ss / h + 1e-5)
+                for k = 1, h do exn[t0 * h + k] = ex[t0 * h + k] * rs * wv[k] end
+              end
+              local what = ("%s %s W=%d %s %dx%d"):format(codec, dt, W, class, tk, h)
+              local i, g, e, bb = QC.violation(got, ex, b.res)
+              assert(i == nil, ("%s residual_out element %s: %s, exact %s, bound %s"):format(what, tostring(i),
+                     tostring(g), tostring(e), tostring(bb)))
+              local nv = no:to_table()
+              i, g, e, bb = QC.violation(nv, exn, b.norm)
+              assert(i == nil, ("%s norm_out element %s: %s, exact %s, bound %s"):format(what, tostring(i),
+                     tostring(g), tostring(e), tostring(bb)))
+              for k = 1, #nv do used = math.max(used, math.abs(nv[k] - exn[k]) / b.norm[k]) end
+            end
+          end
+        end
+        assert(used > 0.15, ("the worst norm_out element uses only %.3f of its bound"):format(used))
+      end)
+    end
+  end
+end)

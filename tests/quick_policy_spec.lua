@@ -128,7 +128,7 @@ describe("quick all-reduce on 2 ranks over a pretend GPU", function()
   end
 
   it("agrees, routes, explains, refuses; async and graphs take the quick kernel", function()
-    passes(run("tests/helpers/quick_ranks.lua", 2), 2, 8)
+    passes(run("tests/helpers/quick_ranks.lua", 2), 2, 9)
   end)
 
   it("WEFT_QUICK_ALLREDUCE on every rank is the group's setting", function()
@@ -138,8 +138,8 @@ describe("quick all-reduce on 2 ranks over a pretend GPU", function()
   end)
 
   it("rehearses the GPU worker at worlds 2 and 4", function()
-    passes(run("tests/helpers/gpu_quick_worker.lua", 2), 2, 6)
+    passes(run("tests/helpers/gpu_quick_worker.lua", 2), 2, 7)
     passes(run("tests/helpers/gpu_quick_worker.lua", 4,
-               "WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 6)
+               "WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 7)
   end)
 end)

@@ -264,7 +264,8 @@ function M.fused(g, x, residual, weight, eps, opts)
   on_device(g, op, d, x); on_device(g, op, d, residual); on_device(g, op, d, weight)
   on_device(g, op, d, opts.norm_out); on_device(g, op, d, opts.residual_out); on_device(g, op, d, opts.quant_out)
 
-  local path, why, algo = M.fused_decision(g, x, residual, weight, opts)
+  local path, why, algo, _, quick = M.fused_decision(g, x, residual, weight, opts)
+  if path == "error" then error("weft: " .. op .. ": " .. why, 0) end
   local norm_out = opts.norm_out or tm.empty(x.shape, x.dtype, x.device)
   local res_out = opts.residual_out or tm.empty(x.shape, x.dtype, x.device)
   local quant_out = fp8 and (opts.quant_out or tm.empty(x.shape, "f8e4m3", x.device)) or nil
@@ -277,6 +278,7 @@ function M.fused(g, x, residual, weight, eps, opts)
     fo.max_tokens, fo.algo, fo.gemma, fo.pdl = fused_tokens_cap(opts), algo, opts.gemma, opts.pdl
     fo.fp32_acc, fo.trigger_completion_at_end = opts.fp32_acc, opts.trigger_completion_at_end
     fo.deterministic = det
+    fo.quick = quick
     fo.use_attn_tp_group, fo.norm_out, fo.residual_out = opts.use_attn_tp_group, norm_out, res_out
     fo.quant_out, fo.scale = quant_out, scale_t
     fo.stream = opts.stream ~= nil and CUDA().stream_handle(opts.stream) or nil
@@ -294,9 +296,11 @@ function M.fused(g, x, residual, weight, eps, opts)
   local xc, rc, wc = x:contiguous(), residual:contiguous(), weight:contiguous()
   local src = xc
   if g.world_size > 1 then
-    -- exact whatever the quick all-reduce setting: the fused kernel has no
-    -- compressed variant, and both paths must give the same numbers
-    g._no_quick = true
+    -- the quick all-reduce exactly when the fused kernel would have taken its
+    -- quick two-shot (same setting, same size rule): with rows of a multiple
+    -- of 32 elements both paths give the same bits
+    local qc = K.quick_fused_pick(g, x, opts)
+    g._no_quick = qc == nil or nil
     local ok, err = pcall(g.all_reduce, g, xc, "sum", norm_out)
     g._no_quick = nil
     if not ok then error(err, 0) end
@@ -397,8 +401,10 @@ function M.choice(g, op, t, opts)
     return AR_NAME[g._ar_pick or 0], why
   end
   if op == "fused_allreduce_rmsnorm" and be == "fused" then
-    local path, fwhy, algo = M.fused_decision(g, t, nil, nil, opts or {})
+    local path, fwhy, algo, _, quick = M.fused_decision(g, t, nil, nil, opts or {})
+    if path == "error" then return nil, fwhy end
     if path ~= "fused" then return "unfused", fwhy end
+    if quick then return "fused_quick_" .. quick, fwhy end
     return "fused_" .. algo, fwhy
   end
   return be, why

@@ -43,6 +43,8 @@ M.ALGO = { auto = 0, oneshot = 1, twoshot = 2 }
 M.FLAG = { gemma = 1, fp32_acc = 2, pdl = 4, trigger_at_end = 8, deterministic = 16 }
 M.DTYPE = { f32 = 0, f16 = 1, bf16 = 2 }
 local DTYPE, ESIZE = M.DTYPE, { f32 = 4, f16 = 2, bf16 = 2 }
+M.QUICK = { int8 = 1, int4 = 2, fp8 = 3 }   -- weft_fusion_params.quick (WEFT_QR_*)
+local QUICK = M.QUICK
 local ALGO, PATTERN, FLAG = M.ALGO, M.PATTERN, M.FLAG
 
 local function fail(op, fmt, ...)
@@ -334,7 +336,9 @@ local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
 -- true), deterministic (the bit-identical variant, WEFT_FUSION_DETERMINISTIC),
 -- norm_out=, residual_out= (preallocated outputs), stream (raw
 -- cudaStream_t), quant_out= with scale= (FP8 pattern: an e4m3 tensor like x
--- and a device f32 tensor of one element; weft.device_backends checks them).
+-- and a device f32 tensor of one element; weft.device_backends checks them),
+-- quick= "int8"|"int4"|"fp8" (the quick two-shot: the sum on a compressed
+-- wire, docs/quick-allreduce.md; weft.device_backends sets it from the policy).
 -- Errors (raised): dtype mix, shape mismatch, hidden not a multiple of 8,
 -- tokens above max_tokens, an unsupported dtype.
 function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
@@ -394,6 +398,10 @@ function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
     p.pattern, p.quant_out, p.scale = PATTERN.ar_rmsnorm_fp8, opts.quant_out.ptr, opts.scale.ptr
   end
   p.eps, p.stream = eps, opts.stream
+  p.quick = 0
+  if opts.quick ~= nil then   -- the quick two-shot (kernels/quick_fused.cu): int8 / int4 / fp8 on the wire
+    p.quick = QUICK[opts.quick] or fail(op, "quick codec %s is not int8, int4 or fp8", tostring(opts.quick))
+  end
   local ok, err = B.run(mgr.ws, p)
   if not ok then error("weft: " .. op .. ": " .. tostring(err), 2) end
   self.last_reason = "fused kernel (" .. mgr.kind .. " workspace)"

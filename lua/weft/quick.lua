@@ -100,6 +100,33 @@ function M.reference(codec, dtype, inputs)
   return out
 end
 
+-- fused_reference(codec, dtype, inputs, residual, weight, eps [, gemma])
+--   -> sum, residual_out, norm_out (host tensors shaped like inputs[1]): the
+-- fused quick two-shot (kernels/quick_fused.cu) on the CPU
+-- (weft_qr_fused_reference): sum = the all-reduced value, residual_out the
+-- kernel's bits, norm_out the f64 norm of residual_out rounded to dtype.
+function M.fused_reference(codec, dtype, inputs, residual, weight, eps, gemma)
+  local T = require "weft.tensor"
+  local c = M.CODECS[codec]
+  if c == nil then error("weft: quick.fused_reference: unknown codec " .. tostring(codec), 2) end
+  local sh = inputs[1].shape
+  local hidden = sh[#sh]
+  local n = inputs[1].numel
+  local ptrs = ffi.new("const void *[?]", #inputs)
+  for i, x in ipairs(inputs) do
+    if x.numel ~= n or x.dtype ~= dtype then error("weft: quick.fused_reference: inputs differ in size or dtype", 2) end
+    ptrs[i - 1] = x.ptr
+  end
+  local code = dtype == "bf16" and 2 or dtype == "f16" and 1 or nil
+  if code == nil then error("weft: quick.fused_reference: dtype " .. tostring(dtype) .. " is not bf16 or f16", 2) end
+  local sum, ro, no = T.empty(sh, dtype, "cpu"), T.empty(sh, dtype, "cpu"), T.empty(sh, dtype, "cpu")
+  if lib().weft_qr_fused_reference(c, code, #inputs, ptrs, residual.ptr, weight.ptr, eps, gemma and 1 or 0,
+                                   n / hidden, hidden, sum.ptr, ro.ptr, no.ptr) ~= 0 then
+    error("weft: quick.fused_reference: " .. ffi.string(lib().weft_last_error()), 2)
+  end
+  return sum, ro, no
+end
+
 ---------------------------------------------------------------- the bound
 -- Unit roundoff and half the smallest subnormal of the output dtype.
 local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
@@ -158,6 +185,55 @@ function M.bounds(codec, dtype, xs, n)
         else e = e + az / M.QMAX[codec] / 2 * SLACK + ABS end
       end
       out[i] = e + U[dtype] * (abs(ex[i]) + e) + TINY[dtype]
+    end
+  end
+  return out
+end
+
+-- fused_bounds(codec, dtype, xs, res, w, hidden, eps, gemma, got_res)
+--   -> { sum = {...}, res = {...}, norm = {...} }: per element bounds of the
+-- fused quick two-shot against the exact f64 computation. xs[r][i], res[i],
+-- w[j]: numbers (finite, as the dtype holds them); got_res[i]: the kernel's
+-- residual_out (its norm's rstd is computed from it). Per row (blocks from
+-- the row's start): sum: M.bounds on the row (b_i); residual_out:
+-- b_i (1 + u) + u |S_i + r_i| + tiny (one more rounding); norm: with e_i that
+-- bound, rstd' = rstd of got_res, rstd* = rstd of the exact y* = S + r,
+-- |n_i - n*_i| <= |w_i| (e_i rstd' + |y*_i| rstd' rstd* rms(e)) (since
+-- |sqrt(m + eps) - sqrt(m* + eps)| <= rms(y - y*) <= rms(e)), plus the
+-- kernel's f32 arithmetic (2^-18 relative: rsqrtf, the sum of squares) and
+-- the output rounding (u |n| + tiny).
+function M.fused_bounds(codec, dtype, xs, res, w, hidden, eps, gemma, got_res)
+  local W, n = #xs, #res
+  local u, tiny = U[dtype], TINY[dtype]
+  local out = { sum = {}, res = {}, norm = {} }
+  for r0 = 0, n - 1, hidden do
+    local rows = {}
+    for r = 1, W do
+      local t = {}
+      for i = 1, hidden do t[i] = xs[r][r0 + i] end
+      rows[r] = t
+    end
+    local b = M.bounds(codec, dtype, rows, hidden)
+    local e, ys, ss_e, ss_y, ss_g = {}, {}, 0, 0, 0
+    for i = 1, hidden do
+      local k = r0 + i
+      local S = 0
+      for r = 1, W do S = S + xs[r][k] end
+      local y = S + res[k]
+      out.sum[k] = b[i]
+      e[i] = b[i] * (1 + u) + u * abs(y) + tiny
+      out.res[k] = e[i]
+      ys[i] = y
+      ss_e, ss_y, ss_g = ss_e + e[i] * e[i], ss_y + y * y, ss_g + got_res[k] * got_res[k]
+    end
+    local rstd_x = 1 / math.sqrt(ss_y / hidden + eps)
+    local rstd_g = 1 / math.sqrt(ss_g / hidden + eps)
+    local rms_e = math.sqrt(ss_e / hidden)
+    for i = 1, hidden do
+      local wi = w[i] + (gemma and 1 or 0)
+      local nx = abs(ys[i] * rstd_x * wi)
+      local d = abs(wi) * (e[i] * rstd_g + abs(ys[i]) * rstd_g * rstd_x * rms_e)
+      out.norm[r0 + i] = d + 2 ^ -18 * (nx + d) + u * (nx + d) + tiny
     end
   end
   return out

@@ -375,6 +375,21 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
       WF_CHECK_ARG(inplace, "%s: %s overlaps %s (only out == input, residual_out == residual "
                    "and norm_out == input are allowed)", op, buf[i].name, buf[j].name);
     }
+  /* the quick two-shot (kernels/quick_fused.cu): a compressed wire, opted in by the caller */
+  if (p->quick) {
+    WF_CHECK_ARG(p->quick == WEFT_QR_INT8 || p->quick == WEFT_QR_INT4 || p->quick == WEFT_QR_FP8,
+                 "%s: quick codec %d unknown (0 exact, 1 int8, 2 int4, 3 fp8)", op, p->quick);
+    WF_CHECK_ARG(p->pattern == WEFT_FUSION_AR_RMSNORM, "%s: the quick codec serves the AR + RMSNorm pattern "
+                 "only (pattern %d: use the exact kernel, or the quick all-reduce for a plain sum)", op, p->pattern);
+    WF_CHECK_ARG(p->dtype == WEFT_BF16 || p->dtype == WEFT_F16, "%s: the quick codec takes bf16 or f16, not %s",
+                 op, dtype_name(p->dtype));
+    WF_CHECK_ARG(f->dc.n == 2 || f->dc.n == 4 || f->dc.n == 6 || f->dc.n == 8,
+                 "%s: the quick codec has kernels for 2, 4, 6 or 8 ranks, not %d", op, f->dc.n);
+    WF_CHECK_ARG(p->algo != WEFT_FUSION_ONESHOT, "%s: the quick codec is a two-shot (one-shot requested)", op);
+    *algo = WEFT_FUSION_TWOSHOT;
+    *why = "quick two-shot (compressed wire) requested";
+    return 0;
+  }
   /* the kernel */
   const int os_fit = fits(f, p->tokens, p->hidden, p->dtype, WEFT_FUSION_ONESHOT);
   switch (p->algo) {
@@ -423,7 +438,13 @@ int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, i
   a.pattern = p->pattern;
   a.flags = p->flags;
   a.dtype = p->dtype;
-  int e = wf_fused_grid(&a, *algo, blocks, threads, cluster);
+  int e;
+  if (p->quick) {
+    *cluster = 1;
+    e = wf_qr_fused_grid(&a, p->quick, blocks, threads);
+  } else {
+    e = wf_fused_grid(&a, *algo, blocks, threads, cluster);
+  }
   return e ? wf_cuda_err(__FILE__, __LINE__, "fusion geometry", (cudaError_t)e) : 0;
 }
 
@@ -457,11 +478,11 @@ int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   a.flags = p->flags;
   a.dtype = p->dtype;
   a.timeout_ns = (uint64_t)f->dc.timeout_ms * 1000000u;
-  int e = wf_fused_launch(&a, algo, s);
+  int e = p->quick ? wf_qr_fused_launch(&a, p->quick, s) : wf_fused_launch(&a, algo, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fused kernel launch", (cudaError_t)e);
   wf_dc_end(&f->dc, s, !e);
-  if (rc) wf_error_context(rc, "%s: %s, %lld x %lld %s", op, algo_name(algo), (long long)p->tokens,
-                           (long long)p->hidden, dtype_name(p->dtype));
+  if (rc) wf_error_context(rc, "%s: %s%s, %lld x %lld %s", op, p->quick ? "quick " : "", algo_name(algo),
+                           (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
   return rc;
 }
 

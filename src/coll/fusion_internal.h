@@ -130,6 +130,13 @@ void wf_fused_set_push_ahead(int rows);
  * later launch, and trace (device memory, WF_FUSED_TR_SLOTS zeroed u64, or
  * NULL) for the one-shot's phase clock. 0 / NULL: production behaviour. */
 void wf_fused_set_probe(int probe, unsigned long long *trace);
+/* kernels/quick_fused.cu: the two-shot with a quick wire codec (codec
+ * WF_QR_INT8, _INT4 or _FP8 of src/coll/quick_codec.h; pattern ARN only,
+ * bf16/f16, worlds 2, 4, 6, 8). Same workspace, flags and epochs as the
+ * exact two-shot. row_bytes: one encoded row (<= hidden * 2). */
+int wf_qr_fused_launch(const wf_fused_args *a, int codec, void *stream);
+int wf_qr_fused_grid(const wf_fused_args *a, int codec, int *blocks, int *threads);
+uint64_t wf_qr_fused_row_bytes(int codec, int hidden);
 /* src/coll/fusion.c: the kernel and grid a call would use (no launch). */
 struct weft_fusion;
 struct weft_fusion_params;

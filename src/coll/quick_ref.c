@@ -95,3 +95,64 @@ int weft_qr_wire_bytes(int codec, size_t count, size_t *bytes) {
   *bytes = (size_t)wf_qr_wire_bytes(codec, (count * 2 + 15) / 16);
   return 0;
 }
+
+/* The fused quick two-shot (kernels/quick_fused.cu) on the CPU. Per row:
+ * blocks of 32 from the row's start (the last one padded with +0), every
+ * rank's block through the wire, the f32 sum in rank order through the wire
+ * once more (the owner's encode + every rank's decode), rounded to the dtype
+ * (the all-reduced value a); residual_out = dtype(a + residual) in one f32
+ * addition (the kernel's bits); norm_out = residual_out * rstd * w in f64
+ * with rstd = 1 / sqrt(mean(residual_out^2) + eps), rounded to the dtype. */
+int weft_qr_fused_reference(int codec, int dtype, int world, const void *const *inputs, const void *residual,
+                            const void *weight, float eps, int gemma, int64_t tokens, int64_t hidden,
+                            void *sum_out, void *residual_out, void *norm_out) {
+  WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick fused reference: codec %d unknown (0 fp, 1 int8, 2 int4, "
+               "3 fp8)", codec);
+  WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick fused reference: dtype %d is not bf16 or f16", dtype);
+  WF_CHECK_ARG(world >= 1 && world <= 64, "quick fused reference: world %d out of range", world);
+  WF_CHECK_ARG(inputs && residual && residual_out, "quick fused reference: NULL buffer");
+  WF_CHECK_ARG(!norm_out || weight, "quick fused reference: norm_out needs weight");
+  WF_CHECK_ARG(tokens >= 0 && hidden >= 1, "quick fused reference: %lld x %lld", (long long)tokens, (long long)hidden);
+  for (int p = 0; p < world; p++) WF_CHECK_ARG(inputs[p], "quick fused reference: input %d is NULL", p);
+  enum { B = WF_QR_BLOCK };
+  float x[B], y[B], acc[B];
+  for (int64_t t = 0; t < tokens; t++) {
+    const size_t row = (size_t)t * (size_t)hidden;
+    for (int64_t b0 = 0; b0 < hidden; b0 += B) {
+      const int n = hidden - b0 < B ? (int)(hidden - b0) : B;
+      for (int p = 0; p < world; p++) {
+        for (int i = 0; i < B; i++) x[i] = i < n ? load(dtype, inputs[p], row + (size_t)b0 + (size_t)i) : 0.f;
+        if (codec == WF_QR_FP) memcpy(y, x, sizeof y);
+        else through_wire(codec, x, y);
+        for (int i = 0; i < B; i++) {
+          volatile float sum = p == 0 ? y[i] : acc[i] + y[i];
+          acc[i] = sum;
+        }
+      }
+      if (codec == WF_QR_FP) memcpy(y, acc, sizeof y);
+      else through_wire(codec, acc, y);
+      for (int i = 0; i < n; i++) {
+        const size_t k = row + (size_t)b0 + (size_t)i;
+        uint16_t *ao = sum_out ? (uint16_t *)sum_out + k : NULL;
+        const uint16_t ab = dtype == WEFT_BF16 ? wf_f32_to_bf16(y[i]) : wf_f32_to_f16(y[i]);
+        if (ao) *ao = ab;
+        const float a = dtype == WEFT_BF16 ? wf_bf16_to_f32(ab) : wf_f16_to_f32(ab);
+        volatile float r = a + load(dtype, residual, k);
+        store(dtype, residual_out, k, r);
+      }
+    }
+    if (norm_out) {
+      double ss = 0;
+      for (int64_t i = 0; i < hidden; i++) {
+        const double v = load(dtype, residual_out, row + (size_t)i);
+        ss += v * v;
+      }
+      const double rstd = 1.0 / sqrt(ss / (double)hidden + (double)eps);
+      for (int64_t i = 0; i < hidden; i++) {
+        const double w = (double)load(dtype, weight, (size_t)i) + (gemma ? 1.0 : 0.0);
+        store(dtype, norm_out, row + (size_t)i, (float)((double)load(dtype, residual_out, row + (size_t)i) * rstd * w));
+      }
+    }
+  }
+  return 0;
+}

@@ -185,7 +185,8 @@ function M.install()
   end
   -- calls made with the deterministic bit, per kind (tests read them)
   M.det_calls = { ar = 0, ar_plain = 0, fusion = 0, fusion_plain = 0, rmsnorm = 0, rmsnorm_plain = 0,
-                  quick = {} }   -- quick all-reduce calls per codec (0 fp, 1 int8, 2 int4, 3 fp8)
+                  quick = {},    -- quick all-reduce calls per codec (0 fp, 1 int8, 2 int4, 3 fp8)
+                  quick_fused = {} }   -- fused quick two-shot calls per codec (1 int8, 2 int4, 3 fp8)
   local DC = M.det_calls
   F.weft_cuda_rmsnorm = function(x, res, w, out, res_out, tokens, hidden, dtype, eps, flags)
     if flags >= 4 then return fail(EINVAL, "cuda rmsnorm: unknown flags " .. tonumber(flags)) end
@@ -513,6 +514,25 @@ function M.install()
     if pattern == 2 and (quant == nil or scale == nil) then return fail(EINVAL, "fusion run: FP8 needs quant_out and scale") end
     s.runs = s.runs + 1
     local n, es = tokens * hidden, ES[dtype]
+    local quick = p.quick
+    if quick ~= 0 then   -- the quick two-shot: its CPU reference (the kernel's residual_out bits)
+      if pattern ~= 1 or dtype == 0 or quick > 3 then return fail(EINVAL, "fusion run: quick codec refused") end
+      DC.quick_fused[quick] = (DC.quick_fused[quick] or 0) + 1
+      return defer(function()
+        local parts = raw(s.g, "allgather", bytes_of(inp, n * es))
+        local ins = ffi.new("const void *[?]", #parts)
+        for i = 1, #parts do ins[i - 1] = parts[i] end
+        -- the all-reduced value, then the pretend norm kernel on it (as the unfused path)
+        local sum, rc, ro = R.weft_host_alloc(n * es), R.weft_host_alloc(n * es), R.weft_host_alloc(n * es)
+        ffi.copy(rc, res, n * es)
+        assert(R.weft_qr_fused_reference(quick, dtype, #parts, ins, rc, w, eps, flags % 2, tokens, hidden, sum,
+                                         ro, nil) == 0)
+        assert(R.weft_host_rmsnorm(sum, rc, w, norm_out, res_out, tokens, hidden, dtype, eps, flags % 2) == 0)
+        pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
+        assert(ffi.C.memcmp(ro, res_out, n * es) == 0, "fake fused quick: residual_out differs from the reference")
+        R.weft_host_free(sum); R.weft_host_free(rc); R.weft_host_free(ro)
+      end)
+    end
     return defer(function()
       local parts = raw(s.g, "allgather", bytes_of(inp, n * es))
       local sum = ffi.new("double[?]", n)

@@ -254,6 +254,141 @@ check("large", function()
   end
 end)
 
+---------------------------------------------------------------- fused
+-- fused_allreduce_rmsnorm under the quick setting (kernels/quick_fused.cu):
+-- residual_out equals weft_qr_fused_reference bit for bit, residual_out and
+-- norm_out lie within the stated bounds of the f64 computation element by
+-- element, norm_out equals the norm kernel (deterministic: the fused
+-- kernels' arithmetic) on the reference's all-reduced value + residual bit for
+-- bit, the same bits on every rank. Odd token counts, fewer tokens than
+-- ranks, rows that are not a multiple of the block.
+local SHAPES = { { 2 * W + 3, 512 }, { 5, 200 }, { W - 1, 4096 } }
+local function fused_case(codec, dt, class, tk, h, seed)
+  local n = tk * h
+  local xs, ins = {}, {}
+  for r = 0, W - 1 do
+    local v = QC.values(class, dt, W, n, r)
+    ins[r + 1] = T.from_table(v, dt, { tk, h }, "cpu")
+    xs[r + 1] = ins[r + 1]:to_table()
+  end
+  local resh = T.randn({ tk, h }, dt, "cpu", { seed = seed })
+  local wv = {}
+  local u = QC.rng(seed + 1)
+  for j = 1, h do wv[j] = 0.5 + u() end
+  local wh = T.from_table(wv, dt, { h }, "cpu")
+  return xs, ins, resh, wh
+end
+local function run_fused(x, res, w, eps)
+  local n, r = g:fused_allreduce_rmsnorm(x, res, w, eps)
+  cuda.synchronize()
+  return n:clone("cpu"), r:clone("cpu")
+end
+check("fused", function()
+  policy.set { quick = "default", deterministic = "default", group = g }
+  local eps = 1e-5
+  for _, codec in ipairs { "int8", "int4", "fp8" } do
+    policy.set { quick = codec, group = g }
+    for _, dt in ipairs { "bf16", "f16" } do
+      for si, shp in ipairs(SHAPES) do
+        for _, class in ipairs { "normal", "outliers" } do
+          local tk, h = shp[1], shp[2]
+          local what = ("%s %s %s %dx%d"):format(codec, dt, class, tk, h)
+          local xs, ins, resh, wh = fused_case(codec, dt, class, tk, h, 4000 + 10 * si)
+          local x, res, w = ins[me + 1]:clone(DEV), resh:clone(DEV), wh:clone(DEV)
+          local ch = db.choice(g, "fused_allreduce_rmsnorm", x)
+          want(ch == "fused_quick_" .. codec, "%s: choice %s", what, tostring(ch))
+          local ng, rg = run_fused(x, res, w, eps)
+          want(g._fused_path == "fused", "%s: path %s (%s)", what, tostring(g._fused_path), tostring(g._fused_why))
+          local sref, rref = Q.fused_reference(codec, dt, ins, resh, wh, eps)
+          local i, a, b = differs(rg, rref, dt)
+          want(i == nil, "%s: residual_out element %s is 0x%x, the CPU reference 0x%x", what, tostring(i), a or 0, b or 0)
+          -- the norm kernel (the fused kernels' arithmetic) on the reference's sum + residual
+          local sd = sref:clone(DEV)
+          local nk = cuda.rmsnorm(sd, res, w, eps, { deterministic = true })
+          cuda.synchronize()
+          local j = differs(ng, nk:clone("cpu"), dt)
+          want(j == nil, "%s: norm_out element %s differs from the norm kernel's", what, tostring(j))
+          local bnd = Q.fused_bounds(codec, dt, xs, resh:to_table(), wh:to_table(), h, eps, false, rg:to_table())
+          local ex, exn = {}, {}
+          local rv, wv2 = resh:to_table(), wh:to_table()
+          for t0 = 0, tk - 1 do
+            local ss = 0
+            for k = 1, h do
+              local e = rv[t0 * h + k]
+              for r = 1, W do e = e + xs[r][t0 * h + k] end
+              ex[t0 * h + k] = e
+              ss = ss + e * e
+            end
+            local rs = 1 / math.sqrt(ss / h + eps)
+            for k = 1, h do exn[t0 * h + k] = ex[t0 * h + k] * rs * wv2[k] end
+          end
+          local k1, gv, ev, bv = QC.violation(rg:to_table(), ex, bnd.res)
+          want(k1 == nil, "%s: residual_out element %s = %s, exact %s, bound %s", what, tostring(k1), tostring(gv),
+               tostring(ev), tostring(bv))
+          local k2, gn, en, bn = QC.violation(ng:to_table(), exn, bnd.norm)
+          want(k2 == nil, "%s: norm_out element %s = %s, exact %s, bound %s", what, tostring(k2), tostring(gn),
+               tostring(en), tostring(bn))
+          same_everywhere(rg, what .. " residual_out")
+          same_everywhere(ng, what .. " norm_out")
+          if me == 0 and class == "normal" and dt == "bf16" and si == 1 then
+            local sn = Q.snr_db(exn, ng:to_table())
+            print(("INFO W=%d fused %s normal bf16 %dx%d: norm_out SNR %.1f dB"):format(W, codec, tk, h, sn))
+          end
+          for _, t in ipairs { x, res, w, sd, nk } do t:free() end
+        end
+      end
+    end
+  end
+  -- graph replay: the quick two-shot captured, replayed on new data
+  policy.set { quick = "int8", group = g }
+  local tk, h = 2 * W + 1, 1024
+  local x = T.zeros({ tk, h }, "bf16", DEV)
+  local res = T.randn({ tk, h }, "bf16", "cpu", { seed = 77 }):clone(DEV)
+  local w = T.ones({ h }, "bf16", DEV)
+  local nout, rout = T.zeros({ tk, h }, "bf16", DEV), T.zeros({ tk, h }, "bf16", DEV)
+  local gr = graph.capture(function()
+    g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { norm_out = nout, residual_out = rout })
+  end, { warmup = 1, groups = { g }, fusion = { max_tokens = 64, hidden = h, dtype = "bf16" } })
+  want(g._fused_path == "fused" and tostring(g._fused_why):find("quick", 1, true),
+       "graph: path %s (%s)", tostring(g._fused_path), tostring(g._fused_why))
+  for round = 1, 3 do
+    local ins = {}
+    for r = 0, W - 1 do ins[r + 1] = T.randn({ tk, h }, "bf16", "cpu", { seed = 600 + 10 * round + r }) end
+    x:copy_(ins[me + 1])
+    gr:replay()
+    cuda.synchronize()
+    local _, rref = Q.fused_reference("int8", "bf16", ins, res:clone("cpu"), w:clone("cpu"), 1e-6)
+    local i = differs(rout:clone("cpu"), rref, "bf16")
+    want(i == nil, "graph replay %d: residual_out element %s differs from the reference", round, tostring(i))
+  end
+  gr:destroy()
+  -- deterministic mode: a row's bits do not depend on the batch (rows of 4096)
+  policy.set { deterministic = true, quick = "int4", group = g }
+  local H = 4096
+  local first
+  for _, b in ipairs { 1, 5, 2 * W + 1 } do
+    local parts = {}
+    for k = 0, b - 1 do
+      for _, v in ipairs(T.randn({ H }, "bf16", "cpu", { seed = 8100 + 97 * k + me }):to_table()) do parts[#parts + 1] = v end
+    end
+    local xb = T.from_table(parts, "bf16", { b, H }, "cpu"):clone(DEV)
+    local rb = T.zeros({ b, H }, "bf16", DEV)
+    local n1 = g:fused_allreduce_rmsnorm(xb, rb, T.ones({ H }, "bf16", DEV), 1e-6)
+    cuda.synchronize()
+    want(tostring(g._fused_why):find("quick", 1, true), "determinism batch %d: %s", b, tostring(g._fused_why))
+    local row0 = QC.bits(n1:clone("cpu"))
+    if first == nil then
+      first = {}
+      for k = 1, H do first[k] = row0[k] end
+    else
+      for k = 1, H do
+        if row0[k] ~= first[k] then want(false, "determinism: batch %d row 0 element %d differs from batch 1", b, k); break end
+      end
+    end
+  end
+  policy.set { deterministic = "default", quick = "default", group = g }
+end)
+
 os.remove(pf)
 policy.clear_file()
 weft.shutdown()

@@ -150,20 +150,61 @@ check("deterministic mode: the quick kernel at every size; rows that straddle bl
   policy.set { deterministic = false, quick = "off", group = world }
 end)
 
-check("fused_allreduce_rmsnorm stays exact: its unfused path never takes the quick kernel", function()
+local function qf_calls(c) return DC.quick_fused[Q.CODECS[c]] or 0 end
+
+check("fused_allreduce_rmsnorm: the quick two-shot under the same setting and size rule", function()
   policy.set { quick = "int8", group = world }
+  local H, TK = 512, 7                                   -- 7 x 512 bf16 = 7 KiB >= int8's 4 KiB
+  local ins = {}
+  for r = 0, W - 1 do ins[r + 1] = T.randn({ TK, H }, "bf16", "cpu", { seed = 31 + r }) end
+  local resh = T.randn({ TK, H }, "bf16", "cpu", { seed = 32 })
+  local wh = T.randn({ H }, "bf16", "cpu", { seed = 33 })
+  local x, res, w = ins[me + 1]:clone(DEV), resh:clone(DEV), wh:clone(DEV)
+  want(db.choice(world, "fused_allreduce_rmsnorm", x) == "fused_quick_int8", "choice %s",
+       tostring(db.choice(world, "fused_allreduce_rmsnorm", x)))
+  local f0, q0 = qf_calls("int8"), quick_calls("int8")
+  local n1, r1 = world:fused_allreduce_rmsnorm(x, res, w, 1e-6)
+  want(qf_calls("int8") == f0 + 1 and quick_calls("int8") == q0, "fused quick %d, quick all-reduce %d",
+       qf_calls("int8") - f0, quick_calls("int8") - q0)
+  local _, rref = Q.fused_reference("int8", "bf16", ins, resh, wh, 1e-6)
+  want(r1:compare(rref) == 0, "residual_out differs from weft_qr_fused_reference by %g", r1:compare(rref))
+  local e = policy.explain(world, x, "fused_allreduce_rmsnorm")
+  want(e:find("fused quick two-shot, codec int8", 1, true), "explain: %s", e)
+  -- the unfused path takes the quick all-reduce for the same call: the same bits (rows of 512)
   policy.set { fused = "unfused", group = world }
-  local x = T.randn({ 8, 512 }, "bf16", "cpu", { seed = 31 + me }):clone(DEV)
-  local res = T.randn({ 8, 512 }, "bf16", "cpu", { seed = 32 }):clone(DEV)
-  local w = T.ones({ 512 }, "bf16", DEV)
-  local q0, c0 = quick_calls("int8"), plain()
+  local n2, r2 = world:fused_allreduce_rmsnorm(x, res, w, 1e-6)
+  want(quick_calls("int8") == q0 + 1 and qf_calls("int8") == f0 + 1, "unfused: quick %d, fused %d",
+       quick_calls("int8") - q0, qf_calls("int8") - f0)
+  want(r2:compare(r1) == 0 and n2:compare(n1) == 0, "unfused and fused differ")
+  policy.set { fused = "default", group = world }
+  -- below the codec's minimum (1 x 512 bf16 = 1 KiB < 4 KiB): exact, both paths
+  local small = T.randn({ 1, H }, "bf16", "cpu", { seed = 34 + me }):clone(DEV)
+  local sres = T.randn({ 1, H }, "bf16", "cpu", { seed = 35 }):clone(DEV)
+  world:fused_allreduce_rmsnorm(small, sres, w, 1e-6)
+  want(qf_calls("int8") == f0 + 1, "a call below the minimum took the quick two-shot")
+  want(db.choice(world, "fused_allreduce_rmsnorm", small) ~= "fused_quick_int8", "choice below the minimum")
+  -- an explicit one-shot and the FP8 output pattern keep the exact kernels
+  world:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = "oneshot" })
+  world:fused_allreduce_rmsnorm(x, res, w, 1e-6, { quant_out = T.empty({ TK, H }, "f8e4m3", DEV), scale = 1.0 })
+  want(qf_calls("int8") == f0 + 1, "one-shot or FP8 took the quick two-shot")
+  -- off: exact again
+  policy.set { quick = "off", group = world }
   world:fused_allreduce_rmsnorm(x, res, w, 1e-6)
-  want(quick_calls("int8") == q0, "the unfused path made %d quick calls", quick_calls("int8") - q0)
-  want(plain() == c0 + 1, "the unfused path made %d exact kernel calls", plain() - c0)
-  -- and a plain all_reduce of the same size right after still takes it
-  world:all_reduce(x)
-  want(quick_calls("int8") == q0 + 1, "all_reduce after the fused call: %d quick calls", quick_calls("int8") - q0)
-  policy.set { fused = "default", quick = "off", group = world }
+  want(qf_calls("int8") == f0 + 1, "quick off took the quick two-shot")
+end)
+
+check("fused_allreduce_rmsnorm, deterministic mode: quick at every size; rows that straddle blocks refused", function()
+  policy.set { deterministic = true, quick = "int4", group = world }
+  local w = T.ones({ 512 }, "bf16", DEV)
+  local f0 = qf_calls("int4")
+  local x = T.randn({ 1, 512 }, "bf16", "cpu", { seed = 41 + me }):clone(DEV)   -- 1 KiB: below int4's 64 KiB
+  world:fused_allreduce_rmsnorm(x, T.zeros({ 1, 512 }, "bf16", DEV), w, 1e-6)
+  want(qf_calls("int4") == f0 + 1, "deterministic mode: the small call took %d quick two-shots", qf_calls("int4") - f0)
+  local odd = T.ones({ 3, 104 }, "bf16", DEV)
+  S.expect_error("rows of 104 elements are not a multiple of the codec's 32%-element block", world.fused_allreduce_rmsnorm,
+                 world, odd, T.ones({ 3, 104 }, "bf16", DEV), T.ones({ 104 }, "bf16", DEV), 1e-6)
+  want(qf_calls("int4") == f0 + 1, "a kernel ran for the refused call")
+  policy.set { deterministic = false, quick = "off", group = world }
 end)
 
 check("weft.async and graph capture take the quick kernel", function()

@@ -415,6 +415,36 @@ end
 
 local FUSED_ALGO = { fused_oneshot = "oneshot", fused_twoshot = "twoshot", fused_auto = "auto" }
 
+-- The quick all-reduce's setting applies to fused_allreduce_rmsnorm too
+-- (kernels/quick_fused.cu: the two-shot with the codec on its wire): the
+-- codec when it serves this call, else nil and why not; an error (raised by
+-- the call) for a disagreement or deterministic mode with rows that do not
+-- hold whole blocks. Decided before the fused checks, so that the unfused
+-- path takes the same decision for its all-reduce.
+function M.quick_fused_pick(g, x, opts)
+  local qv, qerr = S.quick_state(g)
+  if qerr then return nil, "quick all-reduce: " .. qerr, true end
+  if qv == "off" then return nil, "quick all-reduce off" end
+  if not Q.DTYPES[x.dtype] then return nil, fmt("quick %s: not for %s (bf16 and f16 only)", qv, tostring(x.dtype)) end
+  if not Q.WORLDS[g.world_size] then return nil, fmt("quick %s: no kernel for %d ranks", qv, g.world_size) end
+  if opts.fp8 or opts.quant_out ~= nil then return nil, fmt("quick %s: not for the FP8 output pattern (exact kernels)", qv) end
+  local det = S.determ_state(g)
+  local h = x.shape[#x.shape]
+  if det then
+    if h % Q.BLOCK ~= 0 then
+      return nil, fmt("deterministic mode with the quick all-reduce (%s) on group %s: rows of %d elements are not "
+                      .. "a multiple of the codec's %d-element block, so fused and unfused results would differ "
+                      .. "(use rows of a multiple of %d elements, or quick = \"off\")", qv, gname(g), h, Q.BLOCK, Q.BLOCK), true
+    end
+    return qv, "deterministic mode: every size"
+  end
+  local min, msrc = Q.min_bytes(x.dtype, g.world_size, qv)
+  local n = (tonumber(x.numel) or 0) * x:elem_size()
+  if n >= min then return qv, fmt("%s >= %s (%s)", policy.human_bytes(n), policy.human_bytes(min), msrc) end
+  return nil, fmt("quick %s: %s is below its minimum %s (%s)", qv, policy.human_bytes(n),
+                  min == math.huge and "never" or policy.human_bytes(min), msrc)
+end
+
 -- fused_decision(g, x, res, w, opts [, verbose]) -> path ("fused"|"unfused"), why, algo, lines
 function M.fused_decision(g, x, res, w, opts, verbose)
   opts = opts or {}
@@ -431,6 +461,26 @@ function M.fused_decision(g, x, res, w, opts, verbose)
     end
   end
   if path ~= "fused" then return path, why, nil, lines end
+  local qc, qwhy, qerr = M.quick_fused_pick(g, x, opts)
+  if qerr then
+    if lines then lines[#lines + 1] = "x " .. qwhy end
+    return "error", qwhy, nil, lines
+  end
+  if qc and opts.algo ~= "oneshot" then
+    if mode == "graph" and not graph_fits(g, x, opts, "twoshot") then
+      why = "workspace: too small for this call with the quick two-shot, and a capture cannot grow it "
+            .. "(pre-initialize it for the largest call)"
+      if lines then lines[#lines + 1] = "x " .. why end
+      return "unfused", why, nil, lines
+    end
+    why = fmt("fused quick two-shot, codec %s (%s); error bound: %s, then the residual add and the norm "
+              .. "(docs/quick-allreduce.md)", qc, qwhy, Q.bound_text(qc))
+    if lines then lines[#lines + 1] = "= " .. why end
+    return "fused", why, "twoshot", lines, qc
+  end
+  if lines then
+    lines[#lines + 1] = qc and fmt("- quick %s: not used (algo = oneshot requested)", qc) or ("- " .. tostring(qwhy))
+  end
   local ov = policy.override(g, "fused")
   local algo = opts.algo or ov
   local how = opts.algo and "opts.algo" or ov and "override" or nil
