@@ -17,7 +17,7 @@ $(FUSED_BENCH): bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -Xcompiler -pthread -o $@ bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o \
-	  -ldl -lrt -lm $(if $(filter 1,$(WEFT_GLOO)),-lgloo -lstdc++)   # the Gloo shim is among the objects
+	  -ldl -lrt -lm $(CRYPTO_LIBS) $(if $(filter 1,$(WEFT_GLOO)),-lgloo -lstdc++)   # the Gloo shim is among the objects; libcrypto: src/store/hmac.c
 else
 $(FUSED_BENCH):
 	@echo "weft: fused_bench needs nvcc (CUDA)" >&2; exit 1
