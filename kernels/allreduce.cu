@@ -575,18 +575,7 @@ Shape shape_for(const wf_ar_args *a, uint64_t nvec, KL lam, KF flag, K2 two, int
 
 template <typename K>
 cudaError_t launch_k(K kernel, int grid, int threads, const KArgs &k, int pdl, cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.stream = s;
-  if (pdl) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel, k);
+  return launch_pdl(kernel, dim3(grid), dim3(threads), s, pdl != 0, k);
 }
 
 /* D: the deterministic-mode flag kernels (the Lamport one-shot is one

@@ -64,6 +64,7 @@
  * ========================================================================= */
 #pragma once
 
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -451,6 +452,28 @@ __device__ __forceinline__ void epoch_advance(uint32_t *epochs, uint32_t e) {
   for (uint32_t i = blockIdx.x + threadIdx.x * gridDim.x; i < WF_MAX_BLOCKS;
        i += blockDim.x * gridDim.x)
     epochs[i] = next;
+}
+
+/* ---------------------------------------------------------------- launch */
+
+/* One launch; with pdl set, as a programmatic dependent launch (its blocks
+ * may be scheduled before the previous kernel on the stream ends: they wait
+ * in pdl_wait above). */
+template <typename... KP, typename... AP>
+inline cudaError_t launch_pdl(void (*kernel)(KP...), dim3 grid, dim3 block, cudaStream_t s, bool pdl,
+                              AP &&...args) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = s;
+  if (pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<AP &&>(args)...);
 }
 
 }  // namespace wf

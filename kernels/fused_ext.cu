@@ -329,16 +329,6 @@ extern "C" int wfx_launch(const wfx_args *a, int algo, void *stream) {
   int blocks, threads;
   int e = grid_of(a, algo, &blocks, &threads);
   if (e) return e;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3((unsigned)blocks);
-  cfg.blockDim = dim3((unsigned)threads);
-  cfg.stream = (cudaStream_t)stream;
-  if (a->flags & WEFT_FX_PDL) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return (int)cudaLaunchKernelEx(&cfg, pick(a->dtype, algo), *a);
+  return (int)wf::launch_pdl(pick(a->dtype, algo), dim3((unsigned)blocks), dim3((unsigned)threads),
+                             (cudaStream_t)stream, (a->flags & WEFT_FX_PDL) != 0, *a);
 }
