@@ -63,6 +63,27 @@ static void store(int dtype, void *p, size_t i, float v) {
   ((uint16_t *)p)[i] = dtype == WEFT_BF16 ? wf_f32_to_bf16(v) : wf_f32_to_f16(v);
 }
 
+/* One block of WF_QR_BLOCK elements from `start` (n of them real, the rest
+ * +0 as the kernel pads): every rank's block through the wire, the f32 sum in
+ * rank order, that sum through the wire once more (the owner's encode and
+ * every rank's decode) into y. */
+static void reduce_block(int codec, int dtype, int world, const void *const *inputs, size_t start, int n,
+                         float *y) {
+  enum { B = WF_QR_BLOCK };
+  float x[B], d[B], acc[B];
+  for (int p = 0; p < world; p++) {
+    for (int i = 0; i < B; i++) x[i] = i < n ? load(dtype, inputs[p], start + (size_t)i) : 0.f;
+    if (codec == WF_QR_FP) memcpy(d, x, sizeof d);
+    else through_wire(codec, x, d);
+    for (int i = 0; i < B; i++) {
+      volatile float sum = p == 0 ? d[i] : acc[i] + d[i];
+      acc[i] = sum;
+    }
+  }
+  if (codec == WF_QR_FP) memcpy(y, acc, sizeof acc);
+  else through_wire(codec, acc, y);
+}
+
 int weft_qr_reference(int codec, int dtype, int world, const void *const *inputs, void *out, size_t count) {
   WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick reference: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)",
                codec);
@@ -70,21 +91,10 @@ int weft_qr_reference(int codec, int dtype, int world, const void *const *inputs
   WF_CHECK_ARG(world >= 1 && world <= 64, "quick reference: world %d out of range", world);
   WF_CHECK_ARG(inputs && out, "quick reference: NULL buffer");
   for (int p = 0; p < world; p++) WF_CHECK_ARG(inputs[p], "quick reference: input %d is NULL", p);
-  enum { B = WF_QR_BLOCK };
-  float x[B], y[B], acc[B];
-  for (size_t b0 = 0; b0 < count; b0 += B) {
-    const size_t n = count - b0 < B ? count - b0 : B; /* past the end: +0, as the kernel pads */
-    for (int p = 0; p < world; p++) {
-      for (int i = 0; i < B; i++) x[i] = (size_t)i < n ? load(dtype, inputs[p], b0 + i) : 0.f;
-      if (codec == WF_QR_FP) memcpy(y, x, sizeof y);
-      else through_wire(codec, x, y);
-      for (int i = 0; i < B; i++) {
-        volatile float sum = p == 0 ? y[i] : acc[i] + y[i];
-        acc[i] = sum;
-      }
-    }
-    if (codec == WF_QR_FP) memcpy(y, acc, sizeof y);
-    else through_wire(codec, acc, y);
+  float y[WF_QR_BLOCK];
+  for (size_t b0 = 0; b0 < count; b0 += WF_QR_BLOCK) {
+    const size_t n = count - b0 < WF_QR_BLOCK ? count - b0 : WF_QR_BLOCK;
+    reduce_block(codec, dtype, world, inputs, b0, (int)n, y);
     for (size_t i = 0; i < n; i++) store(dtype, out, b0 + i, y[i]);
   }
   return 0;
@@ -115,22 +125,12 @@ int weft_qr_fused_reference(int codec, int dtype, int world, const void *const *
   WF_CHECK_ARG(tokens >= 0 && hidden >= 1, "quick fused reference: %lld x %lld", (long long)tokens, (long long)hidden);
   for (int p = 0; p < world; p++) WF_CHECK_ARG(inputs[p], "quick fused reference: input %d is NULL", p);
   enum { B = WF_QR_BLOCK };
-  float x[B], y[B], acc[B];
+  float y[B];
   for (int64_t t = 0; t < tokens; t++) {
     const size_t row = (size_t)t * (size_t)hidden;
     for (int64_t b0 = 0; b0 < hidden; b0 += B) {
       const int n = hidden - b0 < B ? (int)(hidden - b0) : B;
-      for (int p = 0; p < world; p++) {
-        for (int i = 0; i < B; i++) x[i] = i < n ? load(dtype, inputs[p], row + (size_t)b0 + (size_t)i) : 0.f;
-        if (codec == WF_QR_FP) memcpy(y, x, sizeof y);
-        else through_wire(codec, x, y);
-        for (int i = 0; i < B; i++) {
-          volatile float sum = p == 0 ? y[i] : acc[i] + y[i];
-          acc[i] = sum;
-        }
-      }
-      if (codec == WF_QR_FP) memcpy(y, acc, sizeof y);
-      else through_wire(codec, acc, y);
+      reduce_block(codec, dtype, world, inputs, row + (size_t)b0, n, y);
       for (int i = 0; i < n; i++) {
         const size_t k = row + (size_t)b0 + (size_t)i;
         uint16_t *ao = sum_out ? (uint16_t *)sum_out + k : NULL;
