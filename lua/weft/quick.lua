@@ -81,19 +81,26 @@ end
 -- reference(codec, dtype, inputs) -> host tensor: the quick all-reduce of
 -- the host tensors inputs[1..W] (rank order) computed on the CPU with the
 -- kernel's operations (weft_qr_reference).
-function M.reference(codec, dtype, inputs)
-  local T = require "weft.tensor"
+-- the arguments both references share: codec number, dtype code, the
+-- inputs' pointers (rank order) and their element count; errors name `fn`
+local function ref_args(fn, codec, dtype, inputs)
   local c = M.CODECS[codec]
-  if c == nil then error("weft: quick.reference: unknown codec " .. tostring(codec), 2) end
+  if c == nil then error(("weft: quick.%s: unknown codec %s"):format(fn, tostring(codec)), 3) end
+  local code = dtype == "bf16" and 2 or dtype == "f16" and 1 or nil
+  if code == nil then error(("weft: quick.%s: dtype %s is not bf16 or f16"):format(fn, tostring(dtype)), 3) end
   local n = inputs[1].numel
   local ptrs = ffi.new("const void *[?]", #inputs)
   for i, x in ipairs(inputs) do
-    if x.numel ~= n or x.dtype ~= dtype then error("weft: quick.reference: inputs differ in size or dtype", 2) end
+    if x.numel ~= n or x.dtype ~= dtype then error(("weft: quick.%s: inputs differ in size or dtype"):format(fn), 3) end
     ptrs[i - 1] = x.ptr
   end
+  return c, code, ptrs, n
+end
+
+function M.reference(codec, dtype, inputs)
+  local T = require "weft.tensor"
+  local c, code, ptrs, n = ref_args("reference", codec, dtype, inputs)
   local out = T.empty(inputs[1].shape, dtype, "cpu")
-  local code = dtype == "bf16" and 2 or dtype == "f16" and 1 or nil
-  if code == nil then error("weft: quick.reference: dtype " .. tostring(dtype) .. " is not bf16 or f16", 2) end
   if lib().weft_qr_reference(c, code, #inputs, ptrs, out.ptr, n) ~= 0 then
     error("weft: quick.reference: " .. ffi.string(lib().weft_last_error()), 2)
   end
@@ -107,18 +114,9 @@ end
 -- kernel's bits, norm_out the f64 norm of residual_out rounded to dtype.
 function M.fused_reference(codec, dtype, inputs, residual, weight, eps, gemma)
   local T = require "weft.tensor"
-  local c = M.CODECS[codec]
-  if c == nil then error("weft: quick.fused_reference: unknown codec " .. tostring(codec), 2) end
+  local c, code, ptrs, n = ref_args("fused_reference", codec, dtype, inputs)
   local sh = inputs[1].shape
   local hidden = sh[#sh]
-  local n = inputs[1].numel
-  local ptrs = ffi.new("const void *[?]", #inputs)
-  for i, x in ipairs(inputs) do
-    if x.numel ~= n or x.dtype ~= dtype then error("weft: quick.fused_reference: inputs differ in size or dtype", 2) end
-    ptrs[i - 1] = x.ptr
-  end
-  local code = dtype == "bf16" and 2 or dtype == "f16" and 1 or nil
-  if code == nil then error("weft: quick.fused_reference: dtype " .. tostring(dtype) .. " is not bf16 or f16", 2) end
   local sum, ro, no = T.empty(sh, dtype, "cpu"), T.empty(sh, dtype, "cpu"), T.empty(sh, dtype, "cpu")
   if lib().weft_qr_fused_reference(c, code, #inputs, ptrs, residual.ptr, weight.ptr, eps, gemma and 1 or 0,
                                    n / hidden, hidden, sum.ptr, ro.ptr, no.ptr) ~= 0 then
