@@ -15,6 +15,20 @@ local function run_or_skip(o)
   return out, rc, wall
 end
 
+-- the time of the fault's marker line ("DEATH <ms>", "CUT <ms>") and every
+-- rank's "FAIL <ms> <message>" line (tests/helpers/nodes_ranks.lua)
+local function fault_and_fails(out, marker)
+  local at
+  local fails = {}
+  for _, l in ipairs(N.rank_lines(out)) do
+    local t = l.text:match("^" .. marker .. " (%d+)")
+    if t then at = tonumber(t) end
+    local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
+    if ms then fails[l.rank] = { ms = tonumber(ms), msg = msg, node = l.node } end
+  end
+  return at, fails
+end
+
 local function both_launchers_failed(out, rc)
   assert.are_not.equal(0, rc, out)
   for k = 0, 1 do
@@ -29,14 +43,7 @@ describe("faults across simulated nodes #fault", function()
       local out, rc = run_or_skip { nodes = 2, per_node = 2, timeout = 60,
         env = { NODES_KILL_NUMEL = tostring(case[2]) }, args = { "tests/helpers/nodes_ranks.lua", "kill", "3" } }
       if not out then return end
-      local death
-      local fails = {}
-      for _, l in ipairs(N.rank_lines(out)) do
-        local d = l.text:match("^DEATH (%d+)")
-        if d then death = tonumber(d) end
-        local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
-        if ms then fails[l.rank] = { ms = tonumber(ms), msg = msg } end
-      end
+      local death, fails = fault_and_fails(out, "DEATH")
       assert.is_number(death, out)
       -- Each survivor names rank 3 as dead (the store saw it go), or, when
       -- rank 0 (the store's host) has already exited with its own error, the
@@ -112,14 +119,7 @@ describe("faults across simulated nodes #fault", function()
       local out, rc = run_or_skip { nodes = nodes, per_node = 2, timeout = 60, env = env,
                                     args = { "tests/helpers/nodes_ranks.lua", "partition", "1" } }
       if not out then return end
-      local cut
-      local fails = {}
-      for _, l in ipairs(N.rank_lines(out)) do
-        local c = l.text:match("^CUT (%d+)")
-        if c then cut = tonumber(c) end
-        local ms, msg = l.text:match("^FAIL (%d+) (.*)$")
-        if ms then fails[l.rank] = { ms = tonumber(ms), msg = msg, node = l.node } end
-      end
+      local cut, fails = fault_and_fails(out, "CUT")
       assert.is_number(cut, out)
       for r = 0, 2 * nodes - 1 do
         local f = fails[r]

@@ -288,18 +288,13 @@ local function own_failure_only()
   ffi.C.nodes_signal(15, ffi.cast("void *", 1))
 end
 
-local function kill(victim)
-  own_failure_only()
-  local world = weft.init()
-  -- NODES_KILL_NUMEL: 4096 (flat Gloo) or 262144+ (hierarchical from 1 MiB: shm + leaders)
-  local x = T.ones({ tonumber(os.getenv("NODES_KILL_NUMEL")) or 4096 }, "f32")
+-- all_reduce x until a call fails (step(i, world) runs before call i: the
+-- victim's fault), then report that failure with its time and exit 1
+local function reduce_until_failure(world, x, step)
   world:all_reduce(x)     -- everybody connected and through one collective
   local okc, err = pcall(function()
     for i = 1, 1000000 do
-      if world.rank == victim and i == 20 then
-        W.say(("DEATH %d"):format(now_ms()))
-        W.kill_self()
-      end
+      step(i, world)
       world:all_reduce(x)
     end
   end)
@@ -308,25 +303,31 @@ local function kill(victim)
   os.exit(1)
 end
 
+local function kill(victim)
+  own_failure_only()
+  local world = weft.init()
+  -- NODES_KILL_NUMEL: 4096 (flat Gloo) or 262144+ (hierarchical from 1 MiB: shm + leaders)
+  local x = T.ones({ tonumber(os.getenv("NODES_KILL_NUMEL")) or 4096 }, "f32")
+  reduce_until_failure(world, x, function(i)
+    if world.rank == victim and i == 20 then
+      W.say(("DEATH %d"):format(now_ms()))
+      W.kill_self()
+    end
+  end)
+end
+
 ---------------------------------------------------------------- stall
 local function stall(victim)
   own_failure_only()
   local world = weft.init()
   -- NODES_STALL_NUMEL: f32 elements per call (tests/fault_nodes_spec.lua picks the route with it)
   local x = T.ones({ tonumber(os.getenv("NODES_STALL_NUMEL")) or 65536 }, "f32")
-  world:all_reduce(x)
-  local okc, err = pcall(function()
-    for i = 1, 1000000 do
-      if world.rank == victim and i == 5 then
-        W.say(("STALL %d"):format(now_ms()))
-        os.execute("sleep " .. (tonumber(os.getenv("WEFT_TIMEOUT_MS")) / 1000 + 2))
-      end
-      world:all_reduce(x)
+  reduce_until_failure(world, x, function(i)
+    if world.rank == victim and i == 5 then
+      W.say(("STALL %d"):format(now_ms()))
+      os.execute("sleep " .. (tonumber(os.getenv("WEFT_TIMEOUT_MS")) / 1000 + 2))
     end
   end)
-  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
-  assert(not okc)
-  os.exit(1)
 end
 
 ---------------------------------------------------------------- partition
@@ -336,20 +337,13 @@ local function partition(cut)
   own_failure_only()
   local world = weft.init()
   local x = T.ones({ tonumber(os.getenv("NODES_PART_NUMEL")) or 4096 }, "f32")
-  world:all_reduce(x)
-  local okc, err = pcall(function()
-    for i = 1, 1000000 do
-      if world.rank == 0 and i == 10 then
-        local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
-        check(os.execute(("ip -n %s link set n%d nomaster"):format(hub, cut)) == 0, "cutting node %d", cut)
-        W.say(("CUT %d"):format(now_ms()))
-      end
-      world:all_reduce(x)
+  reduce_until_failure(world, x, function(i)
+    if world.rank == 0 and i == 10 then
+      local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
+      check(os.execute(("ip -n %s link set n%d nomaster"):format(hub, cut)) == 0, "cutting node %d", cut)
+      W.say(("CUT %d"):format(now_ms()))
     end
   end)
-  W.say(("FAIL %d %s"):format(now_ms(), tostring(err):gsub("\n", " ")))
-  assert(not okc)
-  os.exit(1)
 end
 
 ---------------------------------------------------------------- heal
