@@ -331,7 +331,18 @@ cudaError_t launch_q(const wf_ar_args *a, const QArgs &k, int *grid, cudaStream_
   *grid = grid_for(a, k.nvec, kern, &occ);
   if (!launch) return cudaSuccess;
   QLam lam = {a->off_lamport, a->lamport_slot};
-  return launch_pdl(kern, dim3(*grid), dim3(WF_QR_THREADS), s, a->pdl != 0, k, lam);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(*grid);
+  cfg.blockDim = dim3(WF_QR_THREADS);
+  cfg.stream = s;
+  if (a->pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kern, k, lam);
 }
 
 template <typename T, int W>

@@ -315,6 +315,16 @@ extern "C" int wf_qr_fused_launch(const wf_fused_args *a, int codec, void *strea
   int blocks, threads;
   int e = shape(a, codec, &k, &blocks, &threads);
   if (e) return e;
-  return (int)wf::launch_pdl(k, dim3((unsigned)blocks), dim3((unsigned)threads), (cudaStream_t)stream,
-                             (a->flags & WF_FUSED_PDL) != 0, *a);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.stream = (cudaStream_t)stream;
+  if (a->flags & WF_FUSED_PDL) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return (int)cudaLaunchKernelEx(&cfg, k, *a);
 }
