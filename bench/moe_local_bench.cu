@@ -16,13 +16,17 @@
 //   unfused   moe, then rmsnorm (the unfused MoE end; timed, no copy twin)
 // Each against a copy kernel that moves the same bytes: it reads every
 // input row the kernel reads (and the scales / permutation words and the
-// weight) and writes every output row, with the same launch shape (one
-// block per token; row_threads(hidden / 8) threads as kernels/moe_reduce.cu,
-// the norm kernel's own count for rmsnorm), every load of a vector issued
+// weight) and writes every output row, one block per token, with
+// row_threads(hidden / 8) threads (one vector each, up to 1024 vectors) and,
+// for rows of 513-1024 vectors, also with half of them (two vectors each, as
+// kernels/moe_reduce.cu runs those rows): the faster copy is the reference
+// (the norm kernel's own count for rmsnorm), every load of a vector issued
 // before any store: % of copy = copy time / kernel time for the same bytes.
 // (For rmsnorm at few tokens the copy is a weak reference: with the norm
 // kernel's 224-256 threads per row a copy thread moves its 2-4 vectors one
 // after another, where the kernel loads them all first.)
+// WEFT_MOE_LOCAL_SPLIT=0 runs kernels/moe_reduce.cu with one vector per
+// thread for every row (the A/B of its split; the same bits).
 //
 // Method: CUDA graph of C calls replayed R times (event per replay, median /
 // C); each call of a graph reads and writes its own slot of buffers, and
@@ -433,13 +437,22 @@ int main(int argc, char **argv) {
           c.rb = rb;
           return c;
         };
-        auto copy = [&](int i) {
-          launch_copy(copy_args(i), (unsigned)std::min(T, 65535), is_moe ? threads : norm_threads(nv), s);
-        };
+        // the copy at the kernel's threads per row, and (MoE kinds, rows of
+        // 513-1024 vectors, as the split kernel) at half of them, two vectors
+        // a thread: the reference is the faster of the two
+        int copy_threads = is_moe ? threads : norm_threads(nv);
+        auto copy = [&](int i) { launch_copy(copy_args(i), (unsigned)std::min(T, 65535), copy_threads, s); };
         launch(0);   // outside a capture first (the library's lazy set-up)
         CK(cudaStreamSynchronize(s));
         const double tk = time_graph(s, calls, replays, launch);
-        const double tc = time_graph(s, calls, replays, copy);
+        double tc = time_graph(s, calls, replays, copy);
+        if (is_moe && threads > 512) {
+          const int full = copy_threads;
+          copy_threads = (threads / 32 + 1) / 2 * 32;
+          const double th = time_graph(s, calls, replays, copy);
+          if (th < tc) tc = th;
+          else copy_threads = full;
+        }
         // bytes: rows in + rows out, the words, the weight (read by every block, mostly from L2)
         const double bytes = (double)(kd.nin + kd.nout) * T * rb + (double)kd.words * T * K * 4 + (kd.weight ? rb : 0);
         g_rows.push_back({H, T, kd.name, bytes, tk, tc});
@@ -499,11 +512,14 @@ int main(int argc, char **argv) {
           date, commit);
   fprintf(m, "`build/moe_local_bench` (bench/moe_local_bench.cu; `scripts/gpu-fusion --ext-only`). bf16, top_k %d, "
           "f32 scales, shared expert on. Each kernel against a copy kernel moving the same bytes (every row it reads "
-          "and writes, the scales / permutation words, the weight) with the same launch shape (one block per token, "
-          "the kernel's threads per row, all loads of a vector before its stores). CUDA graph of calls, each on its "
+          "and writes, the scales / permutation words, the weight), one block per token, all loads of a vector before "
+          "its stores, with row_threads(hidden / 8) threads per row and, for rows of 513-1024 vectors, also with half "
+          "of them, two vectors a thread (as kernels/moe_reduce.cu runs those rows): the faster copy is the reference%s. CUDA graph of calls, each on its "
           "own slot of buffers (the slots span >= 256 MiB: no call reads what an earlier one left in L2), "
           "median of %d replays / calls per graph. %% of copy = copy µs / kernel µs. Checks (rows 0, T/2, T-1 against "
           "an f64 reference; the copies against the XOR of their inputs): %d passed, %d failed.\n\n",
+          getenv("WEFT_MOE_LOCAL_SPLIT") && !strcmp(getenv("WEFT_MOE_LOCAL_SPLIT"), "0")
+              ? " (WEFT_MOE_LOCAL_SPLIT=0: the MoE kernels at one vector per thread for every row)" : "",
           K, replays, g_pass, g_fail);
   fprintf(m, "moe: the reduction alone (K+1 rows + scales in, 1 row out); moe_norm: + residual + RMSNorm in one kernel "
           "(K+2 rows in, 2 out); fin_norm: moe_norm through the permutation (MoE finalize); rmsnorm: weft_cuda_rmsnorm "

@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "fused_ext.cuh"
 #include "cuda/cuda_internal.h"
@@ -35,9 +36,18 @@ struct LocalArgs {
  * bf16/f16; 2 or 4 beyond), so a thread holds only the registers its row
  * needs and the expert loads of moe_vec stay in flight without spills (the
  * one kernel with kVM = 4 for every size spilled 300 bytes; VM 4, rows of
- * more than 2048 vectors, still spills ~100). */
-template <typename T, int VM>
-__global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs a) {
+ * more than 2048 vectors, still spills ~100).
+ * SPLIT (VM = 2, rows of 513-1024 vectors: hidden 7168 of bf16 is 896):
+ * row_threads gives those rows one vector per thread, blocks of 544-1024
+ * threads, one block per SM at 64 registers, so the SM idles between a
+ * row's loads and its block sum and stores. Split, the row runs on half the
+ * threads with two vectors each and two blocks share an SM (one block's
+ * loads overlap the other's sum and stores); block_sum_split keeps the bits
+ * of the one-vector-per-thread order, the fused kernels' order for these
+ * rows. */
+template <typename T, int VM, bool SPLIT = false>
+__global__ void __launch_bounds__(SPLIT ? kMaxThreads / VM : kMaxThreads, SPLIT ? VM : 1)
+    moe_reduce_kernel(const LocalArgs a) {
   constexpr int N = Pack<T>::N;
   __shared__ float red[33];
   const int nv = a.hidden / N;
@@ -45,7 +55,10 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
   const bool norm = a.weight != nullptr;
   for (int t = blockIdx.x; t < a.m.tokens; t += gridDim.x) {
     float y[VM][N];
-    float ss = 0.f;
+    /* sums of squares: per vector when split, else the thread's running sum */
+    float ss[SPLIT ? VM : 1];
+#pragma unroll
+    for (int k = 0; k < (SPLIT ? VM : 1); k++) ss[k] = 0.f;
 #pragma unroll
     for (int k = 0; k < VM; k++) {
       const int j = threadIdx.x + k * blockDim.x;
@@ -69,7 +82,7 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
           const uint4 yv = Pack<T>::from_f32(y[k]);
           if (a.residual_out) st_vec((char *)a.residual_out + off, yv);
           Pack<T>::to_f32(yv, y[k]);
-          ss += sumsq_f32<T>(y[k]);
+          ss[SPLIT ? k : 0] += sumsq_f32<T>(y[k]);
         }
       }
     }
@@ -81,7 +94,7 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
       const int j = threadIdx.x + k * blockDim.x;
       if (j < nv) wv[k] = ld_vec((const char *)a.weight + (size_t)j * 16);
     }
-    const float tot = block_sum(ss, red);
+    const float tot = SPLIT ? block_sum_split<SPLIT ? VM : 1>(ss, red) : block_sum(ss[0], red);
     const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
 #pragma unroll
     for (int k = 0; k < VM; k++) {
@@ -92,8 +105,24 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
   }
 }
 
+/* WEFT_MOE_LOCAL_SPLIT=0 (read once): one vector per thread for rows of
+ * 513-1024 vectors too, to measure the split against it
+ * (bench/moe_local_bench.cu); the same bits either way */
+bool split_enabled() {
+  static const bool on = [] {
+    const char *e = getenv("WEFT_MOE_LOCAL_SPLIT");
+    return !(e && e[0] == '0' && e[1] == 0);
+  }();
+  return on;
+}
+
 template <typename T>
 void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const LocalArgs &a) {
+  if (vm == 1 && threads > kMaxThreads / 2 && split_enabled()) {
+    const int half = (threads / 32 + 1) / 2 * 32;
+    moe_reduce_kernel<T, 2, true><<<blocks, half, 0, s>>>(a);
+    return;
+  }
   switch (vm) {
   case 1: moe_reduce_kernel<T, 1><<<blocks, threads, 0, s>>>(a); break;
   case 2: moe_reduce_kernel<T, 2><<<blocks, threads, 0, s>>>(a); break;

@@ -136,12 +136,12 @@ describe("every pattern against f64", function()
   it("a pretend GPU, 1 rank: the MoE end in one kernel (weft_cuda_moe_reduce with the norm)", function()
     passes(run(1, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,7"), 1, 9)
   end)
-  it("a pretend GPU, 2 ranks: fused (one-shot, two-shot), unfused, graph, explain, deterministic", function()
-    passes(run(2, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,7"), 2, 13)
+  it("a pretend GPU, 2 ranks: fused (one-shot, two-shot), unfused, the one-rank kernel, graph, explain, deterministic", function()
+    passes(run(2, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,7"), 2, 14)
   end)
   it("a pretend GPU, 4 ranks sharing it", function()
     passes(run(4, "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 FX_TOKENS=1,5 WEFT_ALLOW_SHARED_GPU=1 "
-                  .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 13)
+                  .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 14)
   end)
   -- a peer that never arrives at the fused calls (the rehearsal of
   -- tests/gpu_fusion_ext_spec.lua's fault runs): every other rank fails

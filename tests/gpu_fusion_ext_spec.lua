@@ -19,11 +19,12 @@ local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
 local HIDDEN = { [1] = "4096,7168", [2] = "256,4096,7168", [4] = "4096", [6] = "1024", [8] = "4096" }
--- per rank: 4 patterns x 2 dtypes per hidden size, then refusals, two graph checks, explain, deterministic
+-- per rank: 4 patterns x 2 dtypes per hidden size, then the one-rank kernel's bits against the fused
+-- kernel's, refusals, two graph checks, explain, deterministic
 local function checks(w)
   local n = 0
   for _ in HIDDEN[w]:gmatch("[^,]+") do n = n + 1 end
-  return w == 1 and 8 * n + 1 or 8 * n + 5   -- one rank: no graph, explain or deterministic checks
+  return w == 1 and 8 * n + 1 or 8 * n + 6   -- one rank: only the patterns and the refusals
 end
 
 local runs = {}

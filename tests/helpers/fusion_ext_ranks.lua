@@ -411,6 +411,55 @@ for _, dt in ipairs(DTYPES) do
   end
 end
 
+-- The single-rank kernel (kernels/moe_reduce.cu: the MoE end at world 1,
+-- rows of 513-1024 vectors split over half the threads) against the fused
+-- kernel: rank 0's experts and zeros on every other rank make the fused sum
+-- rank 0's partial, so both norms must have the same bits (their sums of
+-- squares follow one order).
+if ON_DEV and W >= 2 then
+  check("the MoE end on one rank (weft_cuda_moe_reduce) has the fused kernel's bits", function()
+    local C = require("weft.ffi").C
+    local cuda = require "weft.cuda"
+    for _, dt in ipairs(DTYPES) do
+      for _, H in ipairs(HIDDEN) do
+        for _, pat in ipairs { "moe", "finalize" } do
+          SEED = SEED + 1
+          local cs = { pattern = pat, dtype = dt, tokens = 33, hidden = H, top_k = 8, shared = true,
+                       scales_dtype = "f32", eps = 1e-6, seed = SEED }
+          if pat == "finalize" then cs.rows = cs.tokens * cs.top_k + 3 end
+          local h = inputs(cs, 0)
+          if me ~= 0 then
+            local zx, zs = T.zeros(h.x.shape, dt), T.zeros(h.shared.shape, dt)
+            h.x:free(); h.shared:free()
+            h.x, h.shared = zx, zs
+          end
+          local t = on_device(h)
+          free_all(h, {})
+          local res, w = dev(gen({ cs.tokens, H }, dt, 900 + SEED)), dev(gen({ H }, dt, 901 + SEED))
+          local no, ro = call(cs, t, res, w, nil, { algo = "oneshot" })
+          local label = ("%s %s H%d"):format(pat, dt, H)
+          want(world:fusion_ext_last() == "fused", "%s: took the %s path", label, tostring(world:fusion_ext_last()))
+          if me == 0 then
+            local lno, lro = T.empty({ cs.tokens, H }, dt, DEV), T.empty({ cs.tokens, H }, dt, DEV)
+            local pptr = t.perm and ffi.cast("const int32_t *", t.perm.ptr) or nil
+            local rows = pat == "finalize" and cs.rows or cs.top_k * cs.tokens
+            local rc = C.weft_cuda_moe_reduce(t.x.ptr, t.scales.ptr, C.WEFT_F32, pptr, rows, t.shared.ptr, nil,
+                                              res.ptr, w.ptr, lro.ptr, lno.ptr, cs.tokens, H, cs.top_k,
+                                              dt == "bf16" and C.WEFT_BF16 or C.WEFT_F16, cs.eps, 0, nil)
+            want(rc == 0, "%s: weft_cuda_moe_reduce returned %d", label, rc)
+            cuda.synchronize()
+            equal_bytes(lro, ro, label .. " one rank vs fused residual_out")
+            equal_bytes(lno, no, label .. " one rank vs fused norm_out")
+            lno:free(); lro:free()
+          end
+          no:free(); ro:free(); res:free(); w:free()
+          free_all(t, {})
+        end
+      end
+    end
+  end)
+end
+
 check("refusals before anything is enqueued", function()
   local H, dt = HIDDEN[1], DTYPES[1]
   local x = dev(gen({ 2, 5, H }, dt, 5))
