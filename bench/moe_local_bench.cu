@@ -16,7 +16,8 @@
 //   unfused   moe, then rmsnorm (the unfused MoE end; timed, no copy twin)
 // Each against a copy kernel that moves the same bytes: it reads every
 // input row the kernel reads (and the scales / permutation words and the
-// weight) and writes every output row, one block per token, with
+// weight; for fin_norm the expert rows through the same permutation) and
+// writes every output row, one block per token, with
 // row_threads(hidden / 8) threads (one vector each, up to 1024 vectors) and,
 // for rows of 513-1024 vectors, also with half of them (two vectors each, as
 // kernels/moe_reduce.cu runs those rows): the faster copy is the reference
@@ -79,6 +80,7 @@ struct CopyArgs {
   char *out[kMaxOut];       // row t of output o: out[o] + t * rb
   const uint32_t *words[2]; // [tokens][top_k] 4-byte words (scales, permutation) or NULL
   const char *weight;       // one row read by every block, or NULL
+  const int32_t *gather;    // fin_norm: inputs 0..top_k-1 are rows in[0] + gather[t * top_k + i] * rb
   int nin, nout, tokens, top_k, nv;
   size_t rb;
 };
@@ -95,7 +97,11 @@ __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
     for (int j = threadIdx.x; j < a.nv; j += blockDim.x) {
       uint4 v[NIN];
 #pragma unroll
-      for (int i = 0; i < NIN; i++) v[i] = *(const uint4 *)(a.in[i] + (size_t)t * a.rb + (size_t)j * 16);
+      for (int i = 0; i < NIN; i++) {
+        const char *row = a.gather && i < a.top_k ? a.in[0] + (size_t)a.gather[(size_t)t * a.top_k + i] * a.rb
+                                                  : a.in[i] + (size_t)t * a.rb;
+        v[i] = *(const uint4 *)(row + (size_t)j * 16);
+      }
       uint4 acc = make_uint4(wx, 0, 0, 0);
       if (a.weight) {
         const uint4 g = *(const uint4 *)(a.weight + (size_t)j * 16);
@@ -290,8 +296,11 @@ static void check_copy(const char *what, const CopyArgs &c, int t) {
       CK(cudaMemcpy(ws.data(), c.words[w] + (size_t)t * c.top_k, 4 * c.top_k, cudaMemcpyDeviceToHost));
       for (uint32_t x : ws) wx ^= x;
     }
+  std::vector<int32_t> g(c.top_k);
+  if (c.gather) CK(cudaMemcpy(g.data(), c.gather + (size_t)t * c.top_k, 4 * c.top_k, cudaMemcpyDeviceToHost));
   for (int i = 0; i < c.nin; i++) {
-    CK(cudaMemcpy(v.data(), c.in[i] + (size_t)t * rb, rb, cudaMemcpyDeviceToHost));
+    const char *row = c.gather && i < c.top_k ? c.in[0] + (size_t)g[i] * rb : c.in[i] + (size_t)t * rb;
+    CK(cudaMemcpy(v.data(), row, rb, cudaMemcpyDeviceToHost));
     for (size_t e = 0; e < v.size(); e++) acc[e] ^= v[e];
   }
   if (c.weight) {
@@ -413,6 +422,7 @@ int main(int argc, char **argv) {
           else
             WK(weft_cuda_rmsnorm(q.shared, q.res, w, q.no, q.ro, T, H, WEFT_BF16, 1e-6f, 0, s));
         };
+        bool gather_rows = true;
         auto copy_args = [&](int i) {
           const Slot &q = sl[i % S];
           CopyArgs c = {};
@@ -422,7 +432,10 @@ int main(int argc, char **argv) {
             c.in[n++] = q.shared;
             if (kd.nin == K + 2) c.in[n++] = q.res;
             c.words[0] = (const uint32_t *)scales(i);
-            if (kd.words == 2) c.words[1] = (const uint32_t *)perm_d;
+            if (kd.words == 2) {   // fin_norm: the expert rows through the same permutation
+              c.words[1] = (const uint32_t *)perm_d;
+              if (gather_rows) c.gather = perm_d;
+            }
           } else {
             c.in[n++] = q.shared;
             c.in[n++] = q.res;
@@ -456,6 +469,12 @@ int main(int argc, char **argv) {
         // bytes: rows in + rows out, the words, the weight (read by every block, mostly from L2)
         const double bytes = (double)(kd.nin + kd.nout) * T * rb + (double)kd.words * T * K * 4 + (kd.weight ? rb : 0);
         g_rows.push_back({H, T, kd.name, bytes, tk, tc});
+        if (kd.words == 2) {   // fin_norm also against a copy reading the expert rows in order
+          gather_rows = false;
+          const double tf = time_graph(s, calls, replays, copy);
+          gather_rows = true;
+          g_rows.push_back({H, T, "fin_norm (copy: rows in order)", bytes, tk, tf});
+        }
         printf("H %d T %d %-9s kernel %9.2f us %7.0f GB/s | copy %9.2f us %7.0f GB/s | %5.1f %% of copy\n", H, T,
                kd.name, tk, bytes / tk / 1e3, tc, bytes / tc / 1e3, 100 * tc / tk);
         fflush(stdout);
@@ -512,7 +531,8 @@ int main(int argc, char **argv) {
           date, commit);
   fprintf(m, "`build/moe_local_bench` (bench/moe_local_bench.cu; `scripts/gpu-fusion --ext-only`). bf16, top_k %d, "
           "f32 scales, shared expert on. Each kernel against a copy kernel moving the same bytes (every row it reads "
-          "and writes, the scales / permutation words, the weight), one block per token, all loads of a vector before "
+          "and writes, fin_norm's expert rows through the same permutation, the scales / permutation words, the "
+          "weight), one block per token, all loads of a vector before "
           "its stores, with row_threads(hidden / 8) threads per row and, for rows of 513-1024 vectors, also with half "
           "of them, two vectors a thread (as kernels/moe_reduce.cu runs those rows): the faster copy is the reference%s. CUDA graph of calls, each on its "
           "own slot of buffers (the slots span >= 256 MiB: no call reads what an earlier one left in L2), "
