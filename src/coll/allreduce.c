@@ -171,8 +171,7 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
 
   weft_ar *ar = calloc(1, sizeof *ar);
   if (!ar) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  long t = wf_env_long("WEFT_AR_TIMEOUT_MS", tmo > 0 ? tmo : 300000);
-  wf_dc_setup(&ar->dc, &AR_NAMES, &gi, t > 0 ? (int)t : 300000);
+  wf_dc_setup(&ar->dc, &AR_NAMES, &gi, wf_dc_timeout(0, "WEFT_AR_TIMEOUT_MS", tmo));
   ar->pdl = wf_env_long("WEFT_AR_PDL", 1) != 0;
 
   /* Local facts, then agreement (a rank without CUDA votes 0 SMs). */
@@ -184,13 +183,8 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
   if (v[1] < 1) v[1] = 1;
   if (v[1] > 8) v[1] = 8;
   if ((size_t)v[2] > mb) v[2] = (int64_t)mb;
-  rc = weft_cpugroup_allreduce_i64(g, v, 4, WEFT_MIN);
-  if (rc) { wf_error_context(rc, "%s: agreement", op); ar_free(ar); return rc; }
-  if (v[0] <= 0) {
-    rc = wf_dc_no_device(&local, op);
-    ar_free(ar);
-    return rc;
-  }
+  rc = wf_dc_agree(g, &local, v, 4, NULL, 0, op);
+  if (rc) { ar_free(ar); return rc; }
   ar->max_bytes = (size_t)v[3];
   const uint64_t mvec = ar->max_bytes / 16;
 

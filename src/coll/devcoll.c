@@ -1,7 +1,9 @@
 /* devcoll.c — the host plumbing weft's own device collectives share
- * (src/coll/devcoll.h; users: src/coll/allreduce.c, src/coll/fusion.c). */
+ * (src/coll/devcoll.h; users: src/coll/allreduce.c, src/coll/fusion.c,
+ * src/coll/fusion_ext.c). */
 #include "devcoll.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +98,27 @@ int wf_dc_sm_count(wf_dc_local *l) {
 int wf_dc_no_device(const wf_dc_local *l, const char *op) {
   return l->rc ? wf_error(l->rc, "%s: %s", op, l->msg)
                : wf_error(WEFT_ENODEV, "%s: another rank has no usable CUDA device", op);
+}
+
+int wf_dc_timeout(long asked_ms, const char *env, int group_ms) {
+  const long t = asked_ms > 0 ? asked_ms : wf_env_long(env, group_ms > 0 ? group_ms : 300000);
+  return t > 0 && t <= INT_MAX ? (int)t : 300000;
+}
+
+int wf_dc_agree(weft_cpugroup *g, const wf_dc_local *l, int64_t *vmin, int nmin, int64_t *vmax,
+                int nmax, const char *op) {
+  int rc = weft_cpugroup_allreduce_i64(g, vmin, nmin, WEFT_MIN);
+  if (!rc && nmax > 0) rc = weft_cpugroup_allreduce_i64(g, vmax, nmax, WEFT_MAX);
+  if (rc) return wf_error_context(rc, "%s: agreement", op), rc;
+  return vmin[0] <= 0 ? wf_dc_no_device(l, op) : 0;
+}
+
+void wf_dc_fits_free_memory(int64_t bytes, int *ok) {
+  size_t free_b = 0, total_b = 0;
+  *ok = 0;
+  if (wf_cuda_init()) { wf_clear_error(); return; }
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return; }
+  *ok = (int64_t)free_b > bytes;
 }
 
 int wf_dc_workspace(wf_dc *d, weft_cpugroup *g, size_t bytes, const char *op) {

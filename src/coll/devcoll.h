@@ -94,6 +94,17 @@ int wf_dc_sm_count(wf_dc_local *l);
 /* The error when the agreed SM count is 0: this rank's reason from
  * wf_dc_sm_count, else that another rank has no usable device. */
 int wf_dc_no_device(const wf_dc_local *l, const char *op);
+/* The kernels' timeout in ms: the caller's (> 0), else env, else the
+ * group's, else 300000. */
+int wf_dc_timeout(long asked_ms, const char *env, int group_ms);
+/* Agreement at create (collective): vmin[0] is this rank's SM count from
+ * wf_dc_sm_count (l); vmin becomes the group's minimum, vmax (nmax may be 0)
+ * its maximum. Errors carry op; an agreed SM count of 0 is wf_dc_no_device. */
+int wf_dc_agree(weft_cpugroup *g, const wf_dc_local *l, int64_t *vmin, int nmin, int64_t *vmax,
+                int nmax, const char *op);
+/* Preflight: *ok = 1 when this device has more than bytes free (0 without
+ * a usable device; never an error). */
+void wf_dc_fits_free_memory(int64_t bytes, int *ok);
 /* The workspace: bytes on every rank (collective), mapped into every peer. */
 int wf_dc_workspace(wf_dc *d, weft_cpugroup *g, size_t bytes, const char *op);
 void *wf_dc_peer(const wf_dc *d, int i);

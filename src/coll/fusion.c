@@ -159,10 +159,7 @@ int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
   *ok = 0;
   int rc = check_opts(opts, world, "fusion preflight");
   if (rc) return rc;
-  if (wf_cuda_init()) { wf_clear_error(); return 0; }
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
-  *ok = (int64_t)free_b > layout_of(opts, world).total;
+  wf_dc_fits_free_memory(layout_of(opts, world).total, ok);
   return 0;
 }
 
@@ -205,9 +202,7 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
 
   weft_fusion *f = calloc(1, sizeof *f);
   if (!f) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  long t = opts->timeout_ms > 0 ? opts->timeout_ms
-                                : wf_env_long("WEFT_FUSION_TIMEOUT_MS", tmo > 0 ? tmo : 300000);
-  wf_dc_setup(&f->dc, &FUSION_NAMES, &gi, t > 0 ? (int)t : 300000);
+  wf_dc_setup(&f->dc, &FUSION_NAMES, &gi, wf_dc_timeout(opts->timeout_ms, "WEFT_FUSION_TIMEOUT_MS", tmo));
 
   /* Local facts, then agreement: the smallest SM count (same grid
    * everywhere) and the same sizes (a rank without CUDA votes 0 SMs). */
@@ -216,14 +211,8 @@ int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusi
   const int64_t os_env = wf_env_long("WEFT_FUSION_ONESHOT_MAX", -1);
   int64_t vmin[2] = {sms, os_env > 0 ? os_env : default_oneshot_max(n)};
   int64_t vmax[4] = {opts->max_tokens, opts->hidden, esize(opts->dtype), os_tokens_of(opts)};
-  rc = weft_cpugroup_allreduce_i64(g, vmin, 2, WEFT_MIN);
-  if (!rc) rc = weft_cpugroup_allreduce_i64(g, vmax, 4, WEFT_MAX);
-  if (rc) { wf_error_context(rc, "%s: agreement", op); fusion_free(f); return rc; }
-  if (vmin[0] <= 0) {
-    rc = wf_dc_no_device(&local, op);
-    fusion_free(f);
-    return rc;
-  }
+  rc = wf_dc_agree(g, &local, vmin, 2, vmax, 4, op);
+  if (rc) { fusion_free(f); return rc; }
   /* every rank sizes for the largest request (the grow-only manager asks the
    * same everywhere; this keeps offsets equal even if it did not) */
   f->opts = *opts;

@@ -235,10 +235,7 @@ int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) 
   *ok = 0;
   int rc = check_opts(opts, world, "fusion_ext preflight");
   if (rc) return rc;
-  if (wf_cuda_init()) { wf_clear_error(); return 0; }
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
-  *ok = (int64_t)free_b > layout_of(opts, world).total;
+  wf_dc_fits_free_memory(layout_of(opts, world).total, ok);
   return 0;
 }
 
@@ -260,22 +257,14 @@ int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_
   if (rc) return rc;
   weft_fusion_ext *f = calloc(1, sizeof *f);
   if (!f) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  long t = opts->timeout_ms > 0 ? opts->timeout_ms
-                                : wf_env_long("WEFT_FUSION_TIMEOUT_MS", tmo > 0 ? tmo : 300000);
-  wf_dc_setup(&f->dc, &NAMES, &gi, t > 0 ? (int)t : 300000);
+  wf_dc_setup(&f->dc, &NAMES, &gi, wf_dc_timeout(opts->timeout_ms, "WEFT_FUSION_TIMEOUT_MS", tmo));
   wf_dc_local local;
   const int sms = wf_dc_sm_count(&local);
   const int64_t os_env = wf_env_long("WEFT_FUSION_EXT_ONESHOT_MAX", -1);
   int64_t vmin[2] = {sms, os_env > 0 ? os_env : default_oneshot_max(n)};
   int64_t vmax[3] = {opts->max_tokens, opts->hidden, os_tokens_of(opts)};
-  rc = weft_cpugroup_allreduce_i64(g, vmin, 2, WEFT_MIN);
-  if (!rc) rc = weft_cpugroup_allreduce_i64(g, vmax, 3, WEFT_MAX);
-  if (rc) { wf_error_context(rc, "%s: agreement", op); fx_free(f); return rc; }
-  if (vmin[0] <= 0) {
-    rc = wf_dc_no_device(&local, op);
-    fx_free(f);
-    return rc;
-  }
+  rc = wf_dc_agree(g, &local, vmin, 2, vmax, 3, op);
+  if (rc) { fx_free(f); return rc; }
   f->opts = *opts;
   f->opts.max_tokens = vmax[0];
   f->opts.hidden = vmax[1];
