@@ -19,15 +19,16 @@
 // weight; for fin_norm the expert rows through the same permutation) and
 // writes every output row, one block per token, with
 // row_threads(hidden / 8) threads (one vector each, up to 1024 vectors) and,
-// for rows of 513-1024 vectors, also with half of them (two vectors each, as
-// kernels/moe_reduce.cu runs those rows): the faster copy is the reference
+// for rows of 513-1024 vectors, also with half of them (two vectors each:
+// two blocks per SM): the faster copy is the reference
 // (the norm kernel's own count for rmsnorm), every load of a vector issued
 // before any store: % of copy = copy time / kernel time for the same bytes.
 // (For rmsnorm at few tokens the copy is a weak reference: with the norm
 // kernel's 224-256 threads per row a copy thread moves its 2-4 vectors one
 // after another, where the kernel loads them all first.)
-// WEFT_MOE_LOCAL_SPLIT=0 runs kernels/moe_reduce.cu with one vector per
-// thread for every row (the A/B of its split; the same bits).
+// WEFT_MOE_LOCAL_STAGE=0 runs kernels/moe_reduce.cu's register-batched
+// kernel for every row (the A/B of its shared-memory staged kernel; the
+// same bits).
 //
 // Method: CUDA graph of C calls replayed R times (event per replay, median /
 // C); each call of a graph reads and writes its own slot of buffers, and
@@ -87,7 +88,7 @@ struct CopyArgs {
 
 // One block per token, as the kernels; every load of a vector first, then
 // the stores. The XOR keeps every load live. NIN: rows read (registers).
-template <int NIN>
+template <int NIN, bool GATHER>
 __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
   for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
     uint32_t wx = 0;
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
       uint4 v[NIN];
 #pragma unroll
       for (int i = 0; i < NIN; i++) {
-        const char *row = a.gather && i < a.top_k ? a.in[0] + (size_t)a.gather[(size_t)t * a.top_k + i] * a.rb
+        const char *row = GATHER && i < a.top_k ? a.in[0] + (size_t)a.gather[(size_t)t * a.top_k + i] * a.rb
                                                   : a.in[i] + (size_t)t * a.rb;
         v[i] = *(const uint4 *)(row + (size_t)j * 16);
       }
@@ -116,18 +117,23 @@ __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
   }
 }
 
-static void launch_copy(const CopyArgs &a, unsigned blocks, int threads, cudaStream_t s) {
+// the gather (fin_norm) is a template argument: the other copies carry no test for it
+template <bool G> static void launch_copy_g(const CopyArgs &a, unsigned blocks, int threads, cudaStream_t s) {
   switch (a.nin) {
-  case 2: copy_kernel<2><<<blocks, threads, 0, s>>>(a); break;
-  case 3: copy_kernel<3><<<blocks, threads, 0, s>>>(a); break;
-  case 4: copy_kernel<4><<<blocks, threads, 0, s>>>(a); break;
-  case 5: copy_kernel<5><<<blocks, threads, 0, s>>>(a); break;
-  case 6: copy_kernel<6><<<blocks, threads, 0, s>>>(a); break;
-  case 7: copy_kernel<7><<<blocks, threads, 0, s>>>(a); break;
-  case 8: copy_kernel<8><<<blocks, threads, 0, s>>>(a); break;
-  case 9: copy_kernel<9><<<blocks, threads, 0, s>>>(a); break;
-  default: copy_kernel<10><<<blocks, threads, 0, s>>>(a); break;
+  case 2: copy_kernel<2, G><<<blocks, threads, 0, s>>>(a); break;
+  case 3: copy_kernel<3, G><<<blocks, threads, 0, s>>>(a); break;
+  case 4: copy_kernel<4, G><<<blocks, threads, 0, s>>>(a); break;
+  case 5: copy_kernel<5, G><<<blocks, threads, 0, s>>>(a); break;
+  case 6: copy_kernel<6, G><<<blocks, threads, 0, s>>>(a); break;
+  case 7: copy_kernel<7, G><<<blocks, threads, 0, s>>>(a); break;
+  case 8: copy_kernel<8, G><<<blocks, threads, 0, s>>>(a); break;
+  case 9: copy_kernel<9, G><<<blocks, threads, 0, s>>>(a); break;
+  default: copy_kernel<10, G><<<blocks, threads, 0, s>>>(a); break;
   }
+}
+static void launch_copy(const CopyArgs &a, unsigned blocks, int threads, cudaStream_t s) {
+  if (a.gather) launch_copy_g<true>(a, blocks, threads, s);
+  else launch_copy_g<false>(a, blocks, threads, s);
   CK(cudaGetLastError());
 }
 
@@ -451,8 +457,8 @@ int main(int argc, char **argv) {
           return c;
         };
         // the copy at the kernel's threads per row, and (MoE kinds, rows of
-        // 513-1024 vectors, as the split kernel) at half of them, two vectors
-        // a thread: the reference is the faster of the two
+        // 513-1024 vectors) at half of them, two vectors a thread (two blocks
+        // per SM): the reference is the faster of the two
         int copy_threads = is_moe ? threads : norm_threads(nv);
         auto copy = [&](int i) { launch_copy(copy_args(i), (unsigned)std::min(T, 65535), copy_threads, s); };
         launch(0);   // outside a capture first (the library's lazy set-up)
@@ -534,12 +540,12 @@ int main(int argc, char **argv) {
           "and writes, fin_norm's expert rows through the same permutation, the scales / permutation words, the "
           "weight), one block per token, all loads of a vector before "
           "its stores, with row_threads(hidden / 8) threads per row and, for rows of 513-1024 vectors, also with half "
-          "of them, two vectors a thread (as kernels/moe_reduce.cu runs those rows): the faster copy is the reference%s. CUDA graph of calls, each on its "
+          "of them, two vectors a thread (two blocks per SM): the faster copy is the reference%s. CUDA graph of calls, each on its "
           "own slot of buffers (the slots span >= 256 MiB: no call reads what an earlier one left in L2), "
           "median of %d replays / calls per graph. %% of copy = copy µs / kernel µs. Checks (rows 0, T/2, T-1 against "
           "an f64 reference; the copies against the XOR of their inputs): %d passed, %d failed.\n\n",
-          getenv("WEFT_MOE_LOCAL_SPLIT") && !strcmp(getenv("WEFT_MOE_LOCAL_SPLIT"), "0")
-              ? " (WEFT_MOE_LOCAL_SPLIT=0: the MoE kernels at one vector per thread for every row)" : "",
+          getenv("WEFT_MOE_LOCAL_STAGE") && !strcmp(getenv("WEFT_MOE_LOCAL_STAGE"), "0")
+              ? " (WEFT_MOE_LOCAL_STAGE=0: the MoE kernels without shared-memory staging)" : "",
           K, replays, g_pass, g_fail);
   fprintf(m, "moe: the reduction alone (K+1 rows + scales in, 1 row out); moe_norm: + residual + RMSNorm in one kernel "
           "(K+2 rows in, 2 out); fin_norm: moe_norm through the permutation (MoE finalize); rmsnorm: weft_cuda_rmsnorm "

@@ -130,29 +130,6 @@ __device__ __forceinline__ float block_sum(float s, float *red) {
   return t;
 }
 
-/* block_sum for a row held S vectors per thread (vector j = threadIdx.x + s *
- * blockDim.x, its sum of squares in ss[s]) with the bits of block_sum over
- * S * blockDim.x threads of one vector each, i.e. over row_threads(nv)
- * threads: virtual thread j is lane j % 32 of virtual warp j / 32 =
- * s * (blockDim.x / 32) + warp, and its warp partial lands in red[] at that
- * index. Where S * blockDim.x rounds row_threads(nv) up, the extra virtual
- * warps hold vectors past the row's end: +0, as block_sum's lanes past its
- * warps. Needs blockDim.x % 32 == 0 and S * blockDim.x <= 1024. */
-template <int S>
-__device__ __forceinline__ float block_sum_split(const float (&ss)[S], float *red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-  for (int s = 0; s < S; s++) {
-    const float v = warp_xor_sum(ss[s]);
-    if (lane == 0) red[s * nw + warp] = v;
-  }
-  __syncthreads();
-  float t = lane < S * nw ? red[lane] : 0.f;
-  t = warp_xor_sum(t);
-  __syncthreads(); /* red is reused by the next call */
-  return t;
-}
-
 /* sum of squares of a vector in f32 (element order) */
 template <typename T> __device__ __forceinline__ float sumsq_f32(const float (&f)[Pack<T>::N]) {
   float s = 0.f;

@@ -412,7 +412,7 @@ for _, dt in ipairs(DTYPES) do
 end
 
 -- The single-rank kernel (kernels/moe_reduce.cu: the MoE end at world 1,
--- rows of 513-1024 vectors split over half the threads) against the fused
+-- its rows staged through shared memory) against the fused
 -- kernel: rank 0's experts and zeros on every other rank make the fused sum
 -- rank 0's partial, so both norms must have the same bits (their sums of
 -- squares follow one order).
