@@ -26,9 +26,6 @@
 // (For rmsnorm at few tokens the copy is a weak reference: with the norm
 // kernel's 224-256 threads per row a copy thread moves its 2-4 vectors one
 // after another, where the kernel loads them all first.)
-// WEFT_MOE_LOCAL_STAGE=0 runs kernels/moe_reduce.cu's register-batched
-// kernel for every row (the A/B of its shared-memory staged kernel; the
-// same bits).
 //
 // Method: CUDA graph of C calls replayed R times (event per replay, median /
 // C); each call of a graph reads and writes its own slot of buffers, and
@@ -540,12 +537,10 @@ int main(int argc, char **argv) {
           "and writes, fin_norm's expert rows through the same permutation, the scales / permutation words, the "
           "weight), one block per token, all loads of a vector before "
           "its stores, with row_threads(hidden / 8) threads per row and, for rows of 513-1024 vectors, also with half "
-          "of them, two vectors a thread (two blocks per SM): the faster copy is the reference%s. CUDA graph of calls, each on its "
+          "of them, two vectors a thread (two blocks per SM): the faster copy is the reference. CUDA graph of calls, each on its "
           "own slot of buffers (the slots span >= 256 MiB: no call reads what an earlier one left in L2), "
           "median of %d replays / calls per graph. %% of copy = copy µs / kernel µs. Checks (rows 0, T/2, T-1 against "
           "an f64 reference; the copies against the XOR of their inputs): %d passed, %d failed.\n\n",
-          getenv("WEFT_MOE_LOCAL_STAGE") && !strcmp(getenv("WEFT_MOE_LOCAL_STAGE"), "0")
-              ? " (WEFT_MOE_LOCAL_STAGE=0: the MoE kernels without shared-memory staging)" : "",
           K, replays, g_pass, g_fail);
   fprintf(m, "moe: the reduction alone (K+1 rows + scales in, 1 row out); moe_norm: + residual + RMSNorm in one kernel "
           "(K+2 rows in, 2 out); fin_norm: moe_norm through the permutation (MoE finalize); rmsnorm: weft_cuda_rmsnorm "

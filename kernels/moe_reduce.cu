@@ -13,7 +13,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "fused_ext.cuh"
 #include "cuda/cuda_internal.h"
@@ -93,143 +92,8 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
   }
 }
 
-/* Rows of one vector per thread (up to 1024 vectors: hidden 8192 of bf16):
- * the whole row's loads at once through shared memory. With its loads in
- * registers a thread keeps kBatchMax expert rows in flight and waits for them
- * before it issues the next batch: two or more memory round trips per row,
- * which one block per SM (hidden 7168: 896 threads at 64 registers) cannot
- * hide. Here each thread copies its vector of every row it needs (the shared
- * expert's, the residual's, the top_k experts') into its own slots of shared
- * memory with cp.async (no registers held), waits once, then sums from there:
- * one round trip per row, as a copy. Per element the same operations in the
- * same order as moe_vec (the same bits). Used where the slots fit in shared
- * memory (kStageMaxBytes). */
-constexpr int kStageMaxBytes = 200 * 1024;
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-               "l"(gmem)
-               : "memory");
-#else
-  *(uint4 *)smem = *(const uint4 *)gmem;
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-#endif
-}
-
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads) moe_reduce_staged_kernel(const LocalArgs a) {
-  constexpr int N = Pack<T>::N;
-  extern __shared__ uint4 stage[]; /* [slot][blockDim.x]: slot 0 shared, 1 residual, 2.. experts */
-  __shared__ float red[33];
-  const int nv = a.hidden / N, tid = threadIdx.x, bd = blockDim.x, K = a.m.top_k;
-  const size_t rb = (size_t)a.hidden * sizeof(T), col = (size_t)tid * 16;
-  const bool norm = a.weight != nullptr, res = norm && a.residual != nullptr;
-  const MoeIn &m = a.m;
-  for (int t = blockIdx.x; t < m.tokens; t += gridDim.x) {
-    float y[N];
-    float ss = 0.f;
-    bool bad = false;
-    if (tid < nv) {
-      if (m.shared) cp_async16(&stage[tid], (const char *)m.shared + (size_t)t * rb + col);
-      if (res) cp_async16(&stage[bd + tid], (const char *)a.residual + (size_t)t * rb + col);
-      for (int k = 0; k < K; k++) {
-        int64_t r;
-        if (m.perm) {
-          r = m.perm[(int64_t)t * K + k];
-          if (r < 0 || r >= m.expert_rows) { bad = true; continue; }
-        } else {
-          r = (int64_t)k * m.tokens + t;
-        }
-        cp_async16(&stage[(size_t)(2 + k) * bd + tid], (const char *)m.input + (size_t)r * rb + col);
-      }
-      cp_async_wait_all();
-      /* as moe_vec: the shared expert first, then the top_k rows by fma in k order */
-      if (m.shared) Pack<T>::to_f32(stage[tid], y);
-      else
-#pragma unroll
-        for (int e = 0; e < N; e++) y[e] = 0.f;
-      for (int k = 0; k < K; k++) {
-        int64_t si;
-        if (m.perm) {
-          si = (int64_t)t * K + k;
-          const int32_t r = m.perm[si];
-          if (r < 0 || r >= m.expert_rows) continue;
-        } else {
-          si = (int64_t)k * m.tokens + t;
-        }
-        const float sc = m.scales_f32 ? scalar_f32<float>(m.scales, si) : scalar_f32<T>(m.scales, si);
-        float x[N];
-        Pack<T>::to_f32(stage[(size_t)(2 + k) * bd + tid], x);
-#pragma unroll
-        for (int e = 0; e < N; e++) y[e] = __fmaf_rn(sc, x[e], y[e]);
-      }
-      if (bad)
-#pragma unroll
-        for (int e = 0; e < N; e++) y[e] = __int_as_float(0x7fc00000);
-      const size_t off = (size_t)t * rb + col;
-      const uint4 xv = Pack<T>::from_f32(y);
-      if (a.out) st_vec((char *)a.out + off, xv);
-      if (norm) {
-        /* residual_out = round(round(x) + residual): as the unfused path */
-        Pack<T>::to_f32(xv, y);
-        if (res) {
-          float r[N];
-          Pack<T>::to_f32(stage[bd + tid], r);
-#pragma unroll
-          for (int e = 0; e < N; e++) y[e] += r[e];
-        }
-        const uint4 yv = Pack<T>::from_f32(y);
-        if (a.residual_out) st_vec((char *)a.residual_out + off, yv);
-        Pack<T>::to_f32(yv, y);
-        ss = sumsq_f32<T>(y);
-      }
-    }
-    if (!norm) continue;
-    const uint4 wv = tid < nv ? ld_vec((const char *)a.weight + col) : make_uint4(0, 0, 0, 0);
-    const float rstd = rsqrtf(block_sum(ss, red) / (float)a.hidden + a.eps);
-    if (tid < nv) st_vec((char *)a.norm_out + (size_t)t * rb + col, norm_vec<T>(y, rstd, wv, a.gemma != 0));
-  }
-}
-
-/* WEFT_MOE_LOCAL_STAGE=0 (read once): the register-batched kernel for every
- * row, to measure the staged one against it (bench/moe_local_bench.cu); the
- * same bits either way */
-bool stage_enabled() {
-  static const bool on = [] {
-    const char *e = getenv("WEFT_MOE_LOCAL_STAGE");
-    return !(e && e[0] == '0' && e[1] == 0);
-  }();
-  return on;
-}
-
-/* Dynamic shared memory above 48 KiB needs the kernel's opt-in, once per
- * device (a bit per device of the first 64; others ask every time). */
-template <typename T> bool staged_smem_ok(int bytes, int dev) {
-  static unsigned long long done = 0;
-  if (bytes <= 48 * 1024) return true;
-  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-  if (bit && (__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit)) return true;
-  if (cudaFuncSetAttribute(moe_reduce_staged_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kStageMaxBytes) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
-  return true;
-}
-
-template <typename T>
-void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const LocalArgs &a, int dev) {
-  const int slots = 2 + a.m.top_k, bytes = slots * threads * 16;
-  if (vm == 1 && bytes <= kStageMaxBytes && stage_enabled() && staged_smem_ok<T>(bytes, dev)) {
-    moe_reduce_staged_kernel<T><<<blocks, threads, bytes, s>>>(a);
-    return;
-  }
+void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const LocalArgs &a) {
   switch (vm) {
   case 1: moe_reduce_kernel<T, 1><<<blocks, threads, 0, s>>>(a); break;
   case 2: moe_reduce_kernel<T, 2><<<blocks, threads, 0, s>>>(a); break;
@@ -292,9 +156,9 @@ extern "C" int weft_cuda_moe_reduce(const void *input, const void *scales, int s
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
   const int nv = (int)(hidden * es / 16), vm = (nv + threads - 1) / threads;
   switch (dtype) {
-  case WEFT_F32: launch_vm<float>(vm, (unsigned)blocks, threads, s, a, dev); break;
-  case WEFT_F16: launch_vm<__half>(vm, (unsigned)blocks, threads, s, a, dev); break;
-  default: launch_vm<__nv_bfloat16>(vm, (unsigned)blocks, threads, s, a, dev); break;
+  case WEFT_F32: launch_vm<float>(vm, (unsigned)blocks, threads, s, a); break;
+  case WEFT_F16: launch_vm<__half>(vm, (unsigned)blocks, threads, s, a); break;
+  default: launch_vm<__nv_bfloat16>(vm, (unsigned)blocks, threads, s, a); break;
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "moe_reduce kernel launch", e);
