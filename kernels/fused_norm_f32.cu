@@ -1,6 +1,0 @@
-/* fused_norm_f32.cu — the fused all-reduce + residual + RMSNorm kernels of
- * kernels/fused_norm_kernels.cuh for f32, default mode.
- * One of six translation units, so that nvcc compiles them in parallel. */
-#include "fused_norm_kernels.cuh"
-
-kernel_fn wf_fused::pick_f32(int algo, int world) { return pick_w<float, false>(algo, world); }
