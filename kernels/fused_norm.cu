@@ -1,7 +1,7 @@
 /* fused_norm.cu — the host side of the all-reduce fused with residual add +
  * RMSNorm (+ FP8 quant): the grid (geometry, occupancy), the launch and the
  * workspace's initialisation. The kernels, and how they work, are in
- * kernels/fused_norm_kernels.cuh, instantiated in kernels/fused_norm_<dtype>[_det].cu. */
+ * kernels/fused_norm_kernels.cuh, instantiated in kernels/fused_norm_<dtype>[_det][_<algo>[_w<lo>_<hi>]].cu. */
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -25,7 +25,12 @@ kernel_fn pick(int dtype, int algo, int world, bool det) {
   switch (dtype) {
   case WEFT_BF16: return det ? wf_fused::pick_bf16_det(algo, world) : wf_fused::pick_bf16(algo, world);
   case WEFT_F16: return det ? wf_fused::pick_f16_det(algo, world) : wf_fused::pick_f16(algo, world);
-  case WEFT_F32: return det ? wf_fused::pick_f32_det(algo, world) : wf_fused::pick_f32(algo, world);
+  case WEFT_F32:
+    if (algo == WF_FUSED_ONESHOT && world <= 5)
+      return det ? wf_fused::pick_f32_det_oneshot_w2_5(world) : wf_fused::pick_f32_oneshot_w2_5(world);
+    if (algo == WF_FUSED_ONESHOT)
+      return det ? wf_fused::pick_f32_det_oneshot_w6_8(world) : wf_fused::pick_f32_oneshot_w6_8(world);
+    return det ? wf_fused::pick_f32_det_twoshot(world) : wf_fused::pick_f32_twoshot(world);
   }
   return nullptr;
 }

@@ -95,10 +95,12 @@
  * all of this kernel's writes (it waits for the whole grid to complete and
  * flush); only the overlap differs.
  *
- * This header holds the kernels (device code only); each of the six
- * kernels/fused_norm_<dtype>[_det].cu instantiates those of one dtype and
- * mode and exports its pick function, so that nvcc compiles them in
- * parallel (one file of all 84 took most of a GPU build's wall time);
+ * This header holds the kernels (device code only); each of
+ * kernels/fused_norm_<dtype>[_det][_<algo>[_w<lo>_<hi>]].cu instantiates
+ * those of one dtype and mode (f32: and algorithm, and for the one-shot
+ * a range of worlds) and exports its pick function, so
+ * that nvcc compiles them in parallel (one file of all 84 took most of a
+ * GPU build's wall time);
  * kernels/fused_norm.cu keeps the host side (geometry, occupancy, launch,
  * init). */
 #pragma once
@@ -874,10 +876,14 @@ typedef void (*kernel_fn)(const wf_fused_args);
 
 /* WF_FUSED_WORLD2_ONLY: a quick build (scripts/gpu-fusion --fast-build)
  * that instantiates the kernels for 2 ranks only; other sizes then fail at
- * launch with cudaErrorInvalidValue. */
-template <typename T, bool D> kernel_fn pick_w(int algo, int world) {
-#define WF_CASE(w) \
-  case w: return algo == WF_FUSED_ONESHOT ? oneshot_kernel<T, w, D> : twoshot_kernel<T, w, D>;
+ * launch with cudaErrorInvalidValue. ONE: the one-shot kernels, else the
+ * two-shot ones; worlds LO..HI only (only those are instantiated). */
+template <typename T, bool D, bool ONE, int LO = 2, int HI = 8> kernel_fn pick_one(int world) {
+#define WF_CASE(w)                                                          \
+  case w:                                                                   \
+    if constexpr (w < LO || w > HI) return nullptr;                         \
+    else if constexpr (ONE) return oneshot_kernel<T, w, D>;                 \
+    else return twoshot_kernel<T, w, D>;
   switch (world) {
     WF_CASE(2)
 #ifndef WF_FUSED_WORLD2_ONLY
@@ -887,16 +893,25 @@ template <typename T, bool D> kernel_fn pick_w(int algo, int world) {
 #undef WF_CASE
   return nullptr;
 }
+template <typename T, bool D> kernel_fn pick_w(int algo, int world) {
+  return algo == WF_FUSED_ONESHOT ? pick_one<T, D, true>(world) : pick_one<T, D, false>(world);
+}
 
 }  // namespace
 
 /* the kernel of (algo, world) for one dtype and mode, nullptr if none:
- * defined in kernels/fused_norm_<dtype>[_det].cu (_det: WF_FUSED_DETERMINISTIC) */
+ * defined in kernels/fused_norm_<dtype>[_det].cu (_det: WF_FUSED_DETERMINISTIC);
+ * f32's, the longest to compile, in one file per algorithm as well, the
+ * one-shot in two (worlds 2-5, 6-8): fused_norm_f32[_det]_<algo>[_w<lo>_<hi>].cu */
 namespace wf_fused {
 kernel_fn pick_bf16(int algo, int world);
 kernel_fn pick_bf16_det(int algo, int world);
 kernel_fn pick_f16(int algo, int world);
 kernel_fn pick_f16_det(int algo, int world);
-kernel_fn pick_f32(int algo, int world);
-kernel_fn pick_f32_det(int algo, int world);
+kernel_fn pick_f32_oneshot_w2_5(int world);
+kernel_fn pick_f32_oneshot_w6_8(int world);
+kernel_fn pick_f32_twoshot(int world);
+kernel_fn pick_f32_det_oneshot_w2_5(int world);
+kernel_fn pick_f32_det_oneshot_w6_8(int world);
+kernel_fn pick_f32_det_twoshot(int world);
 }  // namespace wf_fused

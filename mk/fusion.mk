@@ -1,6 +1,6 @@
 # Fused all-reduce + residual + RMSNorm (src/coll/fusion.c, kernels/fused_norm.cu:
 # the host side; the kernels: kernels/fused_norm_kernels.cuh, instantiated in
-# kernels/fused_norm_<dtype>[_det].cu, six files that nvcc compiles in parallel):
+# kernels/fused_norm_<dtype>[_det][_<algo>].cu, files that nvcc compiles in parallel):
 #   make fused-bench      build $(BUILD)/fused_bench (validate-then-benchmark harness)
 #   make fusion-ptxas     compile the kernels with -Xptxas -v; fail on any spill
 #   make gpu-fusion       scripts/gpu-fusion: build, check and benchmark on 2 GPUs
