@@ -40,9 +40,8 @@ describe("scripts/run-tests", function()
     if dir then S.shell("rm -rf " .. dir) end
   end)
 
-  -- scripts/run-tests with args (whole: args is the command line itself)
-  local function run(args, whole)
-    return S.shell(("cd %s && %s%s < /dev/null"):format(ROOT, whole and "" or "scripts/run-tests ", args))
+  local function run(args)
+    return S.shell(("cd %s && scripts/run-tests %s < /dev/null"):format(ROOT, args))
   end
 
   it("sums skipped tests up per file with their reasons, and counts them as skipped", function()
@@ -112,38 +111,9 @@ describe("scripts/run-tests", function()
     end
     local list = {}
     for _, n in ipairs { "g1", "g2", "s", "f", "shm", "mq" } do list[#list + 1] = L .. "/" .. n .. "_spec.lua" end
-    -- shm and mq alone at the end (as where no private /dev/shm can be made)
-    local out, rc = run("WEFT_TEST_SHM_ALONE=1 scripts/run-tests -j 2 " .. table.concat(list, " "), true)
+    local out, rc = run("-j 2 " .. table.concat(list, " "))
     assert.matches("1 in 2 lanes beside 2 with #gpu tests in one lane and 1 in the solo GPU lane, then 2 alone", out, 1, true)
     assert.matches("\n6 passed, 0 failed, 0 skipped\nrc=0", out)
-  end)
-
-  it("as root, runs shm_spec and mq_spec in the lanes, each with a /dev/shm of its own", function()
-    local root = S.shell("id -u"):match("^(%d+)") == "0"
-    if not (root and select(2, S.shell("unshare -m true")) == 0) then
-      pending("needs root and unshare -m (elsewhere shm and mq run alone: the test above)")
-      return
-    end
-    local P = dir .. "/private"
-    S.shell("mkdir -p " .. P)
-    local probe = "/dev/shm/weft-run-tests-" .. P:match("([^.]+)/private$") -- one name per run of this spec
-    assert(io.open(probe .. "-outside", "w")):close()
-    for _, n in ipairs { "shm", "mq" } do
-      write(P .. "/" .. n .. "_spec.lua", ('it("sees only its own /dev/shm", function()\n'
-            .. '  local f = io.open(%q)\n  assert.is_nil(f, "the /dev/shm outside is visible")\n'
-            .. '  assert(io.open(%q, "w")):close()\nend)\n'):format(probe .. "-outside", probe .. "-" .. n))
-    end
-    local out = run("-j 2 " .. P .. "/shm_spec.lua " .. P .. "/mq_spec.lua")
-    os.remove(probe .. "-outside")
-    local left = {}
-    for _, n in ipairs { "shm", "mq" } do
-      local f = io.open(probe .. "-" .. n)
-      if f then f:close(); os.remove(probe .. "-" .. n); left[#left + 1] = n end
-    end
-    assert.matches("2 in 2 lanes beside 0 with #gpu tests in one lane and 0 in the solo GPU lane, then 0 alone "
-                   .. "(shm and mq: a private /dev/shm each)", out, 1, true)
-    assert.matches("\n2 passed, 0 failed, 0 skipped\nrc=0", out)
-    assert.are.same({}, left, "names written in the private /dev/shm are in the real one")
   end)
 
   it("refuses a -j that is not a number of lanes", function()
