@@ -1,4 +1,5 @@
-# weft's own all-reduce (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu):
+# weft's own all-reduce (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu,
+# the kernels in kernels/allreduce_kernels.cuh, one file per dtype: allreduce_<dtype>.cu):
 # the validate-then-benchmark harness, NCCL side by side (bench/ar_bench.cu).
 #   make ar-bench [BUILD=...]   builds $(BUILD)/ar_bench against $(LIB)
 #   scripts/gpu-ar              builds, runs 2 ranks on 2 GPUs, results in $OUT

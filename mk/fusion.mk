@@ -1,4 +1,6 @@
-# Fused all-reduce + residual + RMSNorm (src/coll/fusion.c, kernels/fused_norm.cu):
+# Fused all-reduce + residual + RMSNorm (src/coll/fusion.c, kernels/fused_norm.cu:
+# the host side; the kernels: kernels/fused_norm_kernels.cuh, instantiated in
+# kernels/fused_norm_<dtype>[_det][_<algo>].cu, files that nvcc compiles in parallel):
 #   make fused-bench      build $(BUILD)/fused_bench (validate-then-benchmark harness)
 #   make fusion-ptxas     compile the kernels with -Xptxas -v; fail on any spill
 #   make gpu-fusion       scripts/gpu-fusion: build, check and benchmark on 2 GPUs
@@ -6,8 +8,10 @@
 # library's one static CUDA runtime.
 FUSED_BENCH := $(BUILD)/fused_bench
 
-# fused_norm.cu includes src/coll/fusion_internal.h, which the generic rule does not list
-$(BUILD)/obj/fused_norm.cu.o: src/coll/fusion_internal.h
+# the fused_norm*.cu include src/coll/fusion_internal.h and the kernels'
+# header, which the generic rule does not list (-MMD does, after a first build)
+FUSED_NORM_SRCS := $(wildcard kernels/fused_norm*.cu)
+$(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(FUSED_NORM_SRCS)): src/coll/fusion_internal.h kernels/fused_norm_kernels.cuh
 
 .PHONY: fused-bench fusion-ptxas gpu-fusion
 fused-bench: $(FUSED_BENCH)
@@ -25,7 +29,9 @@ endif
 
 fusion-ptxas:
 	@mkdir -p $(BUILD)
-	$(NVCC) $(NVFLAGS) -Xptxas -v -c kernels/fused_norm.cu -o $(BUILD)/fusion-ptxas.o 2> $(BUILD)/fusion-ptxas.txt
+	@rm -f $(BUILD)/fusion-ptxas.txt
+	for f in $(FUSED_NORM_SRCS); do \
+	  $(NVCC) $(NVFLAGS) -Xptxas -v -c $$f -o $(BUILD)/fusion-ptxas.o 2>> $(BUILD)/fusion-ptxas.txt || exit 1; done
 	@awk '/Compiling entry/ {k=$$0} /spill stores/ { if ($$5 != 0 || $$9 != 0) { print "spill: " k; bad=1 } } \
 	  END { exit bad }' $(BUILD)/fusion-ptxas.txt && echo "fusion-ptxas: no spills"
 

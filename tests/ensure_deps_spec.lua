@@ -40,9 +40,17 @@ local function stub_path(dir, uid, apt)
   return dir .. "/bin"
 end
 
+-- LUA_PATH, LUA_CPATH and CRYPTO_CFLAGS pass through: where busted or
+-- OpenSSL's headers are found through them (scripts/gpu-test's unpacked
+-- .deps), they are there for the script as they are for these tests
 local function run(dir, path, args, env)
-  return S.shell(("cd '%s' && env -i HOME=/tmp PATH='%s' GLOO_INC='%s/nowhere' %s /bin/sh scripts/ensure-deps %s")
-                 :format(ROOT, path, dir, env or "", args or ""))
+  local keep = {}
+  for _, k in ipairs({ "LUA_PATH", "LUA_CPATH", "CRYPTO_CFLAGS" }) do
+    local v = os.getenv(k)
+    if v then keep[#keep + 1] = ("%s='%s'"):format(k, v) end
+  end
+  return S.shell(("cd '%s' && env -i HOME=/tmp PATH='%s' GLOO_INC='%s/nowhere' %s %s /bin/sh scripts/ensure-deps %s")
+                 :format(ROOT, path, dir, table.concat(keep, " "), env or "", args or ""))
 end
 
 local function lines(out, pat)

@@ -1,5 +1,6 @@
 -- Device runtime: devices, the caching pool, copies, random fill, streams,
 -- events, graph capture, and clear errors. #gpu specs are pending without a GPU.
+-- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C

@@ -46,7 +46,7 @@ end
 
 -- a fault run at world 4 (tests/helpers/fusion_ext_ranks.lua FX_KILL)
 local function fault_run(env, log)
-  local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=4096 WEFT_TIMEOUT_MS=8000 %s LUA_PATH='%s/tests/?.lua;;' "
+  local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=4096 WEFT_TIMEOUT_MS=5000 %s LUA_PATH='%s/tests/?.lua;;' "
                               .. "timeout 120 scripts/weft-mps -n 4 -- scripts/weft-run -n 4 --timeout 100 "
                               .. "tests/helpers/fusion_ext_ranks.lua"):format(env, os.getenv("PWD") or "."))
   local dir = os.getenv("OUT")

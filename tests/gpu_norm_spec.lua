@@ -1,6 +1,7 @@
 -- kernels/norm.cu (residual add + RMSNorm) against the CPU reference
 -- weft_host_rmsnorm, for bf16 / f16 / f32, the vector and generic paths,
 -- with and without residual, Gemma weights and in-place outputs.
+-- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
 local wffi = require "weft.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"

@@ -59,7 +59,7 @@ describe("#gpu quick all-reduce (MPS)", function()
     if not G.need_gpus(1, function(why) pending(why) end) then return end
     if os.getenv("WEFT_QUICK_NO_KILL") == "1" then pending("WEFT_QUICK_NO_KILL=1"); return end
     local t0 = os.time()
-    local out, rc = run(4, "WEFT_TIMEOUT_MS=10000 WEFT_QUICK_KILL=2", "quick-w4-kill.log")
+    local out, rc = run(4, "WEFT_TIMEOUT_MS=6000 WEFT_QUICK_KILL=2", "quick-w4-kill.log")
     if rc == 77 then pending("MPS cannot start here"); return end
     assert.is_truthy(out:find("[rank2] LEAVING", 1, true), out:sub(-4000))
     for r = 0, 3 do

@@ -54,7 +54,7 @@ describe("#gpu shared GPU (MPS)", function()
   it("world 8: a rank that leaves is named by every survivor, nothing hangs", function()
     if not G.need_gpus(1, function(why) pending(why) end) then return end
     local t0 = os.time()
-    local out, rc = run(8, "WEFT_TIMEOUT_MS=15000 WEFT_SHARED_KILL=5", "shared-w8-kill.log")
+    local out, rc = run(8, "WEFT_TIMEOUT_MS=8000 WEFT_SHARED_KILL=5", "shared-w8-kill.log")
     if rc == 77 then pending("MPS cannot start here"); return end
     assert.is_truthy(out:find("[rank5] LEAVING", 1, true), out:sub(-4000))
     for r = 0, 7 do

@@ -3,6 +3,7 @@
 -- and the counts are summed), skipped tests summed up as one line per file
 -- with their reasons, and failures that are never lost (a failing test, a
 -- file that dies before busted's status line).
+-- run-tests: one GPU process (no GPU work at all: '#gpu' is only in the files it writes)
 local S = require "helpers.spec_util"
 
 local ROOT = os.getenv("PWD") or "."
@@ -79,6 +80,40 @@ describe("scripts/run-tests", function()
     local serial, src = run(files.crash)
     assert.are_not.equal(0, src)
     assert.matches("0 passed, 1 failed, 0 skipped\nrc=", serial, 1, true)
+  end)
+
+  -- each file marks when it ran (files under <dir>/lanes/m); a wait of at most
+  -- 10 s for a file of another lane fails the test if the lanes ran one
+  -- after the other instead of beside each other
+  it("runs the GPU lane, the solo GPU lane and the other lanes at once, one GPU file at a time, shm and mq after them all", function()
+    local L = dir .. "/lanes"
+    S.shell("mkdir -p " .. L .. "/m")
+    local pre = ('local M = %q\n'):format(L .. "/m/")
+                .. 'local function touch(n) assert(io.open(M .. n, "w")):close() end\n'
+                .. 'local function has(n) local f = io.open(M .. n) if f then f:close() end return f ~= nil end\n'
+                .. 'local function wait_for(n) for _ = 1, 200 do if has(n) then return true end '
+                .. 'os.execute("sleep 0.05") end return false end\n'
+    local function spec(name, body) write(L .. "/" .. name, pre .. body) end
+    spec("g1_spec.lua", 'it("first #gpu file", function()\n  assert.is_false(has("gpu-busy"))\n  touch("gpu-busy")\n'
+         .. '  touch("g1")\n  assert.is_true(wait_for("solo"), "the solo GPU lane did not run beside the GPU lane")\n'
+         .. '  os.remove(M .. "gpu-busy")\n  touch("g1-done")\nend)\n')
+    spec("g2_spec.lua", 'it("second #gpu file", function()\n  assert.is_false(has("gpu-busy"), "two GPU-lane files at once")\n'
+         .. '  touch("gpu-busy")\n  os.execute("sleep 0.2")\n  os.remove(M .. "gpu-busy")\n  touch("g2-done")\nend)\n')
+    spec("s_spec.lua", '-- run-tests: one GPU process (a test fixture)\n'
+         .. 'it("a #gpu file in one process", function()\n  touch("solo")\n'
+         .. '  assert.is_true(wait_for("g1"), "the GPU lane did not run beside the solo GPU lane")\n  touch("solo-done")\nend)\n')
+    spec("f_spec.lua", 'it("a host file", function()\n  assert.is_true(wait_for("solo"), "not beside the GPU lanes")\n'
+         .. '  touch("free-done")\nend)\n')
+    for _, p in ipairs { { "shm", "mq" }, { "mq", "shm" } } do
+      spec(p[1] .. "_spec.lua", ('it("alone", function()\n  for _, n in ipairs { "g1-done", "g2-done", "solo-done", "free-done" } do\n'
+           .. '    assert.is_true(has(n), n .. " had not ended")\n  end\n  touch(%q)\n'
+           .. '  assert.is_true(wait_for(%q), "shm and mq did not run beside each other")\nend)\n'):format(p[1], p[2]))
+    end
+    local list = {}
+    for _, n in ipairs { "g1", "g2", "s", "f", "shm", "mq" } do list[#list + 1] = L .. "/" .. n .. "_spec.lua" end
+    local out, rc = run("-j 2 " .. table.concat(list, " "))
+    assert.matches("1 in 2 lanes beside 2 with #gpu tests in one lane and 1 in the solo GPU lane, then 2 alone", out, 1, true)
+    assert.matches("\n6 passed, 0 failed, 0 skipped\nrc=0", out)
   end)
 
   it("refuses a -j that is not a number of lanes", function()

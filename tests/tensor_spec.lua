@@ -1,5 +1,6 @@
 -- weft.tensor and the host helpers of src/host/hostops.c (allocation, random fill,
 -- conversion, comparison).
+-- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
 local ffi = require "ffi"
 
 describe("weft.tensor", function()

@@ -1,0 +1,449 @@
+/* quick_allreduce_kernels.cuh — the quick all-reduce: weft's two-shot all-reduce
+ * (kernels/allreduce.cu's ar_twoshot) whose wire format is a codec
+ * (src/coll/quick_codec.h): int8, int4 or fp8 e4m3 with one f32 scale per
+ * block of 32 elements, or fp (the input dtype: no compression, the
+ * reference path through the same kernel).  bf16 and f16, worlds 2, 4, 6, 8,
+ * over the weft_ar workspace (same epochs, flags, sites and error words).
+ *
+ * Per chunk, part j belongs to rank j:
+ *  A. every rank encodes its input of part q and pushes codes + scales to
+ *     rank q (reduce-scatter);
+ *  B. the owner decodes every rank's contribution (its own one encoded and
+ *     decoded in registers, the same functions), sums them in f32 in rank
+ *     order, encodes the sum ONCE and pushes those bytes to every peer; its
+ *     own output is the decoded bytes it pushed;
+ *  C. every rank decodes the owners' bytes into its output.
+ * So every rank decodes the same bytes with the same function: every rank
+ * ends with the same bits.  An element's result depends only on its
+ * 32-element block of every rank's input (blocks are aligned to the buffer
+ * start, whoever owns them), which is what deterministic mode needs.
+ * A three-stage software pipeline over rounds, as in ar_twoshot; one 16-byte
+ * vector per thread and part (a block of 32 elements = 4 adjacent threads,
+ * its max found with two shuffles).
+ *
+ * Also: the codec steps alone on one GPU (weft_qr_codec_step), for the
+ * throughput benchmark and for checking them against the CPU reference.
+ *
+ * This header holds the kernels and their launch templates; each of
+ * kernels/quick_allreduce_<dtype>.cu instantiates those of one dtype and
+ * exports its launch and codec-step functions, so that nvcc compiles them
+ * in parallel; kernels/quick_allreduce.cu keeps the entry points. */
+#pragma once
+#include "quick_codec.cuh"
+
+extern "C" {
+#include "coll/ar_internal.h"
+#include "weft.h"
+}
+
+namespace {
+
+using namespace wf;
+
+struct QArgs {
+  const char *in;
+  char *out;
+  uint64_t nvec;
+  int tail;
+  int rank;
+  char *ws[WF_AR_MAX_WORLD];
+  uint64_t off_data, data_par;
+  SpinEnv env;
+};
+
+/* --------------------------------------------------------------- the kernel */
+
+__device__ __forceinline__ int pslot(int src, int dst) { return src < dst ? src : src - 1; }
+
+__device__ __forceinline__ uint32_t *epochs_of(const QArgs &a) {
+  return reinterpret_cast<uint32_t *>(a.ws[a.rank] + WF_AR_OFF_EPOCHS);
+}
+__device__ __forceinline__ uint64_t *flag_ptr(const QArgs &a, int owner, uint32_t par, int phase,
+                                              int block, int sender) {
+  return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) +
+         (((size_t)(par * 2 + phase) * WF_AR_MAX_BLOCKS + block) * WF_AR_MAX_WORLD + sender);
+}
+
+template <typename T, bool D>
+__device__ __forceinline__ uint4 load_term(const QArgs &a, uint64_t v) {
+  if (v >= a.nvec) return make_uint4(0, 0, 0, 0);
+  uint4 x = (a.tail && v == a.nvec - 1)
+                ? ld_vec_partial<T>(reinterpret_cast<const T *>(a.in + v * 16), a.tail)
+                : ld_vec(a.in + v * 16);
+  return D ? lamport_sanitize<T>(x) : x;
+}
+template <typename T>
+__device__ __forceinline__ void store_out(const QArgs &a, uint64_t v, uint4 x) {
+  if (v >= a.nvec) return;
+  if (a.tail && v == a.nvec - 1) st_vec_partial<T>(reinterpret_cast<T *>(a.out + v * 16), x, a.tail);
+  else st_vec(a.out + v * 16, x);
+}
+
+/* The Lamport buffers stay clean whatever kernel runs (allreduce.cu's
+ * lamport_maintain, for a call that uses none of them). */
+template <int W>
+__device__ __forceinline__ void lamport_keep(const QArgs &a, uint64_t off_lamport, uint64_t lslot, uint32_t E) {
+  uint64_t *lb = reinterpret_cast<uint64_t *>(a.ws[a.rank] + WF_AR_OFF_LBYTES);
+  const uint32_t prev = (E + 2) % 3;
+  const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2];
+  const uint64_t pv = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
+  if (pv) {
+    const uint4 empty = lamport_empty_vec();
+    char *base = a.ws[a.rank] + off_lamport + (uint64_t)prev * (W - 1) * lslot;
+#pragma unroll
+    for (int k = 0; k < W - 1; k++)
+      for (uint64_t v = tid; v < pv; v += nthr) st_vec(base + k * lslot + v * 16, empty);
+  }
+  if (tid == 0) lb[E % 3] = 0;
+}
+
+struct QLam {
+  uint64_t off_lamport, lamport_slot;
+};
+
+template <typename T, int W, int C, bool D>
+__global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam) {
+  using K = Codec<C>;
+  pdl_wait(); /* before any memory access: the previous kernel is complete */
+  pdl_launch_dependents();
+  const uint32_t E = epoch_load(epochs_of(a));
+  const uint32_t par = E & 1;
+  const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
+  const uint64_t nvec = a.nvec, PV = WF_QR_PART, CW = PV * W;
+  const uint64_t nchunks = (nvec + CW - 1) / CW;
+  const uint64_t R = (uint64_t)b < nchunks ? (nchunks - 1 - b) / G + 1 : 0;
+  const uint64_t slot = nchunks * K::PB;
+  /* slots: [0, W-1) reduce-scatter inputs, [W-1, 2W-2) all-gather results */
+  const char *region_me = a.ws[me] + a.off_data + par * a.data_par;
+
+  lamport_keep<W>(a, lam.off_lamport, lam.lamport_slot, E);
+
+  bool ok = true;
+  for (uint64_t r = 0; r <= R + 1; r++) {
+    if (r < R) { /* A: encode part q of the chunk, push it to rank q */
+      const uint64_t c = b + r * G;
+      uint4 raws[W - 1]; /* every part's input loaded first: W-1 loads in flight */
+#pragma unroll
+      for (int k = 1; k < W; k++) raws[k - 1] = load_term<T, D>(a, c * CW + ((me + k) % W) * PV + t);
+#pragma unroll
+      for (int k = 1; k < W; k++) {
+        const int q = (me + k) % W;
+        const uint4 raw = raws[k - 1];
+        char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot + c * K::PB;
+        if (C == WF_QR_FP) {
+          put<C>(dst, t, raw, 0.f);
+        } else {
+          float x[8], s;
+          Pack<T>::to_f32(raw, x);
+          const uint4 cq = encode<C>(x, s);
+          put<C>(dst, t, cq, s);
+        }
+      }
+      __syncthreads();
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
+    }
+    if (r >= 1 && r <= R) { /* B: sum my part in rank order, encode once, push */
+      const uint64_t rr = r - 1, c = b + rr * G;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_QRS, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
+      }
+      if (!__syncthreads_and(ok)) break;
+      const uint64_t v = c * CW + me * PV + t;
+      float acc[8];
+#pragma unroll 1
+      for (int p = 0; p < W; p++) {
+        float y[8];
+        if (p == me) {
+          through_wire<T, C>(load_term<T, D>(a, v), y);
+        } else {
+          float s = 0.f;
+          const uint4 cq = get<C>(region_me + pslot(p, me) * slot + c * K::PB, t, s);
+          if (C == WF_QR_FP) Pack<T>::to_f32(cq, y);
+          else decode<C>(cq, s, y);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
+      }
+      uint4 wire, res;
+      float s = 0.f;
+      if (C == WF_QR_FP) {
+        wire = res = Pack<T>::from_f32(acc);
+      } else {
+        float y[8];
+        wire = encode<C>(acc, s);
+        decode<C>(wire, s, y); /* my output: the bytes I push, decoded */
+        res = Pack<T>::from_f32(y);
+      }
+#pragma unroll 1
+      for (int k = 1; k < W; k++) {
+        const int q = (me + k) % W;
+        put<C>(a.ws[q] + a.off_data + par * a.data_par + (W - 1 + pslot(me, q)) * slot + c * K::PB, t, wire, s);
+      }
+      store_out<T>(a, v, res);
+      __syncthreads();
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 1, b, me), flag_value(E, rr + 1));
+    }
+    if (r >= 2) { /* C: decode the owners' results of chunk r-2 */
+      const uint64_t rr = r - 2, c = b + rr * G;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 1, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_QAG, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
+      }
+      if (!__syncthreads_and(ok)) break;
+#pragma unroll 1
+      for (int k = 1; k < W; k++) {
+        const int p = (me + k) % W;
+        const uint64_t v = c * CW + p * PV + t;
+        if (v >= nvec) continue;
+        float s = 0.f;
+        const uint4 cq = get<C>(region_me + (W - 1 + pslot(p, me)) * slot + c * K::PB, t, s);
+        if (C == WF_QR_FP) {
+          store_out<T>(a, v, cq);
+        } else {
+          float y[8];
+          decode<C>(cq, s, y);
+          store_out<T>(a, v, Pack<T>::from_f32(y));
+        }
+      }
+    }
+  }
+  __syncthreads();
+  epoch_advance(epochs_of(a), E);
+}
+
+/* ------------------------------------------------ codec steps on one GPU
+ * The same encode/decode as the kernel above, on one GPU, in the wire
+ * layout of quick_codec.h (parts of WF_QR_PART vectors):
+ *  quantize: in (T) -> wire;
+ *  reduce: W wires of the same count -> decode, f32 sum in order, encode
+ *          once -> wire_out, and the decoded result (T) -> out.
+ * One vector per thread, grid-stride over whole parts. */
+template <typename T, int C>
+__global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
+                                                                  int tail) {
+  const int t = threadIdx.x;
+  const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
+  constexpr int U = 2; /* parts per iteration: both loads in flight before either is encoded */
+  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += (uint64_t)U * gridDim.x) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint64_t v = (p0 + (uint64_t)u * gridDim.x) * WF_QR_PART + t;
+      raw[u] = make_uint4(0, 0, 0, 0);
+      if (v < nvec)
+        raw[u] = (tail && v == nvec - 1) ? ld_vec_partial<T>(reinterpret_cast<const T *>(in + v * 16), tail)
+                                         : ld_vec(in + v * 16);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint64_t pp = p0 + (uint64_t)u * gridDim.x;
+      if (pp >= parts) break; /* uniform across the block */
+      char *part = wire + pp * Codec<C>::PB;
+      if (C == WF_QR_FP) {
+        put<C>(part, t, raw[u], 0.f);
+      } else {
+        float x[8], s;
+        Pack<T>::to_f32(raw[u], x);
+        const uint4 q = encode<C>(x, s);
+        put<C>(part, t, q, s);
+      }
+    }
+  }
+}
+
+template <typename T, int W, int C>
+__global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
+                                                                char *wire_out, char *out, uint64_t nvec,
+                                                                int tail) {
+  const int t = threadIdx.x;
+  const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
+  for (uint64_t pp = blockIdx.x; pp < parts; pp += gridDim.x) {
+    const uint64_t v = pp * WF_QR_PART + t;
+    float acc[8];
+#pragma unroll
+    for (int p = 0; p < W; p++) {
+      float y[8], s = 0.f;
+      const uint4 q = get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, s);
+      if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
+      else decode<C>(q, s, y);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
+    }
+    uint4 res;
+    if (C == WF_QR_FP) {
+      res = Pack<T>::from_f32(acc);
+      put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
+    } else {
+      float s, y[8];
+      const uint4 q = encode<C>(acc, s);
+      put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
+      decode<C>(q, s, y);
+      res = Pack<T>::from_f32(y);
+    }
+    if (v < nvec) {
+      if (tail && v == nvec - 1) st_vec_partial<T>(reinterpret_cast<T *>(out + v * 16), res, tail);
+      else st_vec(out + v * 16, res);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ launch */
+
+uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+uint64_t balanced(uint64_t chunks, uint64_t cap) {
+  if (chunks == 0) return 1;
+  const uint64_t g0 = chunks < cap ? chunks : cap;
+  return cdiv(chunks, cdiv(chunks, g0));
+}
+
+template <typename K>
+int resident(K kernel, int *cache) {
+  if (*cache <= 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WF_QR_THREADS, 0) != cudaSuccess || n < 1) {
+      cudaGetLastError();
+      n = 1;
+    }
+    *cache = n;
+  }
+  return *cache;
+}
+
+/* The grid: a deterministic function of the call and the agreed handle
+ * parameters (same on every rank), capped to what is co-resident. */
+template <typename KF>
+int grid_for(const wf_ar_args *a, uint64_t nvec, KF kernel, int *occ) {
+  const int sms = a->sms > 0 ? a->sms : 1;
+  const uint64_t bps = (uint64_t)(a->blocks_per_sm > 0 ? a->blocks_per_sm : 2);
+  const uint64_t r = (uint64_t)resident(kernel, occ);
+  const uint64_t cap = (uint64_t)sms * (bps < r ? bps : r);
+  uint64_t g = a->grid > 0 ? (uint64_t)a->grid : balanced(wf_qr_chunks(nvec, a->world), cap);
+  if (g > cap) g = cap;
+  if (g < 1) g = 1;
+  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
+  return (int)g;
+}
+
+template <typename T, int W, int C, bool D>
+cudaError_t launch_q(const wf_ar_args *a, const QArgs &k, int *grid, cudaStream_t s, bool launch) {
+  static int occ = 0;
+  auto kern = qr_twoshot<T, W, C, D>;
+  *grid = grid_for(a, k.nvec, kern, &occ);
+  if (!launch) return cudaSuccess;
+  QLam lam = {a->off_lamport, a->lamport_slot};
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(*grid);
+  cfg.blockDim = dim3(WF_QR_THREADS);
+  cfg.stream = s;
+  if (a->pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kern, k, lam);
+}
+
+template <typename T, int W>
+cudaError_t launch_qw(const wf_ar_args *a, const QArgs &k, int *g, cudaStream_t s, bool launch) {
+  switch (a->kind) {
+    case WF_AR_QUICK_FP:
+      return a->determ ? launch_q<T, W, WF_QR_FP, true>(a, k, g, s, launch)
+                       : launch_q<T, W, WF_QR_FP, false>(a, k, g, s, launch);
+    case WF_AR_QUICK_INT8: return launch_q<T, W, WF_QR_INT8, false>(a, k, g, s, launch);
+    case WF_AR_QUICK_INT4: return launch_q<T, W, WF_QR_INT4, false>(a, k, g, s, launch);
+    case WF_AR_QUICK_FP8: return launch_q<T, W, WF_QR_FP8, false>(a, k, g, s, launch);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t launch_qt(const wf_ar_args *a, const QArgs &k, int *g, cudaStream_t s, bool launch) {
+  switch (a->world) {
+    case 2: return launch_qw<T, 2>(a, k, g, s, launch);
+    case 4: return launch_qw<T, 4>(a, k, g, s, launch);
+    case 6: return launch_qw<T, 6>(a, k, g, s, launch);
+    case 8: return launch_qw<T, 8>(a, k, g, s, launch);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+/* one dtype (launch = false: only the grid a call would use) */
+template <typename T>
+int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
+  QArgs k;
+  k.in = static_cast<const char *>(a->in);
+  k.out = static_cast<char *>(a->out);
+  k.nvec = wf_ar_nvec(a->count, 2);
+  k.tail = (int)((a->count * 2) % 16) / 2;
+  k.rank = a->rank;
+  for (int i = 0; i < WF_AR_MAX_WORLD; i++) k.ws[i] = a->ws[i];
+  k.off_data = a->off_data;
+  k.data_par = a->data_par;
+  k.env.abort_host = a->abort_host;
+  k.env.err_dev = reinterpret_cast<unsigned long long *>(a->ws[a->rank] + WF_AR_OFF_ERR);
+  k.env.err_host = a->err_host;
+  k.env.timeout_ns = a->timeout_ns;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return (int)launch_qt<T>(a, k, grid, s, launch);
+}
+
+/* codec steps */
+template <typename T, int C>
+cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
+                   cudaStream_t s) {
+  const uint64_t parts = cdiv(nvec, WF_QR_PART);
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const uint64_t cap = (uint64_t)sms * 4;
+  const unsigned g = (unsigned)(parts < cap ? parts : cap);
+  if (step == 0) {
+    qr_step_quantize<T, C><<<g, WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire),
+                                                       nvec, tail);
+    return cudaGetLastError();
+  }
+  const uint64_t stride = wf_qr_wire_bytes(C, nvec);
+  const char *w = static_cast<const char *>(in);
+  char *wo = static_cast<char *>(wire);
+  char *o = static_cast<char *>(out);
+  switch (world) {
+    case 2: qr_step_reduce<T, 2, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 4: qr_step_reduce<T, 4, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 6: qr_step_reduce<T, 6, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 8: qr_step_reduce<T, 8, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t step_t(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec,
+                   int tail, cudaStream_t s) {
+  switch (codec) {
+    case WF_QR_FP: return step_c<T, WF_QR_FP>(step, world, in, wire, out, nvec, tail, s);
+    case WF_QR_INT8: return step_c<T, WF_QR_INT8>(step, world, in, wire, out, nvec, tail, s);
+    case WF_QR_INT4: return step_c<T, WF_QR_INT4>(step, world, in, wire, out, nvec, tail, s);
+    case WF_QR_FP8: return step_c<T, WF_QR_FP8>(step, world, in, wire, out, nvec, tail, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+/* defined in kernels/quick_allreduce_<dtype>.cu: q_launch_t and step_t of that dtype */
+namespace wf_qr {
+int launch_bf16(const wf_ar_args *a, void *stream, int *grid, bool launch);
+int launch_f16(const wf_ar_args *a, void *stream, int *grid, bool launch);
+int step_bf16(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
+              cudaStream_t s);
+int step_f16(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
+             cudaStream_t s);
+}  // namespace wf_qr
