@@ -230,6 +230,21 @@ static int gone_error(const char *op, int rank, const char *v) {
                   "connection to the store closed) while this rank waited for it", op, who);
 }
 
+/* The value of polled key i into v: from the poll's reply when it brought
+ * values, else read now (a gone rank's registration when that fails). */
+static void value_of(weft_store *s, const char *op, const void **vals, const size_t *lens,
+                     const int *rank, char **keys, int i, char *v, size_t n) {
+  if (vals[i]) {  /* every key was present: the poll brought the values */
+    size_t l = lens[i] < n - 1 ? lens[i] : n - 1;
+    memcpy(v, vals[i], l);
+    v[l] = '\0';
+  } else if (read_now(s, op, keys[i], v, n)) {
+    wf_clear_error();
+    int r = rank[i];
+    snprintf(v, n, "%s", r >= 0 && r < s->live_world && s->live_reg[r] ? s->live_reg[r] : "");
+  }
+}
+
 /* Between slices: 0 to go on waiting, else the error that ends the wait. */
 static int check_between(weft_store *s, const char *op, wf_get_req *q) {
   char why[160];
@@ -275,6 +290,16 @@ static int check_between(weft_store *s, const char *op, wf_get_req *q) {
   if (k == 0) goto done;
   rc = poll_keys(s, op, keys, k, vals, lens, miss, present);
   if (rc) goto done;  /* the store itself failed: that error ends the wait */
+  /* The abort first: a member that gave up (timed out, say) publishes it,
+   * takes its key back and often exits a moment later, and so may the
+   * members its abort reached: their tombstones are consequences, the
+   * abort's message (whom its author waited for, or who died) the cause. */
+  if (ai >= 0 && present[ai]) {
+    char v[600];
+    value_of(s, op, vals, lens, rank, keys, ai, v, sizeof v);
+    rc = wf_error(WEFT_EABORT, "%s: aborted: %s", op, v[0] ? v : "another rank gave up");
+    goto done;
+  }
   for (int i = 0; i < k && !rc; i++) {
     if (!present[i]) {
       int r = rank[i];
@@ -286,18 +311,10 @@ static int check_between(weft_store *s, const char *op, wf_get_req *q) {
       }
       continue;
     }
+    if (i == ai) continue;
     char v[600];
-    if (vals[i]) {  /* every key was present: the poll brought the values */
-      size_t l = lens[i] < sizeof v - 1 ? lens[i] : sizeof v - 1;
-      memcpy(v, vals[i], l);
-      v[l] = '\0';
-    } else if (read_now(s, op, keys[i], v, sizeof v)) {
-      wf_clear_error();
-      int r = rank[i];
-      snprintf(v, sizeof v, "%s", r >= 0 && r < s->live_world && s->live_reg[r] ? s->live_reg[r] : "");
-    }
-    if (i == ai) rc = wf_error(WEFT_EABORT, "%s: aborted: %s", op, v[0] ? v : "another rank gave up");
-    else rc = gone_error(op, rank[i], v);
+    value_of(s, op, vals, lens, rank, keys, i, v, sizeof v);
+    rc = gone_error(op, rank[i], v);
   }
 done:
   free(rank); free(keys); free(kb); free(vals); free(lens); free(miss); free(present);
