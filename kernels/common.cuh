@@ -428,10 +428,14 @@ __device__ __forceinline__ uint64_t flag_value(uint32_t epoch, uint32_t step) {
  * it.  pdl_launch_dependents: lets the next kernel's blocks be scheduled
  * (they then sit in their own pdl_wait), hiding its launch latency. */
 __device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 /* ---------------------------------------------------------------- epochs */

@@ -55,17 +55,6 @@ static_assert(WFX_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots / flag rows disagree
 /* bf16/f16 rows of at most 16384: 2048 vectors = 2 per thread */
 constexpr int VM = 2;
 
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ uint64_t *flag_at(void *base, uint64_t off, int par, int phase, int block,
                                              int sender) {
   return (uint64_t *)((char *)base + off) +
@@ -194,14 +183,14 @@ template <typename T, int ALGO>
 __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
   constexpr int N = Pack<T>::N;
   __shared__ float red[33];
-  griddep_wait();
+  pdl_wait();
   const int tid = threadIdx.x, W = a.world, rank = a.rank, G = gridDim.x, b = blockIdx.x;
   char *const local = (char *)a.peer[rank];
   wfx_state *const st = (wfx_state *)local;
   const uint32_t E = epoch_load(st->epoch);
   /* a poisoned workspace: leave (uniformly) */
   if (__syncthreads_or(tid == 0 && *(volatile unsigned long long *)a.err_dev != 0ull)) return;
-  if (a.flags & WEFT_FX_PDL) griddep_launch();
+  if (a.flags & WEFT_FX_PDL) pdl_launch_dependents();
   const int par = (int)(E & 1u);
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
   const size_t rb = (size_t)a.hidden * sizeof(T);

@@ -65,7 +65,7 @@
  * (bounded) waits are over. The early exit of a
  * poisoned workspace is cluster-uniform because the error word changes
  * only through this grid's own timeouts (>= 20 us after its co-scheduled
- * blocks started) and griddep_wait precedes the read. The AR pattern needs
+ * blocks started) and pdl_wait precedes the read. The AR pattern needs
  * no reduction: its blocks are grouped the same way, without a cluster.
  *
  * Every 16-byte vector is read and written by the same thread in every
@@ -115,17 +115,6 @@ namespace {
 
 using namespace wf;
 static_assert(WF_FUSED_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots / flag rows disagree");
-
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 /* Elements per 16-byte vector; threads per block at most MAXT (f32 gets 512
  * so that its 128-register budget holds a 16384-wide row without spills;
@@ -469,13 +458,13 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   /* the chunk partials travel by st.async on transaction barriers, or
    * (probe) by plain remote stores and barrier.cluster.arrive.release */
   const bool use_mbar = clustered && !(probe & WF_FUSED_PROBE_CLUSTER_BARRIER);
-  griddep_wait();
+  pdl_wait();
   /* Dependents may be scheduled now: every block of this grid is resident
    * (the grid is at most what is), and their griddepcontrol.wait still
    * waits for this whole grid to complete and flush. (Probe: after the
    * pushes, as before.) */
   const bool late_trigger = (probe & WF_FUSED_PROBE_LATE_TRIGGER) != 0;
-  if (!(a.flags & WF_FUSED_TRIGGER_AT_END) && !late_trigger) griddep_launch();
+  if (!(a.flags & WF_FUSED_TRIGGER_AT_END) && !late_trigger) pdl_launch_dependents();
   const bool tr = a.trace && blockIdx.x == 0 && threadIdx.x == 0;
   if (tr) t0 = clock64();
   /* The first vector this thread pushes (row q exists: Q <= tokens) is
@@ -550,7 +539,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   };
   for (int i = 0; i < n && i < D; i++) push_row(i);
   if (!early_init) cluster_start();
-  if (late_trigger && !(a.flags & WF_FUSED_TRIGGER_AT_END)) griddep_launch();
+  if (late_trigger && !(a.flags & WF_FUSED_TRIGGER_AT_END)) pdl_launch_dependents();
   stamp(a, tr, WF_FUSED_TR_PUSHED, t0);
 
   /* What call E - 1 wrote into buffer clr (the peers' slots, cb bytes each)
@@ -700,7 +689,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
   if (blockIdx.x == 0 && threadIdx.x == 0) st->lamport_bytes[cur] = slot;
   if (__syncthreads_or(failed)) return; /* poisoned; the error word says why */
   epoch_advance(st->lamport_epoch, E);
-  if (a.flags & WF_FUSED_TRIGGER_AT_END) griddep_launch();
+  if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
   if (tr) {
     stamp(a, tr, WF_FUSED_TR_END, t0);
     atomicAdd(a.trace + WF_FUSED_TR_CALLS, 1ull);
@@ -718,7 +707,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK, NCM = Geo<T>::NCMAX;
   __shared__ uint2 red[2][NCM];
   __shared__ unsigned long long gate; /* host abort word: this block's next turn */
-  griddep_wait();
+  pdl_wait();
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
   const uint32_t E = epoch_load(st->flag_epoch);
@@ -770,7 +759,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
       }
     }
   }
-  if (!(a.flags & WF_FUSED_TRIGGER_AT_END)) griddep_launch();
+  if (!(a.flags & WF_FUSED_TRIGGER_AT_END)) pdl_launch_dependents();
   __syncthreads(); /* every push of the block precedes the release below */
   if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 0, rank), flag_value(E, 1));
   bool fail = tid < W && tid != rank &&
@@ -869,7 +858,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   }
   __syncthreads();
   epoch_advance(st->flag_epoch, E);
-  if (a.flags & WF_FUSED_TRIGGER_AT_END) griddep_launch();
+  if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
 }
 
 typedef void (*kernel_fn)(const wf_fused_args);
