@@ -483,33 +483,9 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
 
 int esize_of(int dtype) { return dtype == WEFT_F32 ? 4 : 2; }
 
-/* Blocks of one kernel that fit on an SM at a given block size (cached per
- * kernel and size). Grids are capped to what is co-resident, so no block
- * waits for a peer block that cannot be scheduled until it finishes. Same
- * binary, same GPUs: same cap on every rank. */
-template <typename K>
-int resident(K kernel, int threads, int *cache /* [33], by threads / 32 */) {
-  int *c = &cache[threads / 32 < 32 ? threads / 32 : 32];
-  if (*c <= 0) {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess || n < 1) {
-      cudaGetLastError();
-      n = 1;
-    }
-    *c = n;
-  }
-  return *c;
-}
-
-uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
-/* Fewest blocks (at most cap) that take the same number of rounds as cap
- * blocks would: every block gets ceil or floor of the same share, so the
- * last wave is not a few stragglers. */
-uint64_t balanced(uint64_t chunks, uint64_t cap) {
-  if (chunks == 0) return 1;
-  const uint64_t g0 = chunks < cap ? chunks : cap;
-  return cdiv(chunks, cdiv(chunks, g0));
+/* wf::resident with a cache of 33 slots per kernel, by threads / 32 */
+template <typename K> int resident_by_size(K kernel, int threads, int *cache) {
+  return resident(kernel, threads, &cache[threads / 32 < 32 ? threads / 32 : 32]);
 }
 
 struct Shape {
@@ -538,13 +514,13 @@ Shape shape_for(const wf_ar_args *a, uint64_t nvec, KL lam, KF flag, K2 two, int
       t = per < 64 ? 64 : per > WF_AR_LAMPORT_THREADS ? WF_AR_LAMPORT_THREADS : (int)per;
     }
     sh.threads = t;
-    cap = (uint64_t)sms * resident(lam, t, &occ[0]);
+    cap = (uint64_t)sms * resident_by_size(lam, t, &occ[0]);
     g = a->grid > 0 ? (uint64_t)a->grid : cdiv(nvec, (uint64_t)t);
     if (g > cap) g = cap;
   } else if (a->kind == WF_AR_ONESHOT_FLAG) {
     const int t = a->threads > 0 ? a->threads : WF_AR_FLAG_THREADS;
     sh.threads = t;
-    const uint64_t r = (uint64_t)resident(flag, t, &occ[33]);
+    const uint64_t r = (uint64_t)resident_by_size(flag, t, &occ[33]);
     cap = (uint64_t)sms * (bps < r ? bps : r);
     const uint64_t cv = (uint64_t)t * WF_AR_FLAG_UNROLL * (uint64_t)(a->sub > 0 ? a->sub : 1);
     const uint64_t chunks = cdiv(nvec, cv);
@@ -560,7 +536,7 @@ Shape shape_for(const wf_ar_args *a, uint64_t nvec, KL lam, KF flag, K2 two, int
     }
   } else {
     sh.threads = WF_AR_FLAG_THREADS; /* fixed: the two-shot data layout depends on it */
-    const uint64_t r = (uint64_t)resident(two, WF_AR_FLAG_THREADS, &occ[66]);
+    const uint64_t r = (uint64_t)resident_by_size(two, WF_AR_FLAG_THREADS, &occ[66]);
     cap = (uint64_t)sms * (bps < r ? bps : r);
     const uint64_t per = (uint64_t)WF_AR_FLAG_THREADS * WF_AR_TWOSHOT_UNROLL(a->world) * a->world;
     g = a->grid > 0 ? (uint64_t)a->grid : balanced(cdiv(nvec, per), cap);

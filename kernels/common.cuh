@@ -460,6 +460,34 @@ __device__ __forceinline__ void epoch_advance(uint32_t *epochs, uint32_t e) {
 
 /* ---------------------------------------------------------------- launch */
 
+/* ------------------------------------------------- grids (host side) */
+inline uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* Fewest blocks (at most cap) that take the same number of rounds as cap
+ * blocks would: every block gets ceil or floor of the same share, so the
+ * last wave is not a few stragglers. */
+inline uint64_t balanced(uint64_t chunks, uint64_t cap) {
+  if (chunks == 0) return 1;
+  const uint64_t g0 = chunks < cap ? chunks : cap;
+  return cdiv(chunks, cdiv(chunks, g0));
+}
+
+/* Blocks of kernel that fit on an SM at `threads` per block, cached in
+ * *slot (one slot per kernel and block size). Grids are capped to what is
+ * co-resident, so no block waits for a peer block that cannot be scheduled
+ * until it finishes. Same binary, same GPUs: same cap on every rank. */
+template <typename K> int resident(K kernel, int threads, int *slot) {
+  if (*slot <= 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess || n < 1) {
+      cudaGetLastError();
+      n = 1;
+    }
+    *slot = n;
+  }
+  return *slot;
+}
+
 /* One launch; with pdl set, as a programmatic dependent launch (its blocks
  * may be scheduled before the previous kernel on the stream ends: they wait
  * in pdl_wait above). */

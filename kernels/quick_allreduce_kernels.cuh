@@ -294,26 +294,6 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wire
 
 /* ------------------------------------------------------------------ launch */
 
-uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
-uint64_t balanced(uint64_t chunks, uint64_t cap) {
-  if (chunks == 0) return 1;
-  const uint64_t g0 = chunks < cap ? chunks : cap;
-  return cdiv(chunks, cdiv(chunks, g0));
-}
-
-template <typename K>
-int resident(K kernel, int *cache) {
-  if (*cache <= 0) {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WF_QR_THREADS, 0) != cudaSuccess || n < 1) {
-      cudaGetLastError();
-      n = 1;
-    }
-    *cache = n;
-  }
-  return *cache;
-}
 
 /* The grid: a deterministic function of the call and the agreed handle
  * parameters (same on every rank), capped to what is co-resident. */
@@ -321,7 +301,7 @@ template <typename KF>
 int grid_for(const wf_ar_args *a, uint64_t nvec, KF kernel, int *occ) {
   const int sms = a->sms > 0 ? a->sms : 1;
   const uint64_t bps = (uint64_t)(a->blocks_per_sm > 0 ? a->blocks_per_sm : 2);
-  const uint64_t r = (uint64_t)resident(kernel, occ);
+  const uint64_t r = (uint64_t)resident(kernel, WF_QR_THREADS, occ);
   const uint64_t cap = (uint64_t)sms * (bps < r ? bps : r);
   uint64_t g = a->grid > 0 ? (uint64_t)a->grid : balanced(wf_qr_chunks(nvec, a->world), cap);
   if (g > cap) g = cap;
