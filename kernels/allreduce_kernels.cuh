@@ -27,6 +27,7 @@
  * its launch function, so that nvcc compiles them in parallel;
  * kernels/allreduce.cu keeps the entry points. */
 #pragma once
+#include "ar_layout.cuh"
 #include "common.cuh"
 
 extern "C" {
@@ -53,20 +54,8 @@ struct KArgs {
   SpinEnv env;
 };
 
-/* Index of src's slot in dst's workspace (dst has no slot for itself). */
-__device__ __forceinline__ int pslot(int src, int dst) { return src < dst ? src : src - 1; }
-
-__device__ __forceinline__ uint32_t *epochs_of(const KArgs &a) {
-  return reinterpret_cast<uint32_t *>(a.ws[a.rank] + WF_AR_OFF_EPOCHS);
-}
 __device__ __forceinline__ uint64_t *lbytes_of(const KArgs &a) {
   return reinterpret_cast<uint64_t *>(a.ws[a.rank] + WF_AR_OFF_LBYTES);
-}
-/* Flag written by `sender` into `owner`'s workspace. */
-__device__ __forceinline__ uint64_t *flag_ptr(const KArgs &a, int owner, uint32_t par, int phase,
-                                              int block, int sender) {
-  return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) +
-         (((size_t)(par * 2 + phase) * WF_AR_MAX_BLOCKS + block) * WF_AR_MAX_WORLD + sender);
 }
 
 template <typename T>

@@ -29,6 +29,7 @@
  * exports its launch and codec-step functions, so that nvcc compiles them
  * in parallel; kernels/quick_allreduce.cu keeps the entry points. */
 #pragma once
+#include "ar_layout.cuh"
 #include "quick_codec.cuh"
 
 extern "C" {
@@ -52,17 +53,6 @@ struct QArgs {
 };
 
 /* --------------------------------------------------------------- the kernel */
-
-__device__ __forceinline__ int pslot(int src, int dst) { return src < dst ? src : src - 1; }
-
-__device__ __forceinline__ uint32_t *epochs_of(const QArgs &a) {
-  return reinterpret_cast<uint32_t *>(a.ws[a.rank] + WF_AR_OFF_EPOCHS);
-}
-__device__ __forceinline__ uint64_t *flag_ptr(const QArgs &a, int owner, uint32_t par, int phase,
-                                              int block, int sender) {
-  return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) +
-         (((size_t)(par * 2 + phase) * WF_AR_MAX_BLOCKS + block) * WF_AR_MAX_WORLD + sender);
-}
 
 template <typename T, bool D>
 __device__ __forceinline__ uint4 load_term(const QArgs &a, uint64_t v) {
