@@ -54,9 +54,6 @@ struct KArgs {
   SpinEnv env;
 };
 
-__device__ __forceinline__ uint64_t *lbytes_of(const KArgs &a) {
-  return reinterpret_cast<uint64_t *>(a.ws[a.rank] + WF_AR_OFF_LBYTES);
-}
 
 template <typename T>
 __device__ __forceinline__ uint4 load_in(const KArgs &a, uint64_t v) {
@@ -79,28 +76,6 @@ __device__ __forceinline__ void store_out(const KArgs &a, uint64_t v, uint4 x) {
     st_vec_partial<T>(reinterpret_cast<T *>(a.out + v * 16), x, a.tail);
   else
     st_vec(a.out + v * 16, x);
-}
-
-/* Every kernel keeps the Lamport buffers clean: clear the buffer call E-1
- * used (its size is in lbytes) and record what this call uses (used_bytes,
- * 0 for the flag kernels).  See common.cuh for why this is race-free. */
-template <int W>
-__device__ __forceinline__ void lamport_maintain(const KArgs &a, uint32_t E, uint64_t used_bytes) {
-  uint64_t *lb = lbytes_of(a);
-  const uint32_t prev = (E + 2) % 3;
-  /* all three loaded at once: no load that waits for E's */
-  const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2];
-  const uint64_t pv = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
-  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
-  if (pv) {
-    const uint4 empty = lamport_empty_vec();
-    char *base = a.ws[a.rank] + a.off_lamport + (uint64_t)prev * (W - 1) * a.lamport_slot;
-#pragma unroll
-    for (int k = 0; k < W - 1; k++)
-      for (uint64_t v = tid; v < pv; v += nthr) st_vec(base + k * a.lamport_slot + v * 16, empty);
-  }
-  if (tid == 0) lb[E % 3] = used_bytes;
 }
 
 /* ------------------------------------------------------------ Lamport one-shot */
@@ -303,7 +278,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
   const uint64_t nchunks = (nvec + CV - 1) / CV;
   const char *region_me = a.ws[me] + a.off_data + par * a.data_par;
 
-  lamport_maintain<W>(a, E, 0);
+  lamport_maintain<W>(a, a, E, 0);
 
   bool ok = true;
   if (!a.split) {
@@ -369,7 +344,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
   /* slots: [0, W-1) reduce-scatter inputs, [W-1, 2W-2) all-gather results */
   char *region_me = a.ws[me] + a.off_data + par * a.data_par;
 
-  lamport_maintain<W>(a, E, 0);
+  lamport_maintain<W>(a, a, E, 0);
 
   bool ok = true;
   for (uint64_t r = 0; r <= R + 1; r++) {

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.cuh"
+
 extern "C" {
 #include "coll/ar_internal.h"
 }
@@ -25,6 +27,35 @@ __device__ __forceinline__ uint64_t *flag_ptr(const A &a, int owner, uint32_t pa
                                               int sender) {
   return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) +
          (((size_t)(par * 2 + phase) * WF_AR_MAX_BLOCKS + block) * WF_AR_MAX_WORLD + sender);
+}
+
+/* The byte counts of the three Lamport buffers' last use. */
+template <typename A> __device__ __forceinline__ uint64_t *lbytes_of(const A &a) {
+  return reinterpret_cast<uint64_t *>(a.ws[a.rank] + WF_AR_OFF_LBYTES);
+}
+
+/* Every kernel on the workspace keeps the Lamport buffers clean: it clears
+ * the buffer call E-1 used (its size is in lbytes) and records what this
+ * call uses (used_bytes; 0 for the kernels that use none).  See common.cuh
+ * for why this is race-free. L: the buffers' layout (off_lamport and
+ * lamport_slot members: the kernel's arguments themselves, or their own). */
+template <int W, typename A, typename L>
+__device__ __forceinline__ void lamport_maintain(const A &a, const L &lay, uint32_t E, uint64_t used_bytes) {
+  uint64_t *lb = lbytes_of(a);
+  const uint32_t prev = (E + 2) % 3;
+  /* all three loaded at once: no load that waits for E's */
+  const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2];
+  const uint64_t pv = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
+  if (pv) {
+    const uint4 empty = lamport_empty_vec();
+    char *base = a.ws[a.rank] + lay.off_lamport + (uint64_t)prev * (W - 1) * lay.lamport_slot;
+#pragma unroll
+    for (int k = 0; k < W - 1; k++)
+      for (uint64_t v = tid; v < pv; v += nthr) st_vec(base + k * lay.lamport_slot + v * 16, empty);
+  }
+  if (tid == 0) lb[E % 3] = used_bytes;
 }
 
 }  // namespace wf

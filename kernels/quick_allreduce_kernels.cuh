@@ -69,26 +69,6 @@ __device__ __forceinline__ void store_out(const QArgs &a, uint64_t v, uint4 x) {
   else st_vec(a.out + v * 16, x);
 }
 
-/* The Lamport buffers stay clean whatever kernel runs (allreduce.cu's
- * lamport_maintain, for a call that uses none of them). */
-template <int W>
-__device__ __forceinline__ void lamport_keep(const QArgs &a, uint64_t off_lamport, uint64_t lslot, uint32_t E) {
-  uint64_t *lb = reinterpret_cast<uint64_t *>(a.ws[a.rank] + WF_AR_OFF_LBYTES);
-  const uint32_t prev = (E + 2) % 3;
-  const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2];
-  const uint64_t pv = (prev == 0 ? l0 : prev == 1 ? l1 : l2) / 16;
-  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const uint64_t nthr = (uint64_t)gridDim.x * blockDim.x;
-  if (pv) {
-    const uint4 empty = lamport_empty_vec();
-    char *base = a.ws[a.rank] + off_lamport + (uint64_t)prev * (W - 1) * lslot;
-#pragma unroll
-    for (int k = 0; k < W - 1; k++)
-      for (uint64_t v = tid; v < pv; v += nthr) st_vec(base + k * lslot + v * 16, empty);
-  }
-  if (tid == 0) lb[E % 3] = 0;
-}
-
 struct QLam {
   uint64_t off_lamport, lamport_slot;
 };
@@ -108,7 +88,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
   /* slots: [0, W-1) reduce-scatter inputs, [W-1, 2W-2) all-gather results */
   const char *region_me = a.ws[me] + a.off_data + par * a.data_par;
 
-  lamport_keep<W>(a, lam.off_lamport, lam.lamport_slot, E);
+  lamport_maintain<W>(a, lam, E, 0); /* it uses none of them */
 
   bool ok = true;
   for (uint64_t r = 0; r <= R + 1; r++) {
