@@ -15,6 +15,7 @@
 -- rank fails within the timeout (+ 3 s) naming the group, the method and
 -- the late rank; the stalled rank's late call ends too; nothing hangs
 -- (FX_NO_FAULTS=1 skips them; logs fusion-ext-leave.log, fusion-ext-stall.log).
+-- run-tests: long (seven MPS worlds: ~50 s on one H200; started first in the GPU lanes)
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 

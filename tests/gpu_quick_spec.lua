@@ -8,6 +8,7 @@
 -- leaves during quick calls: every survivor fails naming it, nothing hangs.
 -- Needs one GPU and nvidia-cuda-mps-control; skipped otherwise (pending).
 -- With $OUT set, each run's output is kept there (quick-w<W>.log).
+-- run-tests: long (five MPS worlds: ~45 s on one H200; started first in the GPU lanes)
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 

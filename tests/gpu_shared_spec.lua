@@ -7,6 +7,7 @@
 -- world 8: every survivor fails, naming it, well within the launcher's bound.
 -- Needs one GPU and nvidia-cuda-mps-control; skipped otherwise (pending).
 -- With $OUT set, each run's output is kept there (shared-w<W>.log).
+-- run-tests: long (six MPS worlds one after another: ~100 s on one H200; started first in the GPU lanes)
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 

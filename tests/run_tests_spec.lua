@@ -40,8 +40,8 @@ describe("scripts/run-tests", function()
     if dir then S.shell("rm -rf " .. dir) end
   end)
 
-  local function run(args)
-    return S.shell(("cd %s && scripts/run-tests %s < /dev/null"):format(ROOT, args))
+  local function run(args, env)
+    return S.shell(("cd %s && %s scripts/run-tests %s < /dev/null"):format(ROOT, env or "", args))
   end
 
   it("sums skipped tests up per file with their reasons, and counts them as skipped", function()
@@ -111,9 +111,40 @@ describe("scripts/run-tests", function()
     end
     local list = {}
     for _, n in ipairs { "g1", "g2", "s", "f", "shm", "mq" } do list[#list + 1] = L .. "/" .. n .. "_spec.lua" end
-    local out, rc = run("-j 2 " .. table.concat(list, " "))
+    local out, rc = run("-j 2 " .. table.concat(list, " "), "WEFT_TEST_GPU_LANES=1")
     assert.matches("1 in 2 lanes beside 2 with #gpu tests in one lane and 1 in the solo GPU lane, then 2 alone", out, 1, true)
     assert.matches("\n6 passed, 0 failed, 0 skipped\nrc=0", out)
+  end)
+
+  -- two GPU lanes: the file marked long starts first (it is last on the
+  -- command line), a second file runs beside it, and the third starts when
+  -- the lane of the second is free again, while the long one still runs
+  it("runs two GPU lanes at once, the long files first, each lane taking the next file when it is free", function()
+    local L = dir .. "/gpu2"
+    S.shell("mkdir -p " .. L .. "/m")
+    local pre = ('local M = %q\n'):format(L .. "/m/")
+                .. 'local function touch(n) assert(io.open(M .. n, "w")):close() end\n'
+                .. 'local function has(n) local f = io.open(M .. n) if f then f:close() end return f ~= nil end\n'
+                .. 'local function wait_for(n) for _ = 1, 200 do if has(n) then return true end '
+                .. 'os.execute("sleep 0.05") end return false end\n'
+    local function spec(name, body) write(L .. "/" .. name, pre .. body) end
+    spec("a_spec.lua", 'it("a #gpu file", function()\n  touch("a")\n'
+         .. '  assert.is_true(wait_for("long"), "not beside the long file")\n  touch("a-done")\nend)\n')
+    spec("b_spec.lua", 'it("another #gpu file", function()\n  assert.is_true(has("a-done"), "started before a lane was free")\n'
+         .. '  assert.is_false(has("long-done"), "waited for the long file")\n  touch("b")\nend)\n')
+    spec("z_spec.lua", '-- run-tests: long (a test fixture)\n'
+         .. 'it("a long #gpu file", function()\n  touch("long")\n  assert.is_false(has("b"), "the long file did not start first")\n'
+         .. '  assert.is_true(wait_for("a"), "no second GPU lane beside it")\n'
+         .. '  assert.is_true(wait_for("b"), "the free lane did not take the next file")\n  touch("long-done")\nend)\n')
+    local list = { L .. "/a_spec.lua", L .. "/b_spec.lua", L .. "/z_spec.lua" }
+    local out, rc = run("-j 2 " .. table.concat(list, " "), "WEFT_TEST_GPU_LANES=2")
+    assert.matches("0 in 2 lanes beside 3 with #gpu tests in 2 lanes", out, 1, true)
+    assert.matches("\nrun%-tests: GPU 1 lane ended at %d+ s\n", out)
+    assert.matches("\nrun%-tests: GPU 2 lane ended at %d+ s\n", out)
+    assert.matches("\n3 passed, 0 failed, 0 skipped\nrc=0", out)
+    out, rc = run("-j 2 " .. list[1], "WEFT_TEST_GPU_LANES=x")
+    assert.are.equal(2, rc, out)
+    assert.matches("WEFT_TEST_GPU_LANES must be a positive number of lanes", out, 1, true)
   end)
 
   it("refuses a -j that is not a number of lanes", function()
