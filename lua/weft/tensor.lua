@@ -594,9 +594,12 @@ function Tensor:compare(ref)
     fail("compare", fmt("element counts differ: %s has %d, reference %s has %d",
                         shape_str(self.shape), self.numel, shape_str(ref.shape), ref.numel))
   end
-  local a = host_as(self, F64, "compare")
-  local b = host_as(ref, F64, "compare")
-  wffi.check(C.weft_host_compare(a.ptr, b.ptr, self.numel, F64.code, cmp_out, cmp_out + 1),
+  -- one dtype: compared as it is (every value widens to f64 exactly in C),
+  -- with no f64 copies of either side
+  local info = self._info == ref._info and self._info or F64
+  local a = host_as(self, info, "compare")
+  local b = host_as(ref, info, "compare")
+  wffi.check(C.weft_host_compare(a.ptr, b.ptr, self.numel, info.code, cmp_out, cmp_out + 1),
              "tensor.compare", 2)
   if a ~= self then a:free() end
   if b ~= ref then b:free() end
