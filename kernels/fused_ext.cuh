@@ -9,8 +9,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "common.cuh"
 
 namespace wfx {
@@ -72,11 +70,7 @@ __device__ __forceinline__ void moe_vec(const MoeIn &m, int t, int j, size_t rb,
   if (first) *first_out = ld_vec((const char *)first + col);
   bool bad = false;
   for (int k0 = 0; k0 < m.top_k; k0 += kBatch) {
-    /* a batch of 8 keeps 32-bit row words (FINALIZE's entry, int32 like the
-     * permutation; MOE's k, its row k * tokens + t formed at the load), or
-     * it spills; smaller batches keep the row itself; -1: no row */
-    using Row = typename std::conditional<(kBatch > 4), int32_t, int64_t>::type;
-    Row row[kBatch];
+    int64_t row[kBatch];
     float s[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; i++) {
@@ -84,29 +78,23 @@ __device__ __forceinline__ void moe_vec(const MoeIn &m, int t, int j, size_t rb,
       row[i] = -1;
       s[i] = 0.f;
       if (k < m.top_k) {
-        int64_t si;
-        Row r;
+        int64_t si, r;
         if (m.perm) {
           si = (int64_t)t * m.top_k + k;
           r = m.perm[si];
           if (r < 0 || r >= m.expert_rows) { bad = true; r = -1; }
         } else {
           si = (int64_t)k * m.tokens + t;
-          r = kBatch > 4 ? (Row)k : (Row)si;
+          r = si;
         }
         row[i] = r;
         if (r >= 0) s[i] = m.scales_f32 ? scalar_f32<float>(m.scales, si) : scalar_f32<T>(m.scales, si);
       }
     }
     uint4 v[kBatch];
-    unsigned have = 0; /* bit i: row i loaded (the row words die here) */
 #pragma unroll
     for (int i = 0; i < kBatch; i++)
-      if (row[i] >= 0) {
-        const size_t r = m.perm || kBatch <= 4 ? (size_t)row[i] : (size_t)row[i] * (size_t)m.tokens + (size_t)t;
-        v[i] = ld_vec((const char *)m.input + r * rb + col);
-        have |= 1u << i;
-      }
+      if (row[i] >= 0) v[i] = ld_vec((const char *)m.input + (size_t)row[i] * rb + col);
     if (k0 == 0) {
       if (m.shared) Pack<T>::to_f32(sv, acc);
       else
@@ -115,7 +103,7 @@ __device__ __forceinline__ void moe_vec(const MoeIn &m, int t, int j, size_t rb,
     }
 #pragma unroll
     for (int i = 0; i < kBatch; i++) {
-      if (have & (1u << i)) {
+      if (row[i] >= 0) {
         float x[N];
         Pack<T>::to_f32(v[i], x);
 #pragma unroll

@@ -13,9 +13,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
-
-#include <type_traits>
 
 #include "fused_ext.cuh"
 #include "cuda/cuda_internal.h"
@@ -39,8 +36,8 @@ struct LocalArgs {
  * needs and the expert loads of moe_vec stay in flight without spills (the
  * one kernel with kVM = 4 for every size spilled 300 bytes; VM 4, rows of
  * more than 2048 vectors, still spills ~100). */
-template <typename T, int VM, int MAXT = kMaxThreads, int B = kBatchMax>
-__global__ void __launch_bounds__(MAXT) moe_reduce_kernel(const LocalArgs a) {
+template <typename T, int VM>
+__global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs a) {
   constexpr int N = Pack<T>::N;
   __shared__ float red[33];
   const int nv = a.hidden / N;
@@ -57,7 +54,7 @@ __global__ void __launch_bounds__(MAXT) moe_reduce_kernel(const LocalArgs a) {
         /* the residual's load goes out with the experts' first batch */
         uint4 rv = make_uint4(0, 0, 0, 0);
         const bool res = norm && a.residual;
-        moe_vec<T, VM == 1 ? B : 2>(a.m, t, j, rb, y[k], res ? (const char *)a.residual + (size_t)t * rb : nullptr, &rv);
+        moe_vec<T, VM == 1 ? kBatchMax : 2>(a.m, t, j, rb, y[k], res ? (const char *)a.residual + (size_t)t * rb : nullptr, &rv);
         const uint4 xv = Pack<T>::from_f32(y[k]);
         if (a.out) st_vec((char *)a.out + off, xv);
         if (norm) {
@@ -95,24 +92,10 @@ __global__ void __launch_bounds__(MAXT) moe_reduce_kernel(const LocalArgs a) {
   }
 }
 
-/* TEMPORARY (A/B on the GPU): WEFT_MOE_BATCH=4 takes the batch-of-4 kernel,
- * =w bf16's 896-thread bound for rows of 513-896 vectors */
-int moe_variant() {
-  static int v = -1;
-  if (v < 0) { const char *e = getenv("WEFT_MOE_BATCH"); v = e ? e[0] : 0; }
-  return v;
-}
-
 template <typename T>
 void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const LocalArgs &a) {
   switch (vm) {
-  case 1:
-    if (moe_variant() == '4') moe_reduce_kernel<T, 1><<<blocks, threads, 0, s>>>(a);
-    else if (threads > 512 && threads <= 896 && (moe_variant() == 'w' || !std::is_same<T, __nv_bfloat16>::value))
-      moe_reduce_kernel<T, 1, 896, 8><<<blocks, threads, 0, s>>>(a);
-    else if constexpr (std::is_same<T, __nv_bfloat16>::value) moe_reduce_kernel<T, 1, kMaxThreads, 8><<<blocks, threads, 0, s>>>(a);
-    else moe_reduce_kernel<T, 1><<<blocks, threads, 0, s>>>(a);
-    break;
+  case 1: moe_reduce_kernel<T, 1><<<blocks, threads, 0, s>>>(a); break;
   case 2: moe_reduce_kernel<T, 2><<<blocks, threads, 0, s>>>(a); break;
   default: moe_reduce_kernel<T, kVM><<<blocks, threads, 0, s>>>(a); break;
   }
