@@ -20,7 +20,8 @@
 // writes every output row, one block per token, with
 // row_threads(hidden / 8) threads (one vector each, up to 1024 vectors) and,
 // for rows of 513-1024 vectors, also with half of them (two vectors each:
-// two blocks per SM): the faster copy is the reference
+// two blocks per SM), then the faster of those with loads that bypass L1
+// (ld.global.nc.L1::no_allocate): the fastest copy is the reference
 // (the norm kernel's own count for rmsnorm), every load of a vector issued
 // before any store: % of copy = copy time / kernel time for the same bytes.
 // (For rmsnorm at few tokens the copy is a weak reference: with the norm
@@ -80,12 +81,21 @@ struct CopyArgs {
   const char *weight;       // one row read by every block, or NULL
   const int32_t *gather;    // fin_norm: inputs 0..top_k-1 are rows in[0] + gather[t * top_k + i] * rb
   int nin, nout, tokens, top_k, nv;
+  int nc;                   // loads that bypass L1 (ld.global.nc.L1::no_allocate)
   size_t rb;
 };
 
+template <bool NC> __device__ __forceinline__ uint4 ld_row(const char *p) {
+  if (!NC) return *(const uint4 *)p;
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // One block per token, as the kernels; every load of a vector first, then
 // the stores. The XOR keeps every load live. NIN: rows read (registers).
-template <int NIN, bool GATHER>
+template <int NIN, bool GATHER, bool NC>
 __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
   for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
     uint32_t wx = 0;
@@ -98,7 +108,7 @@ __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
       for (int i = 0; i < NIN; i++) {
         const char *row = GATHER && i < a.top_k ? a.in[0] + (size_t)a.gather[(size_t)t * a.top_k + i] * a.rb
                                                   : a.in[i] + (size_t)t * a.rb;
-        v[i] = *(const uint4 *)(row + (size_t)j * 16);
+        v[i] = ld_row<NC>(row + (size_t)j * 16);
       }
       uint4 acc = make_uint4(wx, 0, 0, 0);
       if (a.weight) {
@@ -115,22 +125,23 @@ __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
 }
 
 // the gather (fin_norm) is a template argument: the other copies carry no test for it
-template <bool G> static void launch_copy_g(const CopyArgs &a, unsigned blocks, int threads, cudaStream_t s) {
+template <bool G, bool NC> static void launch_copy_g(const CopyArgs &a, unsigned blocks, int threads, cudaStream_t s) {
   switch (a.nin) {
-  case 2: copy_kernel<2, G><<<blocks, threads, 0, s>>>(a); break;
-  case 3: copy_kernel<3, G><<<blocks, threads, 0, s>>>(a); break;
-  case 4: copy_kernel<4, G><<<blocks, threads, 0, s>>>(a); break;
-  case 5: copy_kernel<5, G><<<blocks, threads, 0, s>>>(a); break;
-  case 6: copy_kernel<6, G><<<blocks, threads, 0, s>>>(a); break;
-  case 7: copy_kernel<7, G><<<blocks, threads, 0, s>>>(a); break;
-  case 8: copy_kernel<8, G><<<blocks, threads, 0, s>>>(a); break;
-  case 9: copy_kernel<9, G><<<blocks, threads, 0, s>>>(a); break;
-  default: copy_kernel<10, G><<<blocks, threads, 0, s>>>(a); break;
+  case 2: copy_kernel<2, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 3: copy_kernel<3, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 4: copy_kernel<4, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 5: copy_kernel<5, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 6: copy_kernel<6, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 7: copy_kernel<7, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 8: copy_kernel<8, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  case 9: copy_kernel<9, G, NC><<<blocks, threads, 0, s>>>(a); break;
+  default: copy_kernel<10, G, NC><<<blocks, threads, 0, s>>>(a); break;
   }
 }
 static void launch_copy(const CopyArgs &a, unsigned blocks, int threads, cudaStream_t s) {
-  if (a.gather) launch_copy_g<true>(a, blocks, threads, s);
-  else launch_copy_g<false>(a, blocks, threads, s);
+  if (a.gather) { if (a.nc) launch_copy_g<true, true>(a, blocks, threads, s); else launch_copy_g<true, false>(a, blocks, threads, s); }
+  else if (a.nc) launch_copy_g<false, true>(a, blocks, threads, s);
+  else launch_copy_g<false, false>(a, blocks, threads, s);
   CK(cudaGetLastError());
 }
 
@@ -426,6 +437,7 @@ int main(int argc, char **argv) {
             WK(weft_cuda_rmsnorm(q.shared, q.res, w, q.no, q.ro, T, H, WEFT_BF16, 1e-6f, 0, s));
         };
         bool gather_rows = true;
+        int copy_nc = 0;
         auto copy_args = [&](int i) {
           const Slot &q = sl[i % S];
           CopyArgs c = {};
@@ -451,11 +463,12 @@ int main(int argc, char **argv) {
           c.top_k = K;
           c.nv = nv;
           c.rb = rb;
+          c.nc = copy_nc;
           return c;
         };
         // the copy at the kernel's threads per row, and (MoE kinds, rows of
         // 513-1024 vectors) at half of them, two vectors a thread (two blocks
-        // per SM): the reference is the faster of the two
+        // per SM): the faster of the two, then with L1-bypassing loads
         int copy_threads = is_moe ? threads : norm_threads(nv);
         auto copy = [&](int i) { launch_copy(copy_args(i), (unsigned)std::min(T, 65535), copy_threads, s); };
         launch(0);   // outside a capture first (the library's lazy set-up)
@@ -469,6 +482,11 @@ int main(int argc, char **argv) {
           if (th < tc) tc = th;
           else copy_threads = full;
         }
+        // and with loads that bypass L1, where that is faster
+        copy_nc = 1;
+        const double tn = time_graph(s, calls, replays, copy);
+        if (tn < tc) tc = tn;
+        else copy_nc = 0;
         // bytes: rows in + rows out, the words, the weight (read by every block, mostly from L2)
         const double bytes = (double)(kd.nin + kd.nout) * T * rb + (double)kd.words * T * K * 4 + (kd.weight ? rb : 0);
         g_rows.push_back({H, T, kd.name, bytes, tk, tc});
@@ -537,7 +555,7 @@ int main(int argc, char **argv) {
           "and writes, fin_norm's expert rows through the same permutation, the scales / permutation words, the "
           "weight), one block per token, all loads of a vector before "
           "its stores, with row_threads(hidden / 8) threads per row and, for rows of 513-1024 vectors, also with half "
-          "of them, two vectors a thread (two blocks per SM): the faster copy is the reference. CUDA graph of calls, each on its "
+          "of them, two vectors a thread (two blocks per SM), the faster of those also with loads that bypass L1 (ld.global.nc.L1::no_allocate): the fastest copy is the reference. CUDA graph of calls, each on its "
           "own slot of buffers (the slots span >= 256 MiB: no call reads what an earlier one left in L2), "
           "median of %d replays / calls per graph. %% of copy = copy µs / kernel µs. Checks (rows 0, T/2, T-1 against "
           "an f64 reference; the copies against the XOR of their inputs): %d passed, %d failed.\n\n",
