@@ -82,18 +82,24 @@ describe("scripts/run-tests", function()
     assert.matches("0 passed, 1 failed, 0 skipped\nrc=", serial, 1, true)
   end)
 
-  -- each file marks when it ran (files under <dir>/lanes/m); a wait of at most
-  -- 10 s for a file of another lane fails the test if the lanes ran one
-  -- after the other instead of beside each other
-  it("runs the GPU lane, the solo GPU lane and the other lanes at once, one GPU file at a time, shm and mq after them all", function()
-    local L = dir .. "/lanes"
+  -- a writer of fixture specs under folder L whose bodies can touch(n),
+  -- has(n) and wait_for(n) (up to 10 s) marks under L/m: spec(name, body)
+  local function lane_fixtures(L)
     S.shell("mkdir -p " .. L .. "/m")
     local pre = ('local M = %q\n'):format(L .. "/m/")
                 .. 'local function touch(n) assert(io.open(M .. n, "w")):close() end\n'
                 .. 'local function has(n) local f = io.open(M .. n) if f then f:close() end return f ~= nil end\n'
                 .. 'local function wait_for(n) for _ = 1, 200 do if has(n) then return true end '
                 .. 'os.execute("sleep 0.05") end return false end\n'
-    local function spec(name, body) write(L .. "/" .. name, pre .. body) end
+    return function(name, body) write(L .. "/" .. name, pre .. body) end
+  end
+
+  -- each file marks when it ran (files under <dir>/lanes/m); a wait of at most
+  -- 10 s for a file of another lane fails the test if the lanes ran one
+  -- after the other instead of beside each other
+  it("runs the GPU lane, the solo GPU lane and the other lanes at once, one GPU file at a time, shm and mq after them all", function()
+    local L = dir .. "/lanes"
+    local spec = lane_fixtures(L)
     spec("g1_spec.lua", 'it("first #gpu file", function()\n  assert.is_false(has("gpu-busy"))\n  touch("gpu-busy")\n'
          .. '  touch("g1")\n  assert.is_true(wait_for("solo"), "the solo GPU lane did not run beside the GPU lane")\n'
          .. '  os.remove(M .. "gpu-busy")\n  touch("g1-done")\nend)\n')
@@ -121,13 +127,7 @@ describe("scripts/run-tests", function()
   -- the lane of the second is free again, while the long one still runs
   it("runs two GPU lanes at once, the long files first, each lane taking the next file when it is free", function()
     local L = dir .. "/gpu2"
-    S.shell("mkdir -p " .. L .. "/m")
-    local pre = ('local M = %q\n'):format(L .. "/m/")
-                .. 'local function touch(n) assert(io.open(M .. n, "w")):close() end\n'
-                .. 'local function has(n) local f = io.open(M .. n) if f then f:close() end return f ~= nil end\n'
-                .. 'local function wait_for(n) for _ = 1, 200 do if has(n) then return true end '
-                .. 'os.execute("sleep 0.05") end return false end\n'
-    local function spec(name, body) write(L .. "/" .. name, pre .. body) end
+    local spec = lane_fixtures(L)
     spec("a_spec.lua", 'it("a #gpu file", function()\n  touch("a")\n'
          .. '  assert.is_true(wait_for("long"), "not beside the long file")\n  touch("a-done")\nend)\n')
     spec("b_spec.lua", 'it("another #gpu file", function()\n  assert.is_true(has("a-done"), "started before a lane was free")\n'
