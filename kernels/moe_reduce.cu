@@ -6,14 +6,17 @@
 // and the RMSNorm (the fused patterns' single-rank case, and what
 // scripts/gpu-fusion measures against copy bandwidth).
 //
-// One block per row (grid-stride over tokens); a thread keeps its vectors in
-// registers between the sums and the norm, so every byte is read once and
-// written once: top_k (+1 shared, +1 residual) rows in, 1-3 rows out.
+// One block per row (grid-stride over tokens), or, at a few tokens, a row
+// split over a cluster of 2-4 blocks (moe_reduce_split_kernel); a thread
+// keeps its vectors in registers between the sums and the norm, so every
+// byte is read once and written once: top_k (+1 shared, +1 residual) rows
+// in, 1-3 rows out.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cluster.cuh"
 #include "fused_ext.cuh"
 #include "cuda/cuda_internal.h"
 
@@ -92,6 +95,124 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
   }
 }
 
+/* A row split over a cluster of C blocks, for a few tokens (at most one
+ * block per SM: tokens * C <= SMs; rows of at most 1024 vectors). There one
+ * block per row leaves most SMs idle, and a block of a whole row (up to
+ * 1024 threads at 64 registers) keeps only a batch of 4 expert loads of a
+ * thread in flight: two round trips at top_k 8. A block of the split has
+ * at most 512 threads, so a thread holds kSplitBatch expert loads at once
+ * (one round trip up to top_k 8) and C times the SMs share the row.
+ * Block r of a cluster serves vectors r * blockDim .. of the cluster's rows.
+ * (At more tokens the split loses: 1 block of 14 warps per SM at ~110
+ * registers against 28 warps, -25 to -40 %; with batches of 4 at 70
+ * registers, two blocks per SM, it only matched the unsplit kernel.)
+ * The norm's sum of squares has block_sum's bits: every warp's butterfly
+ * sum goes by st.async to slot (global warp index) of every block's red[],
+ * completing on that block's transaction barrier (one per row parity: a
+ * sibling a row ahead writes the other one, and cannot be two ahead, which
+ * needs this block's partials of the row in between); each block then sums
+ * the warp partials in warp order as block_sum does over C * blockDim
+ * threads. No cluster-wide barrier per row and no flush of this block's
+ * stores (kernels/cluster.cuh). Every block of a cluster serves the same
+ * rows, so every exchange it waits for is sent by co-scheduled siblings:
+ * the waits end (as a __syncthreads would); no peer outside is involved. */
+constexpr int kSplitThreads = 512;
+constexpr int kSplitBatch = 8;
+
+template <typename T, int C>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSplitThreads)
+    moe_reduce_split_kernel(const LocalArgs a) {
+  constexpr int N = Pack<T>::N;
+  __shared__ uint2 red[2][32];
+  __shared__ uint64_t mb[2];
+  const int nv = a.hidden / N;
+  const size_t rb = (size_t)a.hidden * sizeof(T);
+  const bool norm = a.weight != nullptr;
+  const bool res = norm && a.residual;
+  const int lane = threadIdx.x & 31;
+  const int j = (int)(blockIdx.x % C) * blockDim.x + threadIdx.x; /* cluster rank: blockIdx.x % C */
+  const int nw = C * (int)blockDim.x / 32;
+  const bool live = j < nv;
+  if (norm) {
+    if (threadIdx.x == 0) {
+      mbar_init(&mb[0]);
+      mbar_init(&mb[1]);
+      mbar_init_fence();
+    }
+    cluster_arrive_relaxed(); /* "started, barriers initialised"; waited on before the first remote store */
+  }
+  uint4 wv = make_uint4(0, 0, 0, 0);
+  if (norm && live) wv = ld_vec((const char *)a.weight + (size_t)j * 16);
+  bool started = false;
+  int it = 0;
+  for (int t = blockIdx.x / C; t < a.m.tokens; t += gridDim.x / C, it++) {
+    float y[N];
+    float ss = 0.f;
+    if (live) {
+      const size_t off = (size_t)t * rb + (size_t)j * 16;
+      uint4 rv = make_uint4(0, 0, 0, 0);
+      moe_vec<T, kSplitBatch>(a.m, t, j, rb, y, res ? (const char *)a.residual + (size_t)t * rb : nullptr, &rv);
+      const uint4 xv = Pack<T>::from_f32(y);
+      if (a.out) st_vec((char *)a.out + off, xv);
+      if (norm) {
+        Pack<T>::to_f32(xv, y);
+        if (res) {
+          float r[N];
+          Pack<T>::to_f32(rv, r);
+#pragma unroll
+          for (int e = 0; e < N; e++) y[e] += r[e];
+        }
+        const uint4 yv = Pack<T>::from_f32(y);
+        if (a.residual_out) st_vec((char *)a.residual_out + off, yv);
+        Pack<T>::to_f32(yv, y);
+        ss = sumsq_f32<T>(y);
+      }
+    }
+    if (!norm) continue;
+    const int b = it & 1;
+    if (threadIdx.x == 0) mbar_expect(&mb[b], (uint32_t)nw * 8u);
+    if (!started) {
+      cluster_wait_acquire();
+      started = true;
+    }
+    const float s = warp_xor_sum(ss);
+    if (lane < C)
+      st_async_cluster(&red[b][j >> 5], &mb[b], (uint32_t)lane, make_uint2(__float_as_uint(s), 0u));
+    while (!mbar_done(&mb[b], (uint32_t)(it >> 1) & 1u)) {
+    }
+    float tot = lane < nw ? __uint_as_float(red[b][lane].x) : 0.f;
+    tot = warp_xor_sum(tot);
+    const float rstd = rsqrtf(tot / (float)a.hidden + a.eps);
+    if (live)
+      st_vec((char *)a.norm_out + (size_t)t * rb + (size_t)j * 16, norm_vec<T>(y, rstd, wv, a.gemma != 0));
+  }
+  if (norm && !started) cluster_wait_acquire();
+}
+
+/* SMs of device dev (cached: asked once per device) */
+int sm_count(int dev) {
+  static int cache[64];
+  if (dev < 0 || dev >= 64) return 0;
+  int n = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
+  if (n == 0 && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
+    __atomic_store_n(&cache[dev], n, __ATOMIC_RELAXED);
+  return n > 0 ? n : 0;
+}
+
+/* The cluster size for tokens rows of nv vectors (threads per whole row),
+ * 1: no split. The largest C of 4, 2 whose blocks all fit one per SM and
+ * whose blocks hold whole warps (the block sum's order). Measured on an
+ * H200 (bench/results/moe-local-nvidia-h200-2026-12-03e.md): C = 4 is
+ * +10 to +25 points of the copy at 1-32 tokens, C = 2 at 64 no different,
+ * any split from 128 tokens on -25 to -40 %. */
+int split_of(int dev, int nv, int threads, int64_t tokens) {
+  if (nv > kMaxThreads) return 1;
+  const int sms = sm_count(dev);
+  for (int c = 4; c >= 2; c /= 2)
+    if ((threads / 32) % c == 0 && threads / c <= kSplitThreads && tokens * c <= sms) return c;
+  return 1;
+}
+
 template <typename T>
 void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const LocalArgs &a) {
   switch (vm) {
@@ -155,7 +276,24 @@ extern "C" int weft_cuda_moe_reduce(const void *input, const void *scales, int s
   const int64_t blocks = tokens < 65535 ? tokens : 65535;
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
   const int nv = (int)(hidden * es / 16), vm = (nv + threads - 1) / threads;
-  switch (dtype) {
+  if (const int c = vm == 1 ? split_of(dev, nv, threads, tokens) : 1; c > 1) {
+    /* tokens * c <= SMs: one cluster per row */
+    const unsigned sb = (unsigned)(tokens * c);
+    const int st = threads / c;
+    if (c == 4) {
+      switch (dtype) {
+      case WEFT_F32: moe_reduce_split_kernel<float, 4><<<sb, st, 0, s>>>(a); break;
+      case WEFT_F16: moe_reduce_split_kernel<__half, 4><<<sb, st, 0, s>>>(a); break;
+      default: moe_reduce_split_kernel<__nv_bfloat16, 4><<<sb, st, 0, s>>>(a); break;
+      }
+    } else {
+      switch (dtype) {
+      case WEFT_F32: moe_reduce_split_kernel<float, 2><<<sb, st, 0, s>>>(a); break;
+      case WEFT_F16: moe_reduce_split_kernel<__half, 2><<<sb, st, 0, s>>>(a); break;
+      default: moe_reduce_split_kernel<__nv_bfloat16, 2><<<sb, st, 0, s>>>(a); break;
+      }
+    }
+  } else switch (dtype) {
   case WEFT_F32: launch_vm<float>(vm, (unsigned)blocks, threads, s, a); break;
   case WEFT_F16: launch_vm<__half>(vm, (unsigned)blocks, threads, s, a); break;
   default: launch_vm<__nv_bfloat16>(vm, (unsigned)blocks, threads, s, a); break;

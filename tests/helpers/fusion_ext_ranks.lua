@@ -411,20 +411,22 @@ for _, dt in ipairs(DTYPES) do
   end
 end
 
--- The single-rank kernel (kernels/moe_reduce.cu: the MoE end at world 1,
--- its rows staged through shared memory) against the fused
--- kernel: rank 0's experts and zeros on every other rank make the fused sum
--- rank 0's partial, so both norms must have the same bits (their sums of
--- squares follow one order).
+-- The single-rank kernel (kernels/moe_reduce.cu: the MoE end at world 1)
+-- against the fused kernel: rank 0's experts and zeros on every other rank
+-- make the fused sum rank 0's partial, so both norms must have the same bits
+-- (their sums of squares follow one order). 7 tokens take the single-rank
+-- kernel's cluster split (rows over 4 blocks: tokens * 4 <= SMs), 200 its
+-- one block per row.
 if ON_DEV and W >= 2 then
   check("the MoE end on one rank (weft_cuda_moe_reduce) has the fused kernel's bits", function()
     local C = require("weft.ffi").C
     local cuda = require "weft.cuda"
     for _, dt in ipairs(DTYPES) do
       for _, H in ipairs(HIDDEN) do
-        for _, pat in ipairs { "moe", "finalize" } do
+        for _, pt in ipairs { { "moe", 7 }, { "finalize", 7 }, { "moe", 200 }, { "finalize", 200 } } do
+          local pat = pt[1]
           SEED = SEED + 1
-          local cs = { pattern = pat, dtype = dt, tokens = 33, hidden = H, top_k = 8, shared = true,
+          local cs = { pattern = pat, dtype = dt, tokens = pt[2], hidden = H, top_k = 8, shared = true,
                        scales_dtype = "f32", eps = 1e-6, seed = SEED }
           if pat == "finalize" then cs.rows = cs.tokens * cs.top_k + 3 end
           local h = inputs(cs, 0)
@@ -437,7 +439,7 @@ if ON_DEV and W >= 2 then
           free_all(h, {})
           local res, w = dev(gen({ cs.tokens, H }, dt, 900 + SEED)), dev(gen({ H }, dt, 901 + SEED))
           local no, ro = call(cs, t, res, w, nil, { algo = "oneshot" })
-          local label = ("%s %s H%d"):format(pat, dt, H)
+          local label = ("%s %s H%d T%d"):format(pat, dt, H, cs.tokens)
           want(world:fusion_ext_last() == "fused", "%s: took the %s path", label, tostring(world:fusion_ext_last()))
           if me == 0 then
             local lno, lro = T.empty({ cs.tokens, H }, dt, DEV), T.empty({ cs.tokens, H }, dt, DEV)
