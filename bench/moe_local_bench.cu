@@ -18,12 +18,15 @@
 // input row the kernel reads (and the scales / permutation words and the
 // weight; for fin_norm the expert rows through the same permutation) and
 // writes every output row, one block per token, with
-// row_threads(hidden / 8) threads (one vector each, up to 1024 vectors) and,
-// for rows of 513-1024 vectors, also with half of them (two vectors each:
-// two blocks per SM), then the faster of those with loads that bypass L1
+// row_threads(hidden / 8) threads (one vector each, up to 1024 vectors);
+// for the MoE kinds also (rows of 513-1024 vectors) with half of them (two
+// vectors each: two blocks per SM), and with the row split over 2 and 4
+// blocks (the freedom the kernel's cluster split takes at few tokens);
+// each shape with plain loads and with loads that bypass L1
 // (ld.global.nc.L1::no_allocate): the fastest copy is the reference
 // (the norm kernel's own count for rmsnorm), every load of a vector issued
 // before any store: % of copy = copy time / kernel time for the same bytes.
+// The table's copy column says which shape won (blocks per row x threads).
 // (For rmsnorm at few tokens the copy is a weak reference: with the norm
 // kernel's 224-256 threads per row a copy thread moves its 2-4 vectors one
 // after another, where the kernel loads them all first.)
@@ -82,6 +85,7 @@ struct CopyArgs {
   const int32_t *gather;    // fin_norm: inputs 0..top_k-1 are rows in[0] + gather[t * top_k + i] * rb
   int nin, nout, tokens, top_k, nv;
   int nc;                   // loads that bypass L1 (ld.global.nc.L1::no_allocate)
+  int split;                // blocks per row (a row's vectors in split equal parts, as a cluster-split kernel)
   size_t rb;
 };
 
@@ -97,12 +101,14 @@ template <bool NC> __device__ __forceinline__ uint4 ld_row(const char *p) {
 // the stores. The XOR keeps every load live. NIN: rows read (registers).
 template <int NIN, bool GATHER, bool NC>
 __global__ void __launch_bounds__(1024) copy_kernel(const CopyArgs a) {
-  for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+  const int part = (int)(blockIdx.x % a.split), per = (a.nv + a.split - 1) / a.split;
+  const int jend = min(a.nv, (part + 1) * per);
+  for (int t = blockIdx.x / a.split; t < a.tokens; t += gridDim.x / a.split) {
     uint32_t wx = 0;
     for (int w = 0; w < 2; w++)
       if (a.words[w])
         for (int k = 0; k < a.top_k; k++) wx ^= a.words[w][(size_t)t * a.top_k + k];
-    for (int j = threadIdx.x; j < a.nv; j += blockDim.x) {
+    for (int j = part * per + threadIdx.x; j < jend; j += blockDim.x) {
       uint4 v[NIN];
 #pragma unroll
       for (int i = 0; i < NIN; i++) {
@@ -194,6 +200,7 @@ struct Row {
   int hidden, tokens;
   const char *kernel;
   double bytes, us, copy_us;
+  std::string copy_shape;   // the fastest copy: blocks per row x threads, "nc": L1-bypassing loads
 };
 static std::vector<Row> g_rows;
 
@@ -466,38 +473,52 @@ int main(int argc, char **argv) {
           c.nc = copy_nc;
           return c;
         };
-        // the copy at the kernel's threads per row, and (MoE kinds, rows of
-        // 513-1024 vectors) at half of them, two vectors a thread (two blocks
-        // per SM): the faster of the two, then with L1-bypassing loads
-        int copy_threads = is_moe ? threads : norm_threads(nv);
-        auto copy = [&](int i) { launch_copy(copy_args(i), (unsigned)std::min(T, 65535), copy_threads, s); };
+        // the copy at the kernel's threads per row; for the MoE kinds also
+        // (rows of 513-1024 vectors) at half of them, two vectors a thread
+        // (two blocks per SM), and a row split over 2 and 4 blocks (the
+        // freedom of the cluster-split kernel); each with plain and with
+        // L1-bypassing loads: the fastest is the reference
+        int copy_threads = is_moe ? threads : norm_threads(nv), copy_split = 1;
+        auto copy = [&](int i) {
+          CopyArgs c = copy_args(i);
+          c.split = copy_split;
+          launch_copy(c, (unsigned)(std::min(T, 65535 / copy_split) * copy_split), copy_threads, s);
+        };
         launch(0);   // outside a capture first (the library's lazy set-up)
         CK(cudaStreamSynchronize(s));
         const double tk = time_graph(s, calls, replays, launch);
-        double tc = time_graph(s, calls, replays, copy);
-        if (is_moe && threads > 512) {
-          const int full = copy_threads;
-          copy_threads = (threads / 32 + 1) / 2 * 32;
-          const double th = time_graph(s, calls, replays, copy);
-          if (th < tc) tc = th;
-          else copy_threads = full;
-        }
-        // and with loads that bypass L1, where that is faster
-        copy_nc = 1;
-        const double tn = time_graph(s, calls, replays, copy);
-        if (tn < tc) tc = tn;
-        else copy_nc = 0;
+        struct Shape { int threads, split; };
+        std::vector<Shape> shapes = {{copy_threads, 1}};
+        if (is_moe && threads > 512) shapes.push_back({(threads / 32 + 1) / 2 * 32, 1});
+        if (is_moe && (threads / 32) % 2 == 0) shapes.push_back({threads / 2, 2});
+        if (is_moe && (threads / 32) % 4 == 0) shapes.push_back({threads / 4, 4});
+        double tc = 1e30;
+        Shape best = shapes[0];
+        int best_nc = 0;
+        for (const Shape &sh : shapes)
+          for (int nc = 0; nc < 2; nc++) {
+            copy_threads = sh.threads;
+            copy_split = sh.split;
+            copy_nc = nc;
+            const double t = time_graph(s, calls, replays, copy);
+            if (t < tc) { tc = t; best = sh; best_nc = nc; }
+          }
+        copy_threads = best.threads;
+        copy_split = best.split;
+        copy_nc = best_nc;
         // bytes: rows in + rows out, the words, the weight (read by every block, mostly from L2)
         const double bytes = (double)(kd.nin + kd.nout) * T * rb + (double)kd.words * T * K * 4 + (kd.weight ? rb : 0);
-        g_rows.push_back({H, T, kd.name, bytes, tk, tc});
+        const std::string shape = std::to_string(best.split) + " x " + std::to_string(best.threads) + (best_nc ? " nc" : "");
+        g_rows.push_back({H, T, kd.name, bytes, tk, tc, shape});
         if (kd.words == 2) {   // fin_norm also against a copy reading the expert rows in order
           gather_rows = false;
           const double tf = time_graph(s, calls, replays, copy);
           gather_rows = true;
-          g_rows.push_back({H, T, "fin_norm (copy: rows in order)", bytes, tk, tf});
+          g_rows.push_back({H, T, "fin_norm (copy: rows in order)", bytes, tk, tf, shape});
         }
-        printf("H %d T %d %-9s kernel %9.2f us %7.0f GB/s | copy %9.2f us %7.0f GB/s | %5.1f %% of copy\n", H, T,
-               kd.name, tk, bytes / tk / 1e3, tc, bytes / tc / 1e3, 100 * tc / tk);
+        printf("H %d T %d %-9s kernel %9.2f us %7.0f GB/s | copy %9.2f us %7.0f GB/s (%d x %d%s) | %5.1f %% of copy\n",
+               H, T, kd.name, tk, bytes / tk / 1e3, tc, bytes / tc / 1e3, copy_split, copy_threads,
+               copy_nc ? " nc" : "", 100 * tc / tk);
         fflush(stdout);
         // checks on slot 0
         launch(0);
@@ -521,7 +542,7 @@ int main(int argc, char **argv) {
         WK(weft_cuda_rmsnorm(q.part, q.res, w, q.no, q.ro, T, H, WEFT_BF16, 1e-6f, 0, s));
       };
       const double tu = time_graph(s, calls, replays, unfused);
-      g_rows.push_back({H, T, "unfused", 0, tu, 0});
+      g_rows.push_back({H, T, "unfused", 0, tu, 0, ""});
       printf("H %d T %d unfused   %9.2f us (moe, then rmsnorm)\n", H, T, tu);
       CK(cudaFree(arena));
       CK(cudaFree(sc));
@@ -543,8 +564,9 @@ int main(int argc, char **argv) {
           commit, K, replays, g_pass, g_fail);
   for (size_t i = 0; i < g_rows.size(); i++) {
     const Row &r = g_rows[i];
-    fprintf(j, "  {\"hidden\": %d, \"tokens\": %d, \"kernel\": \"%s\", \"bytes\": %.0f, \"us\": %.3f, \"copy_us\": %.3f}%s\n",
-            r.hidden, r.tokens, r.kernel, r.bytes, r.us, r.copy_us, i + 1 < g_rows.size() ? "," : "");
+    fprintf(j, "  {\"hidden\": %d, \"tokens\": %d, \"kernel\": \"%s\", \"bytes\": %.0f, \"us\": %.3f, \"copy_us\": %.3f, "
+            "\"copy_shape\": \"%s\"}%s\n", r.hidden, r.tokens, r.kernel, r.bytes, r.us, r.copy_us, r.copy_shape.c_str(),
+            i + 1 < g_rows.size() ? "," : "");
   }
   fprintf(j, "]}\n");
   fclose(j);
@@ -554,8 +576,10 @@ int main(int argc, char **argv) {
           "f32 scales, shared expert on. Each kernel against a copy kernel moving the same bytes (every row it reads "
           "and writes, fin_norm's expert rows through the same permutation, the scales / permutation words, the "
           "weight), one block per token, all loads of a vector before "
-          "its stores, with row_threads(hidden / 8) threads per row and, for rows of 513-1024 vectors, also with half "
-          "of them, two vectors a thread (two blocks per SM), the faster of those also with loads that bypass L1 (ld.global.nc.L1::no_allocate): the fastest copy is the reference. CUDA graph of calls, each on its "
+          "its stores, with row_threads(hidden / 8) threads per row; for the MoE kinds also, for rows of 513-1024 "
+          "vectors, with half of them, two vectors a thread (two blocks per SM), and with the row split over 2 and 4 "
+          "blocks; each shape with plain loads and with loads that bypass L1 (ld.global.nc.L1::no_allocate): the "
+          "fastest copy is the reference. CUDA graph of calls, each on its "
           "own slot of buffers (the slots span >= 256 MiB: no call reads what an earlier one left in L2), "
           "median of %d replays / calls per graph. %% of copy = copy µs / kernel µs. Checks (rows 0, T/2, T-1 against "
           "an f64 reference; the copies against the XOR of their inputs): %d passed, %d failed.\n\n",
@@ -563,14 +587,15 @@ int main(int argc, char **argv) {
   fprintf(m, "moe: the reduction alone (K+1 rows + scales in, 1 row out); moe_norm: + residual + RMSNorm in one kernel "
           "(K+2 rows in, 2 out); fin_norm: moe_norm through the permutation (MoE finalize); rmsnorm: weft_cuda_rmsnorm "
           "with the residual (2 rows in, 2 out); unfused: moe then rmsnorm, µs only.\n\n");
-  fprintf(m, "| hidden | tokens | kernel | bytes | kernel µs | kernel GB/s | copy µs | copy GB/s | %% of copy |\n"
-             "|---|---|---|---|---|---|---|---|---|\n");
+  fprintf(m, "| hidden | tokens | kernel | bytes | kernel µs | kernel GB/s | copy µs | copy GB/s | copy shape | %% of copy |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row &r : g_rows) {
     if (!strcmp(r.kernel, "unfused"))
-      fprintf(m, "| %d | %d | unfused (moe, rmsnorm) | | %.2f | | | | |\n", r.hidden, r.tokens, r.us);
+      fprintf(m, "| %d | %d | unfused (moe, rmsnorm) | | %.2f | | | | | |\n", r.hidden, r.tokens, r.us);
     else
-      fprintf(m, "| %d | %d | %s | %.0f | %.2f | %.0f | %.2f | %.0f | %.1f %% |\n", r.hidden, r.tokens, r.kernel, r.bytes,
-              r.us, r.bytes / r.us / 1e3, r.copy_us, r.bytes / r.copy_us / 1e3, 100 * r.copy_us / r.us);
+      fprintf(m, "| %d | %d | %s | %.0f | %.2f | %.0f | %.2f | %.0f | %s | %.1f %% |\n", r.hidden, r.tokens, r.kernel,
+              r.bytes, r.us, r.bytes / r.us / 1e3, r.copy_us, r.bytes / r.copy_us / 1e3, r.copy_shape.c_str(),
+              100 * r.copy_us / r.us);
   }
   fclose(m);
   printf("wrote %s.json and .md\n", base.c_str());
