@@ -104,8 +104,9 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
  * (one round trip up to top_k 8) and C times the SMs share the row.
  * Block r of a cluster serves vectors r * blockDim .. of the cluster's rows.
  * (At more tokens the split loses: 1 block of 14 warps per SM at ~110
- * registers against 28 warps, -25 to -40 %; with batches of 4 at 70
- * registers, two blocks per SM, it only matched the unsplit kernel.)
+ * registers against 28 warps, -20 to -35 points of the copy; with
+ * batches of 4 at 70 registers, two blocks per SM, it only matched the
+ * unsplit kernel.)
  * The norm's sum of squares has block_sum's bits: every warp's butterfly
  * sum goes by st.async to slot (global warp index) of every block's red[],
  * completing on that block's transaction barrier (one per row parity: a
@@ -202,9 +203,9 @@ int sm_count(int dev) {
 /* The cluster size for tokens rows of nv vectors (threads per whole row),
  * 1: no split. The largest C of 4, 2 whose blocks all fit one per SM and
  * whose blocks hold whole warps (the block sum's order). Measured on an
- * H200 (bench/results/moe-local-nvidia-h200-2026-12-03e.md): C = 4 is
- * +10 to +25 points of the copy at 1-32 tokens, C = 2 at 64 no different,
- * any split from 128 tokens on -25 to -40 %. */
+ * H200 (bench/results/moe-split-variants-nvidia-h200-2026-12-03.md): C = 4
+ * is +8 to +25 points of the copy at 1-32 tokens, C = 2 at 64 no
+ * different, any split from 128 tokens on -20 to -35 points. */
 int split_of(int dev, int nv, int threads, int64_t tokens) {
   if (nv > kMaxThreads) return 1;
   const int sms = sm_count(dev);
