@@ -34,6 +34,31 @@ struct LocalArgs {
   int gemma;
 };
 
+/* After moe_vec: stores the partial x (out); with a norm, makes y the
+ * residual_out row, round(round(x) + residual) as the unfused path, stores
+ * it and adds its sum of squares to ss. y: x in f32, then residual_out in
+ * f32; rv: the residual's vector. */
+template <typename T>
+__device__ __forceinline__ void finish_vec(const LocalArgs &a, size_t off, bool norm, bool res, uint4 rv,
+                                           float (&y)[Pack<T>::N], float &ss) {
+  constexpr int N = Pack<T>::N;
+  const uint4 xv = Pack<T>::from_f32(y);
+  if (a.out) st_vec((char *)a.out + off, xv);
+  if (norm) {
+    Pack<T>::to_f32(xv, y);
+    if (res) {
+      float r[N];
+      Pack<T>::to_f32(rv, r);
+#pragma unroll
+      for (int e = 0; e < N; e++) y[e] += r[e];
+    }
+    const uint4 yv = Pack<T>::from_f32(y);
+    if (a.residual_out) st_vec((char *)a.residual_out + off, yv);
+    Pack<T>::to_f32(yv, y);
+    ss += sumsq_f32<T>(y);
+  }
+}
+
 /* VM: vectors of a row per thread (1 up to 1024 vectors: hidden 8192 in
  * bf16/f16; 2 or 4 beyond), so a thread holds only the registers its row
  * needs and the expert loads of moe_vec stay in flight without spills (the
@@ -58,22 +83,7 @@ __global__ void __launch_bounds__(kMaxThreads) moe_reduce_kernel(const LocalArgs
         uint4 rv = make_uint4(0, 0, 0, 0);
         const bool res = norm && a.residual;
         moe_vec<T, VM == 1 ? kBatchMax : 2>(a.m, t, j, rb, y[k], res ? (const char *)a.residual + (size_t)t * rb : nullptr, &rv);
-        const uint4 xv = Pack<T>::from_f32(y[k]);
-        if (a.out) st_vec((char *)a.out + off, xv);
-        if (norm) {
-          /* residual_out = round(round(x) + residual): as the unfused path */
-          Pack<T>::to_f32(xv, y[k]);
-          if (res) {
-            float r[N];
-            Pack<T>::to_f32(rv, r);
-#pragma unroll
-            for (int e = 0; e < N; e++) y[k][e] += r[e];
-          }
-          const uint4 yv = Pack<T>::from_f32(y[k]);
-          if (a.residual_out) st_vec((char *)a.residual_out + off, yv);
-          Pack<T>::to_f32(yv, y[k]);
-          ss += sumsq_f32<T>(y[k]);
-        }
+        finish_vec<T>(a, off, norm, res, rv, y[k], ss);
       }
     }
     if (!norm) continue;
@@ -153,21 +163,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSplitThreads)
       const size_t off = (size_t)t * rb + (size_t)j * 16;
       uint4 rv = make_uint4(0, 0, 0, 0);
       moe_vec<T, kSplitBatch>(a.m, t, j, rb, y, res ? (const char *)a.residual + (size_t)t * rb : nullptr, &rv);
-      const uint4 xv = Pack<T>::from_f32(y);
-      if (a.out) st_vec((char *)a.out + off, xv);
-      if (norm) {
-        Pack<T>::to_f32(xv, y);
-        if (res) {
-          float r[N];
-          Pack<T>::to_f32(rv, r);
-#pragma unroll
-          for (int e = 0; e < N; e++) y[e] += r[e];
-        }
-        const uint4 yv = Pack<T>::from_f32(y);
-        if (a.residual_out) st_vec((char *)a.residual_out + off, yv);
-        Pack<T>::to_f32(yv, y);
-        ss = sumsq_f32<T>(y);
-      }
+      finish_vec<T>(a, off, norm, res, rv, y, ss);
     }
     if (!norm) continue;
     const int b = it & 1;
