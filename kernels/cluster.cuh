@@ -1,6 +1,6 @@
 /* cluster.cuh — distributed shared memory between the blocks of a cluster
  * (sm_90): the cluster barrier, remote shared-memory stores, and st.async
- * on transaction barriers. Shared by the fused all-reduce + norm kernels
+ * on transaction barriers; a block's own bulk-copy pipeline. Shared by the fused all-reduce + norm kernels
  * (kernels/fused_norm_kernels.cuh) and the local MoE reduction
  * (kernels/moe_reduce.cu), whose rows may be split over a cluster.
  * Below sm_90 every helper compiles to nothing (no cluster launches there). */
@@ -82,6 +82,39 @@ __device__ __forceinline__ void st_async_cluster(const void *p, const uint64_t *
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rm) : "r"(smem_addr(m)), "r"(rank));
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%0], {%1, %2}, [%3];"
                ::"r"(rp), "r"(v.x), "r"(v.y), "r"(rm) : "memory");
+#endif
+}
+
+/* A block's own pipeline (no cluster needed): mbarriers with several
+ * arrivals, and bulk copies (the TMA unit) from global into this block's
+ * shared memory completing their bytes on an mbarrier: many kilobytes in
+ * flight for one instruction and no registers. */
+__device__ __forceinline__ void mbar_init_n(uint64_t *m, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(m)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{ .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(smem_addr(m)) : "memory");
+#endif
+}
+/* spins until the phase of parity `parity` of m completed (acquire, CTA scope) */
+__device__ __forceinline__ void mbar_wait(uint64_t *m, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t ok = 0;
+  while (!ok)
+    asm volatile("{ .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok) : "r"(smem_addr(m)), "r"(parity) : "memory");
+#endif
+}
+/* bytes (a multiple of 16; both addresses 16-byte aligned) from global src
+ * to this block's shared dst, completing on m */
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(m)) : "memory");
 #endif
 }
 

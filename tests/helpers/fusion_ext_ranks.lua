@@ -416,7 +416,10 @@ end
 -- make the fused sum rank 0's partial, so both norms must have the same bits
 -- (their sums of squares follow one order). 7 tokens take the single-rank
 -- kernel's cluster split (rows over 4 blocks: tokens * 4 <= SMs), 200 its
--- one block per row.
+-- one block per row (at hidden 7168: half a row's threads, two rows per SM).
+-- 2000 tokens (from 6 rows per SM, rows of 513-1024 vectors: the ring of
+-- bulk copies) are checked against the same call's first 200 rows at 200
+-- tokens: a row's bits do not depend on how many rows come with it.
 if ON_DEV and W >= 2 then
   check("the MoE end on one rank (weft_cuda_moe_reduce) has the fused kernel's bits", function()
     local C = require("weft.ffi").C
@@ -455,6 +458,31 @@ if ON_DEV and W >= 2 then
             lno:free(); lro:free()
           end
           no:free(); ro:free(); res:free(); w:free()
+          free_all(t, {})
+        end
+        if me == 0 then
+          local cs = { pattern = "finalize", dtype = dt, tokens = 2000, hidden = H, top_k = 8, shared = true,
+                       scales_dtype = "f32", eps = 1e-6, seed = SEED + 1000 }
+          cs.rows = cs.tokens * cs.top_k + 3
+          local h = inputs(cs, 0)
+          local t = on_device(h)
+          free_all(h, {})
+          local res, w = dev(gen({ cs.tokens, H }, dt, 902 + SEED)), dev(gen({ H }, dt, 903 + SEED))
+          local function moe_end(n)
+            local no, ro = T.empty({ n, H }, dt, DEV), T.empty({ n, H }, dt, DEV)
+            local rc = C.weft_cuda_moe_reduce(t.x.ptr, t.scales.ptr, C.WEFT_F32, ffi.cast("const int32_t *", t.perm.ptr),
+                                              cs.rows, t.shared.ptr, nil, res.ptr, w.ptr, ro.ptr, no.ptr, n, H,
+                                              cs.top_k, dt == "bf16" and C.WEFT_BF16 or C.WEFT_F16, cs.eps, 0, nil)
+            want(rc == 0, "finalize %s H%d T%d: weft_cuda_moe_reduce returned %d", dt, H, n, rc)
+            return no, ro
+          end
+          local bno, bro = moe_end(2000)
+          local sno, sro = moe_end(200)
+          cuda.synchronize()
+          local label = ("finalize %s H%d rows 0-199 at 2000 tokens vs at 200"):format(dt, H)
+          equal_bytes(sro, bro:narrow(0, 0, 200), label .. ": residual_out")
+          equal_bytes(sno, bno:narrow(0, 0, 200), label .. ": norm_out")
+          for _, x in ipairs { bno, bro, sno, sro, res, w } do x:free() end
           free_all(t, {})
         end
       end
