@@ -431,12 +431,18 @@ void launch_vm(int vm, unsigned blocks, int threads, cudaStream_t s, const Local
 }
 
 /* Lets the stream kernel of T use up to the device's opt-in shared memory
- * per block (once per device); that size, 0 if unknown. */
+ * per block (once per device); that size, 0 if unknown or if the kernel
+ * this device runs was built below sm_90 (no bulk copies: it would wait
+ * for bytes that never come). */
 template <typename T> int stream_smem(int dev) {
   static int cache[64];
   if (dev < 0 || dev >= 64) return 0;
   int n = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
   if (n) return n;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, moe_reduce_stream_kernel<T>) != cudaSuccess || fa.binaryVersion < 90 ||
+      fa.ptxVersion < 90)
+    return 0;
   if (cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 0;
   n -= 1024; /* the kernel's static shared memory */
   if (cudaFuncSetAttribute(moe_reduce_stream_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) != cudaSuccess)
