@@ -417,9 +417,10 @@ end
 -- (their sums of squares follow one order). 7 tokens take the single-rank
 -- kernel's cluster split (rows over 4 blocks: tokens * 4 <= SMs), 200 its
 -- one block per row (at hidden 7168: half a row's threads, two rows per SM).
--- 2000 tokens (from 6 rows per SM, rows of 513-1024 vectors: the ring of
--- bulk copies) are checked against the same call's first 200 rows at 200
--- tokens: a row's bits do not depend on how many rows come with it.
+-- Then on rank 0 the same finalize call at 100, 200 and 2000 tokens (rows of
+-- 513-1024 vectors: one block per row, two rows per SM, the ring of bulk
+-- copies from 6 rows per SM) must give rows 0-99 the same bits, in bf16,
+-- f16 and f32: a row's bits do not depend on how many rows come with it.
 if ON_DEV and W >= 2 then
   check("the MoE end on one rank (weft_cuda_moe_reduce) has the fused kernel's bits", function()
     local C = require("weft.ffi").C
@@ -460,31 +461,38 @@ if ON_DEV and W >= 2 then
           no:free(); ro:free(); res:free(); w:free()
           free_all(t, {})
         end
-        if me == 0 then
-          local cs = { pattern = "finalize", dtype = dt, tokens = 2000, hidden = H, top_k = 8, shared = true,
-                       scales_dtype = "f32", eps = 1e-6, seed = SEED + 1000 }
-          cs.rows = cs.tokens * cs.top_k + 3
-          local h = inputs(cs, 0)
-          local t = on_device(h)
-          free_all(h, {})
-          local res, w = dev(gen({ cs.tokens, H }, dt, 902 + SEED)), dev(gen({ H }, dt, 903 + SEED))
-          local function moe_end(n)
-            local no, ro = T.empty({ n, H }, dt, DEV), T.empty({ n, H }, dt, DEV)
-            local rc = C.weft_cuda_moe_reduce(t.x.ptr, t.scales.ptr, C.WEFT_F32, ffi.cast("const int32_t *", t.perm.ptr),
-                                              cs.rows, t.shared.ptr, nil, res.ptr, w.ptr, ro.ptr, no.ptr, n, H,
-                                              cs.top_k, dt == "bf16" and C.WEFT_BF16 or C.WEFT_F16, cs.eps, 0, nil)
-            want(rc == 0, "finalize %s H%d T%d: weft_cuda_moe_reduce returned %d", dt, H, n, rc)
-            return no, ro
-          end
-          local bno, bro = moe_end(2000)
-          local sno, sro = moe_end(200)
-          cuda.synchronize()
-          local label = ("finalize %s H%d rows 0-199 at 2000 tokens vs at 200"):format(dt, H)
-          equal_bytes(sro, bro:narrow(0, 0, 200), label .. ": residual_out")
-          equal_bytes(sno, bno:narrow(0, 0, 200), label .. ": norm_out")
-          for _, x in ipairs { bno, bro, sno, sro, res, w } do x:free() end
-          free_all(t, {})
+      end
+    end
+    -- the same rows at 2000, 200 and 100 tokens (every kernel shape), f32 too
+    if me ~= 0 then return end
+    for _, dt in ipairs { "bf16", "f16", "f32" } do
+      local code = ({ bf16 = C.WEFT_BF16, f16 = C.WEFT_F16, f32 = C.WEFT_F32 })[dt]
+      for _, H in ipairs(HIDDEN) do
+        local cs = { pattern = "finalize", dtype = dt, tokens = 2000, hidden = H, top_k = 8, shared = true,
+                     scales_dtype = "f32", eps = 1e-6, seed = SEED + 1000 }
+        cs.rows = cs.tokens * cs.top_k + 3
+        local h = inputs(cs, 0)
+        local t = on_device(h)
+        free_all(h, {})
+        local res, w = dev(gen({ cs.tokens, H }, dt, 902 + SEED)), dev(gen({ H }, dt, 903 + SEED))
+        local outs = {}
+        for i, n in ipairs { 100, 200, 2000 } do
+          local no, ro = T.empty({ n, H }, dt, DEV), T.empty({ n, H }, dt, DEV)
+          local rc = C.weft_cuda_moe_reduce(t.x.ptr, t.scales.ptr, C.WEFT_F32, ffi.cast("const int32_t *", t.perm.ptr),
+                                            cs.rows, t.shared.ptr, nil, res.ptr, w.ptr, ro.ptr, no.ptr, n, H,
+                                            cs.top_k, code, cs.eps, 0, nil)
+          want(rc == 0, "finalize %s H%d T%d: weft_cuda_moe_reduce returned %d", dt, H, n, rc)
+          outs[i] = { n = n, no = no, ro = ro }
         end
+        cuda.synchronize()
+        for i = 2, 3 do
+          local label = ("finalize %s H%d rows 0-99 at %d tokens vs at 100"):format(dt, H, outs[i].n)
+          equal_bytes(outs[1].ro, outs[i].ro:narrow(0, 0, 100), label .. ": residual_out")
+          equal_bytes(outs[1].no, outs[i].no:narrow(0, 0, 100), label .. ": norm_out")
+        end
+        for _, o in ipairs(outs) do o.no:free(); o.ro:free() end
+        res:free(); w:free()
+        free_all(t, {})
       end
     end
   end)
