@@ -42,7 +42,9 @@ enum {
   WEFT_EAUTH = -10,    /* store secret mismatch */
   WEFT_EAGAIN = -11,   /* non-blocking poll: not ready yet */
   WEFT_ESTATE = -12,   /* wrong state: destroyed, capturing, busy */
-  WEFT_EABORT = -13    /* aborted (abort flag, dead peer in a kernel) */
+  WEFT_EABORT = -13,   /* aborted (abort flag, dead peer in a kernel) */
+  WEFT_EMISMATCH = -14 /* the ranks called different collectives (op, dtype, count,
+                        * root...): every rank fails alike, naming each rank's call */
 };
 
 enum {
@@ -150,6 +152,11 @@ int weft_cpugroup_recv(weft_cpugroup *g, int src, const void **out, size_t *len)
  * on it fail with WEFT_EABORT "aborted: why" (e.g. a node leader whose own
  * node failed tells the other leaders what happened). */
 int weft_cpugroup_abort(weft_cpugroup *g, const char *why);
+/* An abort this rank could not publish when it gave up on a collective (the
+ * store did not answer) goes out now; weft.recover() calls it for every
+ * group first, so a member that completed that collective is told. 0 when
+ * none was pending or it went out. */
+int weft_cpugroup_publish_abort(weft_cpugroup *g);
 
 /* ---- host data plane: shared-memory communicator (src/host/shm.c) ----
  * Collective create among ranks of one node; the segment is unlinked as soon

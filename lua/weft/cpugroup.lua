@@ -87,6 +87,13 @@ function Group:abort(why)
   if h ~= nil then C.weft_cpugroup_abort(h, tostring(why or "")) end
 end
 
+-- an abort this rank could not publish when it gave up (the store did not
+-- answer then) goes out now; weft.recover() calls it first
+function Group:publish_abort()
+  local h = self.handle
+  if h ~= nil then check(C.weft_cpugroup_publish_abort(h)) end
+end
+
 function Group:barrier()
   check(C.weft_cpugroup_barrier(handle_of(self, "barrier")))
 end

@@ -581,11 +581,78 @@ function M.plan() return S.plan end
 -- brings it up again with the same options: init, then the same
 -- initialize_model_parallel when there was one. Custom groups are not
 -- re-created (create them again). Not for a dead rank: its job is over.
+-- Every group counts the host calls it completed and the last one that
+-- failed (weft.group.host's rethrow). A rank that was stopped between its
+-- last receive and its return, or whose store did not answer when it gave
+-- up, can complete a call another member aborted: no protocol prevents
+-- that. recover() finds it: each rank publishes the aborts its groups could
+-- not (the store did not answer then), takes its groups' counts before the
+-- shutdown, and after the new init every rank compares every group's counts
+-- over the new world; a difference raises on every rank, naming the call,
+-- who completed it and who aborted it. The groups are rebuilt all the same
+-- (the job may go on from a point it trusts), but a loop that just retried
+-- its call would pair one rank's retry with another's next call.
+local function ledger_of(g, kind)
+  local L = g._ledger
+  return { name = tostring(g.unique_name or kind), ranks = table.concat(g.ranks, ","),
+           done = L and L.done or 0, fail_op = L and L.fail_op or false,
+           gen = S.generation }
+end
+
+local function take_ledgers()
+  local list, seen = {}, {}
+  local function add(g, kind)
+    if g and not seen[g] then
+      seen[g] = true
+      if g.cpu_group then pcall(g.cpu_group.publish_abort, g.cpu_group) end
+      list[#list + 1] = ledger_of(g, kind)
+    end
+  end
+  add(S.world, "world")
+  for _, kind in ipairs(M.KINDS) do add(S.groups[kind], kind) end
+  for _, g in ipairs(S.custom) do add(g, "custom") end
+  return list
+end
+
+-- the first group whose members' counts differ, as a message; nil if none
+local function ledgers_differ(all)
+  local by = {}      -- "name|ranks" -> { rank -> ledger }
+  local order = {}
+  for r = 1, #all do
+    for _, l in ipairs(all[r]) do
+      local k = l.name .. "|" .. l.ranks
+      if not by[k] then by[k] = {}; order[#order + 1] = k end
+      by[k][r - 1] = l
+    end
+  end
+  for _, k in ipairs(order) do
+    local m = by[k]
+    local lo, hi = math.huge, -1
+    for _, l in pairs(m) do lo = math.min(lo, l.done); hi = math.max(hi, l.done) end
+    if lo ~= hi then
+      local completed, aborted, op, name, gen = {}, {}, nil, nil, nil
+      for r, l in pairs(m) do
+        name, gen = l.name, l.gen
+        if l.done > lo then completed[#completed + 1] = r
+        else aborted[#aborted + 1] = r; op = op or l.fail_op end
+      end
+      table.sort(completed); table.sort(aborted)
+      local n = lo + 1
+      return ("group %s: its %s call #%d of generation %d completed on %s %s and was aborted on %s %s: "
+              .. "results from #%d on cannot be trusted (the groups are rebuilt and usable; go on "
+              .. "from a point every rank agrees on, e.g. redo the work from call #%d on)")
+        :format(name, op or "host", n, gen, #completed > 1 and "ranks" or "rank", table.concat(completed, ","),
+                #aborted > 1 and "ranks" or "rank", table.concat(aborted, ","), n, n)
+    end
+  end
+end
+
 function M.recover()
   local init_opts, mp_opts = S.init_opts, S.mp_opts
   if not S.initialized then
     fail(2, "recover", "weft is not initialized (nothing to recover; call weft.init())")
   end
+  local ledgers = take_ledgers()
   local ok, err = pcall(M.shutdown)
   if not ok then
     S.store, S.world, S.initialized, S.groups, S.plan = nil, nil, false, {}, nil
@@ -593,6 +660,11 @@ function M.recover()
   end
   local world = M.init(init_opts)
   if mp_opts then M.initialize_model_parallel(mp_opts) end
+  if S.world_size > 1 then
+    local why = ledgers_differ(world:all_gather_object(ledgers))
+    world._ledger = nil   -- this exchange is recover's own, not the caller's
+    if why then fail(2, "recover", "%s", why) end
+  end
   return world
 end
 

@@ -4,7 +4,7 @@
 local ffi = require "ffi"
 
 local M = {}
-M.ABI_VERSION = 3
+M.ABI_VERSION = 4
 
 ffi.cdef [[ const char *weft_ffi_cdef(void); ]]
 
@@ -67,7 +67,7 @@ end
 M.codes = {
   [0] = "OK", [-1] = "EINVAL", [-2] = "ETIMEOUT", [-3] = "ESYS", [-4] = "ECLOSED",
   [-5] = "ENOMEM", [-6] = "ENODEV", [-7] = "ECUDA", [-8] = "ENCCL", [-9] = "EPROTO",
-  [-10] = "EAUTH", [-11] = "EAGAIN", [-12] = "ESTATE", [-13] = "EABORT",
+  [-10] = "EAUTH", [-11] = "EAGAIN", [-12] = "ESTATE", [-13] = "EABORT", [-14] = "EMISMATCH",
 }
 
 local ffi_string = ffi.string

@@ -62,7 +62,7 @@ local backend_for, call_be, cpu, gather_bytes = H.backend_for, H.call_be, H.cpu,
 
 -- call agreement and object collectives (weft.group.objects)
 M.CALL_MARK, M.split_call, M.describe_calls, M.frame = O.CALL_MARK, O.split_call, O.describe_calls, O.frame
-M.check_calls, M.exchange, M.check_message = O.check_calls, O.exchange, O.check_message
+M.check_calls, M.exchange, M.check_message, M.encode_part = O.check_calls, O.exchange, O.check_message, O.encode_part
 local exchange, exchange_strings, p2p_send, p2p_recv = O.exchange, O.exchange_strings, O.p2p_send, O.p2p_recv
 for _, name in ipairs({ "broadcast_object", "all_gather_object", "send_object", "recv_object",
                         "broadcast_tensor_dict", "send_tensor_dict", "recv_tensor_dict" }) do
@@ -175,7 +175,7 @@ local function reduce_into(g, t, out_ptr, rop, code)
   -- generic: gather everything, reduce locally in rank order
   local nbytes = t.nbytes
   local buf = g:_scratch("gather", nbytes * g.world_size)
-  gather_bytes(g, be, "all_reduce", t.ptr, nbytes, buf)
+  gather_bytes(g, be, "all_reduce", t.ptr, nbytes, buf, t, rop)
   local blocks = {}
   for r = 1, g.world_size do blocks[r] = buf + (r - 1) * nbytes end
   g:_reduce_blocks(out_ptr, blocks, t.numel, t.dtype, rop)
@@ -234,11 +234,11 @@ function G:all_gather(t, dim, out)
   local nbytes = t.nbytes
   local outer, inner = outer_inner(t.shape, dim)
   if outer == 1 then
-    gather_bytes(self, be, "all_gather", t.ptr, nbytes, out.ptr)
+    gather_bytes(self, be, "all_gather", t.ptr, nbytes, out.ptr, t, dim)
     return out
   end
   local buf = self:_scratch("gather", nbytes * W)
-  gather_bytes(self, be, "all_gather", t.ptr, nbytes, buf)
+  gather_bytes(self, be, "all_gather", t.ptr, nbytes, buf, t, dim)
   -- buf is [W][outer][inner]; out is [outer][W][inner]
   local ib = inner * DT_SIZE[t.dtype]
   local o = ffi_cast(u8p, out.ptr)
@@ -307,7 +307,7 @@ function G:reduce_scatter(t, dim, out, rop)
     return out
   end
   local buf = self:_scratch("gather", nbytes * W)
-  gather_bytes(self, be, "reduce_scatter", src, nbytes, buf)
+  gather_bytes(self, be, "reduce_scatter", src, nbytes, buf, t, rop)
   local me, ob = self.rank_in_group, out.nbytes
   local blocks = {}
   for r = 1, W do blocks[r] = buf + (r - 1) * nbytes + me * ob end
@@ -384,7 +384,7 @@ function G:all_gatherv(t, sizes, out)
   local src = self:_scratch("agv", nb)
   if t.nbytes > 0 then copy_bytes(src, t.ptr, t.nbytes) end
   local buf = self:_scratch("gather", nb * self.world_size)
-  gather_bytes(self, be, op, src, nb, buf)
+  gather_bytes(self, be, op, src, nb, buf, t, sizes)
   local o, pos = ffi_cast(u8p, out.ptr), 0
   for r = 1, #sizes do
     local n = sizes[r] * row
@@ -435,7 +435,7 @@ function G:broadcast(t, src)
   if self.world_size == 1 then return t end
   local be = backend_for(self, "broadcast", t)
   if be.broadcast_tensor then call_be(self, "broadcast", be.broadcast_tensor, t, src); return t end
-  call_be(self, "broadcast", be.broadcast, t.ptr, t.nbytes, src)
+  call_be(self, "broadcast", be.broadcast, t.ptr, t.nbytes, src, t)
   return t
 end
 
@@ -582,7 +582,7 @@ function G:all_to_all_single(out, inp, splits)
     local be = backend_for(self, op, inp)
     local nbytes = inp.nbytes
     local buf = self:_scratch("gather", nbytes * W)
-    gather_bytes(self, be, op, inp.ptr, nbytes, buf)
+    gather_bytes(self, be, op, inp.ptr, nbytes, buf, inp)
     local cb = nbytes / W
     local o = ffi_cast(u8p, out.ptr)
     for r = 0, W - 1 do copy_bytes(o + r * cb, buf + r * nbytes + me * cb, cb) end

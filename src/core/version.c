@@ -5,7 +5,7 @@
 #define WEFT_BUILD_INFO "cuda=no"
 #endif
 
-int weft_abi_version(void) { return 3; }
+int weft_abi_version(void) { return 4; }
 
 const char *weft_build_info(void) { return WEFT_BUILD_INFO; }
 

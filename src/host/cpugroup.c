@@ -70,6 +70,8 @@ struct weft_cpugroup {
   char op[320];            /* "cpugroup '<name>' <op>" for messages */
   char abort_key[300];     /* "<prefix>/<gen>/abort" */
   char broken[1024];       /* why this group refuses work, "" while usable */
+  char pending[1100];      /* an abort the store did not take (unreachable), published by
+                            * weft_cpugroup_publish_abort once it answers; "" if none */
   _Atomic int busy;        /* one operation at a time (enter/leave below) */
 };
 
@@ -108,9 +110,108 @@ static const char *opname(weft_cpugroup *g, const char *what) {
   return g->op;
 }
 
-static void coll_key(weft_cpugroup *g, int i, uint64_t seq, const char *what) {
-  snprintf(g->keys[i], g->stride, "%s/%llu.%llu/%s/%d", g->prefix, (unsigned long long)g->gen,
-           (unsigned long long)seq, what, i);
+/* A collective's keys name only its sequence number, not its kind: calls
+ * that differ (a barrier on one rank, an all-gather on another) meet at the
+ * same keys and are told apart by the agreement word in front of each
+ * value (below), at once, instead of each waiting for keys the other never
+ * sets. */
+static void coll_key(weft_cpugroup *g, int i, uint64_t seq) {
+  snprintf(g->keys[i], g->stride, "%s/%llu.%llu/c/%d", g->prefix, (unsigned long long)g->gen,
+           (unsigned long long)seq, i);
+}
+
+/* ---- the agreement word (docs/faults.md, "Every call agreed") ----
+ * Every member's value of a collective starts with CG_HDR bytes: a mark,
+ * the kind of collective, its reduction op and its root (index). All members
+ * read every member's value, so each compares all words and, when they
+ * differ, all fail alike with the same message naming every rank's call;
+ * the exchange itself completed on every member, so the group stays usable.
+ * What the caller asks above the bytes (a tensor's dtype and shape) it puts
+ * in the payload (weft.group's call frame). */
+enum { CG_BARRIER = 1, CG_ALLGATHER = 2, CG_BROADCAST = 3, CG_ALLREDUCE = 4 };
+#define CG_HDR 8
+#define CG_MARK 0xC9
+
+static void hdr_put(uint8_t *h, int kind, int op, int root) {
+  h[0] = CG_MARK;
+  h[1] = (uint8_t)kind;
+  h[2] = (uint8_t)op;
+  h[3] = 0;
+  wf_put_u32(h + 4, (uint32_t)root);
+}
+
+static const char *op_word(int op) {
+  switch (op) {
+  case WEFT_SUM: return "sum";
+  case WEFT_MAX: return "max";
+  case WEFT_MIN: return "min";
+  case WEFT_AND: return "and";
+  case WEFT_PROD: return "prod";
+  default: return "?";
+  }
+}
+
+/* "broadcast from rank 3" (global ranks) */
+static void hdr_describe(const weft_cpugroup *g, const uint8_t *h, size_t len, char *buf, size_t n) {
+  if (len < CG_HDR || h[0] != CG_MARK) { snprintf(buf, n, "something else (not a cpu group collective)"); return; }
+  uint32_t root = wf_get_u32(h + 4);
+  switch (h[1]) {
+  case CG_BARRIER: snprintf(buf, n, "barrier"); break;
+  case CG_ALLGATHER: snprintf(buf, n, "allgather"); break;
+  case CG_BROADCAST:
+    if (root < (uint32_t)g->size) snprintf(buf, n, "broadcast from rank %d", g->ranks[root]);
+    else snprintf(buf, n, "broadcast from index %u", root);
+    break;
+  case CG_ALLREDUCE: snprintf(buf, n, "allreduce_i64 (%s) of %zu values", op_word(h[2]), (len - CG_HDR) / 8); break;
+  default: snprintf(buf, n, "an unknown collective (%d)", h[1]); break;
+  }
+}
+
+/* Compares every member's word with this rank's (and, for allreduce_i64,
+ * the count): 0 when all agree, else a WEFT_EMISMATCH error naming every
+ * rank's call, the same text on every member ("rank 1: barrier; ranks 0, 2:
+ * allgather"). */
+static int hdr_check(weft_cpugroup *g, const char *what, uint64_t seq) {
+  const uint8_t *mine = g->vals[g->me];
+  size_t mlen = g->lens[g->me];
+  int bad = 0;
+  for (int i = 0; i < g->size && !bad; i++) {
+    const uint8_t *v = g->vals[i];
+    if (g->lens[i] < CG_HDR || memcmp(v, mine, CG_HDR) ||
+        (mine[1] == CG_ALLREDUCE && g->lens[i] != mlen))
+      bad = 1;
+  }
+  if (!bad) return 0;
+  /* group ranks by what they called, in order of the first rank of each */
+  char msg[1400];
+  size_t len = 0;
+  int *seen = g->missing;  /* scratch: 1 once described */
+  for (int i = 0; i < g->size; i++) seen[i] = 0;
+  for (int i = 0; i < g->size && len < sizeof msg - 1; i++) {
+    if (seen[i]) continue;
+    char desc[160], who[400];
+    hdr_describe(g, g->vals[i], g->lens[i], desc, sizeof desc);
+    size_t wl = 0;
+    int cnt = 0;
+    for (int j = i; j < g->size; j++) {
+      char dj[160];
+      if (seen[j]) continue;
+      hdr_describe(g, g->vals[j], g->lens[j], dj, sizeof dj);
+      if (strcmp(dj, desc)) continue;
+      seen[j] = 1;
+      if (wl < sizeof who - 16) {
+        int w = snprintf(who + wl, sizeof who - wl, "%s%d", cnt ? ", " : "", g->ranks[j]);
+        if (w > 0) wl += (size_t)w;
+      }
+      cnt++;
+    }
+    int w = snprintf(msg + len, sizeof msg - len, "%s%s %s: %s", len ? "; " : "",
+                     cnt > 1 ? "ranks" : "rank", who, desc);
+    if (w > 0) len += (size_t)w;
+  }
+  return wf_error(WEFT_EMISMATCH, "cpugroup '%s' %s #%llu: the ranks called different collectives: %s "
+                  "(every rank fails alike; the group stays usable)", g->name, what,
+                  (unsigned long long)seq, msg);
 }
 
 static void p2p_key(weft_cpugroup *g, char *buf, int src, int dst, uint64_t k) {
@@ -178,9 +279,9 @@ static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, ui
     char pre[300], why[1200];
     int pl = snprintf(pre, sizeof pre, "cpugroup '%s' %s: ", g->name, what);
     const char *cause = (pl > 0 && !strncmp(msg, pre, (size_t)pl)) ? msg + pl : msg;
-    int len = snprintf(why, sizeof why, "rank %d gave up on cpugroup '%s' (communicator aborted): "
-                       "its %s #%llu failed: %s", g->ranks[g->me], g->name, what,
-                       (unsigned long long)seq, cause);
+    int len = snprintf(why, sizeof why, "seq=%llu,rank=%d;rank %d gave up on cpugroup '%s' "
+                       "(communicator aborted): its %s #%llu failed: %s", (unsigned long long)seq,
+                       g->ranks[g->me], g->ranks[g->me], g->name, what, (unsigned long long)seq, cause);
     if (len < 0) len = 0;
     if ((size_t)len >= sizeof why) len = (int)sizeof why - 1;
     int grc = WEFT_EPROTO;
@@ -196,6 +297,8 @@ static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, ui
       gq.timeout_ms = 0;
       gq.flags = (q->flags & WF_GET_NOVALUES) | WF_GET_CONSUME | WF_GET_PUT | WF_GET_GIVEUP;
       gq.put_key = g->abort_key;
+      gq.put_hdr = NULL;  /* the abort key's value is the text alone */
+      gq.put_hlen = 0;
       gq.put_val = why;
       gq.put_len = (size_t)len;
       gq.put_reads = 0;
@@ -209,9 +312,23 @@ static int give_up(weft_cpugroup *g, weft_store *s, int rc, const char *what, ui
       }
     }
     if (grc != WEFT_EAGAIN) {  /* no atomic give-up: abort, then take the own key back */
-      wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0);
-      if (own_key) wf_store_delete_locked(s, g->op, own_key);
+      if (wf_store_set_locked(s, g->op, g->abort_key, why, (size_t)len, 0) != 0) {
+        snprintf(g->pending, sizeof g->pending, "%.1000s", why);  /* the store went meanwhile */
+        reachable = 0;
+      } else if (own_key) {
+        wf_store_delete_locked(s, g->op, own_key);
+      }
     }
+  } else {
+    /* The store did not answer (its host stopped, a partition): whether the
+     * collective completed on the others is unknown here. The abort goes
+     * out once the store answers again (publish_pending: the next use of
+     * the group, or weft.recover()), so a member that completed it learns,
+     * at its next wait on the group, that this one did not. */
+    snprintf(g->pending, sizeof g->pending, "seq=%llu,rank=%d;rank %d gave up on cpugroup '%s' "
+             "(communicator aborted): its %s #%llu failed, and the store did not answer then: %.700s",
+             (unsigned long long)seq, g->ranks[g->me], g->ranks[g->me], g->name, what,
+             (unsigned long long)seq, msg);
   }
   if (!g->broken[0]) snprintf(g->broken, sizeof g->broken, "%s", msg);
   return wf_error(rc, "%s. The group is aborted%s (no member may pair this call with a later "
@@ -234,11 +351,45 @@ static int abort_seen(weft_cpugroup *g, weft_store *s, char *why, size_t n) {
 }
 
 /* This rank's collective ends because another member aborted the group
- * (why: the abort key's value): own_key is taken back. */
+ * (why: the abort key's value): own_key is taken back. A member that gave
+ * up on an earlier collective than this rank's current one (its abort came
+ * late: the store did not answer it then) failed a collective this rank
+ * completed: the results from there on differ between the ranks, and the
+ * message says so. */
 static int aborted(weft_cpugroup *g, weft_store *s, const char *why, const char *own_key) {
   if (own_key) wf_store_delete_locked(s, g->op, own_key);
+  unsigned long long k = 0;
+  int who = -1, used = 0;
+  if (sscanf(why, "seq=%llu,rank=%d;%n", &k, &who, &used) == 2 && used > 0) {
+    why += used;
+    if (k + 1 < g->seq) {
+      wf_error(WEFT_EABORT, "%s: aborted: %s; this rank (rank %d) completed collective #%llu of "
+               "cpugroup '%s' (generation %llu), which rank %d aborted: the results from #%llu on "
+               "cannot be trusted on any rank", g->op, why, g->ranks[g->me], k, g->name,
+               (unsigned long long)g->gen, who, k);
+      return note_failure(g, WEFT_EABORT);
+    }
+  }
   wf_error(WEFT_EABORT, "%s: aborted: %s", g->op, why);
   return note_failure(g, WEFT_EABORT);
+}
+
+/* Publishes an abort the store did not take when it was made (give_up with
+ * the store unreachable); 0 when there is none or it went out. */
+static int publish_pending(weft_cpugroup *g) {
+  if (!g->pending[0] || !g->s) return 0;
+  weft_store *s;
+  int rc = wf_store_here(g->s, "cpugroup publish abort", &s);
+  if (rc || (rc = wf_store_lock(s, "cpugroup publish abort"))) return rc;
+  rc = wf_store_set_locked(s, opname(g, "publish abort"), g->abort_key, g->pending, strlen(g->pending), 0);
+  wf_store_unlock(s);
+  if (rc == 0) g->pending[0] = '\0';
+  return rc;
+}
+
+int weft_cpugroup_publish_abort(weft_cpugroup *g) {
+  WF_CHECK_ARG(g, "cpugroup publish_abort: group is NULL");
+  return publish_pending(g);
 }
 
 /* A failed request of collective #seq: the error that ends it, the group
@@ -265,6 +416,7 @@ static int failed(weft_cpugroup *g, weft_store *s, int rc, const char *what, uin
 
 static int refuse_broken(weft_cpugroup *g, const char *what) {
   if (!g->broken[0]) return 0;
+  if (g->pending[0]) { publish_pending(g); wf_clear_error(); }
   return wf_error(WEFT_EABORT, "cpugroup '%s' %s: this group cannot be used any more (its members "
                   "may disagree on how many collectives they completed): an earlier wait ended "
                   "with: %s. Rebuild the groups on every rank with weft.recover(), or restart "
@@ -369,40 +521,54 @@ int weft_cpugroup_set_timeout(weft_cpugroup *g, int timeout_ms) {
   return 0;
 }
 
-/* Sets this member's key of collective `seq` and waits for all members'
- * keys (their values too unless novalues): one round trip. */
-static int exchange(weft_cpugroup *g, const char *what, const void *in, size_t len, int novalues) {
+/* Sets this member's key of collective `seq` (the agreement word, then
+ * `in`) and waits for every member's key: one round trip. The words are
+ * compared (hdr_check) before anything is handed out: on a mismatch the
+ * caller's outputs stay untouched. Out (g->out, g->outlens): every member's
+ * payload for an all-gather or all-reduce, the root's for a broadcast,
+ * nothing for a barrier. */
+static int exchange(weft_cpugroup *g, const char *what, int kind, int opc, int root,
+                    const void *in, size_t len) {
   const char *op = opname(g, what);
   int rc = refuse_broken(g, what);
   if (rc) return rc;
   weft_store *s;
   if ((rc = wf_store_here(g->s, op, &s))) return rc;
   uint64_t seq = g->seq++;
-  for (int i = 0; i < g->size; i++) coll_key(g, i, seq, what);
+  for (int i = 0; i < g->size; i++) coll_key(g, i, seq);
   rc = wf_store_lock(s, op);
   if (rc) return rc;
+  uint8_t hdr[CG_HDR];
+  hdr_put(hdr, kind, opc, root);
   wf_get_req q = {.keys = (const char *const *)g->keys, .n = g->size, .timeout_ms = g->timeout_ms,
-                  .flags = WF_GET_PUT | WF_GET_CONSUME | (novalues ? WF_GET_NOVALUES : 0),
-                  .put_key = g->keys[g->me], .put_val = in, .put_len = len,
+                  .flags = WF_GET_PUT | WF_GET_CONSUME,
+                  .put_key = g->keys[g->me], .put_hdr = hdr, .put_hlen = CG_HDR,
+                  .put_val = in, .put_len = len,
                   .put_reads = (uint32_t)g->size, .vals = g->vals, .lens = g->lens,
                   .missing = g->missing, .owners = g->ranks, .abort_key = g->abort_key};
   rc = wf_store_get_locked(s, op, &q);
-  if (rc) rc = failed(g, s, rc, what, seq, &q, g->keys[g->me], "did not arrive");
-  if (rc == 0 && !novalues) {
+  if (rc) {
+    if (rc == WEFT_ETIMEOUT && q.nmissing > 0 && kind == CG_BROADCAST && g->me != root)
+      for (int i = 0; i < q.nmissing; i++) if (q.missing[i] == root) { q.missing[0] = root; q.nmissing = 1; break; }
+    rc = failed(g, s, rc, what, seq, &q, g->keys[g->me],
+                kind == CG_BROADCAST && q.nmissing == 1 && q.missing[0] == root && g->me != root
+                  ? "(the root) did not arrive" : "did not arrive");
+  }
+  if (rc == 0) rc = hdr_check(g, what, seq);
+  if (rc == 0 && kind != CG_BARRIER) {
     /* Copy out while the store's reply buffer is still ours. */
+    int lo = kind == CG_BROADCAST ? root : 0, hi = kind == CG_BROADCAST ? root + 1 : g->size;
     size_t total = 0;
-    for (int i = 0; i < g->size; i++) {
-      if (g->lens[i] > SIZE_MAX - total) { rc = wf_error(WEFT_ENOMEM, "%s: size overflow", op); break; }
-      total += g->lens[i];
-    }
-    if (!rc && grow(&g->out, &g->outcap, total ? total : 1))
+    for (int i = lo; i < hi; i++) total += g->lens[i] - CG_HDR;  /* each < the store's value limit */
+    if (grow(&g->out, &g->outcap, total ? total : 1))
       rc = wf_error(WEFT_ENOMEM, "%s: out of memory for %zu bytes", op, total);
     if (!rc) {
       size_t off = 0;
-      for (int i = 0; i < g->size; i++) {
-        if (g->lens[i]) memcpy(g->out + off, g->vals[i], g->lens[i]);
-        g->outlens[i] = g->lens[i];
-        off += g->lens[i];
+      for (int i = lo; i < hi; i++) {
+        size_t l = g->lens[i] - CG_HDR;
+        if (l) memcpy(g->out + off, (const uint8_t *)g->vals[i] + CG_HDR, l);
+        g->outlens[i - lo] = l;
+        off += l;
       }
     }
   }
@@ -423,7 +589,7 @@ static int barrier_one(weft_cpugroup *g) {
   WF_CHECK_ARG(g, "cpugroup barrier: group is NULL");
   { int grc = refuse_in_capture(g, "barrier"); if (grc) return grc; }
   if (g->size == 1) { g->seq++; return 0; }
-  return exchange(g, "barrier", NULL, 0, 1);
+  return exchange(g, "barrier", CG_BARRIER, 0, -1, NULL, 0);
 }
 
 int weft_cpugroup_barrier(weft_cpugroup *g) {
@@ -433,8 +599,8 @@ int weft_cpugroup_barrier(weft_cpugroup *g) {
 }
 
 /* All-gather into g->out / g->outlens; `what` names the operation. */
-static int gather(weft_cpugroup *g, const char *what, const void *in, size_t len) {
-  if (g->size > 1) return exchange(g, what, in, len, 0);
+static int gather(weft_cpugroup *g, const char *what, int kind, int opc, const void *in, size_t len) {
+  if (g->size > 1) return exchange(g, what, kind, opc, -1, in, len);
   g->seq++;
   if (grow(&g->out, &g->outcap, len ? len : 1))
     return wf_error(WEFT_ENOMEM, "cpugroup '%s' %s: out of memory", g->name, what);
@@ -448,7 +614,7 @@ static int allgather_one(weft_cpugroup *g, const void *in, size_t len, const voi
   WF_CHECK_ARG(g && out && lens, "cpugroup allgather: NULL argument");
   { int grc = refuse_in_capture(g, "allgather"); if (grc) return grc; }
   WF_CHECK_ARG(in || !len, "cpugroup '%s' allgather: input is NULL with length %zu", g->name, len);
-  int rc = gather(g, "allgather", in, len);
+  int rc = gather(g, "allgather", CG_ALLGATHER, 0, in, len);
   if (rc) return rc;
   *out = g->out;
   *lens = g->outlens;
@@ -470,66 +636,24 @@ static int broadcast_one(weft_cpugroup *g, int root, const void *in, size_t len,
                g->name, root, g->size - 1);
   WF_CHECK_ARG(g->me != root || in || !len,
                "cpugroup '%s' broadcast: root input is NULL with length %zu", g->name, len);
-  int rc = refuse_broken(g, "broadcast");
-  if (rc) return rc;
-  weft_store *s = g->s;
-  if (g->size > 1 && (rc = wf_store_here(g->s, "cpugroup broadcast", &s))) return rc;
-  uint64_t seq = g->seq++;
-  if (g->me == root) {
+  if (g->size == 1) {
+    g->seq++;
     if (grow(&g->out, &g->outcap, len ? len : 1))
       return wf_error(WEFT_ENOMEM, "cpugroup '%s' broadcast: out of memory", g->name);
     if (len) memcpy(g->out, in, len);
     *out = g->out;
     *out_len = len;
-    if (g->size == 1) return 0;
-    coll_key(g, root, seq, "broadcast");
-    const char *op = opname(g, "broadcast");
-    if ((rc = wf_store_lock(s, op))) return rc;
-    /* set the key and poll the abort key in one request: a root that was
-     * stopped while the others gave up learns it here (it sends, it never
-     * waits), and takes its key back */
-    const char *akey[1] = {g->abort_key};
-    wf_get_req q = {.keys = akey, .n = 1, .timeout_ms = 0, .flags = WF_GET_PUT,
-                    .put_key = g->keys[root], .put_val = in, .put_len = len,
-                    .put_reads = (uint32_t)(g->size - 1), .vals = g->vals, .lens = g->lens,
-                    .missing = g->missing};
-    rc = wf_store_get_locked(s, op, &q);
-    if (rc == WEFT_EAGAIN && q.nmissing == 1) {
-      rc = 0;  /* no abort: the usual case */
-      wf_clear_error();
-    } else if (rc == 0) {
-      char why[600];
-      size_t l = g->lens[0] < sizeof why - 1 ? g->lens[0] : sizeof why - 1;
-      memcpy(why, g->vals[0], l);
-      why[l] = '\0';
-      rc = aborted(g, s, why, g->keys[root]);
-    } else {
-      rc = failed(g, s, rc, "broadcast", seq, NULL, g->keys[root], NULL);
-    }
-    wf_store_unlock(s);
-    return rc;
+    return 0;
   }
-  coll_key(g, root, seq, "broadcast");
-  const char *op = opname(g, "broadcast");
-  if ((rc = wf_store_lock(s, op))) return rc;
-  const char *key[1] = {g->keys[root]};
-  wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
-                  .vals = g->vals, .lens = g->lens, .missing = g->missing,
-                  .owners = &g->ranks[root], .abort_key = g->abort_key};
-  rc = wf_store_get_locked(s, op, &q);
-  if (rc == WEFT_ETIMEOUT && q.nmissing > 0) g->missing[0] = root;
-  if (rc) rc = failed(g, s, rc, "broadcast", seq, &q, NULL, "(the root) did not arrive");
-  if (!rc) {
-    if (grow(&g->out, &g->outcap, g->lens[0] ? g->lens[0] : 1))
-      rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-    else {
-      if (g->lens[0]) memcpy(g->out, g->vals[0], g->lens[0]);
-      *out = g->out;
-      *out_len = g->lens[0];
-    }
-  }
-  wf_store_unlock(s);
-  return rc;
+  /* an exchange in which only the root's value carries bytes: every member,
+   * the root too, returns once all have called, and a member that named
+   * another root (or called something else) fails with all the others */
+  int rc = exchange(g, "broadcast", CG_BROADCAST, 0, root, g->me == root ? in : NULL,
+                    g->me == root ? len : 0);
+  if (rc) return rc;
+  *out = g->out;
+  *out_len = g->outlens[0];
+  return 0;
 }
 
 int weft_cpugroup_broadcast(weft_cpugroup *g, int root, const void *in, size_t len,
@@ -549,7 +673,7 @@ static int allreduce_i64_one(weft_cpugroup *g, int64_t *vals, int n, int op) {
   if (grow(&g->tmp, &g->tmpcap, bytes ? bytes : 1))
     return wf_error(WEFT_ENOMEM, "cpugroup '%s' allreduce_i64: out of memory", g->name);
   for (int i = 0; i < n; i++) wf_put_u64(g->tmp + 8 * i, (uint64_t)vals[i]);
-  int rc = gather(g, "allreduce_i64", g->tmp, bytes);
+  int rc = gather(g, "allreduce_i64", CG_ALLREDUCE, op, g->tmp, bytes);
   if (rc) return rc;
   const uint8_t *p = g->out;
   const size_t *lens = g->outlens;

@@ -246,7 +246,8 @@ static void b_get(weft_store *s, const void *ctx) {
   if (q->flags & WF_GET_PUT) {
     wf_store_wb_u32(&s->rq, q->put_reads);
     wf_store_wb_key(&s->rq, q->put_key, strlen(q->put_key));
-    wf_store_wb_u64(&s->rq, q->put_len);
+    wf_store_wb_u64(&s->rq, q->put_hlen + q->put_len);
+    if (q->put_hlen) wf_store_wb_put(&s->rq, q->put_hdr, q->put_hlen);
     wf_store_rq_ext(s, q->put_val, q->put_len);
   }
   wf_store_wb_u32(&s->rq, (uint32_t)q->n);
@@ -305,7 +306,11 @@ int wf_store_get_locked(weft_store *s, const char *op, wf_get_req *q) {
   int rc = check_keys(op, q->keys, q->n);
   if (rc) return rc;
   if (q->flags & WF_GET_PUT) {
-    if ((rc = check_key(op, q->put_key)) || (rc = check_value(s, op, q->put_key, q->put_val, q->put_len)))
+    if (q->put_len > SIZE_MAX - q->put_hlen)
+      return wf_error(WEFT_EINVAL, "%s: value of %zu bytes is too large", op, q->put_len);
+    if ((rc = check_key(op, q->put_key)) ||
+        (rc = check_value(s, op, q->put_key, q->put_len ? q->put_val : q->put_hdr,
+                          q->put_hlen + q->put_len)))
       return rc;
   }
   if (q->timeout_ms < 0) q->timeout_ms = s->timeout_ms;

@@ -107,6 +107,8 @@ typedef struct wf_get_req {
   int timeout_ms;           /* >0 wait, 0 poll */
   unsigned flags;           /* WF_GET_* */
   const char *put_key;      /* with WF_GET_PUT */
+  const void *put_hdr;      /* sent before put_val, one value with it (cpugroup's */
+  size_t put_hlen;          /* agreement word: no copy of the payload to prefix it) */
   const void *put_val;
   size_t put_len;
   uint32_t put_reads;

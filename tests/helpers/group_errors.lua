@@ -111,7 +111,7 @@ ok("destroyed group")
 -- with a short timeout the others get an error naming it, not a hang
 local g1 = weft.create_custom_group(world.ranks, "unsendable", { timeout_ms = 400 })
 if me == 0 then
-  E(function() g1:broadcast_object({ f = print }, 0) end, { "encode", "function" }, "function object")
+  E(function() g1:broadcast_object({ f = print }, 0) end, { "serialize", "function", "rank 0" }, "function object")
 else
   E(function() g1:broadcast_object(nil, 0) end, { "broadcast_object", "rank 0" }, "bcast from a rank that failed")
 end

@@ -47,7 +47,9 @@ function M.broadcast_object(g, obj, src)
   if g.world_size == 1 then return finished(op, gname(g), obj) end
   local call = op .. " src=" .. src
   local me = g.rank_in_group
-  local s = GM().frame(call, me == src and serialize.encode(obj) or "")
+  local part = ""
+  if me == src then call, part = GM().encode_part(call, obj) end
+  local s = GM().frame(call, part)
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
   return submit(g, op, s, function(h)
@@ -62,11 +64,12 @@ function M.all_gather_object(g, obj)
   local op = "all_gather_object"
   check_group(g, op)
   if g.world_size == 1 then return finished(op, gname(g), { obj }) end
-  local s = GM().frame(op, serialize.encode(obj))
+  local call, part = GM().encode_part(op, obj)
+  local s = GM().frame(call, part)
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
   return submit(g, op, s, function(h)
-    local parts, offs = gathered_parts(h, g, op, op)
+    local parts, offs = gathered_parts(h, g, op, call)
     local res = {}
     for i = 1, #parts do res[i] = serialize.decode(parts[i]:sub(offs[i] + 1)) end
     return res

@@ -21,6 +21,12 @@ local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
 
 local M = {}
 
+local group_host  -- weft.group.host (the store path's call frames), loaded on first use
+local function GH()
+  group_host = group_host or require "weft.group.host"
+  return group_host
+end
+
 local REDUCE_OPS = { sum = 0, max = 1, min = 2, prod = 4 }
 local NAN_DTYPES = { f32 = true, f64 = true, f16 = true, bf16 = true }
 local DT_CODE = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6, f8e4m3 = 7 }
@@ -108,22 +114,36 @@ end
 -- Gathers nbytes from ptr on every rank into a fresh buffer [world][nbytes]
 -- (shm all-gather, or the cpu group's through the store), then
 -- finish(buf) -> result. For reductions/gathers without a native path.
-local function gather_then(g, op, be, ptr, nbytes, anchor, finish)
+-- every rank's part of a finished store all-gather, each checked against
+-- this rank's call (the blocking store path's frames: weft.group.host)
+local function store_parts(h, g, op, call)
+  local data, lens, n = Q.result_bytes(h)
+  local parts, off = {}, 0
+  for i = 0, n - 1 do
+    local l = tonumber(lens[i])
+    parts[i + 1] = lstring(data + off, l, "async " .. op)
+    off = off + l
+  end
+  return parts, GH().store_check(g, op, call, parts)
+end
+
+local function gather_then(g, op, be, ptr, nbytes, anchor, finish, t, extra)
   local W = g.world_size
   local buf = host_buffer(nbytes * W)
   if be == "store" then
-    local s = lstring(ptr, nbytes, "async all_gather")
+    local s, call = GH().store_part(op, lstring(ptr, nbytes, "async " .. op), t, extra)
     local d = desc(g, op)
-    d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, nbytes
+    d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
     return submit(g, op, { anchor, s, buf }, function(h)
-      local data, lens, n = Q.result_bytes(h)
-      for i = 0, n - 1 do
-        if tonumber(lens[i]) ~= nbytes then
+      local parts, offs = store_parts(h, g, op, call)
+      for i = 1, W do
+        local l = #parts[i] - offs[i]
+        if l ~= nbytes then
           error(("weft: %s: ranks passed different sizes on group %s (rank %d: %d bytes, this rank %d)")
-                :format(op, gname(g), g.ranks[i + 1], tonumber(lens[i]), nbytes), 0)
+                :format(op, gname(g), g.ranks[i], l, nbytes), 0)
         end
+        copy_bytes(buf + (i - 1) * nbytes, ffi_cast("const uint8_t *", parts[i]) + offs[i], nbytes)
       end
-      copy_bytes(buf, data, nbytes * W)
       return finish(buf)
     end)
   end
@@ -164,7 +184,7 @@ function M.all_reduce(g, t, rop)
       for r = 1, g.world_size do blocks[r] = buf + (r - 1) * nbytes end
       g:_reduce_blocks(t.ptr, blocks, t.numel, t.dtype, rop)
       return t
-    end)
+    end, t, rop)
   end
   return fallback(g, op, "all_reduce", t, rop)
 end
@@ -219,7 +239,7 @@ function M.all_gather(g, t, dim, out)
         for k = 0, outer - 1 do copy_bytes(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib) end
       end
       return out
-    end)
+    end, t, dim)
   end
   return fallback(g, op, "all_gather", t, dim, out)
 end
@@ -272,20 +292,21 @@ function M.broadcast(g, t, src)
     d.kind, d.comm, d.out, d.count, d.root = K.SHM_BROADCAST, c.handle, t.ptr, t.nbytes, src
     return submit(g, op, t, nil, t)
   elseif be == "store" then
+    -- the blocking store path's exchange (weft.group.host): only the root's
+    -- part carries the bytes, every part names its call
     local me = g.rank_in_group
-    local s = me == src and lstring(t.ptr, t.nbytes, "async broadcast") or nil
+    local s, call = GH().store_part(op, me == src and lstring(t.ptr, t.nbytes, "async broadcast") or "",
+                                    t, "src=" .. tostring(src))
     local d = desc(g, op)
-    d.kind, d.comm, d.root = K.CPU_BROADCAST, g.cpu_group.handle, src
-    if s then d["in"], d.count = s, #s end
+    d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
     return submit(g, op, { t, s }, function(h)
-      if me ~= src then
-        local data, _, _, len = Q.result_bytes(h)
-        if len ~= t.nbytes then
-          error(("weft: broadcast: rank %d broadcast %d bytes on group %s, this rank expected %d")
-                :format(g.ranks[src + 1], len, gname(g), t.nbytes), 0)
-        end
-        copy_bytes(t.ptr, data, len)
+      local parts, offs = store_parts(h, g, op, call)
+      local len = #parts[src + 1] - offs[src + 1]
+      if len ~= t.nbytes then
+        error(("weft: broadcast: rank %d broadcast %d bytes on group %s, this rank expected %d")
+              :format(g.ranks[src + 1], len, gname(g), t.nbytes), 0)
       end
+      if me ~= src then copy_bytes(t.ptr, ffi_cast("const uint8_t *", parts[src + 1]) + offs[src + 1], len) end
       return t
     end)
   end

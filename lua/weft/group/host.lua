@@ -22,6 +22,7 @@ local gname, REDUCE_OPS = K.gname, K.REDUCE_OPS
 local M = {}
 
 local u8p = ffi.typeof("uint8_t *")
+local cu8p = ffi.typeof("const uint8_t *")
 
 ---------------------------------------------------------------- scratch memory
 local have_host_alloc = pcall(function() return C.weft_host_alloc end)
@@ -95,24 +96,52 @@ local function lens_error(g, op, lens, mine)
         :format(op, gname(g), concat(parts, ", "), mine), 0)
 end
 
--- store: every rank's bytes through the cpu group's all-gather
+-- store: every rank's bytes through the cpu group's all-gather, each part
+-- framed with the rank's call (weft.group.objects: the object collectives'
+-- call agreement), so ranks whose calls differ in dtype, shape, reduction,
+-- root or kind all fail at once with the same message, and the group stays
+-- usable. t, extra: what the call is (K.call_desc); nil for a raw exchange.
+-- weft.async's store path frames its parts the same way (store_part,
+-- store_check), so blocking and async calls meet.
+local objects
+local function store_part(op, payload, t, extra)
+  objects = objects or require "weft.group.objects"
+  local call = t and K.call_desc(op, t, extra) or op
+  return objects.frame(call, payload), call
+end
+local function store_check(g, op, call, list)
+  return objects.check_calls(g, op, call, list)
+end
+M.store_part, M.store_check = store_part, store_check
+
+local function framed(g, op, payload, t, extra)
+  local part, call = store_part(op, payload, t, extra)
+  local list = g.cpu_group:allgather(part)
+  return list, store_check(g, op, call, list)
+end
+
 local store_backend = {
-  gather_bytes = function(g, op, src, nbytes, dst)
-    local list = g.cpu_group:allgather(hostmem.string(src, nbytes, op, 2))
+  gather_bytes = function(g, op, src, nbytes, dst, t, extra)
+    local list, offs = framed(g, op, hostmem.string(src, nbytes, op, 2), t, extra)
     local lens, bad = {}, false
-    for i = 1, #list do lens[i] = #list[i]; if lens[i] ~= nbytes then bad = true end end
+    for i = 1, #list do lens[i] = #list[i] - offs[i]; if lens[i] ~= nbytes then bad = true end end
     if bad then lens_error(g, op, lens, nbytes) end
     local d = ffi_cast(u8p, dst)
-    for i = 1, #list do copy_bytes(d + (i - 1) * nbytes, list[i], nbytes) end
+    for i = 1, #list do copy_bytes(d + (i - 1) * nbytes, ffi_cast(cu8p, list[i]) + offs[i], nbytes) end
   end,
-  broadcast = function(g, op, ptr, nbytes, src)
+  -- an exchange in which only the root's part carries the bytes: every rank
+  -- (the root too) returns once all have called, and a rank that named
+  -- another root fails with all the others
+  broadcast = function(g, op, ptr, nbytes, src, t)
     local me = g.rank_in_group
-    local data = g.cpu_group:broadcast(me == src and hostmem.string(ptr, nbytes, op, 2) or nil, src)
-    if #data ~= nbytes then
+    local list, offs = framed(g, op, me == src and hostmem.string(ptr, nbytes, op, 2) or "", t,
+                              "src=" .. tostring(src))
+    local n = #list[src + 1] - offs[src + 1]
+    if n ~= nbytes then
       error(("weft: %s: rank %d broadcast %d bytes on group %s, this rank expected %d")
-            :format(op, g.ranks[src + 1], #data, gname(g), nbytes), 0)
+            :format(op, g.ranks[src + 1], n, gname(g), nbytes), 0)
     end
-    if me ~= src then copy_bytes(ptr, data, nbytes) end
+    if me ~= src then copy_bytes(ptr, ffi_cast(cu8p, list[src + 1]) + offs[src + 1], nbytes) end
   end,
 }
 M.register_backend("store", store_backend)
@@ -237,8 +266,13 @@ end
 
 -- Re-raise a failure of the layer below as "weft: <op>: group <name>: <cause>"
 -- (the cause keeps its own naming of the C call, the ranks, the timeout).
+-- Also the group's ledger (weft.recover compares it across ranks): the host
+-- calls completed, and the last one that failed.
 local function rethrow(g, op, ok, ...)
-  if ok then return ... end
+  local L = g._ledger
+  if L == nil then L = { done = 0, fail_op = false }; g._ledger = L end
+  if ok then L.done = L.done + 1; return ... end
+  L.fail_op = op
   local msg = tostring((...))
   local i = msg:find("weft: ", 1, true)
   if i then msg = msg:sub(i) end
@@ -272,11 +306,12 @@ local function cpu(g, op, method, ...)
 end
 
 -- all-gather `nbytes` from src into dst (world * nbytes), through backend `be`
-local function gather_bytes(g, be, op, src, nbytes, dst)
+-- (t, extra: the call, for backends that check it: K.call_desc)
+local function gather_bytes(g, be, op, src, nbytes, dst, t, extra)
   if not be.gather_bytes then
     error(("weft: %s: backend cannot gather on group %s"):format(op, gname(g)), 0)
   end
-  call_be(g, op, be.gather_bytes, src, nbytes, dst)
+  call_be(g, op, be.gather_bytes, src, nbytes, dst, t, extra)
 end
 
 M.shm_comm, M.backend_for, M.rethrow, M.call_be, M.cpu, M.gather_bytes =

@@ -70,6 +70,17 @@ end
 -- A part: the call, then the payload.
 function M.frame(call, payload) return CALL_MARK .. call .. "\0" .. payload end
 
+-- A rank whose object cannot be serialized (a function, a cycle, userdata,
+-- too deep) still takes part in the exchange, with its call marked failed
+-- and the reason: every rank then raises at once naming it, instead of
+-- this rank raising alone and the others waiting for the timeout.
+local FAILED = "\2"
+function M.encode_part(call, obj)
+  local ok, s = pcall(serialize.encode, obj)
+  if ok then return call, s end
+  return call .. FAILED .. tostring(s):gsub("^weft: encode: ", ""), ""
+end
+
 -- check_calls(g, op, call, parts) -> offsets: where each part's payload
 -- starts (0-based); raises, alike on every rank, when the calls differ.
 function M.check_calls(g, op, call, parts)
@@ -79,9 +90,17 @@ function M.check_calls(g, op, call, parts)
     offs[i] = off
     if c ~= call then bad = true end
   end
-  if bad then
-    local calls = {}
-    for i = 1, #parts do calls[i] = split_call(parts[i]) or false end
+  if bad or call:find(FAILED, 1, true) then
+    local calls, failed = {}, {}
+    for i = 1, #parts do
+      calls[i] = split_call(parts[i]) or false
+      local why = calls[i] and calls[i]:match(FAILED .. "(.*)$")
+      if why then failed[#failed + 1] = ("rank %d: %s"):format(g.ranks[i], why) end
+    end
+    if #failed > 0 then
+      error(("weft: %s: could not serialize the object of %s on group %s (every rank fails this call; "
+             .. "the group stays usable)"):format(op, concat(failed, "; "), gname(g)), 0)
+    end
     error(("weft: %s: ranks called different collectives on group %s: %s")
           :format(op, gname(g), M.describe_calls(g.ranks, calls)), 0)
   end
@@ -135,7 +154,9 @@ local function broadcast_obj(g, op, obj, src)
     return rethrow(g, op, pcall(q.broadcast_object, q, obj))
   end
   local me = g.rank_in_group
-  local list, offs = exchange(g, op, op .. " src=" .. src, me == src and serialize.encode(obj) or "")
+  local call, part = op .. " src=" .. src, ""
+  if me == src then call, part = M.encode_part(call, obj) end
+  local list, offs = exchange(g, op, call, part)
   if me == src then return obj end
   return serialize.decode(list[src + 1]:sub(offs[src + 1] + 1))
 end
@@ -152,7 +173,7 @@ end
 function M.all_gather_object(self, obj)
   check_group(self, "all_gather_object")
   if self.world_size == 1 then return { obj }, 1 end
-  local list = exchange_strings(self, "all_gather_object", "all_gather_object", serialize.encode(obj))
+  local list = exchange_strings(self, "all_gather_object", M.encode_part("all_gather_object", obj))
   local res = {}
   for i = 1, #list do res[i] = serialize.decode(list[i]) end
   return res, #list
