@@ -46,6 +46,7 @@ extern "C" {
 #include "host/cpugroup.h"
 #include "core/wait.h"
 }
+#include "store/store_proto.h"
 #include "store/store_share.h"
 
 namespace {
@@ -53,6 +54,12 @@ namespace {
 // An error already recorded with wf_error, thrown through Gloo: the code and
 // the message, taken when thrown (cleanup on the way out, e.g. forget()'s
 // store calls, may overwrite the thread's last error before guarded() reads it).
+// Ranks whose calls differ (agree below): every rank fails the call alike,
+// and the communicator stays usable.
+struct Mismatch {
+  std::string msg;
+};
+
 struct Recorded {
   int code;
   std::string msg;
@@ -160,6 +167,8 @@ struct weft_gloo {
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   uint32_t tag = 1;                    // collectives: every rank counts alike
+  uint64_t agree_seq = 0;              // agreement words sent (agree below)
+  std::vector<uint8_t> agree_buf;      // every member's word of the current call
   std::vector<uint64_t> sent, recvd;   // point to point: per-peer message counters
   std::vector<uint8_t> scratch;        // reduce_scatter
   std::vector<std::string> addrs;      // every rank's address, for messages
@@ -303,6 +312,9 @@ int guarded(weft_gloo *c, const char *op, F &&f) {
   try {
     f();
     return 0;
+  } catch (const Mismatch &m) {
+    return wf_error(WEFT_EMISMATCH, "weft_gloo_%s: group '%s': the ranks called different collectives: "
+                    "%s (every rank fails alike; the group stays usable)", op, c->name.c_str(), m.msg.c_str());
   } catch (const Recorded &r) {
     return failed(c, op, r.code, r.msg);
   } catch (const std::bad_alloc &) {
@@ -654,6 +666,109 @@ void wait_recv(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
   if (!b.waitRecv(ms(c->timeout_ms))) throw std::runtime_error("recv aborted");
 }
 
+constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree below)
+
+// ---- the agreement word (docs/faults.md, "Every call agreed") ----
+// Before its data moves, every collective sends a fixed 32-byte word (the
+// kind, dtype, op, root and byte count of this rank's call, and the call's
+// number) to every other member and reads theirs: one round of direct
+// messages of one size, which no call can mismatch. Ranks whose calls
+// differ then all fail at once with the same message, naming every rank's
+// call, instead of Gloo pairing buffers of different sizes (its enforce
+// fails in its I/O thread and ends the process), or pairing a broadcast
+// with another root until the timeout, or reducing f16 with bf16 bits. The
+// data step is skipped on every rank, so the communicator stays usable.
+enum { kAgreeAllReduce = 1, kAgreeAllGather, kAgreeReduceScatter, kAgreeBroadcast, kAgreeBarrier };
+constexpr uint32_t kAgreeMark = 0x57414731u;  // "WAG1"
+
+const char *agree_kind(uint32_t k) {
+  switch (k) {
+    case kAgreeAllReduce: return "all_reduce";
+    case kAgreeAllGather: return "all_gather";
+    case kAgreeReduceScatter: return "reduce_scatter";
+    case kAgreeBroadcast: return "broadcast";
+    case kAgreeBarrier: return "barrier";
+    default: return "?";
+  }
+}
+const char *agree_dtype(int32_t d) {
+  switch (d) {
+    case WEFT_F32: return "f32"; case WEFT_F16: return "f16"; case WEFT_BF16: return "bf16";
+    case WEFT_I32: return "i32"; case WEFT_I64: return "i64"; case WEFT_U8: return "u8";
+    case WEFT_F64: return "f64"; case WEFT_F8E4M3: return "f8e4m3"; default: return "bytes";
+  }
+}
+const char *agree_op(int32_t o) {
+  switch (o) {
+    case WEFT_SUM: return "sum"; case WEFT_MAX: return "max"; case WEFT_MIN: return "min";
+    case WEFT_PROD: return "prod"; default: return "?";
+  }
+}
+
+std::string agree_describe(const weft_gloo *c, const uint8_t *w) {
+  if (wf_get_u32(w) != kAgreeMark) return "something else (not a weft Gloo collective)";
+  uint32_t kind = wf_get_u32(w + 4);
+  int32_t dtype = (int32_t)wf_get_u32(w + 8), op = (int32_t)wf_get_u32(w + 12), root = (int32_t)wf_get_u32(w + 16);
+  uint64_t bytes = wf_get_u64(w + 24);
+  char buf[200];
+  size_t es = weft_dtype_size(dtype);
+  switch (kind) {
+    case kAgreeAllReduce: case kAgreeReduceScatter:
+      snprintf(buf, sizeof buf, "%s %s x%llu (%s)", agree_kind(kind), agree_dtype(dtype),
+               (unsigned long long)(es ? bytes / es : bytes), agree_op(op));
+      break;
+    case kAgreeBroadcast:
+      snprintf(buf, sizeof buf, "broadcast of %llu bytes from rank %d", (unsigned long long)bytes,
+               root >= 0 && root < c->size ? c->ranks[root] : root);
+      break;
+    case kAgreeAllGather:
+      snprintf(buf, sizeof buf, "all_gather of %llu bytes", (unsigned long long)bytes);
+      break;
+    default: snprintf(buf, sizeof buf, "%s", agree_kind(kind));
+  }
+  return buf;
+}
+
+void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t bytes) {
+  const int W = c->size;
+  c->agree_buf.assign((size_t)W * 32, 0);
+  uint8_t *mine = c->agree_buf.data() + (size_t)c->me * 32;
+  wf_put_u32(mine, kAgreeMark);
+  wf_put_u32(mine + 4, kind);
+  wf_put_u32(mine + 8, (uint32_t)dtype);
+  wf_put_u32(mine + 12, (uint32_t)op);
+  wf_put_u32(mine + 16, (uint32_t)root);
+  wf_put_u64(mine + 24, bytes);
+  const uint64_t slot = kSlotAgree | c->agree_seq++;
+  auto ub = c->ctx->createUnboundBuffer(c->agree_buf.data(), c->agree_buf.size());
+  for (int i = 0; i < W; i++) {
+    if (i == c->me) continue;
+    ub->recv(i, slot, (size_t)i * 32, 32);
+    ub->send(i, slot, (size_t)c->me * 32, 32);
+  }
+  for (int i = 0; i < W - 1; i++) { wait_recv(c, *ub); wait_send(c, *ub); }
+  bool bad = false;
+  for (int i = 0; i < W && !bad; i++) bad = memcmp(c->agree_buf.data() + (size_t)i * 32, mine, 32) != 0;
+  if (!bad) return;
+  // every rank's call, ranks grouped by call in order of their first rank
+  std::vector<std::string> what(W);
+  for (int i = 0; i < W; i++) what[i] = agree_describe(c, c->agree_buf.data() + (size_t)i * 32);
+  std::vector<bool> seen(W, false);
+  std::string msg;
+  for (int i = 0; i < W; i++) {
+    if (seen[i]) continue;
+    std::string who;
+    int n = 0;
+    for (int j = i; j < W; j++)
+      if (!seen[j] && what[j] == what[i]) {
+        seen[j] = true;
+        who.append(n++ ? ", " : "").append(std::to_string(c->ranks[j]));
+      }
+    msg.append(msg.empty() ? "" : "; ").append(n > 1 ? "ranks " : "rank ").append(who).append(": ").append(what[i]);
+  }
+  throw Mismatch{msg};
+}
+
 }  // namespace
 
 extern "C" {
@@ -775,6 +890,7 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
   size_t es = weft_dtype_size(dtype);
   return guarded(c, "all_reduce", [&] {
     if (c->size == 1) { if (in != out) memcpy(out, in, count * es); return; }
+    agree(c, kAgreeAllReduce, dtype, op, -1, count * es);
     if (sync_applies(c, count * es)) { sync_allreduce(c, in, out, count, dtype, op); return; }
     switch (es) {
       case 1: run_allreduce<uint8_t>(c, in, out, count, dtype, op); break;
@@ -792,6 +908,7 @@ int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) 
   return guarded(c, "all_gather", [&] {
     uint8_t *o = static_cast<uint8_t *>(out);
     if (c->size == 1) { if (in != out) memmove(o, in, bytes); return; }
+    agree(c, kAgreeAllGather, -1, -1, -1, bytes);
     gloo::AllgatherOptions a(c->ctx);
     if (in != o + (size_t)c->me * bytes) a.setInput(static_cast<uint8_t *>(const_cast<void *>(in)), bytes);
     a.setOutput(o, bytes * (size_t)c->size);
@@ -815,6 +932,7 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
     const int W = c->size, me = c->me;
     const uint8_t *src = static_cast<const uint8_t *>(in);
     if (W == 1) { memmove(out, src, cb); return; }
+    agree(c, kAgreeReduceScatter, dtype, op, -1, cb);
     // acc: this rank's running chunk; the chunk that ends here is index me
     c->scratch.resize(2 * cb);
     uint8_t *acc = c->scratch.data(), *tmp = acc + cb;
@@ -846,6 +964,7 @@ int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
   if (bytes == 0) return 0;
   return guarded(c, "broadcast", [&] {
     if (c->size == 1) return;
+    agree(c, kAgreeBroadcast, -1, -1, root, bytes);
     gloo::BroadcastOptions b(c->ctx);
     b.setOutput(static_cast<uint8_t *>(buf), bytes);
     b.setRoot(root);
@@ -858,10 +977,10 @@ int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
 int weft_gloo_barrier(weft_gloo *c) {
   return guarded(c, "barrier", [&] {
     if (c->size == 1) return;
-    gloo::BarrierOptions b(c->ctx);
-    b.setTag(c->tag++);
-    b.setTimeout(ms(c->timeout_ms));
-    gloo::barrier(b);
+    // the agreement words' exchange is itself a barrier: every member sent
+    // its word before any returns, and a member that called something else
+    // fails with the others
+    agree(c, kAgreeBarrier, -1, -1, -1, 0);
   });
 }
 
