@@ -235,6 +235,9 @@ end
 -- keeps: the dead, else whom the leader waited for and which hosts the
 -- store cannot reach (a partition), else a pointer to the leader's error
 local function leaders_failure(msg)
+  if msg:find("different collectives", 1, true) then
+    return "the ranks called different collectives (the node leaders' errors name every call)"
+  end
   local hosts, seen = {}, {}
   local cut = msg:match("unreachable from the store's host[^:]*: ([^;]*)") or ""
   for h in cut:gmatch("host ([^,)%s]+)") do

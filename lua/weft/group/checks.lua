@@ -34,10 +34,10 @@ local function gname(g) return g.unique_name end
 -- A tensor collective's call as its ranks compare it (the agreement word of
 -- the routes without a descriptor of their own: the store, Gloo):
 -- "all_reduce bf16 {8,4096} sum", "broadcast f32 {4} src=1". extra: the
--- reduction, the dim, the root, or a list (all_gatherv's sizes).
+-- reduction, the dim (a number), the root, or a list (all_gatherv's sizes).
 function M.call_desc(op, t, extra)
   local e = extra
-  if type(e) == "table" then e = "{" .. concat(e, ",") .. "}" end
+  if type(e) == "table" then e = "{" .. concat(e, ",") .. "}" elseif type(e) == "number" then e = "dim=" .. e end
   if e == nil then return ("%s %s %s"):format(op, t.dtype, shape_str(t.shape)) end
   return ("%s %s %s %s"):format(op, t.dtype, shape_str(t.shape), tostring(e))
 end

@@ -1,0 +1,53 @@
+-- One rank of tests/fault_mismatch_spec.lua (issue 36): a matrix of calls
+-- in which rank 1 differs from the others (dtype, op, count, shape, root,
+-- kind, an object that cannot be serialized). For each case every rank
+-- prints
+--   CASE <name> <ERR|OK> <ms> <message>
+-- then checks that the group still works (an all_reduce of ones):
+--   AFTER <name> <ok|message>
+-- Usage: luajit mismatch_ranks.lua [case ...]   (default: every case)
+local weft = require "weft"
+local T = weft.tensor
+local w = weft.init()
+local r = w.rank
+local odd = r == 1
+
+local CASES = {
+  { "dtype_width", function() w:all_reduce(T.full({ 8 }, 1, odd and "f32" or "f16")) end },
+  { "dtype_same_width", function() w:all_reduce(T.full({ 8 }, 1, odd and "f16" or "bf16")) end },
+  { "op", function() w:all_reduce(T.full({ 8 }, 1, "f32"), odd and "max" or "sum") end },
+  { "count", function() w:all_reduce(T.full({ odd and 16 or 8 }, 1, "f32")) end },
+  { "count_large", function() w:all_reduce(T.full({ odd and 32768 or 16384 }, 1, "f32")) end },
+  { "shape", function() w:all_reduce(T.full(odd and { 2, 4 } or { 8 }, 1, "f32")) end },
+  { "gather_count", function() w:all_gather(T.full({ odd and 16 or 8 }, 1, "f32"), 0) end },
+  { "broadcast_root", function() w:broadcast(T.full({ 8 }, r, "f32"), odd and 1 or 0) end },
+  { "broadcast_count", function() w:broadcast(T.full({ odd and 16 or 8 }, r, "f32"), 0) end },
+  { "barrier_vs_all_reduce", function()
+      if odd then w:barrier() else w:all_reduce(T.full({ 8 }, 1, "f32")) end
+    end },
+  { "object_unserializable", function()
+      w:all_gather_object(odd and { f = function() end } or { 1 })
+    end },
+  { "object_kind", function()
+      if odd then w:broadcast_object(1, 0) else w:all_gather_object(1) end
+    end },
+}
+
+local want = {}
+for i = 1, #arg do want[arg[i]] = true end
+local now_ms = require("weft.clock").now_ms
+for _, c in ipairs(CASES) do
+  local name, f = c[1], c[2]
+  if next(want) == nil or want[name] then
+    local t0 = now_ms()
+    local ok, err = pcall(f)
+    io.stdout:write(("CASE %s %s %.1f %s\n"):format(name, ok and "OK" or "ERR", now_ms() - t0,
+                                                    tostring(err):gsub("\n", " | ")))
+    local x = T.full({ 4 }, 1, "f32")
+    local aok, aerr = pcall(w.all_reduce, w, x)
+    local good = aok and x:to_table()[1] == w.world_size
+    io.stdout:write(("AFTER %s %s\n"):format(name, good and "ok" or tostring(aerr):gsub("\n", " | ")))
+    io.stdout:flush()
+  end
+end
+weft.shutdown()
