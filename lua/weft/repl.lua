@@ -13,7 +13,8 @@
 -- makes its group the terminal's foreground (and gives it back on exit);
 -- Ctrl-Z is ignored there, Ctrl-\ kills rank 0 and with it the session.
 -- Chunks: incomplete input continues with ">> " (the load error ends in
--- near '<eof>'); "=expr" and bare expressions print their values; top-level
+-- near '<eof>'); "=expr", bare expressions and a line whose last statement
+-- is an expression (`x = f(); x[1]`) print their values; top-level
 -- `local` declarations become fields of the REPL environment, so they persist
 -- from one chunk to the next (one environment per process; `weft`, `rank`,
 -- `world_size` are predefined there, and `_G` is that environment).
@@ -113,7 +114,8 @@ local Session = {}
 Session.__index = Session
 
 local HELP = [[
-  any Lua chunk       runs on the selected ranks; =expr or a bare expression prints values
+  any Lua chunk       runs on the selected ranks; =expr, a bare expression or a last
+                      statement that is one (x = f(); x[1]) prints values
   :ranks              which ranks answer, their pids; chunks go to the selected ones
   :ranks 0,2 | 1-3    run the next chunks on these ranks only   (:ranks all: every rank)
   :timeout [MS]       show / set the deadline of a chunk (waits for answers end after it)
