@@ -414,6 +414,33 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     assert.are.equal(0, code, last)
   end)
 
+  it("SIGINT sent to weft-run is Ctrl-C (the session goes on); SIGTERM stops every rank", function()
+    if not has_tmux() then pending("tmux not installed"); return end
+    local P = require "helpers.procs"
+    start(2)
+    local function launcher_pid()
+      local l = P.pgrep("^luajit scripts/weft[-]run -n 2 --repl .*" .. U.TOKEN)
+      return assert(tonumber(l:match("^(%d+)")), "no weft-run process: " .. l)
+    end
+    local pid = launcher_pid()
+    sess:type("while true do end")
+    U.sleep(1)
+    os.execute("kill -INT " .. pid)                 -- as a job runner would
+    expect("%[ranks 0,1%] error: stdin:1: interrupted %(Ctrl%-C%)")
+    os.execute("kill -INT " .. pid)                 -- at the prompt: clears the line
+    U.sleep(0.5)
+    sess:type("'after ' .. rank")
+    expect { "%[rank 0%] after 0", "%[rank 1%] after 1" }
+    assert.are.equal(0, sess:count("did not stop"))
+    sess:type("while true do end")
+    U.sleep(1)
+    os.execute("kill -TERM " .. pid)
+    local code, last = sess:exit_code(30)
+    assert.are.equal(143, code, last)
+    assert.truthy(last:find("received SIGTERM: stopped all 2 ranks", 1, true), last)
+    assert.is_nil(last:find("SIGKILL", 1, true), last)
+  end)
+
   it("Ctrl-C aborts collectives blocked in C on every rank; weft.recover() rebuilds the groups", function()
     if not has_tmux() then pending("tmux not installed"); return end
     start(2)   -- WEFT_TIMEOUT_MS 20000: an answer within seconds is the interrupt, not the timeout

@@ -68,6 +68,7 @@ long write(int fd, const void *buf, unsigned long n);
 int poll(void *fds, unsigned long nfds, int timeout);
 int waitpid(int pid, int *status, int options);
 int kill(int pid, int sig);
+int weft_run_isatty(int fd) __asm__("isatty");
 int setpgid(int pid, int pgid);
 int getpid(void);
 int getppid(void);
@@ -258,6 +259,7 @@ function M.usage()
     "(128+N for signal N). SIGINT/SIGTERM are forwarded to every rank's process",
     "group, SIGKILL follows after " .. M.GRACE_SIGNAL .. " s (or at a second signal, other than the",
     "same one again within " .. M.REPEAT_SIGNAL .. " s); weft-run then exits 128+signal.",
+    "With --repl on a terminal, SIGINT goes to rank 0 alone, as Ctrl-C there does.",
     "Exit 124: --timeout reached; 127: command not found; 2: bad usage.",
   } do lines[#lines + 1] = l end
   return concat(lines, "\n") .. "\n"
@@ -716,6 +718,11 @@ function M.launch(spec)
           say("received %s again: sending SIGKILL", SIGNAMES[sig] or ("signal " .. sig))
           signal_all(SIGKILL)
           kill_at = nil
+        elseif sig == SIGINT and spec.interactive and not stopping and ranks[1] and not ranks[1].status
+               and C.weft_run_isatty(0) == 1 then
+          -- an interactive rank 0 (the REPL on a terminal) owns Ctrl-C: a
+          -- SIGINT sent to weft-run (kill -INT, a job runner) is that Ctrl-C
+          C.kill(-ranks[1].pid, SIGINT)
         else
           signal_at = signal_at or now()
           signal_got = signal_got or sig

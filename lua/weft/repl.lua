@@ -45,7 +45,8 @@
 -- otherwise (a collective one rank skipped times out on the others, naming
 -- it) leaves the REPL usable the same way.
 -- A rank that dies (a crash, a signal) ends the session: weft-run stops the
--- others, as for any script. Ctrl-C (tty): clears the input line at the prompt; while a chunk runs it
+-- others, as for any script. Ctrl-C (tty; also a SIGINT sent to weft-run, which passes it to rank 0
+-- alone): clears the input line at the prompt; while a chunk runs it
 -- interrupts the chunk on rank 0 and, through SIGUSR1, on the ranks of this
 -- node that have not answered. Ctrl-D or :quit ends every rank cleanly
 -- (weft.shutdown() when the chunks initialized weft on every rank).
@@ -614,6 +615,8 @@ function M.launch(opts, root, L)
     r.env[#r.env + 1] = { "WEFT_REPL_PORT", tostring(port) }
     if r.rank == 0 then r.stdin, r.prefix = "inherit", "" end
   end
+  -- rank 0 reads the terminal and owns Ctrl-C: weft-run passes a SIGINT on to it alone
+  plan.interactive = opts.node_rank == 0
   return L.launch(plan)
 end
 
