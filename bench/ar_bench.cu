@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "machine_tag.h"
 #include "weft.h"
 
 // ------------------------------------------------------------------ basics
@@ -1011,8 +1012,7 @@ static void write_results(const char *outdir, size_t max_bytes) {
   CK(cudaGetDeviceProperties(&prop, g_local));
   const char *mk = getenv("WEFT_MACHINE");
   snprintf(machine, sizeof machine, "%s", mk ? mk : "");
-  if (!mk) snprintf(machine, sizeof machine, "%dx%s", g_world, prop.name);
-  for (char *c = machine; *c; c++) if (*c == ' ') *c = '-';
+  if (!mk || !*mk) weft_machine_tag(prop.name, g_world, machine, sizeof machine);
   const char *commit = getenv("WEFT_COMMIT");
   std::string base = std::string(outdir) + "/ar-" + machine + "-" + date;
   FILE *j = fopen((base + ".json").c_str(), "w");

@@ -55,6 +55,7 @@
 #include <thread>
 #include <vector>
 
+#include "machine_tag.h"
 #include "weft.h"
 #include "coll/fusion_internal.h" /* wf_fused_set_tune, wf_fusion_geometry: the harness links the objects */
 
@@ -1328,7 +1329,7 @@ static const char *envs(const char *n, const char *d) {
 int main(int argc, char **argv) {
   bool quick = false, do_check = true, do_bench = true;
   std::string only;
-  const char *out = envs("OUT", "."), *machine = envs("WEFT_MACHINE", "nvidia-h200-x2"),
+  const char *out = envs("OUT", "."), *machine = envs("WEFT_MACHINE", ""),
              *commit = envs("WEFT_COMMIT", "unknown");
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1348,6 +1349,13 @@ int main(int argc, char **argv) {
   const int local = atoi(envs("LOCAL_RANK", envs("RANK", "0")));
   if (g_world < 2) { fprintf(stderr, "fused_bench: needs WORLD_SIZE >= 2 (run through scripts/gpu-fusion)\n"); return 2; }
   WK(weft_cuda_set_device(local));
+  char tag[128];
+  if (!*machine) {   // the GPU it runs on names the results, unless --machine / WEFT_MACHINE
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, local));
+    weft_machine_tag(prop.name, g_world, tag, sizeof tag);
+    machine = tag;
+  }
   weft_store_opts so;
   memset(&so, 0, sizeof so);
   so.host = envs("MASTER_ADDR", "127.0.0.1");

@@ -51,6 +51,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "machine_tag.h"
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -351,7 +353,8 @@ static std::vector<int> parse_list(const char *s) {
 int main(int argc, char **argv) {
   const char *env_out = getenv("OUT");
   std::string out = env_out && *env_out ? env_out : "bench/results";
-  std::string machine = getenv("WEFT_MACHINE") ? getenv("WEFT_MACHINE") : "nvidia-h200";
+  // the GPU it runs on names the results (below), unless --machine / WEFT_MACHINE
+  std::string machine = getenv("WEFT_MACHINE") ? getenv("WEFT_MACHINE") : "";
   const char *commit = getenv("WEFT_COMMIT") ? getenv("WEFT_COMMIT") : "unknown";
   std::vector<int> hiddens = parse_list("4096,7168"),
                    tokens = parse_list("1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192");
@@ -372,6 +375,11 @@ int main(int argc, char **argv) {
   CK(cudaSetDevice(0));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
+  if (machine.empty()) {
+    char tag[128];
+    weft_machine_tag(prop.name, 1, tag, sizeof tag);
+    machine = tag;
+  }
   printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

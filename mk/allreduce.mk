@@ -10,7 +10,7 @@ AR_BENCH := $(BUILD)/ar_bench
 .PHONY: ar-bench
 ar-bench: $(AR_BENCH)
 
-$(AR_BENCH): bench/ar_bench.cu bench/ar_sweep.inc.cu bench/ar_link.inc.cu src/weft.h $(LIB)
+$(AR_BENCH): bench/ar_bench.cu bench/ar_sweep.inc.cu bench/ar_link.inc.cu bench/machine_tag.h src/weft.h $(LIB)
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -Isrc -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread

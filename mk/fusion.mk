@@ -17,7 +17,7 @@ $(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(FUSED_NORM_SRCS)): src/coll/fusion
 fused-bench: $(FUSED_BENCH)
 
 ifeq ($(WEFT_CUDA),1)
-$(FUSED_BENCH): bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
+$(FUSED_BENCH): bench/fused_bench.cu bench/machine_tag.h $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -Xcompiler -pthread -o $@ bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o \
@@ -47,7 +47,7 @@ moe-local-bench: $(MOE_LOCAL_BENCH)
 ifeq ($(WEFT_CUDA),1)
 # against libweft.so, as bench/ar_bench.cu (the library's objects alone lack
 # libcrypto, which libweft.so links)
-$(MOE_LOCAL_BENCH): bench/moe_local_bench.cu src/weft.h $(LIB)
+$(MOE_LOCAL_BENCH): bench/moe_local_bench.cu bench/machine_tag.h src/weft.h $(LIB)
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread

@@ -22,7 +22,7 @@ local T = weft.tensor
 local Q = require "weft.quick"
 local C = require("weft.ffi").C
 
-local opt = { sizes = "16,64,256", reps = 20, machine = os.getenv("WEFT_MACHINE") or "nvidia-h200",
+local opt = { sizes = "16,64,256", reps = 20, machine = false,   -- false: the GPU it runs on (below)
               out = "bench/results" }
 local i = 1
 while arg[i] do
@@ -34,6 +34,7 @@ end
 opt.reps = tonumber(opt.reps)
 
 if not cuda.available() then io.stderr:write("bench-quick-codec: no CUDA device\n"); os.exit(77) end
+opt.machine = opt.machine or require("weft.bench").machine_name(cuda.device_name(cuda.current_device()), 1)
 local CODECS = { "fp", "int8", "int4", "fp8" }
 local WORLDS = { 2, 4, 8 }
 local MIB = 1048576

@@ -28,7 +28,8 @@ describe("weft.dist", function()
       { { RANK = "0", WORLD_SIZE = "2", MASTER_PORT = "70000" }, "MASTER_PORT=70000 is out of range" },
       { { RANK = "1", WORLD_SIZE = "4", LOCAL_RANK = "3", LOCAL_WORLD_SIZE = "2", MASTER_PORT = "1" },
         "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2" },
-      { { WEFT_TIMEOUT_MS = "0" }, "WEFT_TIMEOUT_MS=0 is out of range" },
+      { { WEFT_TIMEOUT_MS = "0" }, "WEFT_TIMEOUT_MS=\\\"0\\\" is not allowed: it takes an integer from 1 to 2147483647" },
+      { { WEFT_TIMEOUT_MS = "-5" }, "WEFT_TIMEOUT_MS=\\\"-5\\\" is not allowed: it takes an integer from 1 to 2147483647" },
     }
     for _, c in ipairs(cases) do
       it("refuses " .. c[2]:gsub("\\", ""), function()
@@ -37,6 +38,12 @@ describe("weft.dist", function()
         assert.is_truthy(out:find("weft: init: " .. c[2]:gsub("\\", ""), 1, true), out)
       end)
     end
+
+    it("names the range parse_env wants when it has no upper end", function()
+      local ok, out = sub({ WEFT_TIMEOUT_MS = "-5" }, "require('weft.dist').parse_env()")
+      assert.is_false(ok, out)
+      assert.is_truthy(out:find("weft: init: WEFT_TIMEOUT_MS=-5 is out of range (>= 1)", 1, true), out)
+    end)
 
     it("reads the torchrun names, with defaults", function()
       local d = require "weft.dist"

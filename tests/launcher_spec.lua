@@ -174,6 +174,16 @@ describe("weft-run", function()
     assert.are.equal(2, U.count(r.err, "stack traceback:"), r.err)
   end)
 
+  it("shows once a weft warning every rank printed, and each rank's own", function()
+    local r = U.run(("-n 4 tests/helpers/launcher_fold.lua warn %s"):format(TOKEN))
+    assert.are.equal(0, r.rc, r.err)
+    assert.are.equal(1, U.count(r.err, "weft: warning: shared by all"), r.err)
+    for k = 0, 3 do
+      assert.truthy(r.err:find(("[rank%d] weft: warning: rank %d only"):format(k, k), 1, true), r.err)
+    end
+    assert.are.equal(4, U.count(r.err, "not a warning"), r.err)   -- other lines as they come
+  end)
+
   it("drops the unfinished line of a rank it stopped", function()
     local r = U.run(("-n 2 tests/helpers/launcher_fold.lua half %s"):format(TOKEN))
     assert.are.equal(3, r.rc, r.err)

@@ -158,11 +158,50 @@ describe("weft.policy device rules", function()
     assert.matches(": nccl — device tensor: NCCL", e)
     assert.matches("custom all%-reduce %(should_custom_ar%): no %(world size: 3 ranks", e)
     assert.matches("x world size", e)
-    -- host tensors: the device rules in one line
+    -- host tensors: the device rules in one line, where they stand
     e = policy.explain(group(), T.zeros({ 4 }, "f32"))
     assert.matches("device rules passed over: host tensor", e)
+    local nums = {}
+    for a, b in e:gmatch("\n    (%d+)%-?(%d*)%. ") do
+      nums[#nums + 1] = tonumber(a)
+      if b ~= "" then for k = a + 1, tonumber(b) do nums[#nums + 1] = k end end
+    end
+    assert.is_true(#nums > 5, e)
+    for k = 1, #nums do assert.are.equal(k, nums[k], e) end     -- 1, 2-7, 8, 9, ...: no jump
+    assert.matches("\n    2%-%d+%. %(%d+ device rules passed over: host tensor%)\n    %d+%. forced store", e)
     -- other ops
     assert.matches("all_gather .* nccl", policy.explain(group(), dev({ 4, 8 }), "all_gather"))
+  end)
+
+  it("says which check kept 'small across nodes' from applying", function()
+    local x = T.zeros({ 8 }, "f32")                                 -- 32 bytes
+    local function reason(g, t)
+      local e = policy.explain(g, t or x)
+      assert.is_nil(e:find("or too large, or forced", 1, true), e)
+      return e:match("small across nodes: ([^\n]*)\n"), e
+    end
+    local function across(world, nodes)
+      local g = group { world = world, same_node = false }
+      g.node_count = nodes
+      return g
+    end
+    assert.are.equal("no (all ranks on one node)", reason(group()))
+    local saved = package.loaded["weft.host_nodes"]
+    package.loaded["weft.host_nodes"] = { built = false }
+    local ok, r = pcall(reason, across(3, 3))
+    package.loaded["weft.host_nodes"] = { built = true }             -- as where Gloo is built
+    local ok2, r2 = pcall(function()
+      -- (3 ranks on 1 node: the hierarchical rule before it takes the call)
+      return { reason(across(3, 3)), select(2, policy.store_small_applies(across(3, 1), "all_reduce", x)),
+               reason(across(3, 3), T.zeros({ 65536 }, "f32")) }
+    end)
+    package.loaded["weft.host_nodes"] = saved
+    assert.is_true(ok, r)
+    assert.are.equal("no (weft was built without Gloo (the store path is taken anyway))", r)
+    assert.is_true(ok2, tostring(r2))
+    assert.truthy(r2[1]:find("^yes %-> store %(host tensor of 32 B, one rank per node"), r2[1])
+    assert.are.equal("not one rank per node (3 ranks on 1 nodes)", r2[2])
+    assert.are.equal("no (256 KiB x 3 ranks gathered is above policy.store_small_max (128 KiB))", r2[3])
   end)
 
   it("stages device data through the host where NCCL cannot serve the group", function()

@@ -53,6 +53,13 @@ describe("quick all-reduce: the switch", function()
     assert.matches("quick = int6 is not one of fp8, int4, int8, off", err)
   end)
 
+  it("weft.quick is there after require \"weft\" (docs/quick-allreduce.md: weft.quick.reference)", function()
+    local out = spec.shell(("cd %s && luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path "
+                            .. "local w = require 'weft' print(type(w.quick), type(w.quick.reference), type(w.settings))\" 2>&1")
+                           :format(ROOT))
+    assert.matches("^table\tfunction\ttable", out)
+  end)
+
   it("reads WEFT_QUICK_ALLREDUCE at load, and names a bad value", function()
     local cmd = "cd %s && WEFT_QUICK_ALLREDUCE=%s luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path "
                 .. "local p = require 'weft.policy' local v, s = p.quick(nil) print(v, s, p.quick_env_error)\" 2>&1"

@@ -32,6 +32,17 @@ describe("weft.repl chunks", function()
     assert.are.equal("error", (R.prepare("return x =")))
   end)
 
+  it("prints the value of a line whose last statement is an expression", function()
+    for _, t in ipairs { "x = {5}; x[1]", "x = 1\nx + 1", "local y = 2; y * 3", "f(); g(); t:to_table()[1]",
+                         "for i = 1, 2 do end; 7", "x = {1}; #x, 'two'" } do
+      local kind, code = R.prepare(t)
+      assert.are.equal("expr", kind, t .. ": " .. tostring(code))
+    end
+    assert.are.equal("stmt", (R.prepare("f(); g()")))             -- calls stay statements
+    assert.are.equal("incomplete", (R.prepare("x = 1; if x then")))
+    assert.are.equal("error", (R.prepare("x = 1; y = = 2; x")))
+  end)
+
   it("turns top-level locals into environment fields and leaves nested ones", function()
     local g = R.globalize_locals
     assert.are.equal(" x = 1", g("local x = 1"))
@@ -114,6 +125,16 @@ describe("weft.repl execution", function()
     assert.are.equal("4", run("world_size").vals)
   end)
 
+  it("runs statements ending in an expression and returns the expression's values", function()
+    local r = run("v = {5, 6}; v[2] = v[2] + 1; v[2]")
+    assert.are.equal("7", r.vals)
+    r = run("local w = 3; w * 2, w")
+    assert.are.equal("6\t3", r.vals)
+    assert.are.equal("3", run("w").vals)                          -- the local persisted
+    r = run("z = 1\nerror('late')\nz")
+    assert.are.equal("stdin:2: late", r.err)                      -- positions stay
+  end)
+
   it("keeps top-level locals and globals in its environment, not in _G", function()
     run("local kept = 41")
     run("local function inc(v) return v + 1 end")
@@ -177,6 +198,7 @@ describe("weft-run --repl through a pipe", function()
         "if rank == 2 then error('bad ' .. rank) end",
         "if rank == 1 then while true do end end",
         "'alive ' .. rank",
+        "y = weft.tensor.full({2}, rank + 1, 'f32'); weft.tp():all_reduce(y); 'last ' .. y:to_table()[1]",
         ":ranks",
         "for i = 1, 2 do",
         "  print('line', i, rank)",
@@ -190,6 +212,9 @@ describe("weft-run --repl through a pipe", function()
         assert.truthy(r.out:find(("[rank %d] alive %d"):format(k, k), 1, true), r.out)
         assert.truthy(r.out:find(("[rank %d] line\t2\t%d"):format(k, k), 1, true), r.out)
       end
+      -- a line ending in an expression prints its value, no continuation prompt
+      assert.truthy(r.out:find("last 6", 1, true), r.out)
+      assert.is_nil((r.out .. r.err):find("'=' expected", 1, true), r.out .. r.err)
       assert.truthy(r.out:find("[rank 2] error: stdin:1: bad 2", 1, true), r.out)
       -- equal answers print once for all ranks, differing ones per rank
       assert.truthy(r.out:find("[ranks 0-2] tensor(f32, {2}, cpu)[6, 6]", 1, true), r.out)
@@ -387,6 +412,33 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     sess:type(":quit")
     local code, last = sess:exit_code(30)
     assert.are.equal(0, code, last)
+  end)
+
+  it("SIGINT sent to weft-run is Ctrl-C (the session goes on); SIGTERM stops every rank", function()
+    if not has_tmux() then pending("tmux not installed"); return end
+    local P = require "helpers.procs"
+    start(2)
+    local function launcher_pid()
+      local l = P.pgrep("^luajit scripts/weft[-]run -n 2 --repl .*" .. U.TOKEN)
+      return assert(tonumber(l:match("^(%d+)")), "no weft-run process: " .. l)
+    end
+    local pid = launcher_pid()
+    sess:type("while true do end")
+    U.sleep(1)
+    os.execute("kill -INT " .. pid)                 -- as a job runner would
+    expect("%[ranks 0,1%] error: stdin:1: interrupted %(Ctrl%-C%)")
+    os.execute("kill -INT " .. pid)                 -- at the prompt: clears the line
+    U.sleep(0.5)
+    sess:type("'after ' .. rank")
+    expect { "%[rank 0%] after 0", "%[rank 1%] after 1" }
+    assert.are.equal(0, sess:count("did not stop"))
+    sess:type("while true do end")
+    U.sleep(1)
+    os.execute("kill -TERM " .. pid)
+    local code, last = sess:exit_code(30)
+    assert.are.equal(143, code, last)
+    assert.truthy(last:find("received SIGTERM: stopped all 2 ranks", 1, true), last)
+    assert.is_nil(last:find("SIGKILL", 1, true), last)
   end)
 
   it("Ctrl-C aborts collectives blocked in C on every rank; weft.recover() rebuilds the groups", function()

@@ -258,6 +258,22 @@ describe("served demo (nginx front end, weft ranks)", function()
       return blocks
     end
 
+    it("keeps nginx's notices quiet by default; --log-level sets its level, named in --help and the page", function()
+      if not have_nginx() then pending(server.no_nginx()) return end
+      local out, rc = S.shell(("cd %s && scripts/serve/start --print-conf"):format(ROOT))
+      assert.are.equal(0, rc, out)
+      assert.matches("\nerror_log stderr warn;\n", out)
+      out, rc = S.shell(("cd %s && scripts/serve/start --print-conf --log-level notice"):format(ROOT))
+      assert.are.equal(0, rc, out)
+      assert.matches("\nerror_log stderr notice;\n", out)
+      out, rc = S.shell(("cd %s && scripts/serve/start --log-level loud"):format(ROOT))
+      assert.are.equal(2, rc, out)
+      assert.matches("--log-level must be one of debug info notice warn", out, 1, true)
+      out = S.shell(("cd %s && scripts/serve/start --help"):format(ROOT))
+      assert.matches("--log-level", out, 1, true)
+      assert.matches("--log-level", server.read_file(ROOT .. "/docs/serving.md"), 1, true)
+    end)
+
     it("answers the page's requests and stops quietly with exit 0 on Ctrl-C", function()
       if not have_nginx() then pending(server.no_nginx()) return end
       local blocks = page_blocks()
@@ -305,7 +321,7 @@ describe("served demo (nginx front end, weft ranks)", function()
       assert.matches("\nstart exited 0\n$", said)
       assert.matches("weft-run: received SIGINT: stopped all 2 ranks\n", said, 1, true)
       for _, noise in ipairs({ "interrupted!", "ended (status", "traceback", "weft-serve rank", "[error]", "[alert]",
-                               "SIGKILL" }) do
+                               "SIGKILL", "[notice]" }) do
         assert.is_nil(said:find(noise, 1, true), "Ctrl-C printed " .. noise .. ":\n" .. said)
       end
     end)

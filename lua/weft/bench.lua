@@ -231,13 +231,30 @@ end
 
 -- ---------------------------------------------------------------- results file
 
+-- The GPU part of a results file's name, from the device name CUDA reports:
+-- the first two words, lower case, the second cut at its first "-" (memory
+-- size and form factor are not the GPU), then "-xN" for N > 1 devices.
+-- "NVIDIA H100 80GB HBM3", 1 -> "nvidia-h100"; "NVIDIA H200", 2 ->
+-- "nvidia-h200-x2"; "NVIDIA A100-SXM4-80GB" -> "nvidia-a100". The C
+-- harnesses use the same rule (bench/machine_tag.h). Pure: no CUDA, no env.
+function M.device_tag(device_name, ndev)
+  local words = {}
+  for w in tostring(device_name or ""):gmatch("%S+") do
+    if #words == 1 then w = w:match("^[^-]*") end
+    words[#words + 1] = w:lower():gsub("[^%w]", "-")
+    if #words == 2 then break end
+  end
+  local s = table.concat(words, "-")
+  if s == "" or s == "-" then s = "unknown" end
+  if ndev and ndev > 1 then s = s .. "-x" .. ndev end
+  return s
+end
+
 -- "NVIDIA H200" + 2 devices -> "nvidia-h200-x2" (WEFT_MACHINE overrides)
 function M.machine_name(device_name, ndev)
   local env = os.getenv("WEFT_MACHINE")
   if env and env ~= "" then return env end
-  local s = (device_name or "unknown"):lower():gsub("[^%w]+", "-"):gsub("^-+", ""):gsub("-+$", "")
-  if ndev and ndev > 1 then s = s .. "-x" .. ndev end
-  return s
+  return M.device_tag(device_name, ndev)
 end
 
 function M.commit()

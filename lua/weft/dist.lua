@@ -55,7 +55,8 @@ local function env_int(name, default, lo, hi)
     fail(3, "init", "%s=%q is not an integer", name, v)
   end
   if (lo and n < lo) or (hi and n > hi) then
-    fail(3, "init", "%s=%d is out of range (%s..%s)", name, n, tostring(lo), tostring(hi))
+    local range = (lo and hi) and ("%d..%d"):format(lo, hi) or lo and (">= " .. lo) or ("<= " .. hi)
+    fail(3, "init", "%s=%d is out of range (%s)", name, n, range)
   end
   return n, true
 end
@@ -164,6 +165,9 @@ function M.init(opts)
     if k ~= "timeout_ms" and k ~= "backend" then fail(2, "init", "unknown option %q (timeout_ms, backend)", tostring(k)) end
   end
   if S.initialized then return S.world end
+  -- every WEFT_* variable set: a bad value raises here, on every rank; an
+  -- unknown name is reported once (rank 0) with the closest known one
+  require("weft.settings").check_environment()
   local env = M.parse_env()
   local timeout = opts.timeout_ms or env.timeout_ms
   if type(timeout) ~= "number" or timeout <= 0 then

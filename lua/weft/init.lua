@@ -19,6 +19,7 @@ local LAZY = {
   cuda = "weft.cuda", store = "weft.store", cpugroup = "weft.cpugroup", shm = "weft.shm",
   graph = "weft.graph", fusion = "weft.fusion",
   device_backends = "weft.device_backends", custom_ar = "weft.custom_ar", policy_file = "weft.policy_file",
+  quick = "weft.quick", settings = "weft.settings",
 }
 
 setmetatable(M, {

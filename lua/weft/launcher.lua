@@ -68,6 +68,7 @@ long write(int fd, const void *buf, unsigned long n);
 int poll(void *fds, unsigned long nfds, int timeout);
 int waitpid(int pid, int *status, int options);
 int kill(int pid, int sig);
+int weft_run_isatty(int fd) __asm__("isatty");
 int setpgid(int pid, int pgid);
 int getpid(void);
 int getppid(void);
@@ -233,6 +234,7 @@ function M.usage()
     "Starts nproc-per-node ranks of a Lua script (run with luajit, LUA_PATH",
     "extended with the repository's lua/ so `require \"weft\"` works) or of any",
     "command, and relays each line of their output prefixed with \"[rankN] \".",
+    "A \"weft: warning: ...\" line several ranks print is shown once.",
     "",
     "options:",
   }
@@ -258,6 +260,7 @@ function M.usage()
     "(128+N for signal N). SIGINT/SIGTERM are forwarded to every rank's process",
     "group, SIGKILL follows after " .. M.GRACE_SIGNAL .. " s (or at a second signal, other than the",
     "same one again within " .. M.REPEAT_SIGNAL .. " s); weft-run then exits 128+signal.",
+    "With --repl on a terminal, SIGINT goes to rank 0 alone, as Ctrl-C there does.",
     "Exit 124: --timeout reached; 127: command not found; 2: bad usage.",
   } do lines[#lines + 1] = l end
   return concat(lines, "\n") .. "\n"
@@ -458,8 +461,28 @@ local function report_start(block, p)
   return j and j + 1
 end
 
+-- weft's own warnings ("weft: warning: ..." on stderr) are said once per
+-- process, so a job of N ranks would print each N times: a line seen from
+-- one rank already is dropped (s.said: the lines said so far, shared by
+-- every rank's stderr of one launch).
+local WARNING = "weft: warning: "
+local function drop_said(s, block)
+  if not s.said or not block:find(WARNING, 1, true) then return block end
+  local keep = {}
+  for line in block:gmatch("[^\n]*\n") do
+    if line:sub(1, #WARNING) == WARNING then
+      if not s.said[line] then s.said[line] = true; keep[#keep + 1] = line end
+    else
+      keep[#keep + 1] = line
+    end
+  end
+  return concat(keep)
+end
+
 local function relay(s, block)
   if s.report then s.report[#s.report + 1] = block; return end
+  block = drop_said(s, block)
+  if block == "" then return end
   if s.fold then
     local i = report_start(block, s.fold)
     if i then
@@ -631,6 +654,7 @@ function M.launch(spec)
     kill_at = now() + grace
   end
 
+  local said = {}   -- weft's warnings printed so far (drop_said)
   for _, rs in ipairs(spec.ranks) do
     local pid, out_fd, err_fd = spawn(rs, ctx)
     if not pid then
@@ -641,7 +665,7 @@ function M.launch(spec)
     local prefix = rs.prefix or ""
     ranks[#ranks + 1] = { rank = rs.rank, pid = pid,
       out = { fd = out_fd, out = 1, prefix = prefix, pending = {}, plen = 0 },
-      err = { fd = err_fd, out = 2, prefix = prefix, pending = {}, plen = 0, fold = rs.fold } }
+      err = { fd = err_fd, out = 2, prefix = prefix, pending = {}, plen = 0, fold = rs.fold, said = said } }
     live = live + 1
   end
 
@@ -716,6 +740,11 @@ function M.launch(spec)
           say("received %s again: sending SIGKILL", SIGNAMES[sig] or ("signal " .. sig))
           signal_all(SIGKILL)
           kill_at = nil
+        elseif sig == SIGINT and spec.interactive and not stopping and ranks[1] and not ranks[1].status
+               and C.weft_run_isatty(0) == 1 then
+          -- an interactive rank 0 (the REPL on a terminal) owns Ctrl-C: a
+          -- SIGINT sent to weft-run (kill -INT, a job runner) is that Ctrl-C
+          C.kill(-ranks[1].pid, SIGINT)
         else
           signal_at = signal_at or now()
           signal_got = signal_got or sig

@@ -56,14 +56,27 @@ M.hier_min_bytes = tonumber(os.getenv("WEFT_HIER_MIN_BYTES")) or 1048576
 -- weft_gloo_small_max bytes: synchronous pairs, faster than the store).
 M.store_small_max = tonumber(os.getenv("WEFT_STORE_SMALL_MAX")) or 131072
 
+-- true, or false and why not (explain's text)
 function M.store_small_applies(g, op, t, rop)
-  if g.same_node or not gloo_built() or t == nil then return false end
+  if g.same_node then return false, "all ranks on one node" end
+  if not gloo_built() then return false, "weft was built without Gloo (the store path is taken anyway)" end
+  if t == nil then return false, "no tensor given" end
   local f = host_forced(g)
-  if f == "gloo" or f == "hier" then return false end
-  if (g.node_count or g.world_size) < g.world_size then return false end
+  if f == "gloo" or f == "hier" then return false, ("%s forced (WEFT_HOST_BACKEND=%s)"):format(f, f) end
+  local nc = g.node_count or g.world_size
+  if nc < g.world_size then
+    return false, ("not one rank per node (%d ranks on %d nodes)"):format(g.world_size, nc)
+  end
   local nb = tonumber(t.nbytes) or 0
-  if op == "all_reduce" and require("weft.gloo").small_path(g.world_size, nb) then return false end
-  return nb * g.world_size <= M.store_small_max
+  if op == "all_reduce" and require("weft.gloo").small_path(g.world_size, nb) then
+    return false, ("Gloo's small path takes %s over %d ranks (synchronous pairs: faster than the store)")
+      :format(human_bytes(nb), g.world_size)
+  end
+  if nb * g.world_size > M.store_small_max then
+    return false, ("%s x %d ranks gathered is above policy.store_small_max (%s)")
+      :format(human_bytes(nb), g.world_size, human_bytes(M.store_small_max))
+  end
+  return true
 end
 
 -- true, or false and why not (explain's text)
@@ -138,13 +151,13 @@ M.rules = {
     why_not = function(g, op, t, rop) return select(2, M.hier_applies(g, op, t, rop)) end },
   { name = "small across nodes", backend = "store", ops = { all_reduce = true },
     cacheable = same_node_group,
-    when = function(g, op, t, rop) return M.store_small_applies(g, op, t, rop) end,
+    when = function(g, op, t, rop) return M.store_small_applies(g, op, t, rop) == true end,
     why = function(g, _, t)
       return ("host tensor of %s, one rank per node: one all-gather through the store and a "
         .. "local reduction (below policy.store_small_max = %s gathered, faster than Gloo's ring)")
         :format(human_bytes(t and tonumber(t.nbytes) or 0), human_bytes(M.store_small_max))
     end,
-    why_not = "not one rank per node, or too large, or forced" },
+    why_not = function(g, op, t, rop) return select(2, M.store_small_applies(g, op, t, rop)) end },
   { name = "gloo across nodes", backend = "gloo", cacheable = true,
     when = function(g, op, t, rop) return not g.same_node and gloo_built() and not det_host_ring(g, op, t, rop) end,
     why = "host tensor, ranks on several nodes: Gloo over TCP (full mesh, ring all-reduce)",
@@ -524,17 +537,30 @@ function M.explain(g, t, op, rop)
   out[#out + 1] = "  mode: " .. d.mode
   out[#out + 1] = "  rules, in order:"
   local host = not (type(t) == "table" and t.device ~= nil and t.device ~= "cpu")
-  local skipped = 0
+  -- rules are numbered in the order tried; device rules a host tensor
+  -- passes over show as one line where they stand ("2-7. (6 device rules ...")
+  local skip_from, skipped = nil, 0
+  local function flush_skipped()
+    if skipped == 0 then return end
+    local at = skipped == 1 and tostring(skip_from) or ("%d-%d"):format(skip_from, skip_from + skipped - 1)
+    out[#out + 1] = ("    %s. (%d device rule%s passed over: host tensor)"):format(at, skipped,
+                                                                            skipped == 1 and "" or "s")
+    skip_from, skipped = nil, 0
+  end
   for i, e in ipairs(d.chain) do
     if e.device and host and not e.applies then
-      skipped = skipped + 1      -- device rules, not for a host tensor: one line below
+      skip_from = skip_from or i
+      skipped = skipped + 1
     else
-      out[#out + 1] = ("    %d. %s: %s%s"):format(i, e.name, e.applies and ("yes -> " .. e.backend) or "no",
-                                                 e.reason and (" (" .. tostring(e.reason) .. ")") or "")
-      for _, line in ipairs(e.detail or {}) do out[#out + 1] = "         " .. line end
+      flush_skipped()
+      do
+        out[#out + 1] = ("    %d. %s: %s%s"):format(i, e.name, e.applies and ("yes -> " .. e.backend) or "no",
+                                                   e.reason and (" (" .. tostring(e.reason) .. ")") or "")
+        for _, line in ipairs(e.detail or {}) do out[#out + 1] = "         " .. line end
+      end
     end
   end
-  if skipped > 0 then out[#out + 1] = ("    (%d device rules passed over: host tensor)"):format(skipped) end
+  flush_skipped()
   local ov = {}
   for _, k in ipairs { "all_reduce", "fused" } do
     local v, src = M.override(g, k)

@@ -13,7 +13,8 @@
 -- makes its group the terminal's foreground (and gives it back on exit);
 -- Ctrl-Z is ignored there, Ctrl-\ kills rank 0 and with it the session.
 -- Chunks: incomplete input continues with ">> " (the load error ends in
--- near '<eof>'); "=expr" and bare expressions print their values; top-level
+-- near '<eof>'); "=expr", bare expressions and a line whose last statement
+-- is an expression (`x = f(); x[1]`) print their values; top-level
 -- `local` declarations become fields of the REPL environment, so they persist
 -- from one chunk to the next (one environment per process; `weft`, `rank`,
 -- `world_size` are predefined there, and `_G` is that environment).
@@ -44,7 +45,8 @@
 -- otherwise (a collective one rank skipped times out on the others, naming
 -- it) leaves the REPL usable the same way.
 -- A rank that dies (a crash, a signal) ends the session: weft-run stops the
--- others, as for any script. Ctrl-C (tty): clears the input line at the prompt; while a chunk runs it
+-- others, as for any script. Ctrl-C (tty; also a SIGINT sent to weft-run, which passes it to rank 0
+-- alone): clears the input line at the prompt; while a chunk runs it
 -- interrupts the chunk on rank 0 and, through SIGUSR1, on the ranks of this
 -- node that have not answered. Ctrl-D or :quit ends every rank cleanly
 -- (weft.shutdown() when the chunks initialized weft on every rank).
@@ -113,7 +115,8 @@ local Session = {}
 Session.__index = Session
 
 local HELP = [[
-  any Lua chunk       runs on the selected ranks; =expr or a bare expression prints values
+  any Lua chunk       runs on the selected ranks; =expr, a bare expression or a last
+                      statement that is one (x = f(); x[1]) prints values
   :ranks              which ranks answer, their pids; chunks go to the selected ones
   :ranks 0,2 | 1-3    run the next chunks on these ranks only   (:ranks all: every rank)
   :timeout [MS]       show / set the deadline of a chunk (waits for answers end after it)
@@ -612,6 +615,8 @@ function M.launch(opts, root, L)
     r.env[#r.env + 1] = { "WEFT_REPL_PORT", tostring(port) }
     if r.rank == 0 then r.stdin, r.prefix = "inherit", "" end
   end
+  -- rank 0 reads the terminal and owns Ctrl-C: weft-run passes a SIGINT on to it alone
+  plan.interactive = opts.node_rank == 0
   return L.launch(plan)
 end
 

@@ -3,6 +3,8 @@
 --          write its report before it exits)
 --   differ rank 0 raises "boom 0", the others "boom <rank>" (SIGTERM blocked)
 --   half   rank 1 writes half a line to stderr and waits; rank 0 exits 3
+--   warn   every rank writes weft's warning "shared by all", then one of its
+--          own, then a plain line, and exits 0
 local ffi = require "ffi"
 ffi.cdef [[
 int poll(void *fds, unsigned long nfds, int timeout);
@@ -19,6 +21,10 @@ if mode == "same" or mode == "differ" then
   C.sigprocmask(0, set, nil)
   sleep(0.5 + 0.1 * rank)   -- every rank has blocked SIGTERM before the first fails
   error(mode == "same" and "boom: every rank" or ("boom " .. rank))
+elseif mode == "warn" then
+  io.stderr:write("weft: warning: shared by all (like 'built without Gloo')\n")
+  io.stderr:write(("weft: warning: rank %d only\n"):format(rank))
+  io.stderr:write("not a warning\n")
 elseif mode == "half" then
   if rank == 0 then sleep(0.5); os.exit(3) end
   io.stderr:write("luajit")

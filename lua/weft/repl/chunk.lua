@@ -138,6 +138,38 @@ local function expr_code(e, chunkname)
   return "return " .. e
 end
 
+local BRACKETS = { ["("] = 1, ["["] = 1, ["{"] = 1, [")"] = -1, ["]"] = -1, ["}"] = -1 }
+
+-- Statements followed by one expression, the last top-level statement
+-- (after a `;` or a line break outside any block or bracket): the code that
+-- runs the statements (top-level locals kept) and returns the expression's
+-- values packed as expr_code does, or nil when the text is not of that form.
+function M.split_last_expr(text, chunkname)
+  local toks = lex(text)
+  if not toks then return nil end
+  local cuts, depth = {}, 0
+  for k, t in ipairs(toks) do
+    if t[1] == "name" and OPENS[t[2]] then depth = depth + 1
+    elseif t[1] == "name" and CLOSES[t[2]] then depth = depth - 1
+    elseif t[1] == "op" and BRACKETS[t[2]] then depth = depth + BRACKETS[t[2]]
+    end
+    if depth == 0 then
+      if t[1] == "op" and t[2] == ";" then cuts[#cuts + 1] = t.e
+      elseif toks[k + 1] and text:sub(t.e + 1, toks[k + 1].s - 1):find("\n") then cuts[#cuts + 1] = t.e end
+    end
+  end
+  for i = #cuts, 1, -1 do
+    local head, tail = text:sub(1, cuts[i]), text:sub(cuts[i] + 1)
+    if tail:find("%S") and loadstring(head, chunkname) and loadstring("return " .. tail, chunkname) then
+      local g = M.globalize_locals(head)
+      if not loadstring(g, chunkname) then g = head end
+      local code = g .. " " .. expr_code(tail, chunkname)
+      if loadstring(code, chunkname) then return code end
+    end
+  end
+  return nil
+end
+
 function M.prepare(text, chunkname)
   chunkname = chunkname or "=stdin"
   if text:sub(1, 1) == "=" then
@@ -149,6 +181,10 @@ function M.prepare(text, chunkname)
   if loadstring("return " .. text, chunkname) then return "expr", expr_code(text, chunkname) end
   local f, err = loadstring(text, chunkname)
   if not f then
+    -- statements ending in an expression (`x = f(); x[1]`): run them and
+    -- print the expression's values, as `=x[1]` would
+    local code = M.split_last_expr(text, chunkname)
+    if code then return "expr", code end
     if incomplete(err) then return "incomplete" end
     return "error", err
   end
