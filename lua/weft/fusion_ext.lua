@@ -24,6 +24,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local policy = require "weft.policy"
 local fusion = require "weft.fusion"
+local show = require("weft.show").value -- names a refused value's type
 
 local C = wffi.C
 local fmt, concat = string.format, table.concat
@@ -114,7 +115,7 @@ local function common_opts(c, o)
     refuse(c.op, c.g, "reduce-scatter has one kernel (the two-shot's first half): algo oneshot refused")
   end
   if o.max_tokens ~= nil and (type(o.max_tokens) ~= "number" or o.max_tokens < 1) then
-    refuse(c.op, c.g, "max_tokens must be a positive number, got %s", tostring(o.max_tokens))
+    refuse(c.op, c.g, "max_tokens must be a positive number, got %s", show(o.max_tokens))
   end
   if c.tokens and o.max_tokens and c.tokens > o.max_tokens then
     refuse(c.op, c.g, "%d tokens exceed the declared maximum %d (max_tokens)", c.tokens, o.max_tokens)

@@ -116,11 +116,7 @@ end
 local MAX_BYTES = 2 ^ 53
 M.MAX_BYTES = MAX_BYTES
 
-local function describe(v)
-  if type(v) == "string" then return fmt("the string %q", v) end
-  if type(v) == "number" then return tostring(v) end
-  return "a " .. type(v)
-end
+local describe = require("weft.show").value
 
 -- Validates and copies a shape; allow_infer: one -1 may appear (returns its dim).
 -- info: the dtype (nil: 1-byte elements); the product of the non-zero sizes
@@ -180,7 +176,7 @@ end
 local function norm_dim(t, d, op)
   local nd = #t.shape
   if not is_int(d) or d < -nd or d >= nd then
-    fail(op, fmt("dim %s out of range for a %d-dim tensor %s", tostring(d), nd, shape_str(t.shape)), 3)
+    fail(op, fmt("dim %s out of range for a %d-dim tensor %s", describe(d), nd, shape_str(t.shape)), 3)
   end
   if d < 0 then d = d + nd end
   return d + 1 -- Lua index
@@ -387,7 +383,7 @@ local function random(op, dist, shape, dtype, device, opts)
     seed_counter = seed_counter + 1
     seed = seed_counter
   elseif not (is_int(seed) and seed >= 0) and type(seed) ~= "cdata" then
-    fail(op, "seed must be a non-negative integer, got " .. tostring(seed), 3)
+    fail(op, "seed must be a non-negative integer, got " .. describe(seed), 3)
   end
   local t = alloc(s, numel, info, dev, idx, op)
   if numel > 0 then
@@ -577,7 +573,7 @@ function Tensor:fill_(v)
   local info = self._info
   if type(v) ~= "number" then fail("fill_", "value must be a number, got " .. type(v)) end
   if info.kind == "int" and (not is_int(v) or v < info.min or v > info.max) then
-    fail("fill_", fmt("%s is not an integer in range for %s", tostring(v), info.name))
+    fail("fill_", fmt("%s is not an integer in range for %s", describe(v), info.name))
   end
   local n = self.numel
   if n == 0 then return self end

@@ -8,6 +8,7 @@ local ffi = require "ffi"
 local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local B = require "weft.async.base"
+local show = require("weft.show").value -- names a refused value's type
 local Q = require "weft.async.queue"
 
 local C = wffi.C
@@ -177,7 +178,7 @@ function M.all_gather(g, t, dim, out)
   local nd = #t.shape
   dim = dim or -1
   if type(dim) ~= "number" or dim ~= floor(dim) or dim < -nd or dim >= nd then
-    fail(2, op, "dim %s is invalid for a %d-dim tensor (group %s)", tostring(dim), nd, gname(g))
+    fail(2, op, "dim %s is invalid for a %d-dim tensor (group %s)", show(dim), nd, gname(g))
   end
   if dim < 0 then dim = dim + nd end
   local W = g.world_size

@@ -5,6 +5,7 @@
 local floor = math.floor
 local type, tostring, error, require = type, tostring, error, require
 local concat = table.concat
+local show = require("weft.show").value -- names a refused value's type
 
 local M = {}
 
@@ -66,9 +67,13 @@ local function check_place(g, op, a, b, an, bn)
 end
 
 local function check_peer(g, op, idx, what)
-  if type(idx) ~= "number" or idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
+  if type(idx) ~= "number" or idx ~= floor(idx) then
+    fail(3, op, "%s must be an integer rank of group %s (0..%d), got %s",
+         what, gname(g), g.world_size - 1, show(idx))
+  end
+  if idx < 0 or idx >= g.world_size then
     fail(3, op, "%s %s is out of range for group %s of %d ranks (valid: 0..%d)",
-         what, tostring(idx), gname(g), g.world_size, g.world_size - 1)
+         what, show(idx), gname(g), g.world_size, g.world_size - 1)
   end
 end
 
@@ -86,7 +91,7 @@ end
 local function norm_dim(g, op, t, dim)
   local nd = #t.shape
   if type(dim) ~= "number" or dim ~= floor(dim) or dim < -nd or dim >= nd then
-    fail(3, op, "dim %s is invalid for a tensor of shape %s (group %s)", tostring(dim), shape_str(t.shape), gname(g))
+    fail(3, op, "dim %s is invalid for a tensor of shape %s (group %s)", show(dim), shape_str(t.shape), gname(g))
   end
   if dim < 0 then dim = dim + nd end
   return dim
