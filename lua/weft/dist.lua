@@ -478,10 +478,10 @@ function M.create_custom_group(ranks, name, opts)
   local seen = {}
   for i = 1, #ranks do
     local r = ranks[i]
-    if type(r) ~= "number" or r ~= math.floor(r) then
+    if type(r) ~= "number" then
       fail(2, op, "ranks must be integers, got %s at index %d", show(r), i)
     end
-    if r < 0 or r >= S.world_size then
+    if r ~= math.floor(r) or r < 0 or r >= S.world_size then
       fail(2, op, "rank %s is out of range for a world of %d%s", tostring(r), S.world_size,
            launcher_hint(type(r) == "number" and r >= S.world_size and r == math.floor(r) and r + 1 or nil))
     end

@@ -67,11 +67,11 @@ local function check_place(g, op, a, b, an, bn)
 end
 
 local function check_peer(g, op, idx, what)
-  if type(idx) ~= "number" or idx ~= floor(idx) then
+  if type(idx) ~= "number" then
     fail(3, op, "%s must be an integer rank of group %s (0..%d), got %s",
          what, gname(g), g.world_size - 1, show(idx))
   end
-  if idx < 0 or idx >= g.world_size then
+  if idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
     fail(3, op, "%s %s is out of range for group %s of %d ranks (valid: 0..%d)",
          what, show(idx), gname(g), g.world_size, g.world_size - 1)
   end
