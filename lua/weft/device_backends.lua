@@ -26,6 +26,7 @@
 local ffi = require "ffi"
 local policy = require "weft.policy"
 local S = require "weft.device_backends.setup"
+local check_fused_outputs = require("weft.group.checks").check_fused_outputs
 local N = require "weft.device_backends.nccl_backend"
 local show = require("weft.show").value -- names a refused value's type
 local K = require "weft.device_backends.checks"
@@ -239,6 +240,8 @@ function M.fused(g, x, residual, weight, eps, opts)
       fail(op, g, "FP8 output needs scale (an f32 device tensor of one element, or a number)", gname(g))
     end
   end
+  check_fused_outputs(g, op, x, residual, weight, { opts.norm_out, "norm_out", opts.residual_out,
+                      "residual_out", opts.quant_out, "quant_out" }, 0)
 
   -- the group's device (set-up is collective: every rank gets here with the same call)
   local d = g._dev

@@ -152,6 +152,13 @@ local function check_scales(c, s, shape, what)
   c.scales = s
 end
 
+-- outputs in place over the input or the residual, or apart from every
+-- input and from each other (weft.group.checks.check_fused_outputs)
+local function check_outputs(c)
+  require("weft.group.checks").check_fused_outputs(c.g, c.op, c.x, c.residual, c.weight,
+    { c.norm_out, "norm_out", c.residual_out, "residual_out", c.gathered_out, "gathered_out" }, 0)
+end
+
 local function check_topk(c)
   if c.top_k < 1 or c.top_k > 16 then refuse(c.op, c.g, "top_k %d out of range [1, 16]", c.top_k) end
 end
@@ -175,6 +182,7 @@ function M.check_moe(g, a)
   common_opts(c, a)
   c.norm_out = want_out(c, a.norm_out, { c.tokens, c.hidden }, "norm_out")
   c.residual_out = want_out(c, a.residual_out, { c.tokens, c.hidden }, "residual_out")
+  check_outputs(c)
   return c
 end
 
@@ -207,6 +215,7 @@ function M.check_finalize(g, a)
   common_opts(c, a)
   c.norm_out = want_out(c, a.norm_out, { c.tokens, c.hidden }, "norm_out")
   c.residual_out = want_out(c, a.residual_out, { c.tokens, c.hidden }, "residual_out")
+  check_outputs(c)
   return c
 end
 
@@ -231,6 +240,7 @@ function M.check_prepost(g, x, residual, weight_pre, weight, eps, opts)
   common_opts(c, opts)
   c.norm_out = want_out(c, opts.norm_out, { c.tokens, c.hidden }, "norm_out")
   c.residual_out = want_out(c, opts.residual_out, { c.tokens, c.hidden }, "residual_out")
+  check_outputs(c)
   return c
 end
 
@@ -251,6 +261,7 @@ function M.check_rs(g, x, residual, weight, eps, opts)
   c.residual_out = want_out(c, opts.residual_out, { c.rows, c.hidden }, "residual_out")
   c.gathered_out = want_out(c, opts.gathered_out, { c.tokens, c.hidden }, "gathered_out")
   c.all_gather = opts.all_gather and true or c.gathered_out ~= nil
+  check_outputs(c)
   return c
 end
 
