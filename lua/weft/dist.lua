@@ -512,10 +512,14 @@ function M.create_custom_group(ranks, name, opts)
     if #ranks > 1 then agree_custom(name, ranks, gen, timeout) end
     -- only members count, so the counter agrees among exactly those who meet
     S.custom_counter[key] = gen + 1
-    -- one cpu group name per rank set: its generation counter (a store key
-    -- per member, src/host/cpugroup.c) keeps a re-created group apart from
-    -- the old one, so create + destroy cycles add no keys (issue 24)
-    g = group.new(group_opts(name, ranks, { cpugroup_name = "cg/" .. key, timeout_ms = timeout }))
+    -- one cpu group name per rank set, whatever the group's name: its
+    -- generation counter (a store key per member, src/host/cpugroup.c) gives
+    -- every creation keys of its own (members create the groups of one rank
+    -- set together, in one order, so their counters agree), and create +
+    -- destroy cycles add no keys, whether they reuse a name (issue 24) or
+    -- name every group anew (issue 37: a counter per name left one key per
+    -- member for each name ever used)
+    g = group.new(group_opts(name, ranks, { cpugroup_name = "cg/[" .. list .. "]", timeout_ms = timeout }))
     if #ranks > 1 then
       -- every member has read every list: the lobby key can go
       group.exchange(g, op, op, "")
