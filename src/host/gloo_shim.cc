@@ -202,11 +202,9 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause0) {
   wf_store_diag d;
   int gone = wf_store_diagnose(c->s, timed_out ? 0 : 1000, &d);
   // what else the store can tell: ranks cut off from its host, or the store itself
-  std::string also;
-  if (d.unreachable)
-    also.append("; unreachable from the store's host (no TCP acknowledgement, a partition?): ")
-        .append(d.unreach_who);
-  if (d.store_lost) also.append("; ").append(d.store_why);
+  char note[sizeof d.unreach_who + sizeof d.store_why + 128];
+  wf_store_diag_note(&d, note, sizeof note);
+  std::string also(note);
   // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
   std::string at;
   size_t b = cause.find('['), e = cause.find(']');
