@@ -175,3 +175,26 @@ describe("weft.cpugroup across processes", function()
     absent_case(6, { 2, 5 }, 1000)
   end)
 end)
+
+-- Issue 37 item 8: a rank cut off from the store's host (a partition) was
+-- named only as "did not arrive" on the store path, where the Gloo routes
+-- add the note docs/faults.md promises. The mark the store server sets for
+-- such a rank (weft/rank/<R>/unreachable) is set here by the rank itself,
+-- so the message is checked without network namespaces.
+describe("a partition on the store path", function()
+  it("names the rank cut off from the store's host in the words of the Gloo routes", function()
+    local out = spec.shell(("cd '%s' && WEFT_TIMEOUT_MS=20000 timeout -s KILL 60 scripts/weft-run -n 3 --timeout 50 "
+                            .. "tests/helpers/partition_note_ranks.lua"):format(os.getenv("PWD") or "."))
+    local seen = 0
+    for _, l in ipairs(lines_of(out)) do
+      local r, msg = l:match("^%[rank(%d)%] BARRIER (.*)$")
+      if r then
+        seen = seen + 1
+        assert.is_truthy(msg:find("timed out after 1000 ms; rank 2 (pid ", 1, true), msg)
+        assert.is_truthy(msg:find("did not arrive; unreachable from the store's host (no TCP acknowledgement, "
+                                  .. "a partition?): rank 2 (pid ", 1, true), msg)
+      end
+    end
+    assert.are.equal(2, seen, out)
+  end)
+end)

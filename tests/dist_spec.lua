@@ -164,7 +164,75 @@ describe("weft.dist", function()
       assert.are.same({ 1, 2, 3, 4 }, r:to_table())
       -- validation still applies on a group of one
       assert.has_error(function() w:broadcast(x, 1) end)
+      -- a rank given as a string is named as one, not as "rank 0 is out of range" (issue 37)
+      local ok, err = pcall(w.broadcast, w, x, "0")
+      assert.is_false(ok)
+      assert.matches('weft: broadcast: src must be an integer rank of group world (0..0), got the string "0"', err, 1, true)
+      ok, err = pcall(weft.create_custom_group, { "0" })
+      assert.is_false(ok)
+      assert.matches('weft: create_custom_group: ranks must be integers, got the string "0" at index 1', err, 1, true)
+      ok, err = pcall(w.all_gather, w, x, "1")
+      assert.is_false(ok)
+      assert.matches('dim the string "1" is invalid', err, 1, true)
       assert.has_error(function() w:all_reduce(x:transpose(0, 1)) end)
+    end)
+
+    it("refuses an output that overlaps its input in part, on every collective, before anything runs (issue 37)", function()
+      local w = weft.world()
+      local base = T.from_table({ 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 }, "f32", { 12 })
+      local function snapshot() return base:to_table() end
+      local before = snapshot()
+      local x, out = base:narrow(0, 0, 8), base:narrow(0, 4, 8)
+      local function refused(what, f, ...)
+        local args = { ... }
+        local ok, err = pcall(function() f(unpack(args)) end) -- not a tail call: the line is kept
+        assert.is_false(ok, what)
+        assert.matches("overlap in part", err, 1, true)
+        assert.matches("results would be silently wrong (group world)", err, 1, true)
+        assert.matches("dist_spec.lua", err, 1, true) -- raised at the caller's line
+        assert.are.same(before, snapshot(), what) -- nothing written
+        return err
+      end
+      local err = refused("all_reduce", w.all_reduce, w, x, "sum", out)
+      assert.matches("weft: all_reduce: input and output overlap in part (output {8} of 32 bytes starts at "
+                     .. "byte 16 of input {8} of 32 bytes): they must be the same memory (in place) or not "
+                     .. "share memory at all", err, 1, true)
+      -- in place (the same memory, another view of it) and apart still work
+      assert.are.equal(x, w:all_reduce(x, "sum", base:narrow(0, 0, 8)) and x)
+      assert.are.same({ 1, 1, 1, 1 }, w:all_reduce(base:narrow(0, 0, 4), "sum", base:narrow(0, 8, 4)):to_table())
+      base:copy_(T.from_table(before, "f32", { 12 }))
+      -- gathers and scatters: the one allowed place is this rank's block
+      local g2 = base:narrow(0, 2, 4)
+      refused("all_gather", w.all_gather, w, g2, 0, base:narrow(0, 0, 4))
+      refused("all_gather_into_tensor", w.all_gather_into_tensor, w, base:narrow(0, 0, 4), base:narrow(0, 2, 4))
+      assert.are.same({ 1, 1, 1, 1 }, w:all_gather(base:narrow(0, 0, 4), 0, base:narrow(0, 0, 4)):to_table())
+      refused("reduce_scatter", w.reduce_scatter, w, base:narrow(0, 0, 4), 0, base:narrow(0, 2, 4))
+      refused("all_gatherv", w.all_gatherv, w, g2, { 4 }, base:narrow(0, 0, 4))
+      refused("reduce_scatterv", w.reduce_scatterv, w, g2, base:narrow(0, 0, 4), { 4 })
+      refused("all_to_all_single", w.all_to_all_single, w, base:narrow(0, 0, 4), base:narrow(0, 2, 4))
+      local async = require "weft.async"
+      refused("all_gather_async", async.all_gather, w, g2, 0, base:narrow(0, 0, 4))
+      refused("reduce_scatter_async", async.reduce_scatter, w, base:narrow(0, 0, 4), 0, base:narrow(0, 2, 4))
+      -- fused: outputs in place over the input or apart, never across the weight
+      local m = T.from_table({ 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 }, "f32", { 12 })
+      before = m:to_table()
+      local mx, mres, mw = m:narrow(0, 0, 2):view({ 1, 2 }), m:narrow(0, 2, 2):view({ 1, 2 }), m:narrow(0, 4, 2)
+      for _, o in ipairs({ { norm_out = m:narrow(0, 1, 2):view({ 1, 2 }) },
+                           { residual_out = m:narrow(0, 3, 2):view({ 1, 2 }) },
+                           { norm_out = m:narrow(0, 4, 2):view({ 1, 2 }) },
+                           { norm_out = m:narrow(0, 8, 2):view({ 1, 2 }), residual_out = m:narrow(0, 9, 2):view({ 1, 2 }) } }) do
+        local ok, e = pcall(w.fused_allreduce_rmsnorm, w, mx, mres, mw, 1e-6, o)
+        assert.is_false(ok)
+        assert.matches("weft: fused_allreduce_rmsnorm: .* overlap in part", e)
+        assert.are.same(before, m:to_table())
+      end
+      -- the other fusion patterns (weft.fusion_ext) go through the same check
+      local ok, e = pcall(w.fused_allreduce_prepost_rmsnorm, w, mx, mres, mw, mw, 1e-6,
+                          { norm_out = m:narrow(0, 1, 2):view({ 1, 2 }) })
+      assert.is_false(ok)
+      assert.matches("weft: fused_allreduce_prepost_rmsnorm: input and norm_out overlap in part", e, 1, true)
+      assert.are.same(before, m:to_table())
+      w:fused_allreduce_rmsnorm(mx, mres, mw, 1e-6, { norm_out = mx, residual_out = mres }) -- in place
     end)
 
     it("builds every model-parallel group on one rank, aliased as the seed does", function()

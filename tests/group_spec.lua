@@ -142,7 +142,7 @@ describe("groups (multi-rank)", function()
   end)
 
   describe("bad inputs: clear errors, no hang, groups still usable", function()
-    local per_rank = 10
+    local per_rank = 11
     it("2 ranks", function()
       local out, rc = run(2, "group_errors.lua")
       assert_ran(out, rc, 2 * per_rank)

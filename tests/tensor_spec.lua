@@ -573,6 +573,46 @@ describe("weft.tensor", function()
       end
     end)
 
+    it("refuses shapes whose byte count overflows, naming the op and the shape (issue 37)", function()
+      local big = 2 ^ 31
+      local cases = {
+        { function() tensor.full({ big, big }, 1, "f32") end,
+          "weft: tensor.full: shape {2147483648, 2147483648} of f32 is 1.845e+19 bytes: too large" },
+        { function() tensor.empty({ big, big }, "f32") end,
+          "weft: tensor.empty: shape {2147483648, 2147483648} of f32" },
+        { function() tensor.zeros({ 2 ^ 26, 2 ^ 26, 2 ^ 26 }, "u8") end, "weft: tensor.zeros: shape" },
+        { function() tensor.randn({ big, big }, "bf16") end, "weft: tensor.randn: shape" },
+        { function() tensor.wrap(ffi.cast("void*", 64), { big, big }, "i64") end, "weft: tensor.wrap: shape" },
+        -- a zero size keeps numel at 0 but not the strides of the other dims
+        { function() tensor.empty({ 0, big, big, big }, "f32") end, "weft: tensor.empty: shape {0, " },
+        { function() tensor.empty({ 2 ^ 51 }, "f64") end, "too large (the limit is 2^53 bytes" },
+        { function() tensor.zeros({ 0 / 0 }) end, "weft: tensor.zeros: bad shape {nan}: size nan at dim 0 is not an integer" },
+        { function() tensor.zeros({ math.huge }) end, "size inf at dim 0 is not an integer" },
+        { function() tensor.zeros({ 2, "3" }) end, 'size the string "3" at dim 1 is not an integer' },
+        { function() tensor.zeros({ -2 ^ 40 }) end, "is negative" },
+      }
+      for _, c in ipairs(cases) do
+        local ok, err = pcall(c[1])
+        assert.is_false(ok)
+        assert.matches(c[2], err, 1, true)
+      end
+      -- views: a shape that only fits the byte limit through a wrapped product
+      local t = tensor.zeros({ 4 })
+      local ok, err = pcall(t.view, t, { 2 ^ 62, 2 ^ 62, 0 })
+      assert.is_false(ok)
+      assert.matches("weft: tensor.view: shape", err, 1, true)
+      -- narrow: start + length rounds above 2^53, so it is not computed
+      ok, err = pcall(t.narrow, t, 0, 2 ^ 53, 1)
+      assert.is_false(ok)
+      assert.matches("weft: tensor.narrow: start 9.007199254741e+15, length 1 out of range", err, 1, true)
+      -- the largest tensors that fit still work (0 elements or small)
+      assert.are.equal(0, tensor.empty({ 0, 2 ^ 40 }, "f32").numel)
+      -- C: a count whose byte size wraps is refused, not copied as 0 bytes
+      local src, dst = ffi.new("float[1]"), ffi.new("float[1]")
+      assert.is_true(C.weft_host_convert(src, DT.f32, dst, DT.f32, 2 ^ 62) < 0)
+      assert.matches("host_convert: .* overflows", wffi.last_error())
+    end)
+
     it("copy_ converts dtypes and refuses mismatched counts", function()
       local a = tensor.from_table({ 1.5, -2.25, 3 }, "f32")
       local b = tensor.zeros({ 3 }, "bf16"):copy_(a)

@@ -394,7 +394,11 @@ describe("weft.topology", function()
         .. "use world_size=1, or for 8 ranks pp=8 or tp=8" },
       { { tp = 0 }, 8, "weft: initialize_model_parallel: tp must be a positive integer, got 0" },
       { { pp = 1.5, tp = 8 }, 8, "weft: initialize_model_parallel: pp must be a positive integer, got 1.5" },
-      { { ep = "2", tp = 8 }, 8, "weft: initialize_model_parallel: ep must be a positive integer, got 2" },
+      -- a value that is not a number is named with its type (issue 37)
+      { { ep = "2", tp = 8 }, 8, 'weft: initialize_model_parallel: ep must be a positive integer, got the string "2"' },
+      { { tp = "2" }, 2, 'weft: initialize_model_parallel: tp must be a positive integer, got the string "2"' },
+      { { tp = true }, 2, "weft: initialize_model_parallel: tp must be a positive integer, got the boolean true" },
+      { { pp = {} }, 2, "weft: initialize_model_parallel: pp must be a positive integer, got a table" },
       { { tp = math.huge }, 8, "weft: initialize_model_parallel: tp must be a positive integer, got inf" },
       { { tensor_model_parallel_size = -1 }, 8,
         "weft: initialize_model_parallel: tensor_model_parallel_size must be a positive integer, got -1" },

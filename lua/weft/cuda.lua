@@ -12,6 +12,7 @@
 local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
+local show = require("weft.show").value -- names a refused value's type
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
@@ -78,7 +79,7 @@ local capture_depth, deferred = 0, {}
 
 function M.alloc(nbytes, dev)
   if type(nbytes) ~= "number" or nbytes < 0 then
-    fail("alloc", "byte count must be a non-negative number, got " .. tostring(nbytes))
+    fail("alloc", "byte count must be a non-negative number, got " .. show(nbytes))
   end
   check(C.weft_cuda_malloc(ptr1, nbytes, dev or -1), "alloc")
   return ptr1[0]

@@ -19,6 +19,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
 local C = wffi.C
+local show = require("weft.show").value -- names a refused value's type
 
 local type, error, tonumber, tostring, setmetatable = type, error, tonumber, tostring, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
@@ -50,7 +51,7 @@ M.AR = AR
 function M.new(cpugroup, max_bytes)
   B.need_group(cpugroup)
   if type(max_bytes) ~= "number" or max_bytes < 16 then
-    error("weft: custom_ar.new: max_bytes must be a number >= 16, got " .. tostring(max_bytes), 2)
+    error("weft: custom_ar.new: max_bytes must be a number >= 16, got " .. show(max_bytes), 2)
   end
   local out = ffi_new("weft_ar*[1]")
   if C.weft_ar_create(cpugroup.handle, max_bytes, out) ~= 0 then

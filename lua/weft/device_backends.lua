@@ -26,7 +26,9 @@
 local ffi = require "ffi"
 local policy = require "weft.policy"
 local S = require "weft.device_backends.setup"
+local check_fused_outputs = require("weft.group.checks").check_fused_outputs
 local N = require "weft.device_backends.nccl_backend"
+local show = require("weft.show").value -- names a refused value's type
 local K = require "weft.device_backends.checks"
 
 local type, tostring, tonumber, error, pcall, ipairs = type, tostring, tonumber, error, pcall, ipairs
@@ -206,7 +208,7 @@ function M.fused(g, x, residual, weight, eps, opts)
   local tokens = x.numel / hidden
   if opts.max_tokens ~= nil then
     if type(opts.max_tokens) ~= "number" or opts.max_tokens < 1 then
-      fail(op, g, "max_tokens must be a positive number, got %s", tostring(opts.max_tokens), gname(g))
+      fail(op, g, "max_tokens must be a positive number, got %s", show(opts.max_tokens), gname(g))
     end
     if tokens > opts.max_tokens then
       fail(op, g, "%d tokens exceed the declared maximum %d (max_tokens)", tokens, opts.max_tokens, gname(g))
@@ -230,7 +232,7 @@ function M.fused(g, x, residual, weight, eps, opts)
     end
     local s = opts.scale
     if type(s) == "number" then
-      if not (s > 0) then fail(op, g, "FP8 scale must be positive, got %s", tostring(s), gname(g)) end
+      if not (s > 0) then fail(op, g, "FP8 scale must be positive, got %s", show(s), gname(g)) end
     elseif tm.is_tensor(s) then
       want(tm, g, op, x, s, "scale")
       if s.dtype ~= "f32" or s.numel ~= 1 then fail(op, g, "FP8 scale must be an f32 tensor of one element", gname(g)) end
@@ -238,6 +240,8 @@ function M.fused(g, x, residual, weight, eps, opts)
       fail(op, g, "FP8 output needs scale (an f32 device tensor of one element, or a number)", gname(g))
     end
   end
+  check_fused_outputs(g, op, x, residual, weight, { opts.norm_out, "norm_out", opts.residual_out,
+                      "residual_out", opts.quant_out, "quant_out" }, 0)
 
   -- the group's device (set-up is collective: every rank gets here with the same call)
   local d = g._dev

@@ -21,6 +21,7 @@
 -- re-initializing never meets a previous group's keys, and re-creating a
 -- group adds no store key.
 local group = require "weft.group"
+local show = require("weft.show").value -- names a refused value's type
 
 local M = {}
 
@@ -171,7 +172,7 @@ function M.init(opts)
   local env = M.parse_env()
   local timeout = opts.timeout_ms or env.timeout_ms
   if type(timeout) ~= "number" or timeout <= 0 then
-    fail(2, "init", "timeout_ms must be a positive number, got %s", tostring(timeout))
+    fail(2, "init", "timeout_ms must be a positive number, got %s", show(timeout))
   end
   local hb = opts.backend or env.host_backend or "auto"
   if not HOST_BACKENDS[hb] then
@@ -481,7 +482,10 @@ function M.create_custom_group(ranks, name, opts)
   local seen = {}
   for i = 1, #ranks do
     local r = ranks[i]
-    if type(r) ~= "number" or r ~= math.floor(r) or r < 0 or r >= S.world_size then
+    if type(r) ~= "number" then
+      fail(2, op, "ranks must be integers, got %s at index %d", show(r), i)
+    end
+    if r ~= math.floor(r) or r < 0 or r >= S.world_size then
       fail(2, op, "rank %s is out of range for a world of %d%s", tostring(r), S.world_size,
            launcher_hint(type(r) == "number" and r >= S.world_size and r == math.floor(r) and r + 1 or nil))
     end
@@ -490,7 +494,7 @@ function M.create_custom_group(ranks, name, opts)
   end
   name = name or "custom"
   if type(name) ~= "string" or name == "" or #name > 100 or name:find("[%s/]") then
-    fail(2, op, "name must be a string of 1..100 characters without spaces or '/', got %s", tostring(name))
+    fail(2, op, "name must be a string of 1..100 characters without spaces or '/', got %s", show(name))
   end
   -- store key prefix: the name and the rank set (hashed when long), so two
   -- groups of one name but different ranks never share keys
@@ -504,7 +508,7 @@ function M.create_custom_group(ranks, name, opts)
   if opts ~= nil and type(opts) ~= "table" then fail(2, op, "options must be a table, got %s", type(opts)) end
   local timeout = opts and opts.timeout_ms or S.timeout_ms
   if type(timeout) ~= "number" or timeout <= 0 then
-    fail(2, op, "timeout_ms must be a positive number, got %s", tostring(timeout))
+    fail(2, op, "timeout_ms must be a positive number, got %s", show(timeout))
   end
   local gen = (S.custom_counter[key] or 0)
   local g
@@ -512,10 +516,14 @@ function M.create_custom_group(ranks, name, opts)
     if #ranks > 1 then agree_custom(name, ranks, gen, timeout) end
     -- only members count, so the counter agrees among exactly those who meet
     S.custom_counter[key] = gen + 1
-    -- one cpu group name per rank set: its generation counter (a store key
-    -- per member, src/host/cpugroup.c) keeps a re-created group apart from
-    -- the old one, so create + destroy cycles add no keys (issue 24)
-    g = group.new(group_opts(name, ranks, { cpugroup_name = "cg/" .. key, timeout_ms = timeout }))
+    -- one cpu group name per rank set, whatever the group's name: its
+    -- generation counter (a store key per member, src/host/cpugroup.c) gives
+    -- every creation keys of its own (members create the groups of one rank
+    -- set together, in one order, so their counters agree), and create +
+    -- destroy cycles add no keys, whether they reuse a name (issue 24) or
+    -- name every group anew (issue 37: a counter per name left one key per
+    -- member for each name ever used)
+    g = group.new(group_opts(name, ranks, { cpugroup_name = "cg/[" .. list .. "]", timeout_ms = timeout }))
     if #ranks > 1 then
       -- every member has read every list: the lobby key can go
       group.exchange(g, op, op, "")

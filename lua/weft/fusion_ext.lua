@@ -24,6 +24,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local policy = require "weft.policy"
 local fusion = require "weft.fusion"
+local show = require("weft.show").value -- names a refused value's type
 
 local C = wffi.C
 local fmt, concat = string.format, table.concat
@@ -114,7 +115,7 @@ local function common_opts(c, o)
     refuse(c.op, c.g, "reduce-scatter has one kernel (the two-shot's first half): algo oneshot refused")
   end
   if o.max_tokens ~= nil and (type(o.max_tokens) ~= "number" or o.max_tokens < 1) then
-    refuse(c.op, c.g, "max_tokens must be a positive number, got %s", tostring(o.max_tokens))
+    refuse(c.op, c.g, "max_tokens must be a positive number, got %s", show(o.max_tokens))
   end
   if c.tokens and o.max_tokens and c.tokens > o.max_tokens then
     refuse(c.op, c.g, "%d tokens exceed the declared maximum %d (max_tokens)", c.tokens, o.max_tokens)
@@ -151,6 +152,13 @@ local function check_scales(c, s, shape, what)
   c.scales = s
 end
 
+-- outputs in place over the input or the residual, or apart from every
+-- input and from each other (weft.group.checks.check_fused_outputs)
+local function check_outputs(c)
+  require("weft.group.checks").check_fused_outputs(c.g, c.op, c.x, c.residual, c.weight,
+    { c.norm_out, "norm_out", c.residual_out, "residual_out", c.gathered_out, "gathered_out" }, 0)
+end
+
 local function check_topk(c)
   if c.top_k < 1 or c.top_k > 16 then refuse(c.op, c.g, "top_k %d out of range [1, 16]", c.top_k) end
 end
@@ -174,6 +182,7 @@ function M.check_moe(g, a)
   common_opts(c, a)
   c.norm_out = want_out(c, a.norm_out, { c.tokens, c.hidden }, "norm_out")
   c.residual_out = want_out(c, a.residual_out, { c.tokens, c.hidden }, "residual_out")
+  check_outputs(c)
   return c
 end
 
@@ -206,6 +215,7 @@ function M.check_finalize(g, a)
   common_opts(c, a)
   c.norm_out = want_out(c, a.norm_out, { c.tokens, c.hidden }, "norm_out")
   c.residual_out = want_out(c, a.residual_out, { c.tokens, c.hidden }, "residual_out")
+  check_outputs(c)
   return c
 end
 
@@ -230,6 +240,7 @@ function M.check_prepost(g, x, residual, weight_pre, weight, eps, opts)
   common_opts(c, opts)
   c.norm_out = want_out(c, opts.norm_out, { c.tokens, c.hidden }, "norm_out")
   c.residual_out = want_out(c, opts.residual_out, { c.tokens, c.hidden }, "residual_out")
+  check_outputs(c)
   return c
 end
 
@@ -250,6 +261,7 @@ function M.check_rs(g, x, residual, weight, eps, opts)
   c.residual_out = want_out(c, opts.residual_out, { c.rows, c.hidden }, "residual_out")
   c.gathered_out = want_out(c, opts.gathered_out, { c.tokens, c.hidden }, "gathered_out")
   c.all_gather = opts.all_gather and true or c.gathered_out ~= nil
+  check_outputs(c)
   return c
 end
 

@@ -53,6 +53,7 @@ local M = {}
 
 local type, tostring, error, pcall, ipairs, pairs = type, tostring, error, pcall, ipairs, pairs
 local fmt, concat, floor = string.format, table.concat, math.floor
+local show = require("weft.show").value -- names a refused value's type
 local unpack = unpack or table.unpack
 
 local R = {}
@@ -86,7 +87,7 @@ function M.validate_sizes(sizes, op)
   for i = 1, #sizes do
     local s = sizes[i]
     if type(s) ~= "number" or s ~= floor(s) or s < 1 then
-      fail(op, fmt("size %d of the capture list is %s: sizes must be positive integers", i, tostring(s)), 3)
+      fail(op, fmt("size %d of the capture list is %s: sizes must be positive integers", i, show(s)), 3)
     end
     if i > 1 and s <= sizes[i - 1] then
       fail(op, fmt("the capture size list %s is not sorted: %d at position %d follows %d "
@@ -603,7 +604,7 @@ local function check_bs(self, op, bs)
   if self.destroyed then fail(op, "runner was destroyed", 3) end
   if #self.order == 0 then fail(op, "nothing captured yet", 3) end
   if type(bs) ~= "number" or bs ~= floor(bs) or bs < 1 then
-    fail(op, "batch size must be a positive integer, got " .. tostring(bs), 3)
+    fail(op, "batch size must be a positive integer, got " .. show(bs), 3)
   end
   if bs > self.max_bs then
     fail(op, fmt("batch size %d exceeds the largest captured size %d (captured %s)", bs, self.max_bs,

@@ -51,6 +51,7 @@ local T = K.T
 local fail, shape_str, gname = K.fail, K.shape_str, K.gname
 local check_group, check_tensor, check_place, check_peer = K.check_group, K.check_tensor, K.check_place, K.check_peer
 local check_reduce, norm_dim, same_shape, outer_inner = K.check_reduce, K.norm_dim, K.same_shape, K.outer_inner
+local check_overlap = K.check_overlap
 
 -- host data path (weft.group.host)
 G._scratch, G._reduce_blocks = H.scratch, H.reduce_blocks
@@ -194,6 +195,7 @@ function G:all_reduce(t, rop, out)
       fail(2, "all_reduce", "output is %s %s, expected %s %s (group %s)", out.dtype, shape_str(out.shape),
            t.dtype, shape_str(t.shape), gname(self))
     end
+    check_overlap(self, "all_reduce", t, "input", out, "output", 0, 3) -- in place, or apart
     if self.world_size == 1 then out:copy_(t); return out end
     reduce_into(self, t, out.ptr, rop, code)
     return out
@@ -222,6 +224,10 @@ function G:all_gather(t, dim, out)
       fail(2, "all_gather", "output shape %s, expected %s for input %s gathered along dim %d over %d ranks (group %s)",
            shape_str(out.shape), shape_str(oshape), shape_str(t.shape), dim, W, gname(self))
     end
+    -- the input may be this rank's block of the output (gathering along the
+    -- outermost dim), as NCCL's, Gloo's and shm's in-place all-gather
+    local slot = outer_inner(t.shape, dim) == 1 and self.rank_in_group * t.nbytes or nil
+    check_overlap(self, "all_gather", out, "output", t, "input", slot, 3)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
@@ -278,6 +284,10 @@ function G:reduce_scatter(t, dim, out, rop)
       fail(2, "reduce_scatter", "output is %s %s, expected %s %s (group %s)",
            out.dtype, shape_str(out.shape), t.dtype, shape_str(oshape), gname(self))
     end
+    -- the output may be this rank's chunk of the input (scattering along the
+    -- outermost dim), as NCCL's and shm's in-place reduce-scatter
+    local slot = outer_inner(t.shape, dim) == 1 and self.rank_in_group * out.nbytes or nil
+    check_overlap(self, "reduce_scatter", t, "input", out, "output", slot, 3)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
@@ -347,13 +357,26 @@ local function rows_shape(t, rows)
   return s
 end
 
-local function check_out(g, op, t, out, shape)
+-- gather: the input may be this rank's rows of the output (slot: their
+-- byte offset); scatter: the output this rank's rows of the input
+local function check_out(g, op, t, out, shape, slot, gather)
   check_tensor(g, op, out, "output")
   check_place(g, op, t, out, "input", "output")
   if out.dtype ~= t.dtype or not same_shape(out.shape, shape) then
     fail(3, op, "output is %s %s, expected %s %s (group %s)", out.dtype, shape_str(out.shape), t.dtype,
          shape_str(shape), gname(g))
   end
+  if gather then check_overlap(g, op, out, "output", t, "input", slot, 4)
+  else check_overlap(g, op, t, "input", out, "output", slot, 4) end
+end
+
+-- byte offset of rank me's rows when rank r holds sizes[r+1] rows of row_bytes
+local function rows_before(sizes, me, t)
+  local rows = 0
+  for r = 1, me do rows = rows + sizes[r] end
+  local row = DT_SIZE[t.dtype]
+  for i = 2, #t.shape do row = row * t.shape[i] end
+  return rows * row
 end
 
 -- all_gatherv(t, sizes [, out]) -> out: rank r contributes sizes[r+1] rows
@@ -367,7 +390,11 @@ function G:all_gatherv(t, sizes, out)
   if sizes == nil then return self:all_gather(t, 0, out) end
   local total = check_sizes(self, op, sizes, t.shape[1], "mine")
   local oshape = rows_shape(t, total)
-  if out ~= nil then check_out(self, op, t, out, oshape) else out = T().empty(oshape, t.dtype, t.device) end
+  if out ~= nil then
+    check_out(self, op, t, out, oshape, rows_before(sizes, self.rank_in_group, t), true)
+  else
+    out = T().empty(oshape, t.dtype, t.device)
+  end
   if self.world_size == 1 then
     if out.ptr ~= t.ptr then out:copy_(t) end
     return out
@@ -408,7 +435,11 @@ function G:reduce_scatterv(t, out, sizes, rop)
   check_sizes(self, op, sizes, t.shape[1], "sum")
   local me = self.rank_in_group
   local oshape = rows_shape(t, sizes[me + 1])
-  if out ~= nil then check_out(self, op, t, out, oshape) else out = T().empty(oshape, t.dtype, t.device) end
+  if out ~= nil then
+    check_out(self, op, t, out, oshape, rows_before(sizes, me, t), false)
+  else
+    out = T().empty(oshape, t.dtype, t.device)
+  end
   if self.world_size == 1 then
     if out.ptr ~= t.ptr then out:copy_(t) end
     return out
@@ -526,6 +557,7 @@ function G:all_to_all_single(out, inp, splits)
   check_tensor(self, op, out, "output")
   check_tensor(self, op, inp, "input")
   check_place(self, op, inp, out, "input", "output")
+  check_overlap(self, op, inp, "input", out, "output", nil, 3) -- every rank's rows move
   if out.dtype ~= inp.dtype then
     fail(2, op, "output dtype %s differs from input dtype %s (group %s)", out.dtype, inp.dtype, gname(self))
   end
@@ -676,6 +708,8 @@ function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
            shape_str(p[1].shape), x.dtype, shape_str(x.shape), gname(self))
     end
   end
+  K.check_fused_outputs(self, op, x, residual, weight,
+                        { norm_out, "norm_out", res_out, "residual_out", opts.quant_out, "quant_out" }, 4)
   if x.device ~= "cpu" then
     error(("weft: %s: device tensors need a device backend on group %s"):format(op, gname(self)), 2)
   end

@@ -20,6 +20,7 @@ local ffi = require "ffi"
 local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
+local show = require("weft.show").value -- names a refused value's type
 local serialize = require "weft.serialize"
 
 local C = wffi.C
@@ -53,7 +54,7 @@ local function int_opt(o, k, dflt, min)
   local v = o[k]
   if v == nil then return dflt end
   if type(v) ~= "number" or v % 1 ~= 0 or v < min then
-    error(("weft: mq new: option %s must be an integer >= %d, got %s"):format(k, min, tostring(v)), 3)
+    error(("weft: mq new: option %s must be an integer >= %d, got %s"):format(k, min, show(v)), 3)
   end
   return v
 end

@@ -32,6 +32,7 @@ local M = {}
 local type, tostring, pairs, ipairs, error, pcall = type, tostring, pairs, ipairs, error, pcall
 local floor, huge = math.floor, math.huge
 local fmt, concat = string.format, table.concat
+local show = require("weft.show").value -- names a refused value's type
 
 M.VERSION = 1
 
@@ -91,7 +92,7 @@ function M.validate_quick_min(q, name)
         local cpath = dpath .. key_str(codec)
         if not M.QUICK_CODECS[codec] then fail(name, cpath, "unknown codec (%s)", names(M.QUICK_CODECS)) end
         if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes == huge then
-          fail(name, cpath, "must be an integer byte count >= 0, got %s", tostring(bytes))
+          fail(name, cpath, "must be an integer byte count >= 0, got %s", show(bytes))
         end
       end
     end

@@ -110,18 +110,30 @@ local function shape_str(shape)
   return "{" .. concat(parts, ", ") .. "}"
 end
 
+-- The largest byte count (and element count) a tensor may have: every size,
+-- stride and offset is a Lua number, exact only up to 2^53, and the C side
+-- takes size_t. Above it products wrap or round, so shapes are refused.
+local MAX_BYTES = 2 ^ 53
+M.MAX_BYTES = MAX_BYTES
+
+local describe = require("weft.show").value
+
 -- Validates and copies a shape; allow_infer: one -1 may appear (returns its dim).
-local function parse_shape(shape, op, allow_infer)
+-- info: the dtype (nil: 1-byte elements); the product of the non-zero sizes
+-- times the element size must stay below MAX_BYTES (so the strides of a
+-- shape with a zero size stay exact too).
+local function parse_shape(shape, op, allow_infer, info)
   if type(shape) == "number" then shape = { shape } end
   if type(shape) ~= "table" then
-    fail(op, "shape must be a table of sizes, got " .. type(shape), 3)
+    fail(op, "shape must be a table of sizes, got " .. describe(shape), 3)
   end
   local out, numel, infer = {}, 1, nil
+  local span = info and info.size or 1
   for i = 1, #shape do
     local s = shape[i]
     if not is_int(s) then
       fail(op, fmt("bad shape %s: size %s at dim %d is not an integer",
-                   shape_str(shape), tostring(s), i - 1), 3)
+                   shape_str(shape), describe(s), i - 1), 3)
     end
     if s == -1 and allow_infer then
       if infer then fail(op, fmt("bad shape %s: -1 appears more than once", shape_str(shape)), 3) end
@@ -130,8 +142,14 @@ local function parse_shape(shape, op, allow_infer)
       fail(op, fmt("bad shape %s: size %d at dim %d is negative", shape_str(shape), s, i - 1), 3)
     else
       numel = numel * s
+      if s > 0 then span = span * s end
     end
     out[i] = s
+  end
+  if span >= MAX_BYTES then -- rounded, but never below 2^53 when the exact value is above
+    fail(op, fmt("shape %s of %s is %.4g bytes: too large (the limit is 2^53 bytes, the "
+                 .. "largest size weft computes exactly)", shape_str(shape),
+                 info and info.name or "1-byte elements", span), 3)
   end
   return out, numel, infer
 end
@@ -158,7 +176,7 @@ end
 local function norm_dim(t, d, op)
   local nd = #t.shape
   if not is_int(d) or d < -nd or d >= nd then
-    fail(op, fmt("dim %s out of range for a %d-dim tensor %s", tostring(d), nd, shape_str(t.shape)), 3)
+    fail(op, fmt("dim %s out of range for a %d-dim tensor %s", describe(d), nd, shape_str(t.shape)), 3)
   end
   if d < 0 then d = d + nd end
   return d + 1 -- Lua index
@@ -332,14 +350,14 @@ end
 
 function M.empty(shape, dtype, device)
   local info = resolve_dtype(dtype, "empty")
-  local s, numel = parse_shape(shape, "empty")
+  local s, numel = parse_shape(shape, "empty", false, info)
   local dev, idx = parse_device(device, "empty")
   return alloc(s, numel, info, dev, idx, "empty")
 end
 
 local function filled(op, shape, value, dtype, device)
   local info = resolve_dtype(dtype, op)
-  local s, numel = parse_shape(shape, op)
+  local s, numel = parse_shape(shape, op, false, info)
   local dev, idx = parse_device(device, op)
   local t = alloc(s, numel, info, dev, idx, op)
   if value ~= 0 or idx ~= nil then t:fill_(value) end -- host storage is already zeroed
@@ -357,7 +375,7 @@ local seed_counter = 0x5eed
 
 local function random(op, dist, shape, dtype, device, opts)
   local info = resolve_dtype(dtype, op)
-  local s, numel = parse_shape(shape, op)
+  local s, numel = parse_shape(shape, op, false, info)
   local dev, idx = parse_device(device, op)
   if opts ~= nil and type(opts) ~= "table" then fail(op, "options must be a table like {seed=N}", 3) end
   local seed = opts and opts.seed
@@ -365,7 +383,7 @@ local function random(op, dist, shape, dtype, device, opts)
     seed_counter = seed_counter + 1
     seed = seed_counter
   elseif not (is_int(seed) and seed >= 0) and type(seed) ~= "cdata" then
-    fail(op, "seed must be a non-negative integer, got " .. tostring(seed), 3)
+    fail(op, "seed must be a non-negative integer, got " .. describe(seed), 3)
   end
   local t = alloc(s, numel, info, dev, idx, op)
   if numel > 0 then
@@ -405,7 +423,7 @@ function M.from_table(values, dtype, shape, device)
   if type(values) ~= "table" then fail("from_table", "values must be a table, got " .. type(values)) end
   local info = resolve_dtype(dtype, "from_table")
   local flat, inferred = flatten(values, "from_table")
-  local s, numel = parse_shape(shape or inferred, "from_table")
+  local s, numel = parse_shape(shape or inferred, "from_table", false, info)
   if #flat ~= numel then
     fail("from_table", fmt("%d values do not fill shape %s (%d elements)", #flat, shape_str(s), numel))
   end
@@ -441,7 +459,7 @@ end
 -- Wraps memory owned elsewhere (no ownership; `owner` is kept referenced).
 function M.wrap(ptr, shape, dtype, device, owner)
   local info = resolve_dtype(dtype, "wrap")
-  local s, numel = parse_shape(shape, "wrap")
+  local s, numel = parse_shape(shape, "wrap", false, info)
   local dev, idx = parse_device(device, "wrap")
   if type(ptr) == "number" then
     ptr = ffi_cast("void*", ptr)
@@ -555,7 +573,7 @@ function Tensor:fill_(v)
   local info = self._info
   if type(v) ~= "number" then fail("fill_", "value must be a number, got " .. type(v)) end
   if info.kind == "int" and (not is_int(v) or v < info.min or v > info.max) then
-    fail("fill_", fmt("%s is not an integer in range for %s", tostring(v), info.name))
+    fail("fill_", fmt("%s is not an integer in range for %s", describe(v), info.name))
   end
   local n = self.numel
   if n == 0 then return self end
@@ -676,7 +694,7 @@ function Tensor:view(shape)
     fail("view", fmt("tensor %s is not contiguous (a narrow or transpose view); use :contiguous() or :clone() first",
                      shape_str(self.shape)))
   end
-  local s, numel, infer = parse_shape(shape, "view", true)
+  local s, numel, infer = parse_shape(shape, "view", true, self._info)
   if infer then
     if numel == 0 or self.numel % numel ~= 0 then
       fail("view", fmt("cannot infer -1 in shape %s for %d elements", shape_str(s), self.numel))
@@ -696,9 +714,10 @@ function Tensor:narrow(dim, start, length)
   check_live(self, "narrow")
   local d = norm_dim(self, dim, "narrow")
   local size = self.shape[d]
-  if not is_int(start) or not is_int(length) or start < 0 or length < 0 or start + length > size then
-    fail("narrow", fmt("start %s, length %s out of range for dim %d of size %d",
-                       tostring(start), tostring(length), d - 1, size))
+  if not is_int(start) or not is_int(length) or start < 0 or length < 0 or start > size
+     or length > size - start then -- no start + length: it rounds above 2^53
+    fail("narrow", fmt("start %s, length %s out of range for dim %d of size %d of %s",
+                       describe(start), describe(length), d - 1, size, shape_str(self.shape)))
   end
   local s, st = {}, {}
   for i = 1, #self.shape do s[i] = self.shape[i]; st[i] = self.strides[i] end

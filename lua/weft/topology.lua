@@ -23,6 +23,7 @@
 local M = {}
 
 local fmt, concat, floor = string.format, table.concat, math.floor
+local show = require("weft.show").value -- names a refused value's type
 
 local function idiv(a, b) return floor(a / b) end
 
@@ -62,7 +63,7 @@ local function posint(args, key, dflt)
   local v = args[key]
   if v == nil then return dflt end
   if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v == math.huge then
-    fail(fmt("%s must be a positive integer (got %s)", key, tostring(v)), 2)
+    fail(fmt("%s must be a positive integer (got %s)", key, show(v)), 2)
   end
   return v
 end
@@ -241,7 +242,7 @@ function M.validate(opts, world_size, level, spell)
       dup = v and true or false
     elseif SIZES[key] then
       if type(v) ~= "number" or v ~= floor(v) or v < 1 or v == math.huge then
-        vfail("%s must be a positive integer, got %s", tostring(k), tostring(v))
+        vfail("%s must be a positive integer, got %s", tostring(k), show(v))
       end
       args[key] = v
     else
@@ -337,7 +338,7 @@ M.Plan = Plan
 function M.groups_of(plan, rank)
   check_plan(plan, "groups_of")
   if type(rank) ~= "number" or rank ~= math.floor(rank) or rank < 0 or rank >= plan.world_size then
-    error(fmt("weft: topology.groups_of: rank %s out of range [0, %d)", tostring(rank), plan.world_size), 2)
+    error(fmt("weft: topology.groups_of: rank %s out of range [0, %d)", show(rank), plan.world_size), 2)
   end
   local out = {}
   for kind, list in pairs(plan.groups) do

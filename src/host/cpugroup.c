@@ -245,8 +245,15 @@ static int timeout_error(weft_cpugroup *g, weft_store *s, const char *what, int 
     if (w < 0 || i == 24) break;
     len += (size_t)w;
   }
-  return wf_error(WEFT_ETIMEOUT, "cpugroup '%s' %s: timed out after %d ms; %s %s %s%s%s", g->name,
-                  what, g->timeout_ms, nmissing == 1 ? "rank" : "ranks", list, verb,
+  /* what the store saw, in the words of every other route: ranks cut off
+   * from its host (a partition), or the store itself out of reach; one
+   * round trip at most (a timeout waits for no tombstone) */
+  wf_store_diag d;
+  char seen[sizeof d.unreach_who + sizeof d.store_why + 128];
+  wf_store_diagnose_locked(s, 0, &d);
+  wf_store_diag_note(&d, seen, sizeof seen);
+  return wf_error(WEFT_ETIMEOUT, "cpugroup '%s' %s: timed out after %d ms; %s %s %s%s%s%s", g->name,
+                  what, g->timeout_ms, nmissing == 1 ? "rank" : "ranks", list, verb, seen,
                   note[0] ? "; " : "", note);
 }
 

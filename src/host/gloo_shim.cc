@@ -211,11 +211,9 @@ int failed(weft_gloo *c, const char *op, int code, const std::string &cause0) {
   wf_store_diag d;
   int gone = wf_store_diagnose(c->s, timed_out ? 0 : 1000, &d);
   // what else the store can tell: ranks cut off from its host, or the store itself
-  std::string also;
-  if (d.unreachable)
-    also.append("; unreachable from the store's host (no TCP acknowledgement, a partition?): ")
-        .append(d.unreach_who);
-  if (d.store_lost) also.append("; ").append(d.store_why);
+  char note[sizeof d.unreach_who + sizeof d.store_why + 128];
+  wf_store_diag_note(&d, note, sizeof note);
+  std::string also(note);
   // Gloo names the peer by address ("[10.1.2.3]:port"): say which ranks are there
   std::string at;
   size_t b = cause.find('['), e = cause.find(']');
@@ -888,6 +886,8 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
   WF_CHECK_ARG(count == 0 || (in && out), "weft_gloo_all_reduce: NULL buffer");
   if (count == 0) return 0;
   size_t es = weft_dtype_size(dtype);
+  WF_CHECK_ARG(count <= SIZE_MAX / es, "weft_gloo_all_reduce: group '%s': %zu elements of %zu "
+               "bytes overflows the address space", c->name.c_str(), count, es);
   return guarded(c, "all_reduce", [&] {
     if (c->size == 1) { if (in != out) memcpy(out, in, count * es); return; }
     agree(c, kAgreeAllReduce, dtype, op, -1, count * es);
@@ -905,6 +905,8 @@ int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) 
   WF_CHECK_ARG(c, "weft_gloo_all_gather: NULL handle");
   WF_CHECK_ARG(bytes == 0 || (in && out), "weft_gloo_all_gather: NULL buffer");
   if (bytes == 0) return 0;
+  WF_CHECK_ARG(bytes <= SIZE_MAX / (size_t)c->size, "weft_gloo_all_gather: group '%s': %zu bytes "
+               "from each of %d ranks overflows the address space", c->name.c_str(), bytes, c->size);
   return guarded(c, "all_gather", [&] {
     uint8_t *o = static_cast<uint8_t *>(out);
     if (c->size == 1) { if (in != out) memmove(o, in, bytes); return; }
@@ -927,6 +929,10 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
                "op %d cannot be reduced", c->name.c_str(), dtype, op);
   WF_CHECK_ARG(count_out == 0 || (in && out), "weft_gloo_reduce_scatter: NULL buffer");
   if (count_out == 0) return 0;
+  WF_CHECK_ARG(count_out <= SIZE_MAX / weft_dtype_size(dtype) / 2 / (size_t)c->size,
+               "weft_gloo_reduce_scatter: group '%s': %zu elements of %zu bytes from each of %d "
+               "ranks overflows the address space", c->name.c_str(), count_out,
+               weft_dtype_size(dtype), c->size);
   size_t cb = count_out * weft_dtype_size(dtype);
   return guarded(c, "reduce_scatter", [&] {
     const int W = c->size, me = c->me;

@@ -112,6 +112,8 @@ int weft_host_fill_random(void *p, size_t count, int dtype, uint64_t seed, int d
   WF_CHECK_ARG(is_known(dtype), "host_fill_random: unknown dtype %d", dtype);
   WF_CHECK_ARG(dist == 0 || dist == 1, "host_fill_random: dist must be 0 (uniform) or 1 (normal), got %d", dist);
   WF_CHECK_ARG(p || count == 0, "host_fill_random: NULL buffer for %zu elements", count);
+  WF_CHECK_ARG(count <= SIZE_MAX / weft_dtype_size(dtype), "host_fill_random: %zu elements "
+               "of %zu bytes overflows the address space", count, weft_dtype_size(dtype));
   const uint64_t key = mix64(seed ^ 0x5745465452414e44ULL); /* "WEFTRAND" */
   size_t i = 0;
 
@@ -235,6 +237,12 @@ int weft_host_convert(const void *src, int src_dtype, void *dst, int dst_dtype, 
   WF_CHECK_ARG(is_known(dst_dtype), "host_convert: unknown destination dtype %d", dst_dtype);
   if (count == 0) return 0;
   WF_CHECK_ARG(src && dst, "host_convert: NULL buffer (src %p, dst %p) for %zu elements", src, dst, count);
+  {
+    size_t es = weft_dtype_size(src_dtype) > weft_dtype_size(dst_dtype) ? weft_dtype_size(src_dtype)
+                                                                       : weft_dtype_size(dst_dtype);
+    WF_CHECK_ARG(count <= SIZE_MAX / es, "host_convert: %zu elements of %zu bytes overflows "
+                 "the address space", count, es);
+  }
   size_t i;
   if (src_dtype == WEFT_F64 && dst_dtype == WEFT_F64) {
     const double *s = src;
@@ -321,6 +329,8 @@ int weft_host_compare(const void *a, const void *b, size_t count, int dtype,
                       double *max_abs, double *max_rel) {
   WF_CHECK_ARG(is_known(dtype), "host_compare: unknown dtype %d", dtype);
   WF_CHECK_ARG((a && b) || count == 0, "host_compare: NULL buffer for %zu elements", count);
+  WF_CHECK_ARG(count <= SIZE_MAX / weft_dtype_size(dtype), "host_compare: %zu elements of %zu "
+               "bytes overflows the address space", count, weft_dtype_size(dtype));
   double ma = 0.0, mr = 0.0;
   size_t i;
   if (dtype == WEFT_F64) {

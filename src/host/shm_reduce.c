@@ -58,6 +58,8 @@ int weft_host_reduce(void *dst, const void *const *srcs, int n, size_t count, in
   WF_CHECK_ARG(wf_reduce_supported(dtype, op), "%s: unsupported dtype %d / op %d (f32, f16, "
                "bf16, f64, i32, i64, u8 with sum, max, min, prod)", OP, dtype, op);
   if (count == 0) return 0;
+  WF_CHECK_ARG(count <= SIZE_MAX / weft_dtype_size(dtype), "%s: %zu elements of %zu bytes "
+               "overflows the address space", OP, count, weft_dtype_size(dtype));
   for (int j = 0; j < n; j++) WF_CHECK_ARG(srcs[j], "%s: source %d is NULL", OP, j);
   wf_reduce(dst, srcs, n, count, dtype, op);
   return 0;

@@ -431,7 +431,8 @@ static void diag_round(weft_store *s, char **keys, const void **vals, size_t *le
   }
 }
 
-int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
+/* The diagnosis with s locked by the caller (a cpu group's failed wait). */
+int wf_store_diagnose_locked(weft_store *s, int wait_ms, wf_store_diag *d) {
   memset(d, 0, sizeof *d);
   if (!s || s->live_rank < 0) return 0;
   int K = 2 * (s->live_world < DIAG_CHUNK ? s->live_world : DIAG_CHUNK);
@@ -441,7 +442,7 @@ int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
   size_t *lens = malloc((size_t)K * sizeof *lens);
   int *miss = malloc((size_t)K * sizeof *miss);
   uint8_t *present = malloc((size_t)K);
-  if (keys && kb && vals && lens && miss && present && wf_store_lock(s, "liveness") == 0) {
+  if (keys && kb && vals && lens && miss && present) {
     for (int i = 0; i < K; i++) keys[i] = kb + (size_t)i * 48;
     int64_t wait_end = wf_now_ms() + (wait_ms > 0 ? wait_ms : 0);
     int64_t cap0 = s->cap;
@@ -455,11 +456,35 @@ int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
       usleep((useconds_t)(left < 50 ? left : 50) * 1000);
     }
     s->cap = cap0;
-    wf_store_unlock(s);
   }
   free(keys); free(kb); free(vals); free(lens); free(miss); free(present);
   wf_clear_error();
   return d->gone;
+}
+
+int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d) {
+  memset(d, 0, sizeof *d);
+  if (!s || s->live_rank < 0) return 0;
+  if (wf_store_lock(s, "liveness") != 0) { wf_clear_error(); return 0; }
+  int gone = wf_store_diagnose_locked(s, wait_ms, d);
+  wf_store_unlock(s);
+  return gone;
+}
+
+/* What a failure adds beyond its own cause, in the same words on every
+ * route (the store's cpu group waits, Gloo, the hierarchy): the ranks cut
+ * off from the store's host, and the store itself when it could not be
+ * asked. "" when the store saw nothing; else starts with "; ". */
+void wf_store_diag_note(const wf_store_diag *d, char *buf, size_t n) {
+  size_t used = 0;
+  if (!n) return;
+  buf[0] = '\0';
+  if (d->unreachable) {
+    int w = snprintf(buf, n, "; unreachable from the store's host (no TCP acknowledgement, a "
+                     "partition?): %s", d->unreach_who);
+    used = w < 0 ? 0 : (size_t)w < n ? (size_t)w : n - 1;
+  }
+  if (d->store_lost && used < n - 1) snprintf(buf + used, n - used, "; %s", d->store_why);
 }
 
 int wf_store_gone_among(weft_store *s, const int *ranks, int n, int wait_ms, char *who,

@@ -43,6 +43,13 @@ typedef struct wf_store_diag {
   char store_why[700];      /* "...: the store at ADDR (rank 0 ...) is unreachable: ..." */
 } wf_store_diag;
 int wf_store_diagnose(weft_store *s, int wait_ms, wf_store_diag *d);
+/* The same with s already locked by the caller. */
+int wf_store_diagnose_locked(weft_store *s, int wait_ms, wf_store_diag *d);
+/* What a diagnosis adds to a failure's message, the same on every route:
+ * "; unreachable from the store's host (no TCP acknowledgement, a
+ * partition?): rank 2 (pid P, host H), ..." and "; <the store's own
+ * failure>"; "" when it found neither. */
+void wf_store_diag_note(const wf_store_diag *d, char *buf, size_t n);
 /* 1 when this handle's process serves the store (store.c). */
 int wf_store_serves(weft_store *s);
 

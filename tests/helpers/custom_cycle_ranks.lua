@@ -4,10 +4,13 @@
 --   CYCLES keys <before> <after> rss_kb <before> <after> custom <n>
 -- (keys: the store's key count, read by rank 0; custom: #dist.state.custom);
 -- with a third argument "mp", initialize_model_parallel + destroy_model_parallel
--- cycles instead, and the line starts with MPCYCLES.
+-- cycles instead, and the line starts with MPCYCLES; with "named", every
+-- cycle's group has a name of its own ("g1", "g2", ...: issue 37 item 5).
 local weft = require "weft"
 local dist = require "weft.dist"
 local warm, cycles, mp = tonumber(arg[1]), tonumber(arg[2]), arg[3] == "mp"
+local named = arg[3] == "named"
+local n = 0
 
 local function rss_kb()
   local f = assert(io.open("/proc/self/status"))
@@ -26,7 +29,8 @@ local function cycle()
     weft.destroy_model_parallel()
     return
   end
-  local g = weft.create_custom_group(ranks, "cycled")
+  n = n + 1
+  local g = weft.create_custom_group(ranks, named and ("g" .. n) or "cycled")
   g:barrier()
   g:destroy()
 end

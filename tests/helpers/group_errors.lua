@@ -64,6 +64,25 @@ E(function() world:send(base:transpose(0, 1), (me + 1) % W) end, { "send", "not 
 check(world:all_reduce(base:narrow(0, 1, 2)) ~= nil, "a contiguous narrow view is fine")
 ok("non-contiguous tensors")
 
+-- an output that overlaps its input in part (issue 37): refused before
+-- anything moves, nothing written; in place and this rank's block still work
+local buf = T.from_table({ 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 }, "f32", { 12 })
+E(function() world:all_reduce(buf:narrow(0, 0, 8), "sum", buf:narrow(0, 4, 8)) end,
+  { "all_reduce", "input and output overlap in part", "group world" }, "overlapping output")
+U.same(buf:to_table(), { 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 }, "nothing written")
+local gbuf = T.zeros({ 2 * W + 2 }, "f32")
+E(function() world:all_gather(gbuf:narrow(0, 2 * me + 1, 2), 0, gbuf:narrow(0, 0, 2 * W)) end,
+  { "all_gather", "output and input overlap in part" }, "gather input off its block")
+local ag = T.zeros({ 2 * W }, "f32")
+ag:narrow(0, 2 * me, 2):fill_(me + 1)
+world:all_gather(ag:narrow(0, 2 * me, 2), 0, ag)
+for r = 0, W - 1 do check(ag:to_table()[2 * r + 1] == r + 1, "in-place all_gather block %d", r) end
+local rs = T.full({ 2 * W }, 1, "f32")
+world:reduce_scatter(rs, 0, rs:narrow(0, 2 * me, 2))
+check(rs:to_table()[2 * me + 1] == W, "in-place reduce_scatter chunk")
+healthy(world, "after overlap errors")
+ok("overlapping outputs")
+
 -- rank out of range
 E(function() world:broadcast(T.zeros({ 2 }, "f32"), W) end,
   { "broadcast", "src " .. W .. " is out of range for group world of " .. W .. " ranks" }, "broadcast src")

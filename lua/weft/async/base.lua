@@ -4,6 +4,7 @@
 -- it) and the argument checks that run before anything is enqueued.
 local type, tostring, error, require = type, tostring, error, require
 local floor = math.floor
+local show = require("weft.show").value -- names a refused value's type
 
 local M = {}
 
@@ -42,8 +43,12 @@ function M.check_tensor(g, op, t, what)
 end
 
 function M.check_peer(g, op, idx, what)
-  if type(idx) ~= "number" or idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
-    fail(3, op, "%s %s is out of range for group %s of %d ranks", what, tostring(idx), gname(g), g.world_size)
+  if type(idx) ~= "number" then
+    fail(3, op, "%s must be an integer rank of group %s (0..%d), got %s", what, gname(g),
+         g.world_size - 1, show(idx))
+  end
+  if idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
+    fail(3, op, "%s %s is out of range for group %s of %d ranks", what, show(idx), gname(g), g.world_size)
   end
 end
 

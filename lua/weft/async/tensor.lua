@@ -8,7 +8,10 @@ local ffi = require "ffi"
 local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local B = require "weft.async.base"
+local show = require("weft.show").value -- names a refused value's type
 local Q = require "weft.async.queue"
+local GK = require "weft.group.checks" -- the overlap check every out tensor goes through
+local check_overlap, outer_of = GK.check_overlap, GK.outer_inner
 
 local C = wffi.C
 local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
@@ -197,7 +200,7 @@ function M.all_gather(g, t, dim, out)
   local nd = #t.shape
   dim = dim or -1
   if type(dim) ~= "number" or dim ~= floor(dim) or dim < -nd or dim >= nd then
-    fail(2, op, "dim %s is invalid for a %d-dim tensor (group %s)", tostring(dim), nd, gname(g))
+    fail(2, op, "dim %s is invalid for a %d-dim tensor (group %s)", show(dim), nd, gname(g))
   end
   if dim < 0 then dim = dim + nd end
   local W = g.world_size
@@ -209,6 +212,9 @@ function M.all_gather(g, t, dim, out)
     local ok = out.dtype == t.dtype and #out.shape == nd
     for i = 1, nd do ok = ok and out.shape[i] == oshape[i] end
     if not ok then fail(2, op, "output must be %s {%s} (group %s)", t.dtype, table.concat(oshape, ","), gname(g)) end
+    -- as the blocking form: t may be this rank's block of out (dim 0 blocks), else apart
+    local slot = outer_of(t.shape, dim) == 1 and g.rank_in_group * t.nbytes or nil
+    check_overlap(g, op, out, "output", t, "input", slot, 3)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
@@ -255,6 +261,12 @@ function M.reduce_scatter(g, t, dim, out, rop)
   local d0 = dim or -1
   if type(d0) == "number" and d0 < 0 then d0 = d0 + nd end
   local W = g.world_size
+  if out ~= nil then -- on every path (the blocking fallback's included), at the caller's line
+    check_tensor(g, op, out, "output")
+    local slot = type(d0) == "number" and d0 >= 0 and d0 < nd and outer_of(t.shape, d0) == 1
+                 and g.rank_in_group * out.nbytes or nil
+    check_overlap(g, op, t, "input", out, "output", slot, 3)
+  end
   local be = W > 1 and backend(g, op, t, rop) or nil
   if be == "shm" and d0 == 0 and t.shape[1] % W == 0 and REDUCE_OPS[rop] then
     local oshape = {}

@@ -2,9 +2,11 @@
 -- every collective validates its group, tensors, peers, reduction and dims
 -- with these BEFORE anything is sent, raising "weft: <op>: ..." at the
 -- user's call site. Pure Lua (no C binding).
+local ffi = require "ffi"
 local floor = math.floor
 local type, tostring, error, require = type, tostring, error, require
 local concat = table.concat
+local show = require("weft.show").value -- names a refused value's type
 
 local M = {}
 
@@ -22,7 +24,7 @@ local T = M.T
 
 ---------------------------------------------------------------- errors
 local function fail(level, op, fmt, ...)
-  error("weft: " .. op .. ": " .. fmt:format(...), level + 1)
+  error("weft: " .. op .. ": " .. fmt:format(...), level == 0 and 0 or level + 1)
 end
 
 local function shape_str(shape)
@@ -77,9 +79,13 @@ local function check_place(g, op, a, b, an, bn)
 end
 
 local function check_peer(g, op, idx, what)
-  if type(idx) ~= "number" or idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
+  if type(idx) ~= "number" then
+    fail(3, op, "%s must be an integer rank of group %s (0..%d), got %s",
+         what, gname(g), g.world_size - 1, show(idx))
+  end
+  if idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
     fail(3, op, "%s %s is out of range for group %s of %d ranks (valid: 0..%d)",
-         what, tostring(idx), gname(g), g.world_size, g.world_size - 1)
+         what, show(idx), gname(g), g.world_size, g.world_size - 1)
   end
 end
 
@@ -97,7 +103,7 @@ end
 local function norm_dim(g, op, t, dim)
   local nd = #t.shape
   if type(dim) ~= "number" or dim ~= floor(dim) or dim < -nd or dim >= nd then
-    fail(3, op, "dim %s is invalid for a tensor of shape %s (group %s)", tostring(dim), shape_str(t.shape), gname(g))
+    fail(3, op, "dim %s is invalid for a tensor of shape %s (group %s)", show(dim), shape_str(t.shape), gname(g))
   end
   if dim < 0 then dim = dim + nd end
   return dim
@@ -118,8 +124,64 @@ local function outer_inner(shape, dim)
   return outer, inner
 end
 
+-- Byte address of a tensor's first element, as a Lua number (exact: user
+-- and device addresses are below 2^53).
+local function addr(t) return tonumber(ffi.cast("uintptr_t", t.ptr)) end
+
+-- An output `b` that shares memory with `a` is refused unless it is exactly
+-- where the operation allows it: `slot` is the byte offset from a.ptr where b
+-- may lie (b's bytes then sit wholly inside a's: in place, or this rank's
+-- chunk of a gather/scatter buffer); nil: no sharing at all. Any other
+-- overlap of the two byte ranges would be read after being written (the
+-- result is garbage, silently, on every backend), so it is refused here,
+-- before anything is enqueued, with both ranges named. Tensors are
+-- contiguous here (check_tensor), so a tensor's bytes are [ptr, ptr + nbytes).
+-- Host and device tensors of one call share a place (check_place first).
+-- level: as fail's (3: the caller of the function that calls this one; 0: no
+-- position).
+local function check_overlap(g, op, a, an, b, bn, slot, level)
+  if a.nbytes == 0 or b.nbytes == 0 or a.ptr == nil or b.ptr == nil then return end
+  local a0, b0 = addr(a), addr(b)
+  local a1, b1 = a0 + a.nbytes, b0 + b.nbytes
+  if b1 <= a0 or a1 <= b0 then return end -- apart
+  if slot and b0 == a0 + slot and b1 <= a1 then return end -- exactly where allowed
+  local where
+  if slot == nil then
+    where = "they must not share memory"
+  elseif slot == 0 and a.nbytes == b.nbytes then
+    where = "they must be the same memory (in place) or not share memory at all"
+  else
+    where = ("%s may only be %s's bytes [%d, %d) (this rank's chunk) or apart"):format(
+      bn, an, slot, slot + b.nbytes)
+  end
+  fail(level or 3, op, "%s and %s overlap in part (%s %s of %d bytes starts at byte %d of %s "
+       .. "%s of %d bytes): %s; results would be silently wrong (group %s)", an, bn, bn,
+       shape_str(b.shape), b.nbytes, b0 - a0, an, shape_str(a.shape), a.nbytes, where, gname(g))
+end
+
+-- The fused all-reduce + RMSNorm family: each output (norm_out,
+-- residual_out, quant_out when given) is either the very memory of the input
+-- or of the residual (in place, row by row) or apart from every input and
+-- from the other outputs; the weight is read by every row, so no output may
+-- touch it. level: as fail's, counted from check_overlap (one more than from
+-- here); 0: the message carries no position (the device path's errors).
+local function check_fused_outputs(g, op, x, residual, weight, outs, level)
+  for i = 1, #outs, 2 do
+    local o, on = outs[i], outs[i + 1]
+    if o ~= nil then
+      local same = o.nbytes == x.nbytes and 0 or nil -- quant_out (1-byte) is never in place
+      check_overlap(g, op, x, "input", o, on, same, level)
+      check_overlap(g, op, residual, "residual", o, on, same, level)
+      check_overlap(g, op, weight, "weight", o, on, nil, level)
+      for j = i + 2, #outs, 2 do
+        if outs[j] ~= nil then check_overlap(g, op, o, on, outs[j], outs[j + 1], nil, level) end
+      end
+    end
+  end
+end
 
 M.fail, M.shape_str, M.gname = fail, shape_str, gname
+M.check_overlap, M.check_fused_outputs = check_overlap, check_fused_outputs
 M.check_group, M.check_tensor, M.check_place, M.check_peer = check_group, check_tensor, check_place, check_peer
 M.check_reduce, M.norm_dim, M.same_shape, M.outer_inner = check_reduce, norm_dim, same_shape, outer_inner
 
