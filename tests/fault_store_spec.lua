@@ -296,6 +296,64 @@ describe("weft.store total memory cap #fault", function()
   end
 end)
 
+-- Issue 37 item 4: the cap counts every buffer the server holds, not only
+-- its table, with no secret set (the default): parked GETs kept their
+-- request buffers outside it (30 GETs of 1 MiB of keys all parked under a
+-- 16 MiB cap, and an 8 MiB SET still went in), and the header of a SET
+-- without its body reserved its whole claimed size (an honest 8 MiB SET was
+-- refused "the store is full" beside a 12 MiB header that never came).
+describe("weft.store total memory cap counts connections' buffers #fault", function()
+  local CAP = 16 * 2^20
+  local function with_server(f)
+    local port = util.free_port()
+    local slog = os.tmpname()
+    local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
+                             .. "serve %d 60000"):format(CAP, port), 70, slog)
+    local out = wait_for(slog, "SERVING", 10000)
+    local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+    local ok, err = pcall(function()
+      assert.is_truthy(server, "server did not start: " .. out)
+      f(port, server)
+    end)
+    stop_server(spid, slog, port, nil)
+    if not ok then error(err, 0) end
+  end
+  local function client(args)
+    local log = os.tmpname()
+    local pid = util.spawn("luajit tests/helpers/store_fault.lua " .. args, 60, log)
+    assert.is_true(util.reap(pid, 55000), "the client did not finish")
+    local text = util.read_file(log) or ""
+    os.remove(log)
+    return text
+  end
+
+  it("parked GETs count: past the cap they are refused, and so is a SET their memory leaves no room for", function()
+    with_server(function(port, server)
+      local text = client(("park %d 30 1024 %d"):format(port, 8 * 2^20))
+      local parked = tonumber(text:match("PARKED (%d+)"))
+      assert.is_truthy(parked, text)
+      assert.is_true(parked * 2^20 <= CAP, ("%d GETs of 1 MiB parked under a 16 MiB cap:\n%s"):format(parked, text))
+      local refused = 0
+      for msg in text:gmatch("REFUSED %d+ ([^\n]*)") do
+        refused = refused + 1
+        assert.is_truthy(msg:find("the store is full", 1, true) and msg:find("WEFT_STORE_MAX_TOTAL", 1, true), msg)
+      end
+      assert.are.equal(30, parked + refused, text)
+      assert.is_truthy(text:find("HONEST refused [^\n]*the store is full"), text)
+      local hwm = tonumber((util.read_file("/proc/" .. server .. "/status") or ""):match("VmHWM:%s+(%d+) kB"))
+      assert.is_truthy(hwm)
+      assert.is_true(hwm * 1024 < CAP + 24 * 2^20, ("server peak RSS %d MiB under a 16 MiB cap"):format(math.floor(hwm / 1024)))
+    end)
+  end)
+
+  it("a frame's header alone holds nothing: an honest SET fits beside a 12 MiB header whose body never comes", function()
+    with_server(function(port)
+      local text = client(("partial %d %d %d"):format(port, 12 * 2^20, 8 * 2^20))
+      assert.is_truthy(text:find("HONEST ok", 1, true), text)
+    end)
+  end)
+end)
+
 -- A request whose client gave up before the server ran it never runs: the
 -- client told its caller it failed (a cpu group member then failed the
 -- collective), so the server, stopped meanwhile, drops a changing request

@@ -168,18 +168,59 @@ function G:graph_exit(ctx)
 end
 
 ---------------------------------------------------------------- tensor collectives
+-- The generic all-reduce (gather, then reduce in rank order) stages at most
+-- this many bytes of all ranks' pieces together per round: a larger tensor
+-- goes in rounds, so the call's host memory is the tensor plus this, not
+-- the tensor times (world + 1) kept for the group's life (issue 37: a 2 GiB
+-- u8 all-reduce on 2 ranks peaked at ~8.2 GB per rank). docs/host-waits.md.
+local GENERIC_AR_STAGE = 64 * 2 ^ 20
+M.GENERIC_AR_STAGE = GENERIC_AR_STAGE
+local sizes_ct = ffi.typeof("int64_t[8]") -- one 64-byte block per rank
+
 -- Reduce t across the group into out_ptr (t.ptr for in place); t validated.
 local function reduce_into(g, t, out_ptr, rop, code)
   local be = backend_for(g, "all_reduce", t, rop)
   local f = be.all_reduce
   if f then return call_be(g, "all_reduce", f, t, out_ptr, rop, code) end
   -- generic: gather everything, reduce locally in rank order
-  local nbytes = t.nbytes
-  local buf = g:_scratch("gather", nbytes * g.world_size)
-  gather_bytes(g, be, "all_reduce", t.ptr, nbytes, buf, t, rop)
+  local nbytes, W = t.nbytes, g.world_size
+  local step = floor(GENERIC_AR_STAGE / W / 64) * 64 -- per rank and round, whole elements
+  if step < 4096 then step = 4096 end
+  if nbytes <= step then
+    local buf = g:_scratch("gather", nbytes * W)
+    gather_bytes(g, be, "all_reduce", t.ptr, nbytes, buf, t, rop)
+    local blocks = {}
+    for r = 1, W do blocks[r] = buf + (r - 1) * nbytes end
+    g:_reduce_blocks(out_ptr, blocks, t.numel, t.dtype, rop)
+    return
+  end
+  -- in rounds: the sizes first, so a rank whose tensor differs fails with
+  -- the others at once instead of waiting for rounds they never run
+  local mine = g._ar_size or sizes_ct()
+  g._ar_size = mine
+  mine[0] = nbytes
+  local all = g:_scratch("ar_sizes", 64 * W)
+  gather_bytes(g, be, "all_reduce", mine, 64, all, t, rop)
+  local sz = ffi_cast("int64_t *", all)
+  for r = 0, W - 1 do
+    if tonumber(sz[r * 8]) ~= nbytes then
+      local parts = {}
+      for i = 0, W - 1 do parts[#parts + 1] = ("rank %d: %d bytes"):format(g.ranks[i + 1], tonumber(sz[i * 8])) end
+      fail(3, "all_reduce", "ranks passed tensors of different sizes on group %s (%s)", gname(g), concat(parts, ", "))
+    end
+  end
+  local es = DT_SIZE[t.dtype]
+  local src, dst = ffi_cast(u8p, t.ptr), ffi_cast(u8p, out_ptr)
+  local buf = g:_scratch("gather", step * W)
   local blocks = {}
-  for r = 1, g.world_size do blocks[r] = buf + (r - 1) * nbytes end
-  g:_reduce_blocks(out_ptr, blocks, t.numel, t.dtype, rop)
+  local off = 0
+  while off < nbytes do
+    local n = nbytes - off < step and nbytes - off or step
+    gather_bytes(g, be, "all_reduce", src + off, n, buf, t, rop)
+    for r = 1, W do blocks[r] = buf + (r - 1) * n end
+    g:_reduce_blocks(dst + off, blocks, n / es, t.dtype, rop)
+    off = off + n
+  end
 end
 
 -- all_reduce(t [, op="sum" [, out]]) -> t reduced in place, or out (t unchanged)

@@ -88,7 +88,7 @@ typedef struct conn {
   uint8_t *live_key;   /* WF_SET_LIVE: the key naming this connection's rank */
   uint32_t live_klen;
   int lost;            /* ended from the client's side (EOF, reset) */
-  uint64_t reserved;   /* payload bytes of the frame being read, counted in inflight */
+  uint64_t held;       /* what its buffers count in inflight (account below) */
   int discard;         /* the frame is over the total cap: read, dropped, refused */
   uint64_t dgot;       /* payload bytes dropped so far */
   int unreach;         /* "<live key>/unreachable" is set for it */
@@ -109,7 +109,7 @@ typedef struct wf_store_srv {
   size_t max_value;
   uint64_t max_total;           /* WEFT_STORE_MAX_TOTAL */
   uint64_t stored;              /* what the table's entries cost (entry_cost) */
-  uint64_t inflight;            /* payload bytes of frames being read */
+  uint64_t inflight;            /* connections' buffers: frames being read, parked GETs */
   int64_t read_to;
   long max_conns, max_preauth;  /* admission caps (resolved at start) */
   int64_t idle_ms;              /* 0: idle authenticated connections stay */
@@ -175,6 +175,34 @@ static int tab_grow(srv *v) {
 static int over_total(const srv *v, uint64_t add) {
   uint64_t cap = v->max_total + (add <= SMALL_FRAME ? CONTROL_RESERVE : 0);
   return v->stored + v->inflight + add > cap;
+}
+
+/* The same for `add` more bytes of buffer for a frame of plen bytes (the
+ * reserve is the small frames', whatever the step). */
+static int over_total_frame(const srv *v, uint64_t plen, uint64_t add) {
+  uint64_t cap = v->max_total + (plen <= SMALL_FRAME ? CONTROL_RESERVE : 0);
+  return v->stored + v->inflight + add > cap;
+}
+
+/* The total cap counts every buffer a connection holds for a frame, not
+ * only the table (issue 37): the body of a frame being read as it arrives
+ * (never what its header claims: a header alone holds nothing), and a
+ * parked GET's request and key list for as long as it waits. Between
+ * frames a connection keeps at most SMALL_FRAME bytes of request buffer
+ * and 1024 key slots (shed), bounded by the connection caps. */
+static void account(srv *v, conn *c) {
+  uint64_t now = (c->state == C_PARKED || c->have_hdr)
+                     ? (uint64_t)c->in.cap + (uint64_t)c->capkeys * sizeof *c->keys : 0;
+  v->inflight = v->inflight - c->held + now;
+  c->held = now;
+}
+
+/* A request is done with (answered, or parked no more): drop big buffers. */
+static void shed(conn *c) {
+  if (c->in.cap > SMALL_FRAME) wf_store_wb_free(&c->in);
+  else wf_store_wb_trim(&c->in);
+  if (c->capkeys > 1024) { free(c->keys); c->keys = NULL; c->capkeys = 0; c->nkeys = 0; }
+  c->has_pkey = 0;
 }
 
 /* Sets key to a copy of val; 0 ok, -1 out of memory, -2 over the total cap. */
@@ -277,7 +305,8 @@ static void resp_ok(srv *v, conn *c) { resp_begin(c, 0); frame_end(v, c, WF_OP_R
 static void refuse_full(srv *v, conn *c, uint64_t bytes) {
   char msg[400];
   snprintf(msg, sizeof msg, "the store is full: %llu more bytes would pass its total limit of %llu "
-           "bytes (it holds %llu bytes of keys, values and their entries, %llu more being received; "
+           "bytes (it holds %llu bytes of keys, values and their entries, %llu more for requests "
+           "being received or waiting; "
            "WEFT_STORE_MAX_TOTAL, docs/store.md)", (unsigned long long)bytes,
            (unsigned long long)v->max_total, (unsigned long long)v->stored,
            (unsigned long long)v->inflight);
@@ -404,23 +433,29 @@ static void get_answer(srv *v, conn *c) {
       entry *e = tab_find(v, c->keys[i]);
       if (e && e->reads > 0 && --e->reads == 0) tab_del(v, c->keys[i]);
     }
+  int was_parked = c->state == C_PARKED;
   c->state = C_READY;
   frame_end(v, c, WF_OP_RESP);
+  if (was_parked) { shed(c); account(v, c); }
 }
 
 static void get_missing_answer(srv *v, conn *c, int32_t status) {
+  int was_parked = c->state == C_PARKED;
   resp_begin(c, status);
   wf_store_wb_u32(&c->out, (uint32_t)get_missing(v, c));
   for (int i = 0; i < c->nkeys; i++) if (!tab_find(v, c->keys[i])) wf_store_wb_u32(&c->out, (uint32_t)i);
   put_rejection_note(v, c);
   c->state = C_READY;
   frame_end(v, c, WF_OP_RESP);
+  if (was_parked) { shed(c); account(v, c); }
 }
 
 /* A wait that cannot complete: a rank of the world was rejected (above). */
 static void fail_parked(srv *v, conn *c) {
+  int was_parked = c->state == C_PARKED;
   c->state = C_READY;
   resp_error(v, c, WEFT_EAUTH, v->block_msg);
+  if (was_parked) { shed(c); account(v, c); }
 }
 
 /* A key appeared: answer every parked GET that is now complete. */
@@ -781,9 +816,6 @@ static void conn_read(srv *v, conn *c) {
       if (c->state == C_READY && c->plen > SMALL_FRAME && over_total(v, c->plen)) {
         c->discard = 1;
         c->dgot = 0;
-      } else {
-        c->reserved = c->plen;
-        v->inflight += c->plen;
       }
     }
     if (c->discard) {
@@ -803,6 +835,7 @@ static void conn_read(srv *v, conn *c) {
       c->discard = 0;
       c->have_hdr = 0;
       c->hgot = 0;
+      account(v, c);
       c->t_active = wf_now_ms();
       c->rdeadline = 0;
       refuse_full(v, c, c->plen);
@@ -813,8 +846,23 @@ static void conn_read(srv *v, conn *c) {
       if (c->in.cap - c->in.len < want) {
         /* Grow with what arrives, not with what the header claims. */
         size_t step = c->in.cap > (64u << 10) ? c->in.cap : (64u << 10);
-        wf_store_wb_reserve(&c->in, want < step ? want : step);
-        if (c->in.err) { conn_close(c, "out of memory for a frame"); return; }
+        size_t grow = want < step ? want : step;
+        /* the cap counts the buffer as it grows: another frame, or a
+         * sender that never finishes, may have taken the room the header
+         * check saw; then the rest is read and dropped, and refused */
+        size_t target = c->in.len + grow;  /* exactly: never past the frame's size */
+        if (c->state == C_READY && over_total_frame(v, c->plen, target - c->in.cap)) {
+          c->discard = 1;
+          c->dgot = c->in.len;
+          wf_store_wb_free(&c->in);
+          account(v, c);
+          continue;
+        }
+        uint8_t *q = realloc(c->in.p, target);
+        if (!q) { conn_close(c, "out of memory for a frame"); return; }
+        c->in.p = q;
+        c->in.cap = target;
+        account(v, c);
       }
       size_t room = c->in.cap - c->in.len;
       if (room > want) room = want;
@@ -831,15 +879,15 @@ static void conn_read(srv *v, conn *c) {
     c->hgot = 0;
     c->t_active = wf_now_ms();
     if (c->state == C_READY) c->rdeadline = 0;
-    v->inflight -= c->reserved;  /* from here the table counts what it keeps */
-    c->reserved = 0;
+    account(v, c);  /* the frame is whole: from here the table counts what it keeps */
     if (left_before_run(c)) {
       c->lost = 1;
       conn_close(c, "the client gave up and closed its connection before its request ran: dropped");
       return;
     }
     if (handle_frame(v, c) < 0) { conn_close(c, "malformed frame"); return; }
-    if (c->state != C_PARKED) wf_store_wb_trim(&c->in);
+    if (c->state != C_PARKED) shed(c);
+    account(v, c);  /* a parked GET holds its request and keys while it waits */
     if (c->dead || c->state == C_PARKED || c->out.len) return;
   }
 }
@@ -1006,7 +1054,7 @@ static void srv_expire(srv *v, int64_t now) {
   live_reach(v, now);
   int j = 0;
   for (int i = 0; i < v->nc; i++) {
-    if (v->c[i]->dead) { v->inflight -= v->c[i]->reserved; conn_free(v->c[i]); }
+    if (v->c[i]->dead) { v->inflight -= v->c[i]->held; conn_free(v->c[i]); }
     else v->c[j++] = v->c[i];
   }
   v->nc = j;

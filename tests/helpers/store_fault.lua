@@ -13,6 +13,13 @@
 --   store_fault.lua keys PORT KEYLEN VALLEN MAX sets up to MAX new keys of KEYLEN bytes with values
 --                                            of VALLEN bytes until one is refused; prints
 --                                            "KEYS <stored> refused <message>" or "KEYS <stored> all"
+--   store_fault.lua park PORT N KIB VALLEN    N raw connections each park a GET of ~KIB KiB of keys,
+--                                            one by one; prints "REFUSED <i> <answer>" for each
+--                                            refused, "PARKED <n>", then one honest SET of VALLEN
+--                                            bytes: "HONEST ok" or "HONEST refused <message>"
+--   store_fault.lua partial PORT PLEN VALLEN  a raw connection sends a SET header of PLEN bytes and
+--                                            16 bytes of body; then one honest SET of VALLEN bytes:
+--                                            "HONEST ok" or "HONEST refused <message>"
 --   store_fault.lua rank                      a rank of a 2-rank run: rank 1 has a wrong secret;
 --                                            prints "INIT OK" or "ERR <ms> <message>"
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -74,6 +81,58 @@ elseif mode == "fill" then
     say(ok and ("SET %d ok"):format(i) or ("SET %d refused %s"):format(i, tostring(e)))
   end
   say("FILLED")
+  s:close()
+elseif mode == "park" then
+  -- issue 37 item 4: <n> raw connections each send one GET of about <kb>
+  -- KiB of absent keys (60 s wait) that also sets "park/<i>" (WF_GET_PUT),
+  -- one after another; each is seen either parked (its key "park/<i>" is
+  -- there and no answer came) or answered (refused). Then an honest client
+  -- tries one SET of <val> bytes. Prints PARKED <n>, REFUSED <i> <message>,
+  -- and HONEST ok|refused <message>.
+  local store = require "weft.store"
+  local port, n, kb, val = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5])
+  local s = store.open { port = port, timeout_ms = 20000 }
+  local WF_GET_PUT = 4
+  local function key(k) return util.u32(#k) .. k end
+  local fds, parked = {}, 0
+  for i = 1, n do
+    local fd = assert(util.connect(port))
+    fds[#fds + 1] = fd
+    local keys, nk, bytes = {}, 0, 0
+    while bytes < kb * 1024 do
+      local k = ("absent/%d/%d/"):format(i, nk) .. ("x"):rep(3900)
+      keys[#keys + 1] = key(k)
+      nk, bytes = nk + 1, bytes + 4 + #k
+    end
+    local pk = "park/" .. i
+    local body = util.u32(60000) .. util.u32(1) .. key(pk) .. util.u64(1) .. "p"
+                 .. util.u32(nk) .. table.concat(keys)
+    util.send(fd, util.frame(util.OP.GET, WF_GET_PUT, #body) .. body)
+    local answered
+    while true do   -- whichever comes: the server ran it (parked) or answered it
+      local got = util.recv_some(fd, 20)
+      if got == nil or (got ~= "" and got:find("full", 1, true)) then answered = got or "closed"; break end
+      if s:check({ pk }) then break end
+    end
+    if answered then say(("REFUSED %d %s"):format(i, answered:match("the store is full[^%z]*") or answered))
+    else parked = parked + 1 end
+  end
+  say(("PARKED %d"):format(parked))
+  local ok, e = pcall(s.set, s, "honest", ("v"):rep(val))
+  say(ok and "HONEST ok" or ("HONEST refused " .. tostring(e)))
+  for _, fd in ipairs(fds) do util.close(fd) end
+  s:close()
+elseif mode == "partial" then
+  -- a raw connection sends the header of a SET of <plen> bytes and 16 bytes
+  -- of its body, then nothing; an honest client then sets <val> bytes
+  local store = require "weft.store"
+  local port, plen, val = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
+  local fd = assert(util.connect(port))
+  util.send(fd, util.frame(util.OP.SET, 0, plen) .. ("\0"):rep(16))
+  local s = store.open { port = port, timeout_ms = 20000 }
+  local ok, e = pcall(s.set, s, "honest", ("v"):rep(val))
+  say(ok and "HONEST ok" or ("HONEST refused " .. tostring(e)))
+  util.close(fd)
   s:close()
 elseif mode == "flood" then
   local port, n, secs = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
