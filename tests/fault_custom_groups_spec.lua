@@ -24,7 +24,8 @@ describe("custom groups created and destroyed in a loop #fault", function()
       if k0 then
         seen = seen + 1
         if l.rank == 0 then
-          assert.are.equal(tonumber(k0), tonumber(k1), "store keys before and after 3000 cycles:\n" .. out)
+          -- flat: nothing left behind (a key of the first cycles may be gone by the end)
+          assert.is_true(tonumber(k1) <= tonumber(k0), "store keys before and after 3000 cycles:\n" .. out)
         end
         assert.are.equal(0, tonumber(custom), "dist.state.custom still lists destroyed groups")
         local grew = tonumber(r1) - tonumber(r0)

@@ -159,6 +159,8 @@ end
 
 -- init{timeout_ms=, backend=} -> the world GroupCoordinator. Idempotent.
 -- backend: "auto" (default), or "store" to force the store path for host tensors.
+local ledgers_differ   -- recover's comparison of the groups' ledgers (below)
+
 function M.init(opts)
   opts = opts or {}
   if type(opts) ~= "table" then fail(2, "init", "options must be a table, got %s", type(opts)) end
@@ -202,6 +204,16 @@ function M.init(opts)
   S.world_same_node = world.same_node and true or nil
   S.initialized = true
   S.init_opts = opts
+  -- the end of a recover (this one's, or one whose shutdown failed on this
+  -- rank: its init comes here too, while the others are in recover): every
+  -- rank compares the groups' ledgers first, before any other collective
+  local ledgers = S.recovering
+  S.recovering = nil
+  if ledgers and S.world_size > 1 then
+    local why = ledgers_differ(world:all_gather_object(ledgers))
+    world._ledger = nil   -- this exchange is recover's own, not the caller's
+    if why then fail(2, "recover", "%s", why) end
+  end
   return world
 end
 
@@ -627,7 +639,7 @@ local function take_ledgers()
 end
 
 -- the first group whose members' counts differ, as a message; nil if none
-local function ledgers_differ(all)
+function ledgers_differ(all)   -- declared above M.init
   local by = {}      -- "name|ranks" -> { rank -> ledger }
   local order = {}
   for r = 1, #all do
@@ -668,15 +680,13 @@ function M.recover()
   local ok, err = pcall(M.shutdown)
   if not ok then
     S.store, S.world, S.initialized, S.groups, S.plan = nil, nil, false, {}, nil
-    fail(2, "recover", "shutting down failed: %s (if a rank died, restart the job)", tostring(err))
+    S.recovering = ledgers   -- the next weft.init() finishes the recovery with the others
+    fail(2, "recover", "shutting down failed: %s (weft.init() finishes the recovery; if a rank died, "
+         .. "restart the job)", tostring(err))
   end
-  local world = M.init(init_opts)
+  S.recovering = ledgers
+  local world = M.init(init_opts)   -- compares the ledgers over the new world first
   if mp_opts then M.initialize_model_parallel(mp_opts) end
-  if S.world_size > 1 then
-    local why = ledgers_differ(world:all_gather_object(ledgers))
-    world._ledger = nil   -- this exchange is recover's own, not the caller's
-    if why then fail(2, "recover", "%s", why) end
-  end
   return world
 end
 

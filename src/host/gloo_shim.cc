@@ -744,7 +744,25 @@ void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t by
     ub->recv(i, slot, (size_t)i * 32, 32);
     ub->send(i, slot, (size_t)c->me * 32, 32);
   }
-  for (int i = 0; i < W - 1; i++) { wait_recv(c, *ub); wait_send(c, *ub); }
+  // a failure names the members not heard from (a peer that failed first
+  // resets its connections: the missing ones are the news, not that reset)
+  std::vector<bool> heard(W, false);
+  heard[c->me] = true;
+  try {
+    for (int i = 0; i < W - 1; i++) {
+      int src = -1;
+      if (!ub->waitRecv(&src, ms(c->timeout_ms))) throw std::runtime_error("recv aborted");
+      if (src >= 0 && src < W) heard[src] = true;
+    }
+    for (int i = 0; i < W - 1; i++) wait_send(c, *ub);
+  } catch (const std::exception &ex) {
+    std::string missing;
+    for (int i = 0; i < W; i++)
+      if (!heard[i]) missing.append(missing.empty() ? "" : ", ").append(std::to_string(c->ranks[i]));
+    if (missing.empty()) throw;
+    throw std::runtime_error(std::string(ex.what()) + " (this call's agreement words from rank(s) " + missing +
+                             " had not arrived)");
+  }
   bool bad = false;
   for (int i = 0; i < W && !bad; i++) bad = memcmp(c->agree_buf.data() + (size_t)i * 32, mine, 32) != 0;
   if (!bad) return;
