@@ -482,3 +482,29 @@ describe("graph_runner at TP 2 x PP 2 across 4 ranks (cpu groups)", function()
     assert.are.equal(0, rc, out)
   end)
 end)
+
+-- The GPU spec's TP 2 x PP 2 worker (tests/helpers/graph_runner_tpp_gpu.lua)
+-- on the pretend GPU (tests/helpers/fake_device.lua, 2 devices, 2 ranks
+-- each in shared-GPU mode): its plumbing checked without a GPU, 100 replays.
+describe("graph_runner at TP 2 x PP 2 on a pretend GPU (the GPU spec's worker)", function()
+  local out, rc
+  local function once()
+    if not out then
+      out, rc = spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "
+                            .. "WEFT_TIMEOUT_MS=30000 GR_TPP_REPLAYS=100 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 200 "
+                            .. "scripts/weft-run -n 4 --timeout 190 tests/helpers/graph_runner_tpp_gpu.lua")
+                           :format(ROOT, ROOT))
+    end
+    return out
+  end
+  for _, name in ipairs { "tpxpp_capture_default_check_group", "random_concurrent_replays_match_host",
+                          "difference_inside_tp1_named_everywhere", "usable_after_refusal_and_check_group_tp" } do
+    it(name, function()
+      local o = once()
+      for r = 0, 3 do
+        assert.is_truthy(o:find("[rank" .. r .. "] PASS " .. name .. " (", 1, true), o)
+      end
+    end)
+  end
+  it("all 4 ranks exit cleanly", function() once(); assert.are.equal(0, rc, out) end)
+end)
