@@ -15,7 +15,7 @@
 --
 -- step(bs, bufs, ctx): ctx.mode is "eager" in warmups and verify's eager
 -- runs, "graph" while captured; ctx.note(text) adds a line of the step's own
--- to the capture's digest. It returns the outputs (a tensor or a table of
+-- to every watched group's record (see 4.). It returns the outputs (a tensor or a table of
 -- them), kept per size: run() returns them sliced to the rows asked for.
 --
 -- What new() does, in order (collective over the check group, see below):
