@@ -2,6 +2,14 @@
 -- scripts/weft-run): a TP group's device all_reduce and fused all-reduce +
 -- RMSNorm captured for batch sizes {1, 2, 4, 8, 16}, replays checked
 -- against eager runs, padding, a divergent capture detected on every rank.
+-- Then TP 2 x PP 2 at world 4 with the default check group (issue 37 item
+-- 2, tests/helpers/graph_runner_tpp_gpu.lua): 16 graphs for batch sizes 1 to
+-- 256, both TP groups replaying different sizes at once in a random order,
+-- 300 replays per rank checked against a host all_reduce of the same data,
+-- a difference inside tp.1 named at every rank. One rank per GPU with 4;
+-- with fewer, the 4 ranks share them under MPS (scripts/weft-mps); pending
+-- without a GPU or without MPS. With $OUT set, its output is kept there
+-- (graph_runner_tpp.log).
 local G = require "helpers.gpu_ranks"
 
 local ROOT = os.getenv("PWD") or "."
@@ -41,4 +49,16 @@ describe("graph_runner with 2 GPUs #gpu", function()
     run_once()
     assert.are.equal(0, rc, output:sub(-6000))
   end)
+end)
+
+describe("graph_runner at TP 2 x PP 2, world 4, default check group #gpu", function()
+  local shared = require("weft.cuda").device_count() < 4
+  G.rank_checks({ it = it, assert = assert, pending = function(why) pending(why) end }, {
+    world = 4, gpus = shared and 1 or 4, wrap = shared and "scripts/weft-mps -n 4 --" or nil,
+    worker = "tests/helpers/graph_runner_tpp_gpu.lua", env = "NCCL_NVLS_ENABLE=0 WEFT_TIMEOUT_MS=60000",
+    timeout = 400, log = "graph_runner_tpp.log",
+    checks = { "tpxpp_capture_default_check_group", "random_concurrent_replays_match_host",
+               "difference_inside_tp1_named_everywhere", "usable_after_refusal_and_check_group_tp" },
+    pass_end = " (",
+  })
 end)

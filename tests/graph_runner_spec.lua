@@ -224,6 +224,141 @@ describe("graph_runner: capture and replay (fake backend)", function()
   end)
 end)
 
+-- capture_verdict: the pure comparison of what the ranks captured, fed with
+-- summaries recorded by real runners (fake backend, one per simulated rank)
+-- and sent through weft.serialize as the all-gather does.
+describe("graph_runner: capture_verdict (what must be equal, and where)", function()
+  local ser = require "weft.serialize"
+  local noop = function(_, t) return t end
+
+  -- a stand-in group: its collectives recorded, not run
+  local function grp(name, ranks)
+    return { unique_name = name, ranks = ranks, world_size = ranks and #ranks or 2, all_reduce = noop,
+             all_gather = noop }
+  end
+
+  -- the summary of batch size 4 on a rank whose runner watches `groups` and
+  -- whose step is step(bs, x, ctx); as the all-gather delivers it
+  local function summary(groups, step)
+    local r = runner_mod.new { sizes = { 4 }, backend = fake.backend(), warmup = 0, groups = groups,
+      alloc = function(m) return { x = tensor.zeros({ m, 8 }, "f32") } end,
+      step = function(bs, b, ctx) step(bs, b.x:narrow(0, 0, bs), ctx); return b.x end }
+    local s = r.summaries[4]
+    r:destroy()
+    return { ok = true, sum = ser.decode(ser.encode(s)) }
+  end
+
+  -- world 4 at TP 2 x PP 2: rank r's tp group and pp group
+  local function tp_of(r) return r < 2 and grp("tp.0", { 0, 1 }) or grp("tp.1", { 2, 3 }) end
+  local function pp_of(r) return r % 2 == 0 and grp("pp.0", { 0, 2 }) or grp("pp.1", { 1, 3 }) end
+  local RANKS4 = { 0, 1, 2, 3 }
+  local function world4(step, groups_of)
+    local all = {}
+    for r = 0, 3 do
+      local tp, pp = tp_of(r), pp_of(r)
+      local gs = groups_of and groups_of(r, tp, pp) or { tp }
+      all[r + 1] = summary(gs, function(bs, x, ctx) step(r, tp, pp, x, ctx) end)
+    end
+    return all
+  end
+
+  it("TP 2 x PP 2, the same step everywhere: tp.0 and tp.1 are not compared with each other", function()
+    local all = world4(function(_, tp, _, x) tp:all_reduce(x) end)
+    assert.are_not.equal(all[1].sum.digest, all[3].sum.digest)   -- the names differ, as in issue 37
+    assert.is_nil(runner_mod.capture_verdict(4, all, RANKS4))
+    -- and with tp and pp watched, notes included
+    all = world4(function(_, tp, _, x, ctx) tp:all_reduce(x); ctx.note("norm") end,
+                 function(_, tp, pp) return { tp, pp } end)
+    assert.is_nil(runner_mod.capture_verdict(4, all, RANKS4))
+  end)
+
+  it("a difference inside one TP group is named, with its group, the same way on every rank", function()
+    local all = world4(function(r, tp, _, x)
+      tp:all_reduce(x)
+      if r == 3 then tp:all_gather(x) end
+    end)
+    local msg = runner_mod.capture_verdict(4, all, RANKS4)
+    assert.matches("ranks captured different work at batch size 4: rank 3 differs from rank 2 in group tp.1 "
+                   .. "(rank 2 captured 1 collective(s) on tp.1, digest ", msg, 1, true)
+    assert.matches("rank 3 captured 2 collective(s) on tp.1, digest ", msg, 1, true)
+    assert.matches("[tp.1 all_reduce f32 x32; tp.1 all_gather f32 x32]", msg, 1, true)
+    assert.matches("every rank dropped its graphs", msg, 1, true)
+    assert.is_nil(msg:find("tp.0", 1, true), msg)
+    -- another element count inside tp.0
+    all = world4(function(r, tp, _, x) tp:all_reduce(r == 0 and x:narrow(0, 0, 3) or x) end)
+    msg = runner_mod.capture_verdict(4, all, RANKS4)
+    assert.matches("rank 1 differs from rank 0 in group tp.0", msg, 1, true)
+    assert.matches("tp.0 all_reduce f32 x24", msg, 1, true)
+    -- both groups at once: each named
+    all = world4(function(r, tp, _, x) tp:all_reduce(x); if r % 2 == 1 then tp:all_reduce(x) end end)
+    msg = runner_mod.capture_verdict(4, all, RANKS4)
+    assert.matches("rank 1 differs from rank 0 in group tp.0", msg, 1, true)
+    assert.matches(" | rank 3 differs from rank 2 in group tp.1", msg, 1, true)
+  end)
+
+  it("a capture failed anywhere fails every rank, whatever the groups", function()
+    local all = world4(function(_, tp, _, x) tp:all_reduce(x) end)
+    all[3] = { ok = false, err = "out of memory" }
+    assert.are.equal("capture of batch size 4 failed on rank 2 (rank 2: out of memory); "
+                     .. "every rank dropped its graphs", runner_mod.capture_verdict(4, all, RANKS4))
+  end)
+
+  it("notes are compared within each watched group (and across ranks when none is watched)", function()
+    local all = world4(function(r, tp, _, x, ctx) tp:all_reduce(x); ctx.note(r == 1 and "B" or "A") end)
+    local msg = runner_mod.capture_verdict(4, all, RANKS4)
+    assert.matches("rank 1 differs from rank 0 in group tp.0", msg, 1, true)
+    assert.matches("rank 1 captured 1 collective(s) on tp.0 and 1 note(s)", msg, 1, true)
+    assert.matches("[tp.0 all_reduce f32 x32; B]", msg, 1, true)
+    all = world4(function(r, _, _, _, ctx) ctx.note(r == 2 and "B" or "A") end, function() return {} end)
+    msg = runner_mod.capture_verdict(4, all, RANKS4)
+    assert.matches("rank 2 differs from ranks 0,1,3 in the step's notes", msg, 1, true)
+  end)
+
+  it("a group without a member list is compared among the ranks that report it", function()
+    local all = {}
+    for r = 0, 1 do
+      local g = grp("tp.0", nil)
+      all[r + 1] = summary({ g }, function(_, x) g:all_reduce(r == 0 and x or x:narrow(0, 0, 1)) end)
+    end
+    assert.matches("rank 1 differs from rank 0 in group tp.0", runner_mod.capture_verdict(4, all, { 0, 1 }), 1, true)
+    all[2] = all[1]
+    assert.is_nil(runner_mod.capture_verdict(4, all, { 0, 1 }))
+  end)
+
+  it("a member that does not watch a group its peers issued collectives on differs", function()
+    local function groups_of(r, tp, pp) return r == 2 and { tp } or { tp, pp } end
+    local all = world4(function(r, tp, pp, x) tp:all_reduce(x); if r ~= 2 then pp:all_reduce(x) end end, groups_of)
+    local msg = runner_mod.capture_verdict(4, all, RANKS4)
+    assert.matches("rank 2 differs from rank 0 in group pp.0", msg, 1, true)
+    assert.matches("rank 2 did not watch pp.0", msg, 1, true)
+    assert.is_nil(msg:find("pp.1", 1, true), msg)
+    -- no pp collective anywhere: nothing to disagree on
+    all = world4(function(_, tp, _, x) tp:all_reduce(x) end, groups_of)
+    assert.is_nil(runner_mod.capture_verdict(4, all, RANKS4))
+  end)
+
+  it("with a check group of some ranks only, a group's members outside it are not asked", function()
+    -- check_group = tp.0 (ranks 0, 1), the runner watching tp and pp: pp.0
+    -- (0, 2) and pp.1 (1, 3) each have one member here
+    local all = world4(function(r, tp, pp, x) tp:all_reduce(x); pp:all_reduce(r == 0 and x or x:narrow(0, 0, 2)) end,
+                       function(_, tp, pp) return { tp, pp } end)
+    assert.is_nil(runner_mod.capture_verdict(4, { all[1], all[2] }, { 0, 1 }))
+    local t1 = tp_of(1)
+    all[2] = summary({ t1 }, function(_, x) t1:all_reduce(x:narrow(0, 0, 2)) end)
+    assert.matches("rank 1 differs from rank 0 in group tp.0",
+                   runner_mod.capture_verdict(4, { all[1], all[2] }, { 0, 1 }), 1, true)
+  end)
+
+  it("groups of one name but other members (groups of size 1) stay apart", function()
+    local all = {}
+    for r = 0, 1 do
+      local g = grp("dcp.0", { r })
+      all[r + 1] = summary({ g }, function(_, x) g:all_reduce(r == 0 and x or x:narrow(0, 0, 1)) end)
+    end
+    assert.is_nil(runner_mod.capture_verdict(4, all, { 0, 1 }))
+  end)
+end)
+
 describe("graph_runner: one memory pool for the runner's graphs", function()
   -- a fake cuda module: pointers are numbers cast to void*
   local function fake_cuda()
@@ -273,14 +408,15 @@ local function run_ranks(n, script, timeout)
                     :format(ROOT, ROOT, timeout + 10, ROOT, n, timeout, ROOT, script))
 end
 
--- one it() per check name: both ranks printed "OK <name>"
-local function both_ok(once, names)
+-- one it() per check name: every rank (2, or `world`) printed "OK <name>"
+local function both_ok(once, names, world)
+  world = world or 2
   for _, name in ipairs(names) do
     it(name, function()
       local o = once()
       local n = 0
       for _ in o:gmatch("%] OK " .. name:gsub("%p", "%%%0") .. "\n") do n = n + 1 end
-      assert.are.equal(2, n, "expected 'OK " .. name .. "' from both ranks:\n" .. o)
+      assert.are.equal(world, n, "expected 'OK " .. name .. "' from " .. world .. " ranks:\n" .. o)
     end)
   end
 end
@@ -322,4 +458,53 @@ describe("graph_runner across 2 ranks (cpu group)", function()
     once()
     assert.are.equal(0, rc, out)
   end)
+end)
+
+-- issue 37 item 2: TP 2 x PP 2, the same step on every rank, default check
+-- group (the world): tp.0 and tp.1 are different groups and their captures
+-- must not be compared with each other; a difference inside one of them is.
+describe("graph_runner at TP 2 x PP 2 across 4 ranks (cpu groups)", function()
+  local out, rc
+  local function once()
+    if not out then out, rc = run_ranks(4, "graph_runner_tpp_ranks.lua", 120) end
+    return out
+  end
+  both_ok(once, {
+    "tp x pp captures agree with the default check group",
+    "both tp groups replay random sizes at once, right",
+    "an extra collective inside tp.1 is named at every rank",
+    "another element count inside tp.0 is named at every rank",
+    "a capture failing on one rank fails every rank",
+    "check_group = tp works",
+  }, 4)
+  it("all 4 ranks exit cleanly", function()
+    once()
+    assert.are.equal(0, rc, out)
+  end)
+end)
+
+-- The GPU spec's TP 2 x PP 2 worker (tests/helpers/graph_runner_tpp_gpu.lua)
+-- on the pretend GPU (tests/helpers/fake_device.lua, 2 devices, 2 ranks
+-- each in shared-GPU mode): its plumbing checked without a GPU, 100 replays.
+describe("graph_runner at TP 2 x PP 2 on a pretend GPU (the GPU spec's worker)", function()
+  local out, rc
+  local function once()
+    if not out then
+      out, rc = spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "
+                            .. "WEFT_TIMEOUT_MS=30000 GR_TPP_REPLAYS=100 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 200 "
+                            .. "scripts/weft-run -n 4 --timeout 190 tests/helpers/graph_runner_tpp_gpu.lua")
+                           :format(ROOT, ROOT))
+    end
+    return out
+  end
+  for _, name in ipairs { "tpxpp_capture_default_check_group", "random_concurrent_replays_match_host",
+                          "difference_inside_tp1_named_everywhere", "usable_after_refusal_and_check_group_tp" } do
+    it(name, function()
+      local o = once()
+      for r = 0, 3 do
+        assert.is_truthy(o:find("[rank" .. r .. "] PASS " .. name .. " (", 1, true), o)
+      end
+    end)
+  end
+  it("all 4 ranks exit cleanly", function() once(); assert.are.equal(0, rc, out) end)
 end)

@@ -15,7 +15,7 @@
 --
 -- step(bs, bufs, ctx): ctx.mode is "eager" in warmups and verify's eager
 -- runs, "graph" while captured; ctx.note(text) adds a line of the step's own
--- to the capture's digest. It returns the outputs (a tensor or a table of
+-- to every watched group's record (see 4.). It returns the outputs (a tensor or a table of
 -- them), kept per size: run() returns them sliced to the rows asked for.
 --
 -- What new() does, in order (collective over the check group, see below):
@@ -30,12 +30,13 @@
 --  4. for each size, largest first: `warmup` eager runs and one capture of
 --     step(bs, bufs, ctx) on the runner's capture stream (weft.graph.capture,
 --     groups entered once each), then the ranks all-gather what they
---     captured: ok or the error, and a digest of the collectives issued
---     during the capture (per group: op, dtype, element count, in order; ctx
---     .note(s) adds a line of the step's own). If any rank failed or the
---     digests differ, every rank destroys what it captured and raises an error
---     naming the ranks that differ and what each captured, instead of leaving
---     a graph that would hang at replay.
+--     captured: ok or the error, and per watched group a digest of what went
+--     through it (op, dtype, element count, in order; ctx.note(s) adds a line
+--     of the step's own to every group's). If any rank failed, or two ranks
+--     of one group captured different work on it, every rank destroys what
+--     it captured and raises an error naming the group, the ranks that differ
+--     and what each captured, instead of leaving a graph that would hang at
+--     replay (M.capture_verdict, a pure function of the gathered list).
 --
 -- One memory pool for all the runner's graphs: device blocks allocated while
 -- one of its graphs is captured (outputs, intermediates, scratch of the
@@ -47,7 +48,12 @@
 --
 -- The check group: opts.check_group (a GroupCoordinator or a weft.cpugroup),
 -- else the world group when weft.init() ran, else the first group in
--- opts.groups with a cpu group; none (one process): no comparison.
+-- opts.groups with a cpu group; none (one process): no comparison. The
+-- ranks gathered are the check group's; what must be equal is compared
+-- within each watched group among those ranks, never across two groups:
+-- at TP 2 x PP 2 with groups = {tp}, tp.0 and tp.1 each agree within
+-- themselves, while the world still agrees on the size list and on whether
+-- every capture succeeded, so no rank keeps a graph another dropped.
 -- opts.backend replaces the CUDA side (tests: tests/graph_runner_spec.lua).
 local M = {}
 
@@ -128,18 +134,51 @@ Rec.__index = Rec
 
 local function new_rec()
   return setmetatable({ active = false, depth = 0, n = 0, h = tobit(2166136261), lines = {},
-                        per_group = {} }, Rec)
+                        per_group = {}, seqs = {}, nseqs = 0 }, Rec)
 end
 
-function Rec:add(line, gname)
+-- One sequence per watched group (instrument opens it, empty, so that a
+-- group the step never called is still reported): name, its members (world
+-- ranks, when the group lists them), and what went through it in order.
+function Rec:open(key, name, members)
+  if self.seqs[key] then return end
+  self.seqs[key] = { name = name, members = members, n = 0, calls = 0, notes = 0,
+                     h = tobit(2166136261), lines = {} }
+  self.nseqs = self.nseqs + 1
+end
+
+local function seq_add(q, line, is_note)
+  q.n = q.n + 1
+  if is_note then q.notes = q.notes + 1 else q.calls = q.calls + 1 end
+  q.h = fnv(q.h, line .. "\n")
+  if #q.lines < 8 then q.lines[#q.lines + 1] = line end
+end
+
+-- a collective of group `key` (gname: its name), or (key nil) a note of the
+-- step's own: a note enters every watched group's sequence (what the step
+-- does between a group's collectives must match on that group's ranks), or
+-- the "step" sequence when no group is watched
+function Rec:add(line, gname, key)
   self.n = self.n + 1
   self.h = fnv(self.h, line .. "\n")
   if #self.lines < 8 then self.lines[#self.lines + 1] = line end
   if gname then self.per_group[gname] = (self.per_group[gname] or 0) + 1 end
+  if key then
+    seq_add(self.seqs[key], line, false)
+  else
+    if self.nseqs == 0 then self:open("(step)", "(step)", nil) end
+    for _, q in pairs(self.seqs) do seq_add(q, line, true) end
+  end
 end
 
 function Rec:summary()
-  return { n = self.n, digest = bit.tohex(self.h), lines = self.lines, per_group = self.per_group }
+  local groups = {}
+  for k, q in pairs(self.seqs) do
+    groups[k] = { name = q.name, members = q.members, n = q.n, calls = q.calls, notes = q.notes,
+                  digest = bit.tohex(q.h), lines = q.lines }
+  end
+  return { n = self.n, digest = bit.tohex(self.h), lines = self.lines, per_group = self.per_group,
+           groups = groups }
 end
 
 -- Group methods whose calls during a capture enter the digest (the outermost
@@ -159,6 +198,23 @@ end
 
 local function pack(...) return { n = select("#", ...), ... } end
 
+-- A watched group's identity in the digests: its name, the key its sequence
+-- is compared under (name and members: two groups of one name, e.g. groups
+-- of size 1, stay apart) and its members (world ranks) when it lists them.
+function M.group_key(g)
+  local gname = tostring(g.unique_name or g.name or "group")
+  local r = rawget(g, "ranks") or g.ranks
+  local members
+  if type(r) == "table" and #r > 0 then
+    members = {}
+    for i = 1, #r do
+      if type(r[i]) ~= "number" then members = nil; break end
+      members[i] = r[i]
+    end
+  end
+  return gname, members and (gname .. "[" .. concat(members, ",") .. "]") or gname, members
+end
+
 -- Shadows the counted methods of each distinct group with instance fields
 -- for the duration of a capture; returns the function that removes them.
 local function instrument(groups, rec)
@@ -166,13 +222,14 @@ local function instrument(groups, rec)
   for _, g in ipairs(groups or {}) do
     if type(g) == "table" and not seen[g] then
       seen[g] = true
-      local gname = tostring(g.unique_name or g.name or "group")
+      local gname, key, members = M.group_key(g)
+      rec:open(key, gname, members)
       for _, name in ipairs(M.COUNTED) do
         local orig, raw = g[name], rawget(g, name)
         if type(orig) == "function" then
           rawset(g, name, function(self, ...)
             if rec.active and rec.depth == 0 then
-              rec:add(fmt("%s %s %s", gname, name, describe_arg((...))), gname)
+              rec:add(fmt("%s %s %s", gname, name, describe_arg((...))), gname, key)
             end
             rec.depth = rec.depth + 1
             local r = pack(pcall(orig, self, ...))
@@ -410,6 +467,88 @@ local function rank_list(ranks, members)
   return (#s == 1 and "rank " or "ranks ") .. concat(s, ",")
 end
 
+-- capture_verdict(bs, all, ranks) -> nil when every rank keeps its graph of
+-- batch size bs, else the message every rank raises. all[i] is what check
+-- group position i captured ({ok=, err=, sum=} with sum = Rec:summary()),
+-- ranks[i] its world rank. Pure: every rank gets the same all-gathered list
+-- and so the same answer, so the ranks keep or drop the size together.
+--  * a capture failed anywhere in the check group: every rank drops it;
+--  * else, per watched group: the group's members in the check group (every
+--    rank that reports it, when the group does not list its members) must
+--    have captured the same sequence on it (op, dtype, element count, in
+--    order, notes included). Different groups are never compared with each
+--    other: at TP 2 x PP 2, tp.0 (ranks 0,1) and tp.1 (ranks 2,3) each agree
+--    within themselves. A member that does not watch a group the others
+--    issued collectives on differs too.
+function M.capture_verdict(bs, all, ranks)
+  local bad = {}
+  for i, s in ipairs(all) do if not s.ok then bad[#bad + 1] = i end end
+  if #bad > 0 then
+    local parts = {}
+    for _, i in ipairs(bad) do parts[#parts + 1] = fmt("rank %s: %s", tostring(ranks[i]), tostring(all[i].err)) end
+    return fmt("capture of batch size %d failed on %s (%s); every rank dropped its graphs",
+               bs, rank_list(ranks, bad), concat(parts, "; "))
+  end
+  local pos = {}
+  for i = 1, #all do pos[ranks[i] or (i - 1)] = i end
+  local keys, first = {}, {}
+  for _, s in ipairs(all) do
+    for k, q in pairs(s.sum.groups or {}) do
+      if not first[k] then first[k] = q; keys[#keys + 1] = k end
+    end
+  end
+  table.sort(keys)
+  local reports = {}
+  for _, k in ipairs(keys) do
+    local q0 = first[k]
+    local who = {}
+    if q0.members then
+      for _, r in ipairs(q0.members) do if pos[r] then who[#who + 1] = pos[r] end end
+    else
+      for i, s in ipairs(all) do if (s.sum.groups or {})[k] then who[#who + 1] = i end end
+    end
+    table.sort(who)
+    local any_calls = false
+    for _, i in ipairs(who) do
+      local q = (all[i].sum.groups or {})[k]
+      if q and q.calls > 0 then any_calls = true end
+    end
+    local idx, ids = {}, {}
+    for _, i in ipairs(who) do
+      local q = (all[i].sum.groups or {})[k]
+      if q then idx[#idx + 1] = i; ids[#ids + 1] = q.digest .. "/" .. q.n
+      elseif any_calls then idx[#idx + 1] = i; ids[#ids + 1] = "unwatched" end
+    end
+    local cl = classes(ids)
+    if #cl > 1 then
+      local parts, differ = {}, {}
+      for c = 1, #cl do
+        local m = {}
+        for j, x in ipairs(cl[c].members) do m[j] = idx[x] end
+        cl[c].ranks = m
+        if c > 1 then for _, x in ipairs(m) do differ[#differ + 1] = x end end
+        if cl[c].key == "unwatched" then
+          parts[#parts + 1] = fmt("%s did not watch %s (not among the runner's groups there)",
+                                  rank_list(ranks, m), q0.name)
+        else
+          local q = all[m[1]].sum.groups[k]
+          parts[#parts + 1] = fmt("%s captured %d collective(s) on %s%s, digest %s%s", rank_list(ranks, m),
+                                  q.calls, q.name, q.notes > 0 and fmt(" and %d note(s)", q.notes) or "",
+                                  q.digest, #q.lines > 0 and (" [" .. concat(q.lines, "; ") .. "]") or "")
+        end
+      end
+      table.sort(differ)
+      reports[#reports + 1] = fmt("%s %s from %s in %s (%s)", rank_list(ranks, differ),
+                                  #differ == 1 and "differs" or "differ", rank_list(ranks, cl[1].ranks),
+                                  k == "(step)" and "the step's notes" or ("group " .. q0.name),
+                                  concat(parts, "; "))
+    end
+  end
+  if #reports == 0 then return nil end
+  return fmt("ranks captured different work at batch size %d: %s; replaying would hang or mix up "
+             .. "collectives, so every rank dropped its graphs", bs, concat(reports, " | "))
+end
+
 ---------------------------------------------------------------- runner
 
 local function each_tensor(v, fn)
@@ -526,16 +665,9 @@ function R:capture()
     local g, out, rec = self:_capture_one(bs)
     local mine = { ok = g ~= nil, err = g == nil and out or nil, sum = rec:summary() }
     local all = gather(self.cg, mine)
-    local keys = {}
-    for r, s in ipairs(all) do
-      keys[r] = s.ok and (s.sum.digest .. "/" .. s.sum.n) or "failed"
-    end
-    local cl = classes(keys)
-    local bad = {}
-    for r, s in ipairs(all) do if not s.ok then bad[#bad + 1] = r end end
-    if #bad > 0 or #cl > 1 then
+    local msg = M.capture_verdict(bs, all, self.ranks)
+    if msg then
       if g then g:destroy() end
-      local msg = self:_divergence_message(bs, all, cl, bad)
       self:_teardown()
       fail("capture", msg, 0)
     end
@@ -545,33 +677,6 @@ function R:capture()
     self.summaries[bs] = mine.sum
   end
   return self
-end
-
-function R:_divergence_message(bs, all, cl, bad)
-  local ranks = self.ranks
-  if #bad > 0 then
-    local parts = {}
-    for _, r in ipairs(bad) do parts[#parts + 1] = fmt("rank %s: %s", tostring(ranks[r]), tostring(all[r].err)) end
-    return fmt("capture of batch size %d failed on %s (%s); every rank dropped its graphs",
-               bs, rank_list(ranks, bad), concat(parts, "; "))
-  end
-  local parts = {}
-  for _, c in ipairs(cl) do
-    local s = all[c.members[1]].sum
-    local groups = {}
-    for gname, n in pairs(s.per_group) do groups[#groups + 1] = fmt("%s: %d", gname, n) end
-    table.sort(groups)
-    parts[#parts + 1] = fmt("%s captured %d collective(s)%s, digest %s%s", rank_list(ranks, c.members), s.n,
-                            #groups > 0 and (" (" .. concat(groups, ", ") .. ")") or "", s.digest,
-                            #s.lines > 0 and (" [" .. concat(s.lines, "; ") .. "]") or "")
-  end
-  local differ = {}
-  for k = 2, #cl do for _, m in ipairs(cl[k].members) do differ[#differ + 1] = m end end
-  table.sort(differ)
-  return fmt("ranks captured different work at batch size %d: %s %s from %s (%s); replaying "
-             .. "would hang or mix up collectives, so every rank dropped its graphs",
-             bs, rank_list(ranks, differ), #differ == 1 and "differs" or "differ",
-             rank_list(ranks, cl[1].members), concat(parts, "; "))
 end
 
 function R:padded_size(bs) return M.padded_size(self.sizes, bs) end

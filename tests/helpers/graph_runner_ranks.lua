@@ -62,8 +62,8 @@ expect(function()
   end }
   B2 = b
 end, { "weft: graph_runner.capture: ranks captured different work at batch size 4",
-       "rank 1 differs from rank 0", "rank 1 captured 2 collective(s) (tp.0: 2)",
-       "rank 0 captured 1 collective(s) (tp.0: 1)", "tp.0 fused_allreduce_rmsnorm f32 x64",
+       "rank 1 differs from rank 0 in group tp.0", "rank 1 captured 2 collective(s) on tp.0",
+       "rank 0 captured 1 collective(s) on tp.0", "tp.0 fused_allreduce_rmsnorm f32 x64",
        "every rank dropped its graphs" }, "extra collective")
 ok("an extra collective on rank 1 is detected")
 
@@ -74,7 +74,8 @@ expect(function()
     fake.double_rows(bufs.x, bufs.y, bs)
     return bufs.y
   end }
-end, { "ranks captured different work at batch size 8", "rank 1 differs from rank 0", "[kernel B]" },
+end, { "ranks captured different work at batch size 8", "rank 1 differs from rank 0 in group tp.0",
+       "rank 1 captured 0 collective(s) on tp.0 and 1 note(s)", "[kernel B]" },
   "note")
 ok("a note that differs is detected")
 
