@@ -203,17 +203,7 @@ if os.getenv("RANK") and opts.worker then return opts.callpath and callpath_work
 ---------------------------------------------------------------- driver
 local sh = bench.sh
 
-local parse_lines, json_value, human = bench.tagged_records, bench.json, bench.human_bytes
-
-local function json_record(r)
-  local keys = { "op", "backend", "mode", "load", "dtype", "world", "bytes", "iters", "us", "p99_us",
-                 "min_us", "busbw_gbs" }
-  local parts = {}
-  for _, k in ipairs(keys) do
-    if r[k] ~= nil then parts[#parts + 1] = ('"%s": %s'):format(k, json_value(r[k])) end
-  end
-  return "{" .. table.concat(parts, ", ") .. "}"
-end
+local parse_lines, human = bench.tagged_records, bench.human_bytes
 
 local function list_of(s, numbers)
   local t = {}
@@ -276,17 +266,15 @@ local function driver()
   local merged = 0
   if opts.merge then
     local f = assert(io.open(opts.merge, "r"))
-    local text = f:read("*a")
+    local doc = bench.json_decode(f:read("*a"))
     f:close()
-    for line in text:gmatch("[^\n]+") do
-      if line:match('"op": "all_reduce"') then
-        local r = {}
-        for k, v in line:gmatch('"([%w_]+)": "?([^",}]+)"?') do r[k] = tonumber(v) or v end
+    for _, r in ipairs(doc.records or {}) do
+      if r.op == "all_reduce" then
         r.check = "ok"
         keep(r.load or "none", r.world, r.backend == "mpi" and "mpi" or "weft", r)
       end
     end
-    merged = tonumber(text:match('"runs": (%d+)')) or 1
+    merged = tonumber(doc.runs) or 1
   end
   local t_start = os.time()
   for rep = 1, opts["repeat"] or 1 do
@@ -347,18 +335,15 @@ local function driver()
   end
   os.execute("mkdir -p " .. opts.out)
   local base = ("%s/host-allreduce-%s-%s"):format(opts.out, machine, date)
-  local lines = {}
-  for i, r in ipairs(records) do lines[i] = "    " .. json_record(r) end
-  local f = assert(io.open(base .. ".json", "w"))
   local runs = (opts["repeat"] or 1) + merged
   local cp = {}
   for i, r in ipairs(callpath) do
-    cp[i] = ('    {"op": "callpath", "world": %d, "dtype": "%s", "bytes": 1024, "lua_us": %s, "c_us": %s, "alloc_kib_per_1e6": %s}')
-            :format(r.world, r.dtype, json_value(r.lua_us), json_value(r.c_us), json_value(r.alloc_kib_per_1e6))
+    cp[i] = { op = "callpath", world = r.world, dtype = r.dtype, bytes = 1024, lua_us = r.lua_us, c_us = r.c_us,
+              alloc_kib_per_1e6 = r.alloc_kib_per_1e6 }
   end
-  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "runs": %d,\n  "loadavg_after": %s,\n  "callpath": [\n%s\n  ],\n  "records": [\n%s\n  ]\n}\n')
-          :format(json_value(machine), date, commit, nproc, runs, json_value(loadavg), table.concat(cp, ",\n"),
-                  table.concat(lines, ",\n")))
+  local f = assert(io.open(base .. ".json", "w"))
+  f:write(bench.json({ machine = machine, date = date, commit = commit, cpus = nproc, runs = runs,
+                       loadavg_after = loadavg, callpath = cp, records = records }, "  "), "\n")
   f:close()
   -- markdown: a table per (load, dtype); per world weft and MPI median, p99, ratio
   local md = { ("# Host all-reduce, weft shm vs Open MPI (%s, %s, %d CPUs, commit %s)"):format(machine, date, nproc, commit),
