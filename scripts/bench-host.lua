@@ -8,7 +8,7 @@
 --        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
 --        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none|rank]
 --        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--settle] [--machine NAME]
---        [--out bench/results] [--merge earlier.json]
+--        [--out bench/results] [--merge earlier.json] [-q]
 --
 -- Method (both sides): sum in place; for every call fresh random data, a
 -- barrier, one timed call; per call the slowest rank's time counts; the
@@ -33,7 +33,9 @@
 -- bench/results/host-allreduce-vm-2cpu-w4-trace-2026-12-03.md).
 -- With it, a call's time is the collective's alone, CPU sharing included.
 -- Writes bench/results/host-allreduce-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place)
--- and a .md table beside it.
+-- and a .md table beside it. Progress on stderr (weft.progress: what runs,
+-- step k of n, the time left): one line rewritten on a terminal, a line per
+-- step when piped, nothing with -q.
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
 local ffi = require "ffi"
@@ -51,6 +53,8 @@ local opts = bench.parse_args(arg or {}, {
   ["--callpath"] = function(o) o.callpath = true end,
   ["--no-callpath"] = function(o) o.no_callpath = true end,
   ["--settle"] = function(o) o.settle = true end,
+  ["-q"] = function(o) o.quiet = true end,
+  ["--quiet"] = function(o) o.quiet = true end,
 }, "bench-host")
 
 local function iters_for(bytes)
@@ -276,7 +280,9 @@ local function driver()
     end
     merged = tonumber(doc.runs) or 1
   end
-  local t_start = os.time()
+  local nsteps = (opts["repeat"] or 1) * #loads * #dtypes * #worlds * (opts.no_mpi and 1 or 2)
+                 + (opts.no_callpath and 0 or 1)
+  local P = require("weft.progress").new { name = "bench-host", steps = nsteps, quiet = opts.quiet }
   for rep = 1, opts["repeat"] or 1 do
     for _, load in ipairs(loads) do
       for _, dt in ipairs(dtypes) do
@@ -287,20 +293,18 @@ local function driver()
                                opts.settle and " --settle" or "")
         for _, W in ipairs(worlds) do
           if load == "busy" then load_start(nproc) end
-          io.stderr:write(("bench-host: [%3d s] weft, %d ranks, %s, load %s (run %d) ...\n")
-                          :format(os.time() - t_start, W, dt, load, rep))
+          P:step(("weft, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
           local out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --bind %s")
                              :format(root, W, root, common, opts.bind or "auto"))
           local recs = parse_lines(out, "weft")
-          if not ok or #recs == 0 then io.stderr:write(out); failed = true end
+          if not ok or #recs == 0 then P:clear(); io.stderr:write(out); failed = true end
           for _, r in ipairs(recs) do keep(load, W, "weft", r) end
           if not opts.no_mpi then
-            io.stderr:write(("bench-host: [%3d s] Open MPI, %d ranks, %s, load %s (run %d) ...\n")
-                            :format(os.time() - t_start, W, dt, load, rep))
+            P:step(("Open MPI, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
             local mout, mok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s")
                                  :format(W, opts.mpi, common))
             local mrecs = parse_lines(mout, "mpi")
-            if not mok or #mrecs == 0 then io.stderr:write(mout); failed = true end
+            if not mok or #mrecs == 0 then P:clear(); io.stderr:write(mout); failed = true end
             for _, r in ipairs(mrecs) do keep(load, W, "mpi", r) end
           end
           load_stop()
@@ -310,14 +314,14 @@ local function driver()
   end
   local callpath = {}
   if not opts.no_callpath then
-    io.stderr:write(("bench-host: [%3d s] the Lua call path, 2 ranks ...\n"):format(os.time() - t_start))
+    P:step("the Lua call path, 2 ranks")
     local out, ok = sh(("%s/scripts/weft-run -n 2 %s/scripts/bench-host.lua --worker --callpath --bind %s")
                        :format(root, root, opts.bind or "auto"))
     callpath = parse_lines(out, "callpath")
-    if not ok or #callpath == 0 then io.stderr:write(out); failed = true end
+    if not ok or #callpath == 0 then P:clear(); io.stderr:write(out); failed = true end
   end
   local loadavg = (sh("cat /proc/loadavg"):gsub("%s+$", ""))
-  io.stderr:write(("bench-host: %d s\n"):format(os.time() - t_start))
+  P:finish(("%d steps"):format(nsteps))
   -- records in a stable order: load, dtype, world, size, weft then MPI
   local records = {}
   local sizes = {}
