@@ -126,7 +126,7 @@ $(LIB): $(CU_OBJS) $(C_OBJS) $(BUILD)/obj/cdef.o $(BUILD)/weft.map $(BUILD)/flag
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/obj/cdef.d
 
 # Installs what is missing from Debian (scripts/ensure-deps: LuaJIT, busted,
-# libssl-dev; optional packages never stop it).
+# libssl-dev, lua-cjson; optional packages never stop it).
 deps:
 	@scripts/ensure-deps
 

@@ -8,7 +8,7 @@
 --        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
 --        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none|rank]
 --        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--settle] [--machine NAME]
---        [--out bench/results] [--merge earlier.json]
+--        [--out bench/results] [--merge earlier.json] [-q]
 --
 -- Method (both sides): sum in place; for every call fresh random data, a
 -- barrier, one timed call; per call the slowest rank's time counts; the
@@ -33,7 +33,9 @@
 -- bench/results/host-allreduce-vm-2cpu-w4-trace-2026-12-03.md).
 -- With it, a call's time is the collective's alone, CPU sharing included.
 -- Writes bench/results/host-allreduce-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place)
--- and a .md table beside it.
+-- and a .md table beside it. Progress on stderr (weft.progress: what runs,
+-- step k of n, the time left): one line rewritten on a terminal, a line per
+-- step when piped, nothing with -q.
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
 local ffi = require "ffi"
@@ -51,6 +53,8 @@ local opts = bench.parse_args(arg or {}, {
   ["--callpath"] = function(o) o.callpath = true end,
   ["--no-callpath"] = function(o) o.no_callpath = true end,
   ["--settle"] = function(o) o.settle = true end,
+  ["-q"] = function(o) o.quiet = true end,
+  ["--quiet"] = function(o) o.quiet = true end,
 }, "bench-host")
 
 local function iters_for(bytes)
@@ -203,17 +207,7 @@ if os.getenv("RANK") and opts.worker then return opts.callpath and callpath_work
 ---------------------------------------------------------------- driver
 local sh = bench.sh
 
-local parse_lines, json_value, human = bench.tagged_records, bench.json, bench.human_bytes
-
-local function json_record(r)
-  local keys = { "op", "backend", "mode", "load", "dtype", "world", "bytes", "iters", "us", "p99_us",
-                 "min_us", "busbw_gbs" }
-  local parts = {}
-  for _, k in ipairs(keys) do
-    if r[k] ~= nil then parts[#parts + 1] = ('"%s": %s'):format(k, json_value(r[k])) end
-  end
-  return "{" .. table.concat(parts, ", ") .. "}"
-end
+local parse_lines, human = bench.tagged_records, bench.human_bytes
 
 local function list_of(s, numbers)
   local t = {}
@@ -276,19 +270,19 @@ local function driver()
   local merged = 0
   if opts.merge then
     local f = assert(io.open(opts.merge, "r"))
-    local text = f:read("*a")
+    local doc = bench.json_decode(f:read("*a"))
     f:close()
-    for line in text:gmatch("[^\n]+") do
-      if line:match('"op": "all_reduce"') then
-        local r = {}
-        for k, v in line:gmatch('"([%w_]+)": "?([^",}]+)"?') do r[k] = tonumber(v) or v end
+    for _, r in ipairs(doc.records or {}) do
+      if r.op == "all_reduce" then
         r.check = "ok"
         keep(r.load or "none", r.world, r.backend == "mpi" and "mpi" or "weft", r)
       end
     end
-    merged = tonumber(text:match('"runs": (%d+)')) or 1
+    merged = tonumber(doc.runs) or 1
   end
-  local t_start = os.time()
+  local nsteps = (opts["repeat"] or 1) * #loads * #dtypes * #worlds * (opts.no_mpi and 1 or 2)
+                 + (opts.no_callpath and 0 or 1)
+  local P = require("weft.progress").new { name = "bench-host", steps = nsteps, quiet = opts.quiet }
   for rep = 1, opts["repeat"] or 1 do
     for _, load in ipairs(loads) do
       for _, dt in ipairs(dtypes) do
@@ -299,20 +293,18 @@ local function driver()
                                opts.settle and " --settle" or "")
         for _, W in ipairs(worlds) do
           if load == "busy" then load_start(nproc) end
-          io.stderr:write(("bench-host: [%3d s] weft, %d ranks, %s, load %s (run %d) ...\n")
-                          :format(os.time() - t_start, W, dt, load, rep))
+          P:step(("weft, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
           local out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --bind %s")
                              :format(root, W, root, common, opts.bind or "auto"))
           local recs = parse_lines(out, "weft")
-          if not ok or #recs == 0 then io.stderr:write(out); failed = true end
+          if not ok or #recs == 0 then P:clear(); io.stderr:write(out); failed = true end
           for _, r in ipairs(recs) do keep(load, W, "weft", r) end
           if not opts.no_mpi then
-            io.stderr:write(("bench-host: [%3d s] Open MPI, %d ranks, %s, load %s (run %d) ...\n")
-                            :format(os.time() - t_start, W, dt, load, rep))
+            P:step(("Open MPI, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
             local mout, mok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s")
                                  :format(W, opts.mpi, common))
             local mrecs = parse_lines(mout, "mpi")
-            if not mok or #mrecs == 0 then io.stderr:write(mout); failed = true end
+            if not mok or #mrecs == 0 then P:clear(); io.stderr:write(mout); failed = true end
             for _, r in ipairs(mrecs) do keep(load, W, "mpi", r) end
           end
           load_stop()
@@ -322,14 +314,14 @@ local function driver()
   end
   local callpath = {}
   if not opts.no_callpath then
-    io.stderr:write(("bench-host: [%3d s] the Lua call path, 2 ranks ...\n"):format(os.time() - t_start))
+    P:step("the Lua call path, 2 ranks")
     local out, ok = sh(("%s/scripts/weft-run -n 2 %s/scripts/bench-host.lua --worker --callpath --bind %s")
                        :format(root, root, opts.bind or "auto"))
     callpath = parse_lines(out, "callpath")
-    if not ok or #callpath == 0 then io.stderr:write(out); failed = true end
+    if not ok or #callpath == 0 then P:clear(); io.stderr:write(out); failed = true end
   end
   local loadavg = (sh("cat /proc/loadavg"):gsub("%s+$", ""))
-  io.stderr:write(("bench-host: %d s\n"):format(os.time() - t_start))
+  P:finish(("%d steps"):format(nsteps))
   -- records in a stable order: load, dtype, world, size, weft then MPI
   local records = {}
   local sizes = {}
@@ -347,18 +339,15 @@ local function driver()
   end
   os.execute("mkdir -p " .. opts.out)
   local base = ("%s/host-allreduce-%s-%s"):format(opts.out, machine, date)
-  local lines = {}
-  for i, r in ipairs(records) do lines[i] = "    " .. json_record(r) end
-  local f = assert(io.open(base .. ".json", "w"))
   local runs = (opts["repeat"] or 1) + merged
   local cp = {}
   for i, r in ipairs(callpath) do
-    cp[i] = ('    {"op": "callpath", "world": %d, "dtype": "%s", "bytes": 1024, "lua_us": %s, "c_us": %s, "alloc_kib_per_1e6": %s}')
-            :format(r.world, r.dtype, json_value(r.lua_us), json_value(r.c_us), json_value(r.alloc_kib_per_1e6))
+    cp[i] = { op = "callpath", world = r.world, dtype = r.dtype, bytes = 1024, lua_us = r.lua_us, c_us = r.c_us,
+              alloc_kib_per_1e6 = r.alloc_kib_per_1e6 }
   end
-  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "runs": %d,\n  "loadavg_after": %s,\n  "callpath": [\n%s\n  ],\n  "records": [\n%s\n  ]\n}\n')
-          :format(json_value(machine), date, commit, nproc, runs, json_value(loadavg), table.concat(cp, ",\n"),
-                  table.concat(lines, ",\n")))
+  local f = assert(io.open(base .. ".json", "w"))
+  f:write(bench.json({ machine = machine, date = date, commit = commit, cpus = nproc, runs = runs,
+                       loadavg_after = loadavg, callpath = cp, records = records }, "  "), "\n")
   f:close()
   -- markdown: a table per (load, dtype); per world weft and MPI median, p99, ratio
   local md = { ("# Host all-reduce, weft shm vs Open MPI (%s, %s, %d CPUs, commit %s)"):format(machine, date, nproc, commit),

@@ -27,7 +27,7 @@ local opts = bench.parse_args(arg or {}, {
   store_iters = 10, ["repeat"] = 3, mpi = "build/mpi_allreduce", out = "bench/results", warmup = 3,
 }, { ["--no-mpi"] = function(o) o.no_mpi = true end }, "bench-nodes")
 opts.store_max = opts.store_max or opts.max
-local sh, parse_lines, json_value, human = bench.sh, bench.tagged_records, bench.json, bench.human_bytes
+local sh, parse_lines, human = bench.sh, bench.tagged_records, bench.human_bytes
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -87,24 +87,23 @@ local function main()
   end
   os.execute("mkdir -p " .. q(opts.out))
   local base = ("%s/host-allreduce-nodes-%s-%s"):format(opts.out, machine, date)
-  local lines = {}
+  local records = {}
   local sizes, size = {}, opts.min
   while size <= opts.max do sizes[#sizes + 1] = size; size = size * opts.factor end
+  local FIELDS = { "op", "backend", "mode", "dtype", "world", "nodes", "bytes", "iters", "us", "min_us", "busbw_gbs", "check" }
   for _, b in ipairs(sizes) do
     for _, s in ipairs(sides) do
       local r = best[s.key] and best[s.key][b]
       if r then
-        local parts = {}
-        for _, k in ipairs { "op", "backend", "mode", "dtype", "world", "nodes", "bytes", "iters", "us", "min_us", "busbw_gbs", "check" } do
-          if r[k] ~= nil then parts[#parts + 1] = ('"%s": %s'):format(k, json_value(r[k])) end
-        end
-        lines[#lines + 1] = "    {" .. table.concat(parts, ", ") .. "}"
+        local rec = {}
+        for _, k in ipairs(FIELDS) do rec[k] = r[k] end
+        records[#records + 1] = rec
       end
     end
   end
   local f = assert(io.open(base .. ".json", "w"))
-  f:write(('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "nodes": %d,\n  "ranks_per_node": %d,\n  "runs": %d,\n  "records": [\n%s\n  ]\n}\n')
-    :format(json_value(machine), date, commit, nproc, opts.nodes, opts.per_node, opts["repeat"], table.concat(lines, ",\n")))
+  f:write(bench.json({ machine = machine, date = date, commit = commit, cpus = nproc, nodes = opts.nodes,
+                       ranks_per_node = opts.per_node, runs = opts["repeat"], records = records }, "  "), "\n")
   f:close()
   local md = {
     ("# Host all-reduce across %d simulated nodes x %d ranks (%s, %s, %d CPUs, commit %s)"):format(

@@ -138,21 +138,14 @@ end
 local date = os.date("!%Y-%m-%d")
 local commit = os.getenv("WEFT_COMMIT") or "unknown"
 local base = ("%s/quick-codec-%s-%s"):format(opt.out, opt.machine, date)
-local j = assert(io.open(base .. ".json", "w"))
-local parts = {}
-for _, r in ipairs(recs) do
-  local f = {}
-  for _, k in ipairs { "op", "backend", "dtype", "world", "bytes", "us", "input_tbs", "traffic_tbs" } do
-    local v = r[k]
-    if v ~= nil then
-      f[#f + 1] = type(v) == "string" and ('"%s": "%s"'):format(k, v)
-                  or (math.floor(v) == v and ('"%s": %d'):format(k, v) or ('"%s": %.4f'):format(k, v))
-    end
-  end
-  parts[#parts + 1] = "  {" .. table.concat(f, ", ") .. "}"
+local records = {}
+for i, r in ipairs(recs) do
+  local rec = {}
+  for _, k in ipairs { "op", "backend", "dtype", "world", "bytes", "us", "input_tbs", "traffic_tbs" } do rec[k] = r[k] end
+  records[i] = rec
 end
-j:write(('{"machine": "%s", "date": "%s", "commit": "%s", "records": [\n%s\n]}\n'):format(
-  opt.machine, date, commit, table.concat(parts, ",\n")))
+local j = assert(io.open(base .. ".json", "w"))
+j:write(require("weft.bench").json({ machine = opt.machine, date = date, commit = commit, records = records }, "  "), "\n")
 j:close()
 local m = assert(io.open(base .. ".md", "w"))
 m:write(("# Quick all-reduce codec steps on one GPU (%s, %s, commit %s)\n\n"):format(opt.machine, date, commit))

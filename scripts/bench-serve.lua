@@ -236,11 +236,9 @@ end
 ---------------------------------------------------------------- results
 sh("mkdir -p " .. opts.out)
 local base = fmt("%s/serve-%s-%s", opts.out, machine, date)
-local lines = {}
-for k, r in ipairs(records) do lines[k] = "    " .. json.encode(r) end
 local f = assert(io.open(base .. ".json", "w"))
-f:write(fmt('{\n  "machine": %s,\n  "date": "%s",\n  "commit": "%s",\n  "cpus": %d,\n  "records": [\n%s\n  ]\n}\n',
-            json.encode(machine), date, commit, nproc, table.concat(lines, ",\n")))
+f:write(require("weft.bench").json({ machine = machine, date = date, commit = commit, cpus = nproc,
+                                     records = records }, "  "), "\n")
 f:close()
 
 md[#md + 1] = fmt("# Served demo and async overhead (%s, %s, %d CPUs, commit %s)\n", machine, date, nproc, commit)

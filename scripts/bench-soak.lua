@@ -4,8 +4,11 @@
 --
 --   luajit scripts/bench-soak.lua [--ranks 4] [--small 200000] [--big 2000]
 --        [--small-bytes 1024] [--big-bytes 4194304] [--samples 20]
---        [--machine NAME] [--out bench/results] [--quick]
+--        [--machine NAME] [--out bench/results] [--quick] [-q]
 --   --quick: 20000 small + 200 big (a try-out; writes soak-quick-...)
+--   -q: no progress (otherwise on stderr, from rank 0's samples: the phase,
+--       its calls so far, the time left; one line rewritten on a terminal,
+--       a line per step and per 10 % when piped)
 --
 -- Each rank runs two phases on the world group (shm backend, i32 sum, in
 -- place): `small` calls on one reused tensor, then `big` calls each on a
@@ -26,7 +29,8 @@ local bench = require "weft.bench"
 local opts = bench.parse_args(arg or {}, {
   ranks = 4, small = 200000, big = 2000, small_bytes = 1024, big_bytes = 4 * 1048576, samples = 20,
   out = "bench/results",
-}, { ["--quick"] = function(o) o.quick = true end }, "bench-soak",
+}, { ["--quick"] = function(o) o.quick = true end, ["-q"] = function(o) o.quiet = true end,
+     ["--quiet"] = function(o) o.quiet = true end }, "bench-soak",
    " (see the header of scripts/bench-soak.lua)")
 if opts.quick then opts.small, opts.big = math.min(opts.small, 20000), math.min(opts.big, 200) end
 
@@ -104,6 +108,7 @@ local function rank_main()
       if fresh then t:free() end
       if call == warm or (call > warm and (call - warm) % every == 0) or call == calls then
         io.write(("SAMPLE phase=%s call=%d rss_kb=%d fds=%d\n"):format(name, call, rss_kb(), open_fds()))
+        io.flush()   -- the driver's progress follows rank 0's samples
       end
     end
     if keep then keep:free() end
@@ -126,7 +131,6 @@ local function rank_main()
 end
 
 ---------------------------------------------------------------- driver
-local function sh(cmd) return (bench.sh(cmd)) end
 
 local function driver()
   local machine, nproc = bench.cpu_machine(opts.machine)
@@ -134,10 +138,31 @@ local function driver()
                  "--big-bytes", opts.big_bytes, "--samples", opts.samples }
   local cmd = ("cd %s && %s/scripts/weft-run -n %d scripts/bench-soak.lua %s 2>&1; echo \"rc=$?\"")
     :format(root, root, opts.ranks, table.concat(args, " "))
-  io.stderr:write(("bench-soak: %d ranks, %d x %d B + %d x %d B all-reduces (i32 sum, checked)...\n")
+  -- the phases' relative cost, a guess: a call's fixed cost about that of 16 KiB moved
+  local P = require("weft.progress").new { name = "bench-soak", quiet = opts.quiet,
+    weights = { opts.small * (opts.small_bytes + 16384), opts.big * (opts.big_bytes + 16384) } }
+  P:note(("%d ranks, %d x %d B + %d x %d B all-reduces (i32 sum, checked)")
     :format(opts.ranks, opts.small, opts.small_bytes, opts.big, opts.big_bytes))
   local t0 = os.time()
-  local out = sh(cmd)
+  -- rank 0's samples, as they come: the progress
+  local outs, phase_now = {}, nil
+  local function phase_step(ph)
+    phase_now = ph
+    P:step(("%s phase: %d x %s"):format(ph, ph == "small" and opts.small or opts.big,
+                                        bench.human_bytes(ph == "small" and opts.small_bytes or opts.big_bytes)))
+  end
+  phase_step("small")
+  local pipe = io.popen(cmd)
+  for line in pipe:lines() do
+    outs[#outs + 1] = line
+    local ph, call = line:match("^%[rank0%] SAMPLE phase=(%a+) call=(%d+)")
+    if ph then
+      if ph ~= phase_now then phase_step(ph) end
+      P:update(tonumber(call), ph == "small" and opts.small or opts.big, "calls")
+    end
+  end
+  pipe:close()
+  local out = table.concat(outs, "\n") .. "\n"
   local rc = tonumber(out:match("rc=(%d+)%s*$"))
   local per = {}   -- per[rank] = { samples = {phase = {...}}, phases = {}, done = {} }
   for line in out:gmatch("[^\n]+") do
@@ -161,6 +186,7 @@ local function driver()
     if not (per[rk] and per[rk].done and per[rk].phases.small and per[rk].phases.big) then complete = false end
   end
   if not complete then
+    P:clear()
     io.stderr:write("bench-soak: the run failed (status " .. tostring(rc) .. "):\n" .. out)
     os.exit(1)
   end
@@ -227,8 +253,8 @@ local function driver()
     ("Verdict: %s."):format(flat and "RSS and descriptors flat, no wrong element" or "NOT flat (see the table)"), "",
   }, "\n")
   local jp, mp = bench.write(opts.out:sub(1, 1) == "/" and opts.out or (root .. "/" .. opts.out), name, doc, md)
+  P:finish("wrote " .. jp .. " and " .. mp)
   io.write(md)
-  io.stderr:write("bench-soak: wrote " .. jp .. " and " .. mp .. "\n")
   if not flat then os.exit(2) end
 end
 

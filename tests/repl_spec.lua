@@ -306,10 +306,12 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
   end)
   teardown(function() if has_tmux() then U.kill_server() end end)
 
-  local function start(n, extra_env)
+  -- after: shell text run in the pane right after weft-run (it must end with
+  -- weft-run's status, which the pane prints as REPL-EXIT)
+  local function start(n, extra_env, after)
     local env = { WEFT_REPL_HISTORY = dir .. "/history", WEFT_TIMEOUT_MS = "20000" }
     for k, v in pairs(extra_env or {}) do env[k] = v end
-    sess = U.start(("scripts/weft-run -n %d --repl %s %s"):format(n, U.INIT, U.TOKEN), env)
+    sess = U.start(("scripts/weft-run -n %d --repl %s %s%s"):format(n, U.INIT, U.TOKEN, after or ""), env)
     local pats = {}
     for k = 0, n - 1 do pats[#pats + 1] = ("%%[rank %d%%] init %d"):format(k, k) end
     pats[#pats + 1] = "\n>$"
@@ -439,6 +441,28 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     assert.are.equal(143, code, last)
     assert.truthy(last:find("received SIGTERM: stopped all 2 ranks", 1, true), last)
     assert.is_nil(last:find("SIGKILL", 1, true), last)
+  end)
+
+  it("SIGTERM sent to weft-run at the prompt: every rank stops at once, 143, the terminal given back as it was", function()
+    if not has_tmux() then pending("tmux not installed"); return end
+    local P = require "helpers.procs"
+    -- the terminal's modes right after weft-run ends, before any shell resets them
+    start(2, nil, [[; s=$?; echo "TTY-MODES $(stty -a | tr ' ;' '\n\n' | grep -x -- '-\?echo\|-\?icanon' | sort | tr '\n' ' ')"; (exit $s)]])
+    local l = P.pgrep("^luajit scripts/weft[-]run -n 2 --repl .*" .. U.TOKEN)
+    local pid = assert(tonumber(l:match("^(%d+)")), "no weft-run process: " .. l)
+    sess:type("half typed", false)
+    expect("> half typed$")
+    local t0 = U.now()
+    os.execute("kill -TERM " .. pid)
+    local code, last = sess:exit_code(30)
+    assert.are.equal(143, code, last)
+    assert.is_true(U.now() - t0 < 4, "took " .. (U.now() - t0) .. " s")
+    -- the report on a line of its own, not after the half-typed input
+    assert.truthy(last:find("\nweft-run: received SIGTERM: stopped all 2 ranks\n", 1, true), last)
+    assert.is_nil(last:find("SIGKILL", 1, true), last)
+    assert.is_nil(last:find("did not stop", 1, true), last)
+    -- readline had the terminal in raw mode: weft-run restores what it found
+    assert.truthy(last:find("TTY-MODES echo icanon", 1, true), last)
   end)
 
   it("Ctrl-C aborts collectives blocked in C on every rank; weft.recover() rebuilds the groups", function()

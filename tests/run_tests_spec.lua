@@ -65,11 +65,17 @@ describe("scripts/run-tests", function()
     assert.are_not.equal(0, src)
     assert.are_not.equal(0, prc)
     assert.matches("\nfailed: " .. files.fail:gsub("%p", "%%%0") .. "\n", par)
-    -- each file's output in one piece, under its name; the #gpu file in its own lane
+    -- each file's output in one piece, under its name, how many files ended
+    -- (the progress) and about how long is left; the #gpu file in its own lane
     assert.matches("2 in 2 lanes beside 1 with #gpu tests in one lane", par, 1, true)
+    local ended = {}
     for _, f in ipairs({ files.pass, files.fail, files.skip }) do
-      assert.matches("\n== " .. f:gsub("%p", "%%%0") .. " %(%d+ s%)\n", par)
+      local k = par:match("\n== " .. f:gsub("%p", "%%%0")
+                          .. " %(%d+ s; (%d)/3 files ended, %d+ s so far, about %d+ s left%)\n")
+      assert.truthy(k, par)
+      ended[tonumber(k)] = true
     end
+    assert.are.same({ true, true, true }, ended)
   end)
 
   it("counts a file that dies before its status line as a failure, never as nothing", function()

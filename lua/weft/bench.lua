@@ -1,10 +1,11 @@
 -- weft.bench — helpers for benchmarks: CUDA-event timing of graph replays and
 -- eager calls, medians, the results file of docs/architecture.md#conventions-in-one-place (JSON + markdown).
 local ffi = require "ffi"
+local json = require "weft.json"
 
 local M = {}
 
-local floor, fmt, concat = math.floor, string.format, table.concat
+local fmt, concat = string.format, table.concat
 
 -- A benchmark script's command line into o (its defaults): "--some-key v"
 -- sets o.some_key (a number when v reads as one); flags[a](o) handles the
@@ -103,131 +104,24 @@ function M.human_bytes(b)
 end
 
 -- ---------------------------------------------------------------- JSON
+-- weft.json (lua-cjson with the results files' writer over it).
 
-local function esc(s)
-  return (s:gsub('[%c"\\]', function(c)
-    if c == '"' then return '\\"' elseif c == "\\" then return "\\\\"
-    elseif c == "\n" then return "\\n" else return fmt("\\u%04x", c:byte()) end
-  end))
+-- The order of a results file's keys: the run, then its records, then a
+-- record's fields as docs/architecture.md lists them; others sorted after.
+M.KEY_ORDER = { "machine", "date", "commit", "cpus", "nodes", "ranks_per_node", "runs", "loadavg_after",
+  "checks", "callpath", "records",
+  "op", "backend", "mode", "load", "dtype", "world", "bytes", "tokens", "hidden", "iters",
+  "us", "p99_us", "min_us", "busbw_gbs" }
+
+-- The text of a results file (indent: its layout, one record a line) or,
+-- without indent, compact JSON.
+function M.json(v, indent)
+  return json.encode(v, { indent = indent, order = indent and M.KEY_ORDER or nil })
 end
 
-local function encode(v, indent, depth)
-  local t = type(v)
-  if t == "nil" then return "null" end
-  if t == "boolean" then return tostring(v) end
-  if t == "number" then
-    if v ~= v or v == math.huge or v == -math.huge then return "null" end
-    if v == floor(v) and math.abs(v) < 2 ^ 53 then return fmt("%d", v) end
-    return fmt("%.6g", v)
-  end
-  if t == "string" then return '"' .. esc(v) .. '"' end
-  if t ~= "table" then error("weft: bench.json: cannot encode a " .. t, 0) end
-  local pad = indent and ("\n" .. string.rep(indent, depth + 1)) or ""
-  local close = indent and ("\n" .. string.rep(indent, depth)) or ""
-  if #v > 0 or next(v) == nil then
-    local parts = {}
-    for i = 1, #v do parts[i] = pad .. encode(v[i], nil, depth + 1) end   -- one record a line
-    return "[" .. concat(parts, ",") .. (#v > 0 and close or "") .. "]"
-  end
-  local keys = {}
-  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
-  table.sort(keys)
-  local parts = {}
-  for i, k in ipairs(keys) do
-    parts[i] = pad .. '"' .. esc(k) .. '": ' .. encode(v[k], depth == 0 and indent or nil, depth + 1)
-  end
-  return "{" .. concat(parts, ",") .. close .. "}"
-end
-
-function M.json(v, indent) return encode(v, indent, 0) end
-
--- json_decode(text) -> value: the JSON the results files hold (objects,
--- arrays, strings with escapes, numbers, true/false/null -> nil).
--- Raises "weft: bench.json_decode: <what> at byte N" on malformed input.
-local function decode_error(what, i) error(fmt("weft: bench.json_decode: %s at byte %d", what, i), 0) end
-local ESC = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
-
-local function utf8(cp)
-  if cp < 0x80 then return string.char(cp) end
-  if cp < 0x800 then return string.char(0xC0 + floor(cp / 64), 0x80 + cp % 64) end
-  return string.char(0xE0 + floor(cp / 4096), 0x80 + floor(cp / 64) % 64, 0x80 + cp % 64)
-end
-
-local decode_value
-local function skip(s, i) return s:find("[^ \t\r\n]", i) or #s + 1 end
-
-local function decode_string(s, i) -- s:sub(i, i) == '"'
-  local out, j = {}, i + 1
-  while true do
-    local k = s:find('["\\]', j)
-    if not k then decode_error("unterminated string", i) end
-    out[#out + 1] = s:sub(j, k - 1)
-    if s:sub(k, k) == '"' then return concat(out), k + 1 end
-    local c = s:sub(k + 1, k + 1)
-    if c == "u" then
-      local hex = s:match("^%x%x%x%x", k + 2)
-      if not hex then decode_error("bad \\u escape", k) end
-      out[#out + 1] = utf8(tonumber(hex, 16))
-      j = k + 6
-    elseif ESC[c] then
-      out[#out + 1] = ESC[c]
-      j = k + 2
-    else
-      decode_error("bad escape", k)
-    end
-  end
-end
-
-decode_value = function(s, i)
-  i = skip(s, i)
-  local c = s:sub(i, i)
-  if c == "{" then
-    local t = {}
-    i = skip(s, i + 1)
-    if s:sub(i, i) == "}" then return t, i + 1 end
-    while true do
-      if s:sub(i, i) ~= '"' then decode_error("expected a key", i) end
-      local k
-      k, i = decode_string(s, i)
-      i = skip(s, i)
-      if s:sub(i, i) ~= ":" then decode_error("expected ':'", i) end
-      t[k], i = decode_value(s, i + 1)
-      i = skip(s, i)
-      local d = s:sub(i, i)
-      if d == "}" then return t, i + 1 end
-      if d ~= "," then decode_error("expected ',' or '}'", i) end
-      i = skip(s, i + 1)
-    end
-  elseif c == "[" then
-    local t, n = {}, 0
-    i = skip(s, i + 1)
-    if s:sub(i, i) == "]" then return t, i + 1 end
-    while true do
-      n = n + 1
-      t[n], i = decode_value(s, i)
-      i = skip(s, i)
-      local d = s:sub(i, i)
-      if d == "]" then return t, i + 1 end
-      if d ~= "," then decode_error("expected ',' or ']'", i) end
-      i = i + 1
-    end
-  elseif c == '"' then
-    return decode_string(s, i)
-  elseif s:find("^true", i) then return true, i + 4
-  elseif s:find("^false", i) then return false, i + 5
-  elseif s:find("^null", i) then return nil, i + 4
-  end
-  local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
-  if not num or num == "" or num == "-" then decode_error("unexpected character", i) end
-  return tonumber(num), i + #num
-end
-
-function M.json_decode(s)
-  if type(s) ~= "string" then error("weft: bench.json_decode: argument must be a string", 2) end
-  local v, i = decode_value(s, 1)
-  if skip(s, i) <= #s then decode_error("trailing text", skip(s, i)) end
-  return v
-end
+-- json_decode(text) -> value: a results file (null -> nil). Raises
+-- "weft: bench.json_decode: malformed JSON at byte N: <why>".
+function M.json_decode(s) return json.decode(s, "bench.json_decode") end
 
 -- ---------------------------------------------------------------- results file
 

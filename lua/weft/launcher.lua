@@ -69,6 +69,11 @@ int poll(void *fds, unsigned long nfds, int timeout);
 int waitpid(int pid, int *status, int options);
 int kill(int pid, int sig);
 int weft_run_isatty(int fd) __asm__("isatty");
+int weft_run_tcgetattr(int fd, void *t) __asm__("tcgetattr");
+int weft_run_tcsetattr(int fd, int when, const void *t) __asm__("tcsetattr");
+int weft_run_tcgetpgrp(int fd) __asm__("tcgetpgrp");
+int weft_run_tcsetpgrp(int fd, int pgrp) __asm__("tcsetpgrp");
+int weft_run_getpgrp(void) __asm__("getpgrp");
 int setpgid(int pid, int pgid);
 int getpid(void);
 int getppid(void);
@@ -90,7 +95,7 @@ void free(void *p);
 local C = ffi.C
 assert(ffi.sizeof("weft_run_sfd_siginfo") == 128 and ffi.sizeof("weft_run_sigset") == 128)
 
-local SIGHUP, SIGINT, SIGKILL, SIGPIPE, SIGTERM, SIGCHLD = 1, 2, 9, 13, 15, 17
+local SIGHUP, SIGINT, SIGKILL, SIGPIPE, SIGTERM, SIGCHLD, SIGTTOU = 1, 2, 9, 13, 15, 17, 22
 local SIG_BLOCK, SIG_SETMASK = 0, 2
 local O_RDONLY, O_NONBLOCK, O_CLOEXEC = 0, 0x800, 0x80000
 local F_GETFD, F_GETFL, F_SETFL = 1, 3, 4
@@ -260,7 +265,8 @@ function M.usage()
     "(128+N for signal N). SIGINT/SIGTERM are forwarded to every rank's process",
     "group, SIGKILL follows after " .. M.GRACE_SIGNAL .. " s (or at a second signal, other than the",
     "same one again within " .. M.REPEAT_SIGNAL .. " s); weft-run then exits 128+signal.",
-    "With --repl on a terminal, SIGINT goes to rank 0 alone, as Ctrl-C there does.",
+    "With --repl on a terminal, SIGINT goes to rank 0 alone, as Ctrl-C there does; after",
+    "SIGTERM (or any end) the terminal's modes and foreground are given back as found.",
     "Exit 124: --timeout reached; 127: command not found; 2: bad usage.",
   } do lines[#lines + 1] = l end
   return concat(lines, "\n") .. "\n"
@@ -598,6 +604,31 @@ local function fold_reports(ranks)
 end
 
 ---------------------------------------------------------------------------
+-- The terminal of an interactive session
+---------------------------------------------------------------------------
+-- An interactive rank 0 (the REPL) puts the terminal in raw mode (readline)
+-- and takes its foreground; a rank stopped by a signal cannot give either
+-- back. weft-run keeps what it found and restores it once the ranks are gone.
+local TCSANOW = 0
+local function tty_save()
+  if C.weft_run_isatty(0) ~= 1 then return nil end
+  local t = { modes = ffi.new("uint8_t[256]"), pgrp = C.weft_run_getpgrp() }   -- struct termios: 60 bytes
+  if C.weft_run_tcgetattr(0, t.modes) ~= 0 then return nil end
+  if C.weft_run_tcgetpgrp(0) ~= t.pgrp then t.pgrp = nil end   -- not ours to give back
+  return t
+end
+
+local function tty_restore(t)
+  -- from a background group (rank 0 held the foreground) the terminal calls
+  -- raise SIGTTOU: blocked, they go through
+  local old = ffi.new("weft_run_sigset")
+  C.sigprocmask(SIG_BLOCK, vp(sigset { SIGTTOU }), vp(old))
+  C.weft_run_tcsetattr(0, TCSANOW, t.modes)
+  if t.pgrp and C.weft_run_tcgetpgrp(0) ~= t.pgrp then C.weft_run_tcsetpgrp(0, t.pgrp) end
+  C.sigprocmask(SIG_SETMASK, vp(old), nil)
+end
+
+---------------------------------------------------------------------------
 -- The launch loop
 ---------------------------------------------------------------------------
 local function rank_list(list)
@@ -628,6 +659,7 @@ function M.launch(spec)
   C.sigprocmask(SIG_BLOCK, vp(mask), vp(ctx.orig_mask))
   local sfd = C.signalfd(-1, vp(mask), O_NONBLOCK + O_CLOEXEC)
   if sfd < 0 then say("signalfd: %s", strerror(ffi.errno())); return 1 end
+  local tty = spec.interactive and tty_save() or nil
 
   local ranks, live = {}, 0
   local first_failure, signal_got, signal_at, timed_out, launch_error
@@ -790,6 +822,11 @@ function M.launch(spec)
   C.close(sfd)
   C.sigprocmask(SIG_SETMASK, vp(ctx.orig_mask), nil)
   C.signal(SIGPIPE, old_pipe)
+  if tty then
+    tty_restore(tty)
+    -- rank 0 may have left its prompt and a half-typed line: what follows starts a line
+    if signal_got then emit(2, "\n") end
+  end
 
   -- unfinished last lines (dropped for ranks the launcher stopped by a
   -- signal), then the held error reports, folded

@@ -50,6 +50,8 @@
 -- interrupts the chunk on rank 0 and, through SIGUSR1, on the ranks of this
 -- node that have not answered. Ctrl-D or :quit ends every rank cleanly
 -- (weft.shutdown() when the chunks initialized weft on every rank).
+-- SIGTERM sent to weft-run stops every rank at once (exit 143); weft-run then
+-- gives the terminal back as it found it (readline's raw mode, the foreground).
 --
 -- Modules: this one holds the session of rank 0 (commands, waiting for the
 -- ranks' answers), the workers' loop and the entry points; weft.repl.chunk

@@ -194,6 +194,8 @@ M.list = {
     "the machine name benchmarks put in their results files' names"),
   S("WEFT_COMMIT", "git rev-parse --short HEAD", "tool", { "lua/weft/bench.lua", "scripts/bench-host.lua" },
     "the commit benchmarks record"),
+  I("WEFT_PROGRESS_FD", 0, 65535, "2 (stderr)", "tool", { "lua/weft/progress.lua", "scripts/weft-tune" },
+    "the descriptor long tools write their progress to (weft-tune gives its ranks its terminal as 3)"),
   I("WEFT_DEMO_CALLS", 1, MAXI, "200", "tool", { "scripts/demo.lua" }, "all-reduce calls scripts/demo.lua times"),
   I("WEFT_EAGER_ROUNDS", 1, MAXI, "400", "tool", { "scripts/bench-eager-call.lua" },
     "rounds of scripts/bench-eager-call.lua"),

@@ -28,6 +28,9 @@ local show = require("weft.show").value -- names a refused value's type
 local function idiv(a, b) return floor(a / b) end
 
 M.KINDS = { "tp", "pp", "attn_tp", "attn_cp", "moe_ep", "moe_tp", "moe_dp", "dcp" }
+-- the order of the keys of the topology's JSON (to_json, weft-topo --json)
+M.JSON_ORDER = { "valid", "rank", "world_size", "gpus_per_node", "groups", "aliases", "group_index" }
+for _, k in ipairs(M.KINDS) do M.JSON_ORDER[#M.JSON_ORDER + 1] = k end
 
 local ARGS = { world_size = true, tp = true, pp = true, ep = true, attn_dp = true,
                attn_cp = true, moe_dp = true, dcp = true }
@@ -278,26 +281,18 @@ local function kinds_of(plan)
 end
 M.kinds_of = kinds_of
 
-local function list_json(r)
-  local p = {}
-  for i, x in ipairs(r) do p[i] = fmt("%d", x) end
-  return "[" .. concat(p, ",") .. "]"
-end
-
 -- {"world_size":N,"groups":{"tp":[[0,1],[2,3]],...},"aliases":{"attn_tp":"tp"}}
--- kinds (in groups and aliases) in KINDS order; no whitespace.
+-- kinds (in groups and aliases) in KINDS order; no whitespace (weft.json).
 function M.to_json(plan)
   check_plan(plan, "to_json")
-  local gparts, aparts = {}, {}
+  local json = require "weft.json"
+  local groups, aliases = json.object(), json.object()
   for _, k in ipairs(kinds_of(plan)) do
-    local gs = {}
-    for i, r in ipairs(plan.groups[k]) do gs[i] = list_json(r) end
-    gparts[#gparts + 1] = fmt('"%s":[%s]', k, concat(gs, ","))
-    local a = plan.aliases and plan.aliases[k]
-    if a then aparts[#aparts + 1] = fmt('"%s":"%s"', k, a) end
+    groups[k] = plan.groups[k]
+    aliases[k] = plan.aliases and plan.aliases[k] or nil
   end
-  return fmt('{"world_size":%d,"groups":{%s},"aliases":{%s}}', plan.world_size,
-             concat(gparts, ","), concat(aparts, ","))
+  return json.encode({ world_size = plan.world_size, groups = groups, aliases = aliases },
+                     { order = M.JSON_ORDER })
 end
 
 -- A readable table: one line per kind with its group size, count and groups.
