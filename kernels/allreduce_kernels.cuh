@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 4 ? 3 : 2) ar_lamp
   const uint64_t nvec = a.nvec, step = U * nthr;
   uint4 x[U], xp[U]; /* this step's own input; the previous step's */
   lamport_load<T, U>(a, tid, nthr, x); /* independent of the epoch: issued first */
+  agree_announce(a.env.ag);
   const uint32_t E = epoch_load(epochs_of(a));
   uint64_t *lb = lbytes_of(a);
   const uint64_t l0 = lb[0], l1 = lb[1], l2 = lb[2]; /* all at once: no load waits on E */
@@ -200,6 +201,7 @@ __global__ void __launch_bounds__(WF_AR_LAMPORT_THREADS, W <= 4 ? 3 : 2) ar_lamp
 #pragma unroll
     for (int k = 0; k < W - 1; k++) st_vec(clear_base + k * a.lamport_slot + v * 16, empty);
   __syncthreads();
+  agree_verify(a.env, WF_AR_SITE_AGREE);
   epoch_advance(epochs_of(a), E);
 }
 
@@ -270,6 +272,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
   constexpr int U = WF_AR_FLAG_UNROLL;
   pdl_wait(); /* before any memory access: the previous kernel is complete */
   pdl_launch_dependents();
+  agree_announce(a.env.ag);
   const uint32_t E = epoch_load(epochs_of(a));
   const uint32_t par = E & 1;
   const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
@@ -324,6 +327,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_oneshot
     }
   }
   __syncthreads();
+  agree_verify(a.env, WF_AR_SITE_AGREE);
   epoch_advance(epochs_of(a), E);
 }
 
@@ -334,6 +338,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
   constexpr int U = WF_AR_TWOSHOT_UNROLL(W);
   pdl_wait(); /* before any memory access: the previous kernel is complete */
   pdl_launch_dependents();
+  agree_announce(a.env.ag);
   const uint32_t E = epoch_load(epochs_of(a));
   const uint32_t par = E & 1;
   const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
@@ -439,6 +444,7 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
     }
   }
   __syncthreads();
+  agree_verify(a.env, WF_AR_SITE_AGREE);
   epoch_advance(epochs_of(a), E);
 }
 
@@ -529,10 +535,14 @@ cudaError_t launch_twd(const wf_ar_args *a, const KArgs &k, int *grid_out, int *
   *grid_out = sh.grid;
   *threads_out = sh.threads;
   if (!launch) return cudaSuccess; /* shape query only */
+  KArgs ka = k; /* the call's descriptor: what every rank must launch alike */
+  ka.env.ag.d0 = wf_agree_d0(WF_AGREE_AR, (unsigned)a->kind, (unsigned)a->dtype, 0, (unsigned)sh.grid,
+                             (unsigned)sh.threads, (unsigned)(k.sub & 15) | (k.split ? 16u : 0u) | (D ? 32u : 0u));
+  ka.env.ag.d1 = a->count;
   switch (a->kind) {
-    case WF_AR_LAMPORT: return launch_k(ar_lamport<T, W>, sh.grid, sh.threads, k, a->pdl, s);
-    case WF_AR_ONESHOT_FLAG: return launch_k(ar_oneshot_flag<T, W, D>, sh.grid, sh.threads, k, a->pdl, s);
-    case WF_AR_TWOSHOT: return launch_k(ar_twoshot<T, W, D>, sh.grid, sh.threads, k, a->pdl, s);
+    case WF_AR_LAMPORT: return launch_k(ar_lamport<T, W>, sh.grid, sh.threads, ka, a->pdl, s);
+    case WF_AR_ONESHOT_FLAG: return launch_k(ar_oneshot_flag<T, W, D>, sh.grid, sh.threads, ka, a->pdl, s);
+    case WF_AR_TWOSHOT: return launch_k(ar_twoshot<T, W, D>, sh.grid, sh.threads, ka, a->pdl, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -576,6 +586,7 @@ int ar_launch_t(const wf_ar_args *a, void *stream, int *grid, int *threads, bool
   k.env.err_dev = reinterpret_cast<unsigned long long *>(a->ws[a->rank] + WF_AR_OFF_ERR);
   k.env.err_host = a->err_host;
   k.env.timeout_ns = a->timeout_ns;
+  k.env.ag = a->agree;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return (int)launch_t<T>(a, k, grid, threads, s, launch);
 }

@@ -69,6 +69,10 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+extern "C" {
+#include "coll/agree.h"
+}
+
 #ifndef WF_MAX_BLOCKS
 #define WF_MAX_BLOCKS 1024 /* epoch slots / flag rows per workspace */
 #endif
@@ -330,16 +334,88 @@ struct SpinEnv {
   unsigned long long *err_dev;      /* device memory; first failure wins */
   unsigned long long *err_host;     /* host-mapped mirror of err_dev (may be NULL) */
   uint64_t timeout_ns;              /* per wait */
+  wf_agree ag;                      /* the call's agreement (src/coll/agree.h); area NULL: none */
 };
 
-/* Record the first failure (device word by CAS, then the host mirror). */
+/* A slow wait's look at the agreement slots (src/coll/agree.h): SPIN_OK, or
+ * WF_SPIN_MISMATCH / WF_SPIN_PEER_FAILED with the peer, and for a mismatch
+ * the call number and both descriptors (mine, theirs) in desc[4]. */
+__device__ __forceinline__ uint32_t agree_check(const SpinEnv &env, uint32_t &peer, uint32_t &site,
+                                                uint32_t &epoch, uint64_t (&desc)[4]) {
+  const uint64_t *row = &env.ag.area->slot[0][0];
+  const uint64_t mw = ld_relaxed_sys(row + env.ag.me * 4);
+#pragma unroll 1
+  for (int p = 0; p < env.ag.world; p++) {
+    if (p == env.ag.me) continue;
+    const uint64_t pw = ld_relaxed_sys(row + p * 4);
+    const uint32_t pc = (uint32_t)(pw >> 32);
+    if (pc == WF_AGREE_FAILED) { /* the peer gave up: its status and the rank it named */
+      peer = (uint32_t)p;
+      site = (uint32_t)(pw >> 8) & 0xff;
+      epoch = (uint32_t)pw & 0xff;
+      return WF_SPIN_PEER_FAILED;
+    }
+    if (pc != 0 && pc == (uint32_t)(mw >> 32) && (uint32_t)pw != (uint32_t)mw) {
+      peer = (uint32_t)p;
+      epoch = pc;
+      desc[0] = ld_relaxed_sys(row + env.ag.me * 4 + 1);
+      desc[1] = ld_relaxed_sys(row + env.ag.me * 4 + 2);
+      desc[2] = ld_relaxed_sys(row + p * 4 + 1);
+      desc[3] = ld_relaxed_sys(row + p * 4 + 2);
+      return WF_SPIN_MISMATCH;
+    }
+  }
+  return SPIN_OK;
+}
+
+/* Record the first failure (device word by CAS, then the host mirror: for a
+ * mismatch both descriptors first, in the four words after the error word),
+ * and mark this rank failed in every peer's agreement slot for it (so they
+ * stop waiting for it now, not at their deadline). */
 __device__ __forceinline__ void report_error(const SpinEnv &env, uint32_t status,
-                                             uint32_t peer, uint32_t site, uint32_t epoch) {
+                                             uint32_t peer, uint32_t site, uint32_t epoch,
+                                             const uint64_t *desc = nullptr) {
   if (status == SPIN_OK || status == SPIN_FAILED) return;
   unsigned long long e = err_pack(status, peer, site, epoch);
-  if (atomicCAS(env.err_dev, 0ull, e) == 0ull && env.err_host) {
-    asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(env.err_host), "l"(e) : "memory");
-    __threadfence_system();
+  if (atomicCAS(env.err_dev, 0ull, e) == 0ull) {
+    if (env.err_host) {
+      if (desc)
+        for (int i = 0; i < 4; i++)
+          asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(env.err_host + 1 + i), "l"(desc[i]) : "memory");
+      asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(env.err_host), "l"(e) : "memory");
+      __threadfence_system();
+    }
+    if (env.ag.area) {
+      /* the rank this failure names: the peer, or for a peer's failure the one it named */
+      const uint32_t named = status == WF_SPIN_PEER_FAILED ? epoch : peer;
+      const uint64_t mark = ((uint64_t)WF_AGREE_FAILED << 32) | ((uint64_t)(status & 0xff) << 8) | (named & 0xff);
+      for (int p = 0; p < env.ag.world; p++)
+        if (p != env.ag.me)
+          st_relaxed_sys(reinterpret_cast<uint64_t *>(env.ag.area->peer_row[p]) + env.ag.me * 4, mark);
+    }
+  }
+}
+
+/* Block 0 of every kernel on an agreed workspace, after pdl_wait
+ * (the previous call on this stream is complete): count the call and write
+ * its announcement into every rank's slot for this rank. */
+__device__ __forceinline__ void agree_announce(const wf_agree &g) {
+  /* the block's last thread: not one of the threads whose flag releases
+   * would then also wait for these stores */
+  if (!g.area || blockIdx.x != 0 || threadIdx.x != blockDim.x - 1) return;
+  const uint32_t c = g.area->calls + 1u;
+  g.area->calls = c;
+  uint64_t h = g.d0 * 0x9E3779B97F4A7C15ull ^ (g.d1 + 0x632BE59BD9B4E019ull);
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  const uint64_t w = ((uint64_t)c << 32) | ((uint32_t)h | 1u);
+#pragma unroll 1
+  for (int p = 0; p < g.world; p++) {
+    uint64_t *s = reinterpret_cast<uint64_t *>(g.area->peer_row[p]) + g.me * 4;
+    st_relaxed_sys(s + 1, g.d0);
+    st_relaxed_sys(s + 2, g.d1);
+    st_relaxed_sys(s, w);
   }
 }
 
@@ -388,11 +464,50 @@ __device__ __forceinline__ uint32_t bounded_spin(F done, const SpinEnv &env,
       }
       nap = nap < 2048 ? nap * 2 : 2048;
     }
+    uint64_t desc[4];
+    if (st == SPIN_OK && env.ag.area && waited > WF_AGREE_AFTER_NS)
+      st = agree_check(env, peer, site, epoch, desc);
     if (st != SPIN_OK) {
       if (done()) return SPIN_OK;  /* arrived while we looked away */
-      report_error(env, st, peer, site, epoch);
+      report_error(env, st, peer, site, epoch, st == WF_SPIN_MISMATCH ? desc : nullptr);
       return st;
     }
+  }
+}
+
+/* The end of a call, block 0, after a __syncthreads: thread p (a peer)
+ * compares p's announcement of this call with this rank's, so that calls
+ * that differ yet completed (the same bytes, another dtype or reduction)
+ * are reported before the host reads the output: every host wait reads the
+ * error word. The peer announced before it sent anything this call has
+ * received, so its slot is normally there; if it is not yet visible this
+ * waits for it (bounded: site names the wait). Costs block 0 one local load
+ * per peer. */
+__device__ __forceinline__ void agree_verify(const SpinEnv &env, uint32_t site) {
+  if (!env.ag.area || blockIdx.x != 0) return;
+  const int p = (int)threadIdx.x;
+  if (p >= env.ag.world || p == env.ag.me) return;
+  if (*(volatile unsigned long long *)env.err_dev != 0ull) return; /* failed: said already */
+  const uint64_t *row = &env.ag.area->slot[0][0];
+  const uint64_t mw = ld_relaxed_sys(row + env.ag.me * 4);
+  const uint32_t mc = (uint32_t)(mw >> 32);
+  uint64_t pw = 0;
+  const uint32_t st = bounded_spin(
+      [&] {
+        pw = ld_relaxed_sys(row + p * 4);
+        const uint32_t pc = (uint32_t)(pw >> 32);
+        return pc == WF_AGREE_FAILED || (int32_t)(pc - mc) >= 0;
+      },
+      env, (uint32_t)p, site, mc);
+  if (st != SPIN_OK) return;
+  if ((uint32_t)(pw >> 32) == WF_AGREE_FAILED) { /* the peer gave up: its announcement is gone */
+    report_error(env, WF_SPIN_PEER_FAILED, (uint32_t)p, (uint32_t)(pw >> 8) & 0xff, (uint32_t)pw & 0xff);
+    return;
+  }
+  if ((uint32_t)(pw >> 32) == mc && (uint32_t)pw != (uint32_t)mw) {
+    const uint64_t desc[4] = {ld_relaxed_sys(row + env.ag.me * 4 + 1), ld_relaxed_sys(row + env.ag.me * 4 + 2),
+                              ld_relaxed_sys(row + p * 4 + 1), ld_relaxed_sys(row + p * 4 + 2)};
+    report_error(env, WF_SPIN_MISMATCH, (uint32_t)p, site, mc, desc);
   }
 }
 

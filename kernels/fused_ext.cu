@@ -184,6 +184,7 @@ __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
   constexpr int N = Pack<T>::N;
   __shared__ float red[33];
   pdl_wait();
+  agree_announce(a.agree);
   const int tid = threadIdx.x, W = a.world, rank = a.rank, G = gridDim.x, b = blockIdx.x;
   char *const local = (char *)a.peer[rank];
   wfx_state *const st = (wfx_state *)local;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
   if (__syncthreads_or(tid == 0 && *(volatile unsigned long long *)a.err_dev != 0ull)) return;
   if (a.flags & WEFT_FX_PDL) pdl_launch_dependents();
   const int par = (int)(E & 1u);
-  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
+  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns, a.agree};
   const size_t rb = (size_t)a.hidden * sizeof(T);
   const int nv = a.hidden / N;
   const bool moe = a.pattern == WEFT_FX_MOE_AR_RMSNORM || a.pattern == WEFT_FX_MOE_FINALIZE_AR_RMSNORM;
@@ -318,6 +319,11 @@ extern "C" int wfx_launch(const wfx_args *a, int algo, void *stream) {
   int blocks, threads;
   int e = grid_of(a, algo, &blocks, &threads);
   if (e) return e;
+  wfx_args args = *a; /* the call's descriptor: what every rank must launch alike */
+  args.agree.d0 = wf_agree_d0(WF_AGREE_EXT, (unsigned)algo, (unsigned)a->dtype, (unsigned)a->pattern,
+                              (unsigned)blocks, (unsigned)threads,
+                              (unsigned)a->flags & (WEFT_FX_GEMMA | WEFT_FX_SCALES_DTYPE));
+  args.agree.d1 = ((uint64_t)(uint32_t)a->tokens << 32) | (uint32_t)a->hidden;
   return (int)wf::launch_pdl(pick(a->dtype, algo), dim3((unsigned)blocks), dim3((unsigned)threads),
-                             (cudaStream_t)stream, (a->flags & WEFT_FX_PDL) != 0, *a);
+                             (cudaStream_t)stream, (a->flags & WEFT_FX_PDL) != 0, args);
 }

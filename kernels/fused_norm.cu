@@ -234,6 +234,13 @@ extern "C" int wf_fused_launch(const wf_fused_args *a, int algo, void *stream) {
   args.probe = g_probe;
   args.push_ahead = push_ahead();
   args.trace = g_trace;
+  /* the call's descriptor: what every rank must launch alike (the one-shot
+   * pairs no blocks across ranks: its grid may differ, so it is left out) */
+  args.agree.d0 = wf_agree_d0(WF_AGREE_FUSED, (unsigned)algo, (unsigned)a->dtype, (unsigned)a->pattern,
+                              algo == WF_FUSED_TWOSHOT ? (unsigned)sh.blocks : 0u,
+                              algo == WF_FUSED_TWOSHOT ? (unsigned)sh.threads : 0u,
+                              (unsigned)a->flags & (WF_FUSED_GEMMA | WF_FUSED_FP32_ACC | WF_FUSED_DETERMINISTIC));
+  args.agree.d1 = ((uint64_t)(uint32_t)a->tokens << 32) | (uint32_t)a->hidden;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2];
   int na = 0;

@@ -255,9 +255,12 @@ __device__ __forceinline__ uint32_t wait_until(F done, const SpinEnv &env, unsig
           ld_relaxed_sys(env.abort_host) != 0u)
         st = SPIN_ABORT;
     }
+    uint64_t desc[4];
+    if (st == SPIN_OK && env.ag.area && waited > WF_AGREE_AFTER_NS)
+      st = agree_check(env, peer, site, epoch, desc);
     if (st != SPIN_OK) {
       if (done()) return SPIN_OK; /* arrived while we looked away */
-      report_error(env, st, peer, site, epoch);
+      report_error(env, st, peer, site, epoch, st == WF_SPIN_MISMATCH ? desc : nullptr);
       return st;
     }
   }
@@ -385,6 +388,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
    * (probe) by plain remote stores and barrier.cluster.arrive.release */
   const bool use_mbar = clustered && !(probe & WF_FUSED_PROBE_CLUSTER_BARRIER);
   pdl_wait();
+  agree_announce(a.agree);
   /* Dependents may be scheduled now: every block of this grid is resident
    * (the grid is at most what is), and their griddepcontrol.wait still
    * waits for this whole grid to complete and flush. (Probe: after the
@@ -438,7 +442,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
     if (csync) cluster_arrive_relaxed();
   };
   if (early_init) cluster_start();
-  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
+  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns, a.agree};
   const int cur = (int)(E % 3u), clr = (int)((E + 2u) % 3u);
   const size_t slot = (size_t)a.tokens * RB;
   const uint64_t lam = a.off_lamport + (uint64_t)cur * a.lamport_buf_bytes;
@@ -634,6 +638,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   __shared__ uint2 red[2][NCM];
   __shared__ unsigned long long gate; /* host abort word: this block's next turn */
   pdl_wait();
+  agree_announce(a.agree);
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
   const uint32_t E = epoch_load(st->flag_epoch);
@@ -641,7 +646,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   if (threadIdx.x == 0) gate = 0;
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull))
     return;
-  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
+  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns, a.agree};
   const bool old_spin = (a.probe & WF_FUSED_PROBE_OLD_SPIN) != 0;
   /* the flag at p holds target's epoch word and at least its step (kernels/common.cuh) */
   auto wait_flag = [&](const uint64_t *p, uint64_t target, uint32_t peer, uint32_t site) {

@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
   using K = Codec<C>;
   pdl_wait(); /* before any memory access: the previous kernel is complete */
   pdl_launch_dependents();
+  agree_announce(a.env.ag);
   const uint32_t E = epoch_load(epochs_of(a));
   const uint32_t par = E & 1;
   const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
@@ -183,6 +184,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
     }
   }
   __syncthreads();
+  agree_verify(a.env, WF_AR_SITE_AGREE);
   epoch_advance(epochs_of(a), E);
 }
 
@@ -287,6 +289,10 @@ cudaError_t launch_q(const wf_ar_args *a, const QArgs &k, int *grid, cudaStream_
   *grid = grid_for(a, k.nvec, kern, &occ);
   if (!launch) return cudaSuccess;
   QLam lam = {a->off_lamport, a->lamport_slot};
+  QArgs ka = k; /* the call's descriptor: what every rank must launch alike */
+  ka.env.ag.d0 = wf_agree_d0(WF_AGREE_QUICK, (unsigned)a->kind, (unsigned)a->dtype, 0, (unsigned)*grid,
+                             WF_QR_THREADS, D ? 32u : 0u);
+  ka.env.ag.d1 = a->count;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   cfg.gridDim = dim3(*grid);
@@ -298,7 +304,7 @@ cudaError_t launch_q(const wf_ar_args *a, const QArgs &k, int *grid, cudaStream_
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&cfg, kern, k, lam);
+  return cudaLaunchKernelEx(&cfg, kern, ka, lam);
 }
 
 template <typename T, int W>
@@ -341,6 +347,7 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
   k.env.err_dev = reinterpret_cast<unsigned long long *>(a->ws[a->rank] + WF_AR_OFF_ERR);
   k.env.err_host = a->err_host;
   k.env.timeout_ns = a->timeout_ns;
+  k.env.ag = a->agree;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return (int)launch_qt<T>(a, k, grid, s, launch);
 }

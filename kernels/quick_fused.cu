@@ -78,11 +78,12 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
   using K = Codec<C>;
   __shared__ float red[2][QF_NCM];
   pdl_wait();
+  agree_announce(a.agree);
   char *const local = (char *)a.peer[a.rank];
   wf_fused_state *const st = (wf_fused_state *)(local + a.off_state);
   const uint32_t E = epoch_load(st->flag_epoch);
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull)) return;
-  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns};
+  const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns, a.agree};
   const uint32_t par = E & 1u;
   const int NV = a.hidden / 8, NC = (NV + 31) / 32, rank = a.rank, tid = threadIdx.x;
   const int wbase = tid - (tid & 31);
@@ -315,6 +316,11 @@ extern "C" int wf_qr_fused_launch(const wf_fused_args *a, int codec, void *strea
   int blocks, threads;
   int e = shape(a, codec, &k, &blocks, &threads);
   if (e) return e;
+  wf_fused_args args = *a; /* the call's descriptor: what every rank must launch alike */
+  args.agree.d0 = wf_agree_d0(WF_AGREE_QFUSED, (unsigned)codec, (unsigned)a->dtype, (unsigned)a->pattern,
+                              (unsigned)blocks, (unsigned)threads,
+                              (unsigned)a->flags & (WF_FUSED_GEMMA | WF_FUSED_FP32_ACC | WF_FUSED_DETERMINISTIC));
+  args.agree.d1 = ((uint64_t)(uint32_t)a->tokens << 32) | (uint32_t)a->hidden;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   cfg.gridDim = dim3((unsigned)blocks);
@@ -326,5 +332,5 @@ extern "C" int wf_qr_fused_launch(const wf_fused_args *a, int codec, void *strea
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
-  return (int)cudaLaunchKernelEx(&cfg, k, *a);
+  return (int)cudaLaunchKernelEx(&cfg, k, args);
 }

@@ -164,6 +164,9 @@ M.list = {
     "bytes: at 2 ranks, auto takes two-shot from this size"),
   E("WEFT_AR_PDL", B01, "1", "setting", { "src/coll/allreduce.c" },
     "0 launches the all-reduce kernels without programmatic dependent launch"),
+  E("WEFT_DEVICE_AGREE", B01, "1", "setting", { "src/coll/devcoll.c" },
+    "0 turns off the device kernels' call announcements (a mismatch is then found only at the timeout); "
+    .. "for measuring their cost"),
   I("WEFT_FUSION_TIMEOUT_MS", 1, 2147483647, "the group's timeout", "setting",
     { "src/coll/fusion.c", "src/coll/fusion_ext.c" }, "the bound of the fused kernels' waits, in milliseconds"),
   I("WEFT_FUSION_ONESHOT_MAX", 1, MAXI, "by world (src/coll/fusion.c)", "setting", { "src/coll/fusion.c" },
@@ -246,6 +249,8 @@ M.list = {
   S("WEFT_FUSED_BENCH", "unset", "test", { "tests/gpu_fusion_spec.lua" }, "the fused harness's run, shared"),
   S("WEFT_DETERM_ROWS", "8192", "test", { "tests/helpers/gpu_determ_worker.lua" }, "rows of the determinism worker"),
   S("WEFT_QUICK_ENV_ONLY", "unset", "test", { "tests/helpers/quick_ranks.lua" }, "quick policy worker mode"),
+  S("WEFT_MISMATCH_CASES", "unset", "test", { "tests/helpers/gpu_mismatch_worker.lua" },
+    "comma-separated cases the device mismatch spec's worker runs (all when unset)"),
   S("WEFT_QUICK_KILL", "unset", "test", { "tests/helpers/gpu_quick_worker.lua" }, "the rank a quick spec kills"),
   S("WEFT_QUICK_NO_KILL", "unset", "test", { "tests/gpu_quick_spec.lua" }, "1 skips the quick spec's kill test"),
   S("WEFT_QUICK_WORLDS", "2 4 6 8", "test", { "tests/gpu_quick_spec.lua" }, "worlds of the quick GPU spec"),

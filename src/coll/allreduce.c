@@ -119,13 +119,27 @@ static const char *site_name(unsigned site) {
     case WF_AR_SITE_PUSHER: return "split one-shot's wait for its own pusher block";
     case WF_AR_SITE_QRS: return "quick all-reduce reduce-scatter flag";
     case WF_AR_SITE_QAG: return "quick all-reduce all-gather flag";
+    case WF_AR_SITE_AGREE: return "agreement check (the peer's announcement of the call)";
     default: return "unknown wait";
   }
 }
 
+/* wf_agree_d0(family, kind, dtype, 0, grid, threads, sub | split << 4 | determ << 5), d1 = count */
+static void describe(uint64_t d0, uint64_t d1, char *buf, size_t n) {
+  const unsigned fam = (unsigned)(d0 >> 56), kind = (unsigned)(d0 >> 48) & 0xff,
+                 dt = (unsigned)(d0 >> 40) & 0xff, grid = (unsigned)(d0 >> 16) & 0xffff,
+                 thr = (unsigned)(d0 >> 6) & 0x3ff, bits = (unsigned)d0 & 0x3f;
+  if (fam != WF_AGREE_AR && fam != WF_AGREE_QUICK) {
+    snprintf(buf, n, "an unknown call (%#llx %#llx)", (unsigned long long)d0, (unsigned long long)d1);
+    return;
+  }
+  snprintf(buf, n, "all_reduce %s %s x%llu (grid %u x %u%s)", kind_name((int)kind), dtype_name((int)dt),
+           (unsigned long long)d1, grid, thr, bits & 32 ? ", deterministic" : "");
+}
+
 static const wf_dc_names AR_NAMES = {
   .what = "allreduce", .unit = "handle", .refuse_hint = "destroy it and fall back to NCCL",
-  .timeout_hint = "destroy it and fall back to NCCL", .site = site_name,
+  .timeout_hint = "destroy it and fall back to NCCL", .site = site_name, .describe = describe,
 };
 
 struct weft_ar {
@@ -158,6 +172,8 @@ static int init_workspace(weft_ar *ar) {
   if (e == cudaSuccess) e = (cudaError_t)wf_ar_fill_empty(mine + ar->base.off_lamport, lam, s);
   int rc = e == cudaSuccess ? wf_cuda_wait_stream(s, ar->dc.timeout_ms, "allreduce create: init")
                             : wf_cuda_err(__FILE__, __LINE__, "workspace init", e);
+  if (!rc) rc = wf_dc_agree_init(&ar->dc, WF_AR_OFF_AGREE, s);
+  if (!rc) ar->base.agree = wf_dc_agreement(&ar->dc);
   cudaStreamDestroy(s);
   return rc;
 }

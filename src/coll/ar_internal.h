@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "coll/agree.h"
+
 #define WF_AR_MAX_WORLD 8
 #define WF_AR_MAX_BLOCKS 1024     /* epoch slots and flag rows (= WF_MAX_BLOCKS) */
 #define WF_AR_LAMPORT_THREADS 256 /* most threads per Lamport block (launch bound) */
@@ -23,16 +25,18 @@ enum { WF_AR_LAMPORT = 1, WF_AR_TWOSHOT = 2, WF_AR_ONESHOT_FLAG = 3,
 /* Wait sites named in error messages (kernels report them). */
 enum { WF_AR_SITE_LAMPORT = 1, WF_AR_SITE_ONESHOT = 2, WF_AR_SITE_RS = 3, WF_AR_SITE_AG = 4,
        WF_AR_SITE_PUSHER = 5, /* split one-shot: a reducer waits for its own GPU's pusher */
-       WF_AR_SITE_QRS = 6, WF_AR_SITE_QAG = 7 /* quick all-reduce: reduce-scatter, all-gather */ };
+       WF_AR_SITE_QRS = 6, WF_AR_SITE_QAG = 7, /* quick all-reduce: reduce-scatter, all-gather */
+       WF_AR_SITE_AGREE = 8 /* the end of a call: a peer's announcement of it */ };
 
 /* Workspace layout (same offsets on every rank):
- *   epochs[WF_AR_MAX_BLOCKS] u32 | lbytes[3] u64 | err u64 |
+ *   epochs[WF_AR_MAX_BLOCKS] u32 | lbytes[3] u64 | err u64 | agreement area |
  *   flags u64 [2 parity][2 phase][WF_AR_MAX_BLOCKS][WF_AR_MAX_WORLD] |
  *   lamport [3 buffers][world-1 slots][lamport_slot bytes]  (sentinel-filled) |
  *   data [2 parity][data_par bytes]  */
 #define WF_AR_OFF_EPOCHS 0u
 #define WF_AR_OFF_LBYTES 4096u
 #define WF_AR_OFF_ERR (4096u + 64u)
+#define WF_AR_OFF_AGREE (4096u + 512u) /* wf_agree_area (src/coll/agree.h), 512 bytes */
 #define WF_AR_OFF_FLAGS 8192u
 #define WF_AR_FLAGS_BYTES (2u * 2u * WF_AR_MAX_BLOCKS * WF_AR_MAX_WORLD * 8u)
 
@@ -56,6 +60,7 @@ typedef struct wf_ar_args {
   int split;                    /* flag one-shot: 1 = separate pusher and reducer blocks */
   int determ;                   /* WEFT_AR_DETERMINISTIC: the flag kernels sanitise their inputs
                                    as the Lamport one-shot does (same sums on every path) */
+  wf_agree agree;               /* area, me, world; the launch adds the call's descriptor */
 } wf_ar_args;
 
 static inline uint64_t wf_ar_nvec(uint64_t count, int esize) {

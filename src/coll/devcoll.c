@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { SPIN_STATUS_TIMEOUT = 2 }; /* kernels/common.cuh SPIN_TIMEOUT */
+
 const char *wf_dc_dtype_name(int dtype) {
   switch (dtype) {
     case WEFT_F32: return "f32"; case WEFT_F16: return "f16"; case WEFT_BF16: return "bf16";
@@ -37,8 +39,34 @@ int wf_dc_group_info(weft_cpugroup *g, const char *verb, wf_dc_group *gi) {
 static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static wf_dc *g_live;
 
+/* weft destroys stream s (src/cuda/cuda.c): a handle whose last call ran on
+ * it lets that call finish now and forgets the stream, so that no later
+ * begin or destroy asks a destroyed stream about itself. At the end of a
+ * Lua state the finalizers run in no set order: the graph runner's capture
+ * stream went before the all-reduce handle whose destroy then asked it,
+ * and the process died of SIGSEGV at exit. */
+static void forget_stream(void *stream) {
+  const cudaStream_t s = (cudaStream_t)stream;
+  int used = 0, timeout_ms = 0;
+  pthread_mutex_lock(&g_live_mu);
+  for (wf_dc *d = g_live; d; d = d->next_live)
+    if (d->have_last && d->last == s) {
+      used = 1;
+      d->have_last = 0;
+      if (d->timeout_ms > timeout_ms) timeout_ms = d->timeout_ms;
+    }
+  pthread_mutex_unlock(&g_live_mu);
+  if (!used) return;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+    wf_cuda_wait_stream(s, timeout_ms + 5000, "stream destroy");   /* outside the lock: it polls the handles */
+  cudaGetLastError();
+  wf_clear_error();
+}
+
 static void live_add(wf_dc *d) {
   wf_cuda_set_wait_checks(NULL, wf_dc_poll_all);   /* every host wait reads the error words */
+  wf_cuda_set_stream_destroy_hook(forget_stream);
   pthread_mutex_lock(&g_live_mu);
   d->next_live = g_live;
   g_live = d;
@@ -148,6 +176,29 @@ int wf_dc_map_host(wf_dc *d) {
   return 0;
 }
 
+int wf_dc_agree_init(wf_dc *d, uint64_t off, cudaStream_t s) {
+  /* WEFT_DEVICE_AGREE=0: no announcements (to measure what they cost, and
+   * to show what the checks find without them); the area stays zero */
+  if (wf_env_long("WEFT_DEVICE_AGREE", 1) == 0) return 0;
+  uint64_t rows[WF_AGREE_MAX_WORLD] = {0};
+  for (int i = 0; i < d->n; i++) rows[i] = (uint64_t)(uintptr_t)((char *)wf_dc_peer(d, i) + off);
+  wf_agree_area *mine = (wf_agree_area *)(uintptr_t)rows[d->me];
+  cudaError_t e = cudaMemcpyAsync(mine->peer_row, rows, sizeof rows, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "agreement area init", e);
+  d->agree = mine;
+  return 0;
+}
+
+wf_agree wf_dc_agreement(const wf_dc *d) {
+  wf_agree a;
+  memset(&a, 0, sizeof a);
+  a.area = d->agree;
+  a.me = d->me;
+  a.world = d->n;
+  return a;
+}
+
 int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op) {
   char local_msg[512] = "";
   if (local_rc) snprintf(local_msg, sizeof local_msg, "%s", weft_last_error());
@@ -161,12 +212,16 @@ int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op) {
 
 void wf_dc_release(wf_dc *d, const char *op) {
   if (d->live) live_remove(d);   /* first: its host words go below */
-  if (d->have_last) {
+  pthread_mutex_lock(&g_live_mu);   /* a stream going away (forget_stream) clears last */
+  const int have_last = d->have_last;
+  const cudaStream_t last = d->last;
+  d->have_last = 0;
+  pthread_mutex_unlock(&g_live_mu);
+  if (have_last) {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(d->last, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-      wf_cuda_wait_stream(d->last, d->timeout_ms + 5000, op);
+    if (cudaStreamIsCapturing(last, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+      wf_cuda_wait_stream(last, d->timeout_ms + 5000, op);
     cudaGetLastError();
-    d->have_last = 0;
   }
   if (d->vmm) weft_vmm_destroy(d->vmm);
   if (d->host) cudaFreeHost((void *)d->host);
@@ -233,6 +288,34 @@ int wf_dc_check_error(wf_dc *d) {
   const unsigned status = (unsigned)(e >> 56) & 0xff, peer = (unsigned)(e >> 48) & 0xff,
                  site = (unsigned)(e >> 40) & 0xff, epoch = (unsigned)(e & 0xffffffffu);
   const int grank = peer < (unsigned)d->n ? d->ranks[peer] : -1;
+  if (status == WF_SPIN_MISMATCH) {
+    char mine[192] = "?", theirs[192] = "?";
+    if (nm->describe) {
+      nm->describe(d->host->desc[0], d->host->desc[1], mine, sizeof mine);
+      nm->describe(d->host->desc[2], d->host->desc[3], theirs, sizeof theirs);
+    }
+    d->failed = WEFT_EMISMATCH;
+    return wf_error(WEFT_EMISMATCH, "%s (group '%s', rank %d of %d): call %u differs between ranks: "
+                    "rank %d called %s; rank %d called %s; %s unusable: %s", nm->what, d->group, d->me,
+                    d->n, epoch, grank, theirs, d->ranks[d->me], mine, nm->unit, nm->timeout_hint);
+  }
+  if (status == WF_SPIN_PEER_FAILED) {
+    const unsigned why = site, named = epoch;
+    const int gnamed = named < (unsigned)d->n ? d->ranks[named] : -1;
+    char reason[160];
+    if (why == WF_SPIN_MISMATCH)
+      snprintf(reason, sizeof reason, "its call differed from rank %d's", gnamed);
+    else if (why == SPIN_STATUS_TIMEOUT)
+      snprintf(reason, sizeof reason, "rank %d did not arrive within its timeout", gnamed);
+    else if (why == WF_SPIN_PEER_FAILED)
+      snprintf(reason, sizeof reason, "rank %d gave up before it", gnamed);
+    else
+      snprintf(reason, sizeof reason, "it was aborted");
+    d->failed = WEFT_EABORT;
+    return wf_error(WEFT_EABORT, "%s (group '%s', rank %d of %d): rank %d gave up its call (%s), so this "
+                    "rank's call cannot complete; %s unusable: %s", nm->what, d->group, d->me, d->n, grank,
+                    reason, nm->unit, nm->timeout_hint);
+  }
   if (status == 1) {
     d->failed = WEFT_EABORT;
     return wf_error(WEFT_EABORT, "%s (group '%s', rank %d of %d): aborted while waiting for peer %u "

@@ -13,6 +13,7 @@
 
 #include "host/cpugroup.h"
 #include "cuda/cuda_internal.h"
+#include "coll/agree.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -51,6 +52,7 @@ typedef struct wf_dc_host {
   volatile uint32_t abort;
   uint32_t pad;
   volatile unsigned long long err;
+  volatile uint64_t desc[4]; /* a mismatch: this rank's call (d0, d1), then the peer's */
 } wf_dc_host;
 
 /* The words that differ between the kinds' messages (one static table each). */
@@ -60,6 +62,8 @@ typedef struct wf_dc_names {
   const char *refuse_hint;  /* what to do, after "this <unit> failed earlier (why); " */
   const char *timeout_hint; /* what to do, after "<unit> unusable: " in a timeout report */
   const char *(*site)(unsigned site); /* the wait an error word's site code names */
+  /* a call's agreement descriptor (src/coll/agree.h) in words: "twoshot bf16 x4096 ..." */
+  void (*describe)(uint64_t d0, uint64_t d1, char *buf, size_t n);
 } wf_dc_names;
 
 typedef struct wf_dc {
@@ -74,10 +78,11 @@ typedef struct wf_dc {
   int timeout_ms;
   int failed;                   /* sticky: WEFT_ETIMEOUT / WEFT_EABORT */
   int busy;                     /* atomic: one host thread at a time */
-  cudaStream_t last;            /* stream of the previous call */
+  cudaStream_t last;            /* stream of the previous call (forgotten when weft destroys it) */
   int have_last;
   struct wf_dc *next_live;      /* the registry of live handles (host waits poll it) */
   int live;
+  wf_agree_area *agree;         /* device address of this rank's agreement area (NULL: none) */
 } wf_dc;
 
 /* A rank's own failure before a vote: its code and message, kept because the
@@ -117,6 +122,14 @@ int wf_dc_map_host(wf_dc *d);
  * workspaces): 0, or the first failed kernel's report (group, rank, peer,
  * wait site, call) under op. Sticky until the handle is destroyed. */
 int wf_dc_poll_all(const char *op);
+/* After the workspace's init zeroed it (stream s, before the ready vote):
+ * write every rank's agreement area address (off: its offset in each
+ * workspace) into this rank's area; from then on wf_dc_agreement fills
+ * the kernels' wf_agree. 0, or the CUDA error. */
+int wf_dc_agree_init(wf_dc *d, uint64_t off, cudaStream_t s);
+/* The call-independent part of a kernel's wf_agree (area NULL before init). */
+wf_agree wf_dc_agreement(const wf_dc *d);
+
 /* The vote after this rank's workspace init (local_rc: its outcome, its
  * message still in weft_last_error()), so that no peer pushes into a
  * workspace before its owner initialised it: 0 when every rank is ready,

@@ -133,10 +133,31 @@ static const char *site_name(unsigned site) {
   }
 }
 
+/* wf_agree_d0(FUSED or QFUSED, algo or codec, dtype, pattern, grid, threads, flags), d1 = tokens << 32 | hidden */
+static void describe(uint64_t d0, uint64_t d1, char *buf, size_t n) {
+  static const char *const pattern[] = {"all_reduce", "all_reduce + rmsnorm", "all_reduce + rmsnorm + fp8"};
+  static const char *const codec[] = {"fp", "int8", "int4", "fp8"};
+  const unsigned fam = (unsigned)(d0 >> 56), algo = (unsigned)(d0 >> 48) & 0xff,
+                 dt = (unsigned)(d0 >> 40) & 0xff, pat = (unsigned)(d0 >> 32) & 0xff,
+                 grid = (unsigned)(d0 >> 16) & 0xffff, thr = (unsigned)(d0 >> 6) & 0x3ff, fl = (unsigned)d0 & 0x3f;
+  char how[48];
+  if (fam == WF_AGREE_QFUSED) snprintf(how, sizeof how, "quick-%s two-shot", algo < 4 ? codec[algo] : "?");
+  else snprintf(how, sizeof how, "%s", algo == WF_FUSED_ONESHOT ? "one-shot" : algo == WF_FUSED_TWOSHOT ? "two-shot" : "?");
+  if (fam != WF_AGREE_FUSED && fam != WF_AGREE_QFUSED) {
+    snprintf(buf, n, "an unknown call (%#llx %#llx)", (unsigned long long)d0, (unsigned long long)d1);
+    return;
+  }
+  char shape[40] = "";
+  if (grid) snprintf(shape, sizeof shape, ", grid %u x %u", grid, thr);
+  snprintf(buf, n, "%s %s %s, %u tokens x %u%s%s%s%s", pat < 3 ? pattern[pat] : "?", how, wf_dc_dtype_name((int)dt),
+           (unsigned)(d1 >> 32), (unsigned)d1, shape, fl & WF_FUSED_GEMMA ? ", gemma" : "",
+           fl & WF_FUSED_FP32_ACC ? ", fp32 accumulation" : "", fl & WF_FUSED_DETERMINISTIC ? ", deterministic" : "");
+}
+
 static const wf_dc_names FUSION_NAMES = {
   .what = "fusion", .unit = "workspace",
   .refuse_hint = "destroy it and recreate it (or use the unfused path)",
-  .timeout_hint = "destroy and recreate it", .site = site_name,
+  .timeout_hint = "destroy and recreate it", .site = site_name, .describe = describe,
 };
 
 struct weft_fusion {
@@ -171,6 +192,8 @@ static int init_workspace(weft_fusion *f, const layout *l) {
                         (uint64_t)l->off_rs, f->opts.dtype, s);
   int rc = e == 0 ? wf_cuda_wait_stream(s, f->dc.timeout_ms, "fusion create: workspace init")
                   : wf_cuda_err(__FILE__, __LINE__, "fusion workspace init", (cudaError_t)e);
+  if (!rc) rc = wf_dc_agree_init(&f->dc, (uint64_t)l->off_state + offsetof(wf_fused_state, agree), s);
+  if (!rc) f->base.agree = wf_dc_agreement(&f->dc);
   cudaStreamDestroy(s);
   return rc;
 }

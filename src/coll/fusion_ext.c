@@ -8,6 +8,7 @@
 #include "fusion_ext_internal.h"
 #include "devcoll.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,10 +211,26 @@ static const char *site_name(unsigned site) {
   return names[pat <= 4 ? pat : 0][wait - 1];
 }
 
+/* wf_agree_d0(EXT, algo, dtype, pattern, grid, threads, flags), d1 = tokens << 32 | hidden */
+static void describe(uint64_t d0, uint64_t d1, char *buf, size_t n) {
+  static const char *const pattern[] = {"?", "moe + all_reduce + rmsnorm", "moe finalize + all_reduce + rmsnorm",
+                                        "all_reduce + pre/post rmsnorm", "reduce_scatter + rmsnorm"};
+  const unsigned fam = (unsigned)(d0 >> 56), algo = (unsigned)(d0 >> 48) & 0xff,
+                 dt = (unsigned)(d0 >> 40) & 0xff, pat = (unsigned)(d0 >> 32) & 0xff,
+                 grid = (unsigned)(d0 >> 16) & 0xffff, thr = (unsigned)(d0 >> 6) & 0x3ff;
+  if (fam != WF_AGREE_EXT) {
+    snprintf(buf, n, "an unknown call (%#llx %#llx)", (unsigned long long)d0, (unsigned long long)d1);
+    return;
+  }
+  snprintf(buf, n, "%s %s %s, %u tokens x %u, grid %u x %u", pat < 5 ? pattern[pat] : "?",
+           algo == WFX_ONESHOT ? "one-shot" : algo == WFX_TWOSHOT ? "two-shot" : "?", wf_dc_dtype_name((int)dt),
+           (unsigned)(d1 >> 32), (unsigned)d1, grid, thr);
+}
+
 static const wf_dc_names NAMES = {
   .what = "fusion_ext", .unit = "workspace",
   .refuse_hint = "destroy it and recreate it (or use the unfused path)",
-  .timeout_hint = "destroy and recreate it", .site = site_name,
+  .timeout_hint = "destroy and recreate it", .site = site_name, .describe = describe,
 };
 
 struct weft_fusion_ext {
@@ -302,6 +319,8 @@ int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_
       cudaError_t e = cudaMemsetAsync(a->peer[me], 0, (size_t)l.off_os, s);
       local_rc = e == cudaSuccess ? wf_cuda_wait_stream(s, f->dc.timeout_ms, "fusion_ext create: workspace init")
                                   : wf_cuda_err(__FILE__, __LINE__, "fusion_ext workspace init", e);
+      if (!local_rc) local_rc = wf_dc_agree_init(&f->dc, offsetof(wfx_state, agree), s);
+      if (!local_rc) a->agree = wf_dc_agreement(&f->dc);
       cudaStreamDestroy(s);
     }
   }

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "coll/agree.h"
+
 #define WFX_MAX_WORLD 8
 #define WFX_MAX_HIDDEN 16384
 #define WFX_MAX_BLOCKS 1024 /* == WF_MAX_BLOCKS of kernels/common.cuh */
@@ -26,6 +28,7 @@
 typedef struct wfx_state {
   uint32_t epoch[WFX_MAX_BLOCKS];
   unsigned long long err_dev;
+  wf_agree_area agree; /* the calls' agreement (peers write their slots here) */
 } wfx_state;
 
 /* error sites */
@@ -51,6 +54,7 @@ typedef struct wfx_args {
   const uint32_t *abort_host;
   unsigned long long *err_dev, *err_host;
   uint64_t timeout_ns;
+  wf_agree agree; /* area, me, world; the launch adds the call's descriptor */
   int32_t tokens, hidden, rank, world, pattern, flags, dtype, num_sms, shared_gpu;
 } wfx_args;
 

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "coll/agree.h"
+
 #define WF_FUSED_MAX_WORLD 8
 #define WF_FUSED_MAX_HIDDEN 16384
 #define WF_FUSED_MAX_BLOCKS 1024 /* == WF_MAX_BLOCKS of kernels/common.cuh */
@@ -29,6 +31,7 @@ typedef struct wf_fused_state {
   uint32_t flag_epoch[WF_FUSED_MAX_BLOCKS];    /* two-shot calls so far */
   uint64_t lamport_bytes[3]; /* bytes per slot written at the last use of buffer i */
   unsigned long long err_dev; /* first failure (packed, kernels/common.cuh err_pack) */
+  wf_agree_area agree;        /* the calls' agreement (peers write their slots here) */
 } wf_fused_state;
 
 /* Error "site" codes in the packed error word: which wait failed. */
@@ -63,6 +66,7 @@ typedef struct wf_fused_args {
   unsigned long long *err_dev;
   unsigned long long *err_host;
   uint64_t timeout_ns;
+  wf_agree agree;       /* area, me, world; the launch adds the call's descriptor */
   float eps;
   int32_t tokens, hidden, rank, world, pattern, flags, dtype; /* dtype: WEFT_* */
   int32_t num_sms;      /* agreed (min over the group) SM count: same grid everywhere */

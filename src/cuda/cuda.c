@@ -327,6 +327,7 @@ int weft_cuda_stream_destroy(void *stream) {
   int rc = ensure();
   if (rc) return rc;
   if (tl_stream == (cudaStream_t)stream) tl_stream = NULL;
+  wf_cuda_stream_destroying(stream);
   WF_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)stream));
   return 0;
 }

@@ -116,6 +116,11 @@ typedef int (*wf_wait_check)(const char *op);
 void wf_cuda_set_wait_checks(wf_wait_check pending, wf_wait_check done);
 int wf_cuda_check_pending(const char *op);
 int wf_cuda_check_done(const char *op);
+/* Told before weft destroys a stream (the same way up: src/coll/devcoll.c
+ * installs it), so nothing above keeps asking a destroyed stream. */
+typedef void (*wf_stream_hook)(void *stream);
+void wf_cuda_set_stream_destroy_hook(wf_stream_hook f);
+void wf_cuda_stream_destroying(void *stream);
 
 #ifdef __cplusplus
 }

@@ -20,3 +20,14 @@ int wf_cuda_check_done(const char *op) {
   wf_wait_check f = __atomic_load_n(&g_done, __ATOMIC_ACQUIRE);
   return f ? f(op) : 0;
 }
+
+static wf_stream_hook g_destroy;
+
+void wf_cuda_set_stream_destroy_hook(wf_stream_hook f) {
+  __atomic_store_n(&g_destroy, f, __ATOMIC_RELEASE);
+}
+
+void wf_cuda_stream_destroying(void *s) {
+  wf_stream_hook f = __atomic_load_n(&g_destroy, __ATOMIC_ACQUIRE);
+  if (f) f(s);
+}

@@ -1,0 +1,121 @@
+-- One rank of tests/gpu_mismatch_spec.lua: ranks of one group make device
+-- calls that differ, and every rank must raise within a fraction of the
+-- timeout (WEFT_TIMEOUT_MS, 20 s in the spec), naming the other call; then
+-- weft.recover() and a right all_reduce. Run under MPS on one GPU:
+--   scripts/weft-mps -n W -- scripts/weft-run -n W tests/helpers/gpu_mismatch_worker.lua
+-- Cases (rank 1 differs from the others): the custom all-reduce's algorithm
+-- (one-shot against two-shot), its count, its dtype (the same bytes: the
+-- kernels complete, the check at the call's end finds it), the quick
+-- all-reduce against the exact two-shot, the fused all-reduce + RMSNorm
+-- (one-shot against two-shot), and replays of graphs that captured different
+-- sizes. Prints "PASS <case> (<ms> ms): <error>" or "FAIL <case>: why" per
+-- rank; WEFT_MISMATCH_CASES=a,b runs some only.
+local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
+package.path = root .. "/tests/?.lua;" .. package.path
+local R = require "helpers.gpu_worker"
+local weft, T, cuda, policy, db, graph = R.weft, R.T, R.cuda, R.policy, R.db, R.graph
+
+local TIMEOUT = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 20000
+local world = weft.init { timeout_ms = TIMEOUT }
+local me, W = world.rank, world.world_size
+local DEV = "cuda:" .. cuda.current_device()
+local odd = me == 1
+local failed = 0
+
+local function say(fmt, ...) print(fmt:format(...)); io.stdout:flush() end
+
+-- fresh random data (never zeros): small integers, exact in every dtype
+local function rnd(n, dt, seed)
+  local h = R.G.ints(seed, n, dt)
+  local d = h:clone(DEV)
+  h:free()
+  return d
+end
+
+local CASES = {
+  { "ar_algo", function(g)
+      policy.set { all_reduce = odd and "oneshot" or "twoshot", group = g }
+      local x = rnd(65536, "bf16", 10 + me)
+      g:all_reduce(x); cuda.synchronize()
+    end },
+  { "ar_count", function(g)
+      policy.set { all_reduce = "oneshot", group = g }
+      local x = rnd(odd and 8192 or 4096, "bf16", 20 + me)
+      g:all_reduce(x); cuda.synchronize()
+    end },
+  { "ar_dtype", function(g)
+      policy.set { all_reduce = "oneshot", group = g }
+      local x = rnd(4096, odd and "f16" or "bf16", 30 + me)
+      g:all_reduce(x); cuda.synchronize()
+      x:to_table()
+    end },
+  { "quick", function(g)
+      local ar = db.ensure_ar(g).ar
+      if not ar then error("no custom all-reduce workspace", 0) end
+      local x = rnd(1048576, "bf16", 40 + me)
+      ar:run(x.ptr, x.ptr, x.numel, "bf16", odd and "quick_int8" or "twoshot")
+      cuda.synchronize()
+      local e = ar:check_error()
+      if e then error(e, 0) end
+    end },
+  { "fused", function(g)
+      local x, res = rnd(16 * 4096, "bf16", 50 + me), rnd(16 * 4096, "bf16", 60)
+      x, res = x:view { 16, 4096 }, res:view { 16, 4096 }
+      local w = rnd(4096, "bf16", 70)
+      g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = odd and "oneshot" or "twoshot" })
+      cuda.synchronize()
+    end },
+  { "graph_replay", function(g)
+      policy.set { all_reduce = "oneshot", group = g }
+      local x = rnd(odd and 8192 or 4096, "bf16", 80 + me)
+      local gr = graph.capture(function() g:all_reduce(x) end, { warmup = 0, groups = { g } })
+      gr:replay(); cuda.synchronize()
+      gr:destroy()
+    end },
+}
+
+local only = {}
+for name in (os.getenv("WEFT_MISMATCH_CASES") or ""):gmatch("[^,]+") do only[name] = true end
+
+for _, c in ipairs(CASES) do
+  local name, fn = c[1], c[2]
+  if next(only) == nil or only[name] then
+    local g = weft.world()
+    g:barrier()
+    local t0 = weft.now_us()
+    local ok, err = pcall(fn, g)
+    local ms = (weft.now_us() - t0) / 1000
+    err = tostring(err):gsub("\n", " | ")
+    local named = err:find("differs between ranks", 1, true) or err:find("gave up its call", 1, true)
+                  or err:find("captured different", 1, true) or err:find("different", 1, true)
+    if ok then
+      failed = failed + 1
+      say("FAIL %s: no error (%.1f ms) although rank 1 made another call", name, ms)
+    elseif not named then
+      failed = failed + 1
+      say("FAIL %s: the error (%.1f ms) does not say the calls differ: %s", name, ms, err)
+    elseif ms > TIMEOUT / 10 then
+      failed = failed + 1
+      say("FAIL %s: the error came after %.1f ms (timeout %d ms): %s", name, ms, TIMEOUT, err)
+    else
+      say("PASS %s (%.1f ms): %s", name, ms, err)
+    end
+    policy.set { all_reduce = "default", group = g }
+    local rok, rerr = pcall(weft.recover)
+    if not rok then
+      failed = failed + 1
+      say("FAIL %s: recover: %s", name, tostring(rerr):gsub("\n", " | "))
+      break
+    end
+    local y = T.ones({ 4096 }, "bf16", DEV)
+    local aok, aerr = pcall(function() weft.world():all_reduce(y); cuda.synchronize() end)
+    local v = aok and y:to_table()[4096]
+    if not aok or v ~= W then
+      failed = failed + 1
+      say("FAIL %s: the all_reduce after recover: %s", name, aok and ("got " .. tostring(v)) or tostring(aerr))
+    end
+  end
+end
+
+weft.shutdown()
+os.exit(failed == 0 and 0 or 1)
