@@ -145,6 +145,9 @@ M.list = {
   S("WEFT_NCCL_LIB", "libnccl.so.2", "setting", { "src/coll/nccl.c" }, "the NCCL library to dlopen"),
   E("WEFT_NCCL_BLOCKING", B01, "1", "setting", { "src/coll/nccl.c" },
     "0: NCCL communicators are created non-blocking (docs/gpu-runtime.md)"),
+  E("WEFT_NCCL_CHECK", B01, "0", "setting", { "lua/weft/device_backends/nccl_backend.lua" },
+    "1 agrees every NCCL collective first (one host exchange per call): ranks whose calls differ fail at "
+    .. "once naming every rank's call, instead of NCCL pairing them"),
   E("WEFT_NCCL_CHECK_POINTERS", B01, "1", "setting", { "src/coll/nccl.c" },
     "0 skips the check that a collective's pointers are device memory"),
   E("WEFT_ALLOW_MULTICAST", B01, "0", "setting", { "src/coll/nccl.c" },

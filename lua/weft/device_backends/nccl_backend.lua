@@ -337,6 +337,51 @@ function nccl_be.reduce_scatterv(g, op, t, sizes, out, rop, code)
   end
   c:reduce_scatterv(t.ptr, out.ptr, counts, t._code, code)
 end
-M.nccl_backend = nccl_be
+---------------------------------------------------------------- check mode
+-- NCCL pairs whatever the ranks enqueue: calls that differ give garbage or
+-- a hang until the watchdog. WEFT_NCCL_CHECK=1 agrees every NCCL collective
+-- first, as the store route does (its call frame, weft.group.host): one
+-- extra exchange over the group's cpu group before the launch, in which
+-- ranks whose calls differ all fail at once naming every rank's call. Off
+-- by default (it costs a host round trip per call; under capture, once per
+-- captured call). Not for send/recv (the two ends make different calls)
+-- or all_to_all_single (each rank's splits differ by design).
+local CHECKED = { "all_reduce", "all_gather", "reduce_scatter", "broadcast_tensor", "gather", "all_gatherv",
+                  "reduce_scatterv" }
+
+-- the call's words beyond the tensor: numbers, strings and lists; no
+-- pointers or tensors (they differ between ranks)
+local function extra_of(...)
+  local parts = {}
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    local tv = type(v)
+    if tv == "number" or tv == "string" or tv == "boolean" then parts[#parts + 1] = tostring(v)
+    elseif tv == "table" and not T().is_tensor(v) and v[1] ~= nil then
+      parts[#parts + 1] = "{" .. table.concat(v, ",") .. "}"
+    end
+  end
+  return #parts > 0 and table.concat(parts, " ") or nil
+end
+
+function M.agree_call(g, op, t, ...)
+  local H = require "weft.group.host"
+  local part, call = H.store_part(op, "", t, extra_of(...))
+  H.store_check(g, op, call, g.cpu_group:allgather(part))
+end
+
+function M.checked(be)
+  local c = setmetatable({}, { __index = be })
+  for _, name in ipairs(CHECKED) do
+    local f = be[name]
+    c[name] = function(g, op, t, ...)
+      M.agree_call(g, op, t, ...)
+      return f(g, op, t, ...)
+    end
+  end
+  return c
+end
+
+M.nccl_backend = os.getenv("WEFT_NCCL_CHECK") == "1" and M.checked(nccl_be) or nccl_be
 
 return M
