@@ -24,8 +24,10 @@ describe("custom groups created and destroyed in a loop #fault", function()
       if k0 then
         seen = seen + 1
         if l.rank == 0 then
-          -- flat: nothing left behind (a key of the first cycles may be gone by the end)
-          assert.is_true(tonumber(k1) <= tonumber(k0), "store keys before and after 3000 cycles:\n" .. out)
+          -- flat: nothing left behind per cycle (a leak is thousands of keys
+          -- here); the count moves by one or two with what is in flight at
+          -- the moment it is read (6 -> 7 and 7 -> 6 both seen on CI)
+          assert.is_true(math.abs(tonumber(k1) - tonumber(k0)) <= 3, "store keys before and after 3000 cycles:\n" .. out)
         end
         assert.are.equal(0, tonumber(custom), "dist.state.custom still lists destroyed groups")
         local grew = tonumber(r1) - tonumber(r0)
