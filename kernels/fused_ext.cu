@@ -282,6 +282,7 @@ __global__ void __launch_bounds__(kMaxThreads) fx_kernel(const wfx_args a) {
     }
   }
   __syncthreads();
+  agree_verify(env, WFX_SITE_AGREE);
   epoch_advance(st->epoch, E);
 }
 

@@ -618,6 +618,7 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
 
   if (blockIdx.x == 0 && threadIdx.x == 0) st->lamport_bytes[cur] = slot;
   if (__syncthreads_or(failed)) return; /* poisoned; the error word says why */
+  agree_verify(env, WF_FUSED_SITE_AGREE);
   epoch_advance(st->lamport_epoch, E);
   if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
   if (tr) {
@@ -788,6 +789,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
     }
   }
   __syncthreads();
+  agree_verify(env, WF_FUSED_SITE_AGREE);
   epoch_advance(st->flag_epoch, E);
   if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
 }

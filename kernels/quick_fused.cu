@@ -241,6 +241,7 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
     }
   }
   __syncthreads();
+  agree_verify(env, WF_FUSED_SITE_AGREE);
   epoch_advance(st->flag_epoch, E);
   if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
 }

@@ -12,7 +12,7 @@
 local G = require "helpers.gpu_ranks"
 local spec = require "helpers.spec_util"
 
-local CASES = { "ar_algo", "ar_count", "ar_dtype", "quick", "fused", "graph_replay" }
+local CASES = { "ar_algo", "ar_count", "ar_dtype", "quick", "fused", "fused_gemma", "graph_replay" }
 
 local runs = {}
 local function run(w)

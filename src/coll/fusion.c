@@ -129,6 +129,7 @@ static const char *site_name(unsigned site) {
     case WF_FUSED_SITE_RS: return "two-shot reduce-scatter flag";
     case WF_FUSED_SITE_AG: return "two-shot all-gather flag";
     case WF_FUSED_SITE_ROW: return "one-shot row exchange among this rank's blocks";
+    case WF_FUSED_SITE_AGREE: return "agreement check (the peer's announcement of the call)";
     default: return "unknown wait";
   }
 }

@@ -207,6 +207,7 @@ static const char *site_name(unsigned site) {
      "all-gather flag of the reduce-scatter + RMSNorm kernel (fused_reduce_scatter_rmsnorm)"},
   };
   const unsigned wait = site & 15u, pat = site >> 4;
+  if (wait == WFX_SITE_AGREE) return "agreement check (the peer's announcement of the call)";
   if (wait != WFX_SITE_PUSH && wait != WFX_SITE_GATHER) return "unknown wait";
   return names[pat <= 4 ? pat : 0][wait - 1];
 }

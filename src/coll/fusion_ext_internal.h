@@ -32,7 +32,7 @@ typedef struct wfx_state {
 } wfx_state;
 
 /* error sites */
-enum { WFX_SITE_PUSH = 1, WFX_SITE_GATHER = 2 };
+enum { WFX_SITE_PUSH = 1, WFX_SITE_GATHER = 2, WFX_SITE_AGREE = 3 /* the end of a call */ };
 /* kernel variants: ONE (every rank reduces every row), TWO (token ranges) */
 enum { WFX_ONESHOT = 1, WFX_TWOSHOT = 2 };
 

@@ -35,7 +35,8 @@ typedef struct wf_fused_state {
 } wf_fused_state;
 
 /* Error "site" codes in the packed error word: which wait failed. */
-enum { WF_FUSED_SITE_LAMPORT = 1, WF_FUSED_SITE_RS = 2, WF_FUSED_SITE_AG = 3, WF_FUSED_SITE_ROW = 4 };
+enum { WF_FUSED_SITE_LAMPORT = 1, WF_FUSED_SITE_RS = 2, WF_FUSED_SITE_AG = 3, WF_FUSED_SITE_ROW = 4,
+       WF_FUSED_SITE_AGREE = 5 /* the end of a call: a peer's announcement of it */ };
 
 /* wf_fused_args.flags (same bits as the public WEFT_FUSION_* flags) */
 enum {

@@ -7,7 +7,8 @@
 -- (one-shot against two-shot), its count, its dtype (the same bytes: the
 -- kernels complete, the check at the call's end finds it), the quick
 -- all-reduce against the exact two-shot, the fused all-reduce + RMSNorm
--- (one-shot against two-shot), and replays of graphs that captured different
+-- (one-shot against two-shot; one-shot with and without Gemma's weight),
+-- and replays of graphs that captured different
 -- sizes. Prints "PASS <case> (<ms> ms): <error>" or "FAIL <case>: why" per
 -- rank; WEFT_MISMATCH_CASES=a,b runs some only.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -63,6 +64,13 @@ local CASES = {
       x, res = x:view { 16, 4096 }, res:view { 16, 4096 }
       local w = rnd(4096, "bf16", 70)
       g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = odd and "oneshot" or "twoshot" })
+      cuda.synchronize()
+    end },
+  { "fused_gemma", function(g)   -- the same shapes and kernel: only the end-of-call check sees it
+      local x, res = rnd(16 * 4096, "bf16", 55 + me), rnd(16 * 4096, "bf16", 65)
+      x, res = x:view { 16, 4096 }, res:view { 16, 4096 }
+      local w = rnd(4096, "bf16", 75)
+      g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = "oneshot", gemma = odd })
       cuda.synchronize()
     end },
   { "graph_replay", function(g)
