@@ -70,12 +70,11 @@
 #include <stdint.h>
 
 extern "C" {
+#include "coll/limits.h"
 #include "coll/agree.h"
 }
 
-#ifndef WF_MAX_BLOCKS
-#define WF_MAX_BLOCKS 1024 /* epoch slots / flag rows per workspace */
-#endif
+#define WF_MAX_BLOCKS WF_MAX_GRID /* epoch slots / flag rows per workspace (src/coll/limits.h) */
 
 namespace wf {
 

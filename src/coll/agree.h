@@ -19,9 +19,10 @@
 #ifndef WEFT_AGREE_H
 #define WEFT_AGREE_H
 
+#include "coll/limits.h"
 #include <stdint.h>
 
-#define WF_AGREE_MAX_WORLD 8
+#define WF_AGREE_MAX_WORLD WF_MAX_WORLD
 #define WF_AGREE_AFTER_NS 20000u /* a wait older than this compares the slots */
 #define WF_AGREE_FAILED 0xffffffffu /* a slot word's call number that marks a failure */
 

@@ -4,12 +4,13 @@
 #ifndef WEFT_AR_INTERNAL_H
 #define WEFT_AR_INTERNAL_H
 
+#include "coll/limits.h"
 #include <stdint.h>
 
 #include "coll/agree.h"
 
-#define WF_AR_MAX_WORLD 8
-#define WF_AR_MAX_BLOCKS 1024     /* epoch slots and flag rows (= WF_MAX_BLOCKS) */
+#define WF_AR_MAX_WORLD WF_MAX_WORLD
+#define WF_AR_MAX_BLOCKS WF_MAX_GRID /* epoch slots and flag rows */
 #define WF_AR_LAMPORT_THREADS 256 /* most threads per Lamport block (launch bound) */
 #define WF_AR_FLAG_THREADS 512
 #define WF_AR_FLAG_UNROLL 2       /* 16-byte vectors per thread per round (x sub) */

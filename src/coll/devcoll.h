@@ -11,6 +11,7 @@
 #ifndef WEFT_DEVCOLL_H
 #define WEFT_DEVCOLL_H
 
+#include "coll/limits.h"
 #include "host/cpugroup.h"
 #include "cuda/cuda_internal.h"
 #include "coll/agree.h"
@@ -18,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WF_DC_MAX_WORLD 8
+#define WF_DC_MAX_WORLD WF_MAX_WORLD
 
 /* Bytes per element of the reduction dtypes (f32, f16, bf16); 0 otherwise. */
 static inline int wf_dc_esize(int dtype) {

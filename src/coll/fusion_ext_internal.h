@@ -15,14 +15,15 @@
 #ifndef WEFT_FUSION_EXT_INTERNAL_H
 #define WEFT_FUSION_EXT_INTERNAL_H
 
+#include "coll/limits.h"
 #include <stddef.h>
 #include <stdint.h>
 
 #include "coll/agree.h"
 
-#define WFX_MAX_WORLD 8
+#define WFX_MAX_WORLD WF_MAX_WORLD
 #define WFX_MAX_HIDDEN 16384
-#define WFX_MAX_BLOCKS 1024 /* == WF_MAX_BLOCKS of kernels/common.cuh */
+#define WFX_MAX_BLOCKS WF_MAX_GRID
 #define WFX_MAX_TOPK 16
 
 typedef struct wfx_state {

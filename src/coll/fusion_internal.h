@@ -16,14 +16,15 @@
 #ifndef WEFT_FUSION_INTERNAL_H
 #define WEFT_FUSION_INTERNAL_H
 
+#include "coll/limits.h"
 #include <stddef.h>
 #include <stdint.h>
 
 #include "coll/agree.h"
 
-#define WF_FUSED_MAX_WORLD 8
+#define WF_FUSED_MAX_WORLD WF_MAX_WORLD
 #define WF_FUSED_MAX_HIDDEN 16384
-#define WF_FUSED_MAX_BLOCKS 1024 /* == WF_MAX_BLOCKS of kernels/common.cuh */
+#define WF_FUSED_MAX_BLOCKS WF_MAX_GRID
 
 /* Device-side state of one rank (at off_state of its own workspace). */
 typedef struct wf_fused_state {
