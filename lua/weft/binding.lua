@@ -12,6 +12,7 @@
 --   binding.release(obj)         -- obj.handle without its finalizer, obj.handle = nil
 --   binding.destroyer(cfree)     -- a destroy method: release, then cfree(handle)
 --   binding.check(rc)            -- raises "weft: <weft_last_error()>" when rc ~= 0
+--   binding.shape_word(shape)    -- a shape table as the word shm / Gloo calls compare (0: nil)
 -- Error levels name the caller of the binding's method (the functions here
 -- are called straight from the method).
 local ffi = require "ffi"
@@ -74,6 +75,24 @@ function M.destroyer(free)
     local h = M.release(obj)
     if h ~= nil then free(h) end
   end
+end
+
+-- The shape word of a call (weft_shape_word: exact up to 3 dims, else a
+-- hash), 0 for no shape; the shm and Gloo communicators compare it with the
+-- peers' so the same count in different shapes fails on every rank.
+-- (up to 4 dims without a loop: an inner loop here would leave the caller's
+-- trace on every call)
+local dims_buf = ffi.new("int64_t[4]")
+function M.shape_word(shape)
+  if shape == nil then return 0ULL end
+  local n = #shape
+  if n <= 4 then
+    dims_buf[0], dims_buf[1], dims_buf[2], dims_buf[3] = shape[1] or 0, shape[2] or 0, shape[3] or 0, shape[4] or 0
+    return C.weft_shape_word(n, dims_buf)
+  end
+  local d = ffi.new("int64_t[?]", n)
+  for i = 1, n do d[i - 1] = shape[i] end
+  return C.weft_shape_word(n, d)
 end
 
 -- For messages that name the operation already (the C library's do).

@@ -24,6 +24,7 @@ local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
 local error = error
 local last_error = wffi.last_error
+local shape_word = binding.shape_word
 
 local M = {}
 
@@ -69,20 +70,28 @@ local function check(rc)
   if rc ~= 0 then error("weft: " .. last_error(), 3) end
 end
 
-function Comm:all_reduce(inp, out, count, dtype, op)
-  check(C.weft_gloo_all_reduce(handle_of(self, "all_reduce"), inp, out, count, dtype, op or 0))
+-- shape (optional): the caller's tensor shape, compared with the peers'
+-- with the rest of the call (binding.shape_word)
+local function shaped(self, op, shape)
+  local h = handle_of(self, op)
+  C.weft_gloo_set_call_shape(h, shape_word(shape))
+  return h
 end
 
-function Comm:all_gather(inp, out, bytes)
-  check(C.weft_gloo_all_gather(handle_of(self, "all_gather"), inp, out, bytes))
+function Comm:all_reduce(inp, out, count, dtype, op, shape)
+  check(C.weft_gloo_all_reduce(shaped(self, "all_reduce", shape), inp, out, count, dtype, op or 0))
 end
 
-function Comm:reduce_scatter(inp, out, count_out, dtype, op)
-  check(C.weft_gloo_reduce_scatter(handle_of(self, "reduce_scatter"), inp, out, count_out, dtype, op or 0))
+function Comm:all_gather(inp, out, bytes, shape)
+  check(C.weft_gloo_all_gather(shaped(self, "all_gather", shape), inp, out, bytes))
 end
 
-function Comm:broadcast(ptr, bytes, root)
-  check(C.weft_gloo_broadcast(handle_of(self, "broadcast"), ptr, bytes, root or 0))
+function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape)
+  check(C.weft_gloo_reduce_scatter(shaped(self, "reduce_scatter", shape), inp, out, count_out, dtype, op or 0))
+end
+
+function Comm:broadcast(ptr, bytes, root, shape)
+  check(C.weft_gloo_broadcast(shaped(self, "broadcast", shape), ptr, bytes, root or 0))
 end
 
 function Comm:barrier()

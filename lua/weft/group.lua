@@ -354,7 +354,7 @@ function G:reduce_scatter(t, dim, out, rop)
   end
   local count_out = out.numel
   if be.reduce_scatter_flat then
-    call_be(self, "reduce_scatter", be.reduce_scatter_flat, src, out.ptr, count_out, t.dtype, rop, code)
+    call_be(self, "reduce_scatter", be.reduce_scatter_flat, src, out.ptr, count_out, t.dtype, rop, code, t)
     return out
   end
   local buf = self:_scratch("gather", nbytes * W)

@@ -160,13 +160,14 @@ end
 
 ---------------------------------------------------------------- backends
 local gloo_backend = {
-  gather_bytes = function(g, _, src, nbytes, dst) flat(g):all_gather(src, dst, nbytes) end,
-  broadcast = function(g, _, ptr, nbytes, src) flat(g):broadcast(ptr, nbytes, src) end,
+  -- t: the caller's tensor, whose shape the agreement word carries
+  gather_bytes = function(g, _, src, nbytes, dst, t) flat(g):all_gather(src, dst, nbytes, t and t.shape) end,
+  broadcast = function(g, _, ptr, nbytes, src, t) flat(g):broadcast(ptr, nbytes, src, t and t.shape) end,
   all_reduce = function(g, _, t, out_ptr, _, code)
-    flat(g):all_reduce(t.ptr, out_ptr, t.numel, G.DT_CODE[t.dtype], code)
+    flat(g):all_reduce(t.ptr, out_ptr, t.numel, G.DT_CODE[t.dtype], code, t.shape)
   end,
-  reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, _, code)
-    flat(g):reduce_scatter(inp, out, count_out, G.DT_CODE[dtype], code)
+  reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, _, code, t)
+    flat(g):reduce_scatter(inp, out, count_out, G.DT_CODE[dtype], code, t and t.shape)
   end,
   send_host = send_host,
   recv_host = recv_host,
@@ -184,9 +185,21 @@ M.gloo_backend = gloo_backend
 -- goes through rank 0's store server.
 M.LEADERS_STORE_MAX = tonumber(os.getenv("WEFT_HIER_STORE_MAX")) or 131072
 
-local function leaders_store_reduce(g, h, src, out_ptr, t, dc, code)
+-- Each leader's part is framed with its node's call (weft.group.host's
+-- store_part: dtype, shape, reduction), so nodes whose calls differ fail on
+-- every leader naming both, as the flat routes do.
+local function leaders_store_reduce(g, h, src, out_ptr, t, dc, code, rop)
   local nb = t.nbytes
-  local list = h.leaders_cpu:allgather(ffi_string(src, nb))
+  local H = require "weft.group.host"
+  local part, call = H.store_part("all_reduce", ffi_string(src, nb), t, rop)
+  local list = h.leaders_cpu:allgather(part)
+  local lg = h.leaders_view
+  if not lg then
+    lg = { ranks = h.leaders_cpu.ranks, unique_name = g.unique_name .. " (node leaders)" }
+    h.leaders_view = lg
+  end
+  local offs = H.store_check(lg, "all_reduce", call, list)
+  for i = 1, #list do list[i] = list[i]:sub(offs[i] + 1) end
   local n = #list
   local srcs = h._srcs
   if not srcs or h._nsrcs < n then srcs = ffi.new("const void *[?]", n); h._srcs, h._nsrcs = srcs, n end
@@ -260,12 +273,12 @@ end
 M.HIER_GRACE_MS = 700
 
 local hier_backend = setmetatable({
-  all_reduce = function(g, _, t, out_ptr, _, code)
+  all_reduce = function(g, _, t, out_ptr, rop, code)
     local h = hier(g)
     local dc = G.DT_CODE[t.dtype]
     local src = t.ptr
     if h.local_shm then
-      local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code)
+      local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code, t.shape)
       if not ok then
         -- a leader whose node failed tells the other leaders why (they wait for it)
         if h.leaders_cpu then
@@ -279,9 +292,9 @@ local hier_backend = setmetatable({
     if h.leaders_gloo then
       local ok, err
       if t.nbytes * g.node_count <= M.LEADERS_STORE_MAX and not gloo().small_path(g.node_count, t.nbytes) then
-        ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code)
+        ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code, rop)
       else
-        ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code)
+        ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code, t.shape)
       end
       if not ok then
         local msg = with_gone(g, err)
@@ -295,11 +308,11 @@ local hier_backend = setmetatable({
       local T = g.timeout_ms
       if h.local_index ~= 0 and T and g.node_count > 1 then
         h.local_shm:set_timeout(T + M.HIER_GRACE_MS)
-        local ok, err = pcall(h.local_shm.broadcast, h.local_shm, out_ptr, t.nbytes, 0)
+        local ok, err = pcall(h.local_shm.broadcast, h.local_shm, out_ptr, t.nbytes, 0, t.shape)
         h.local_shm:set_timeout(T)
         if not ok then error(err, 0) end
       else
-        h.local_shm:broadcast(out_ptr, t.nbytes, 0)
+        h.local_shm:broadcast(out_ptr, t.nbytes, 0, t.shape)
       end
     end
   end,

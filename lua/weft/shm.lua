@@ -33,6 +33,7 @@ local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
 local type, error = type, error
 local last_error = wffi.last_error
+local shape_word = binding.shape_word
 
 local M = {}
 
@@ -91,21 +92,26 @@ function M.new(cpugroup, bytes_per_rank)
   }, Comm)
 end
 
-function Comm:all_reduce(inp, out, count, dtype, op)
+-- shape (optional, every method): the caller's tensor shape, compared with
+-- the peers' with the rest of the call (binding.shape_word)
+function Comm:all_reduce(inp, out, count, dtype, op, shape)
   local h = handle_of(self, "all_reduce")
+  C.weft_shm_set_call_shape(h, shape_word(shape))
   if C.weft_shm_all_reduce(h, inp, out, count, code(DTYPES, dtype, "all_reduce", "dtype"),
                            code(OPS, op or 0, "all_reduce", "op")) ~= 0 then
     error("weft: " .. last_error(), 2)
   end
 end
 
-function Comm:all_gather(inp, out, bytes)
+function Comm:all_gather(inp, out, bytes, shape)
   local h = handle_of(self, "all_gather")
+  C.weft_shm_set_call_shape(h, shape_word(shape))
   if C.weft_shm_all_gather(h, inp, out, bytes) ~= 0 then error("weft: " .. last_error(), 2) end
 end
 
-function Comm:reduce_scatter(inp, out, count_out, dtype, op)
+function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape)
   local h = handle_of(self, "reduce_scatter")
+  C.weft_shm_set_call_shape(h, shape_word(shape))
   if C.weft_shm_reduce_scatter(h, inp, out, count_out,
                                code(DTYPES, dtype, "reduce_scatter", "dtype"),
                                code(OPS, op or 0, "reduce_scatter", "op")) ~= 0 then
@@ -113,8 +119,9 @@ function Comm:reduce_scatter(inp, out, count_out, dtype, op)
   end
 end
 
-function Comm:broadcast(ptr, bytes, root)
+function Comm:broadcast(ptr, bytes, root, shape)
   local h = handle_of(self, "broadcast")
+  C.weft_shm_set_call_shape(h, shape_word(shape))
   if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
 end
 

@@ -45,6 +45,7 @@ extern "C" {
 #include "core/internal.h"
 #include "host/cpugroup.h"
 #include "core/wait.h"
+#include "core/shape_word.h"
 }
 #include "store/store_proto.h"
 #include "store/store_share.h"
@@ -168,6 +169,7 @@ struct weft_gloo {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   uint32_t tag = 1;                    // collectives: every rank counts alike
   uint64_t agree_seq = 0;              // agreement words sent (agree below)
+  uint64_t next_shape = 0;             // weft_gloo_set_call_shape: the next call's shape word
   std::vector<uint8_t> agree_buf;      // every member's word of the current call
   std::vector<uint64_t> sent, recvd;   // point to point: per-peer message counters
   std::vector<uint8_t> scratch;        // reduce_scatter
@@ -667,9 +669,9 @@ void wait_recv(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
 constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree below)
 
 // ---- the agreement word (docs/faults.md, "Every call agreed") ----
-// Before its data moves, every collective sends a fixed 32-byte word (the
-// kind, dtype, op, root and byte count of this rank's call, and the call's
-// number) to every other member and reads theirs: one round of direct
+// Before its data moves, every collective sends a fixed 40-byte word (the
+// kind, dtype, op, root and byte count of this rank's call, and its shape
+// word: core/shape_word.h) to every other member and reads theirs: one round of direct
 // messages of one size, which no call can mismatch. Ranks whose calls
 // differ then all fail at once with the same message, naming every rank's
 // call, instead of Gloo pairing buffers of different sizes (its enforce
@@ -677,7 +679,8 @@ constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree be
 // with another root until the timeout, or reducing f16 with bf16 bits. The
 // data step is skipped on every rank, so the communicator stays usable.
 enum { kAgreeAllReduce = 1, kAgreeAllGather, kAgreeReduceScatter, kAgreeBroadcast, kAgreeBarrier };
-constexpr uint32_t kAgreeMark = 0x57414731u;  // "WAG1"
+constexpr uint32_t kAgreeMark = 0x57414732u;  // "WAG2" (2: the shape word at 32)
+constexpr size_t kWord = 40;                  // bytes of one member's word
 
 const char *agree_kind(uint32_t k) {
   switch (k) {
@@ -708,41 +711,43 @@ std::string agree_describe(const weft_gloo *c, const uint8_t *w) {
   uint32_t kind = wf_get_u32(w + 4);
   int32_t dtype = (int32_t)wf_get_u32(w + 8), op = (int32_t)wf_get_u32(w + 12), root = (int32_t)wf_get_u32(w + 16);
   uint64_t bytes = wf_get_u64(w + 24);
-  char buf[200];
+  char buf[200], sh[64];
+  wf_shape_word_text(wf_get_u64(w + 32), sh, sizeof sh);
   size_t es = weft_dtype_size(dtype);
   switch (kind) {
     case kAgreeAllReduce: case kAgreeReduceScatter:
-      snprintf(buf, sizeof buf, "%s %s x%llu (%s)", agree_kind(kind), agree_dtype(dtype),
-               (unsigned long long)(es ? bytes / es : bytes), agree_op(op));
+      snprintf(buf, sizeof buf, "%s %s x%llu (%s)%s", agree_kind(kind), agree_dtype(dtype),
+               (unsigned long long)(es ? bytes / es : bytes), agree_op(op), sh);
       break;
     case kAgreeBroadcast:
-      snprintf(buf, sizeof buf, "broadcast of %llu bytes from rank %d", (unsigned long long)bytes,
-               root >= 0 && root < c->size ? c->ranks[root] : root);
+      snprintf(buf, sizeof buf, "broadcast of %llu bytes from rank %d%s", (unsigned long long)bytes,
+               root >= 0 && root < c->size ? c->ranks[root] : root, sh);
       break;
     case kAgreeAllGather:
-      snprintf(buf, sizeof buf, "all_gather of %llu bytes", (unsigned long long)bytes);
+      snprintf(buf, sizeof buf, "all_gather of %llu bytes%s", (unsigned long long)bytes, sh);
       break;
     default: snprintf(buf, sizeof buf, "%s", agree_kind(kind));
   }
   return buf;
 }
 
-void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t bytes) {
+void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t bytes, uint64_t shape) {
   const int W = c->size;
-  c->agree_buf.assign((size_t)W * 32, 0);
-  uint8_t *mine = c->agree_buf.data() + (size_t)c->me * 32;
+  c->agree_buf.assign((size_t)W * kWord, 0);
+  uint8_t *mine = c->agree_buf.data() + (size_t)c->me * kWord;
   wf_put_u32(mine, kAgreeMark);
   wf_put_u32(mine + 4, kind);
   wf_put_u32(mine + 8, (uint32_t)dtype);
   wf_put_u32(mine + 12, (uint32_t)op);
   wf_put_u32(mine + 16, (uint32_t)root);
   wf_put_u64(mine + 24, bytes);
+  wf_put_u64(mine + 32, shape);
   const uint64_t slot = kSlotAgree | c->agree_seq++;
   auto ub = c->ctx->createUnboundBuffer(c->agree_buf.data(), c->agree_buf.size());
   for (int i = 0; i < W; i++) {
     if (i == c->me) continue;
-    ub->recv(i, slot, (size_t)i * 32, 32);
-    ub->send(i, slot, (size_t)c->me * 32, 32);
+    ub->recv(i, slot, (size_t)i * kWord, kWord);
+    ub->send(i, slot, (size_t)c->me * kWord, kWord);
   }
   // a failure names the members not heard from (a peer that failed first
   // resets its connections: the missing ones are the news, not that reset)
@@ -764,11 +769,11 @@ void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t by
                              " had not arrived)");
   }
   bool bad = false;
-  for (int i = 0; i < W && !bad; i++) bad = memcmp(c->agree_buf.data() + (size_t)i * 32, mine, 32) != 0;
+  for (int i = 0; i < W && !bad; i++) bad = memcmp(c->agree_buf.data() + (size_t)i * kWord, mine, kWord) != 0;
   if (!bad) return;
   // every rank's call, ranks grouped by call in order of their first rank
   std::vector<std::string> what(W);
-  for (int i = 0; i < W; i++) what[i] = agree_describe(c, c->agree_buf.data() + (size_t)i * 32);
+  for (int i = 0; i < W; i++) what[i] = agree_describe(c, c->agree_buf.data() + (size_t)i * kWord);
   std::vector<bool> seen(W, false);
   std::string msg;
   for (int i = 0; i < W; i++) {
@@ -896,9 +901,23 @@ int weft_gloo_set_timeout(weft_gloo *c, int timeout_ms) {
   return 0;
 }
 
+// the shape word set for this call (weft_gloo_set_call_shape), cleared
+static uint64_t take_shape(weft_gloo *c) {
+  uint64_t w = c->next_shape;
+  c->next_shape = 0;
+  return w;
+}
+
+int weft_gloo_set_call_shape(weft_gloo *c, uint64_t shape_word) {
+  WF_CHECK_ARG(c, "weft_gloo_set_call_shape: NULL handle");
+  c->next_shape = shape_word;
+  return 0;
+}
+
 int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype,
                          int op) {
   WF_CHECK_ARG(c, "weft_gloo_all_reduce: NULL handle");
+  const uint64_t shape = take_shape(c);
   WF_CHECK_ARG(reducible(dtype) && known_op(op), "weft_gloo_all_reduce: group '%s': dtype %d / op %d "
                "cannot be reduced", c->name.c_str(), dtype, op);
   WF_CHECK_ARG(count == 0 || (in && out), "weft_gloo_all_reduce: NULL buffer");
@@ -908,7 +927,7 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
                "bytes overflows the address space", c->name.c_str(), count, es);
   return guarded(c, "all_reduce", [&] {
     if (c->size == 1) { if (in != out) memcpy(out, in, count * es); return; }
-    agree(c, kAgreeAllReduce, dtype, op, -1, count * es);
+    agree(c, kAgreeAllReduce, dtype, op, -1, count * es, shape);
     if (sync_applies(c, count * es)) { sync_allreduce(c, in, out, count, dtype, op); return; }
     switch (es) {
       case 1: run_allreduce<uint8_t>(c, in, out, count, dtype, op); break;
@@ -921,6 +940,7 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
 
 int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) {
   WF_CHECK_ARG(c, "weft_gloo_all_gather: NULL handle");
+  const uint64_t shape = take_shape(c);
   WF_CHECK_ARG(bytes == 0 || (in && out), "weft_gloo_all_gather: NULL buffer");
   if (bytes == 0) return 0;
   WF_CHECK_ARG(bytes <= SIZE_MAX / (size_t)c->size, "weft_gloo_all_gather: group '%s': %zu bytes "
@@ -928,7 +948,7 @@ int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) 
   return guarded(c, "all_gather", [&] {
     uint8_t *o = static_cast<uint8_t *>(out);
     if (c->size == 1) { if (in != out) memmove(o, in, bytes); return; }
-    agree(c, kAgreeAllGather, -1, -1, -1, bytes);
+    agree(c, kAgreeAllGather, -1, -1, -1, bytes, shape);
     gloo::AllgatherOptions a(c->ctx);
     if (in != o + (size_t)c->me * bytes) a.setInput(static_cast<uint8_t *>(const_cast<void *>(in)), bytes);
     a.setOutput(o, bytes * (size_t)c->size);
@@ -943,6 +963,7 @@ int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) 
 int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t count_out,
                              int dtype, int op) {
   WF_CHECK_ARG(c, "weft_gloo_reduce_scatter: NULL handle");
+  const uint64_t shape = take_shape(c);
   WF_CHECK_ARG(reducible(dtype) && known_op(op), "weft_gloo_reduce_scatter: group '%s': dtype %d / "
                "op %d cannot be reduced", c->name.c_str(), dtype, op);
   WF_CHECK_ARG(count_out == 0 || (in && out), "weft_gloo_reduce_scatter: NULL buffer");
@@ -956,7 +977,7 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
     const int W = c->size, me = c->me;
     const uint8_t *src = static_cast<const uint8_t *>(in);
     if (W == 1) { memmove(out, src, cb); return; }
-    agree(c, kAgreeReduceScatter, dtype, op, -1, cb);
+    agree(c, kAgreeReduceScatter, dtype, op, -1, cb, shape);
     // acc: this rank's running chunk; the chunk that ends here is index me
     c->scratch.resize(2 * cb);
     uint8_t *acc = c->scratch.data(), *tmp = acc + cb;
@@ -982,13 +1003,14 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
 
 int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
   WF_CHECK_ARG(c, "weft_gloo_broadcast: NULL handle");
+  const uint64_t shape = take_shape(c);
   WF_CHECK_ARG(root >= 0 && root < c->size, "weft_gloo_broadcast: group '%s': root %d out of range "
                "[0, %d)", c->name.c_str(), root, c->size);
   WF_CHECK_ARG(bytes == 0 || buf, "weft_gloo_broadcast: NULL buffer");
   if (bytes == 0) return 0;
   return guarded(c, "broadcast", [&] {
     if (c->size == 1) return;
-    agree(c, kAgreeBroadcast, -1, -1, root, bytes);
+    agree(c, kAgreeBroadcast, -1, -1, root, bytes, shape);
     gloo::BroadcastOptions b(c->ctx);
     b.setOutput(static_cast<uint8_t *>(buf), bytes);
     b.setRoot(root);
@@ -1004,7 +1026,7 @@ int weft_gloo_barrier(weft_gloo *c) {
     // the agreement words' exchange is itself a barrier: every member sent
     // its word before any returns, and a member that called something else
     // fails with the others
-    agree(c, kAgreeBarrier, -1, -1, -1, 0);
+    agree(c, kAgreeBarrier, -1, -1, -1, 0, 0);
   });
 }
 

@@ -21,7 +21,7 @@
 
 #include <stdatomic.h>
 
-#define WF_SHM_MAGIC 0x316d68732d746677ULL /* "wft-shm1" */
+#define WF_SHM_MAGIC 0x326d68732d746677ULL /* "wft-shm2" (2: the shape word in descriptors) */
 #define WF_SHM_VERSION 1u
 #define WF_SHM_HDR 256u
 #define WF_SHM_RANK 256u
@@ -39,6 +39,7 @@ typedef struct {
   int32_t dtype, redop, root;
   uint64_t count; /* elements (reduce ops) or bytes (gather/broadcast) */
   uint64_t call;  /* call number on this communicator */
+  uint64_t shape; /* the caller's shape word (core/shape_word.h; 0: none) */
 } wf_shm_desc;
 
 typedef struct {
@@ -55,7 +56,6 @@ typedef struct {
   /* by call parity: the arena offsets of this call's input and output, or
    * WF_ZC_NONE (zero-copy all_reduce, shm_zc.c) */
   uint64_t zc_in[2], zc_out[2];
-  uint8_t pad[128 - 2 * sizeof(wf_shm_desc) - 48];
 } wf_shm_rank;
 _Static_assert(sizeof(wf_shm_rank) == WF_SHM_RANK, "rank block is 256 bytes");
 
@@ -86,6 +86,7 @@ struct weft_shm {
   int cpus_known;       /* wait.crowded was decided from every rank's CPU note */
   uint32_t gen;         /* barriers passed */
   uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
+  uint64_t next_shape;  /* weft_shm_set_call_shape: the next call's shape word */
   _Atomic int busy;     /* one operation in flight per communicator */
   wf_shm_zc zc;            /* the zero-copy strategy's own state (shm_zc.c) */
   uint64_t zc_calls, seg_calls; /* calls served by each path (the engine counts) */

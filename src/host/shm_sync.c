@@ -16,6 +16,7 @@
  * a process that died. */
 #include "shm.h"
 #include "core/futex.h"
+#include "core/shape_word.h"
 #include "core/wait.h"
 
 #include <stdio.h>
@@ -199,21 +200,23 @@ static const char *op_name(int o) {
 }
 
 static int desc_text(const wf_shm_desc *d, char *buf, size_t n) {
+  char sh[64];
+  wf_shape_word_text(d->shape, sh, sizeof sh);
   switch (d->kind) {
   case WF_OP_ALL_REDUCE: case WF_OP_REDUCE_SCATTER:
-    return snprintf(buf, n, "%s %s %s count=%llu", kind_name(d->kind), dtype_name(d->dtype),
-                    op_name(d->redop), (unsigned long long)d->count);
+    return snprintf(buf, n, "%s %s %s count=%llu%s", kind_name(d->kind), dtype_name(d->dtype),
+                    op_name(d->redop), (unsigned long long)d->count, sh);
   case WF_OP_BROADCAST:
-    return snprintf(buf, n, "broadcast bytes=%llu root=%d", (unsigned long long)d->count,
-                    d->root);
+    return snprintf(buf, n, "broadcast bytes=%llu root=%d%s", (unsigned long long)d->count,
+                    d->root, sh);
   default:
-    return snprintf(buf, n, "%s bytes=%llu", kind_name(d->kind), (unsigned long long)d->count);
+    return snprintf(buf, n, "%s bytes=%llu%s", kind_name(d->kind), (unsigned long long)d->count, sh);
   }
 }
 
 static int same_desc(const wf_shm_desc *a, const wf_shm_desc *b) {
   return a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop &&
-         a->root == b->root && a->count == b->count && a->call == b->call;
+         a->root == b->root && a->count == b->count && a->call == b->call && a->shape == b->shape;
 }
 
 /* Every rank reads the same descriptors, so either all ranks pass or all
@@ -226,7 +229,7 @@ static int check_desc(weft_shm *c, const wf_shm_desc *d, const char *op) {
   char msg[900];
   size_t k = 0;
   for (int i = 0; i < c->world && k + 1 < sizeof msg; i++) {
-    char rn[64], dt[96];
+    char rn[64], dt[160];
     const wf_shm_desc *o = &c->rk[i].desc[d->call & 1];
     desc_text(o, dt, sizeof dt);
     int w = snprintf(msg + k, sizeof msg - k, "%s%s: %s", i ? "; " : "",

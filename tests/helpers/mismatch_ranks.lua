@@ -19,6 +19,12 @@ local CASES = {
   { "count", function() w:all_reduce(T.full({ odd and 16 or 8 }, 1, "f32")) end },
   { "count_large", function() w:all_reduce(T.full({ odd and 32768 or 16384 }, 1, "f32")) end },
   { "shape", function() w:all_reduce(T.full(odd and { 2, 4 } or { 8 }, 1, "f32")) end },
+  { "shape_gather", function() w:all_gather(T.full(odd and { 4, 2 } or { 2, 4 }, 1, "f32"), 0) end },
+  { "shape_5d", function() w:all_reduce(T.full(odd and { 1, 2, 1, 2, 2 } or { 2, 1, 2, 1, 2 }, 1, "f32")) end },
+  -- every rank of the second node differs (the hierarchy's node leaders meet)
+  { "node_dtype", function()
+      w:all_reduce(T.full({ 8 }, 1, (w.node_index or 0) > 0 and "f16" or "bf16"))
+    end },
   { "gather_count", function() w:all_gather(T.full({ odd and 16 or 8 }, 1, "f32"), 0) end },
   { "broadcast_root", function() w:broadcast(T.full({ 8 }, r, "f32"), odd and 1 or 0) end },
   { "broadcast_count", function() w:broadcast(T.full({ odd and 16 or 8 }, r, "f32"), 0) end },

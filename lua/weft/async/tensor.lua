@@ -21,6 +21,7 @@ local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
 local check_group, check_tensor, check_peer = B.check_group, B.check_tensor, B.check_peer
 local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
+local shape_word = require("weft.binding").shape_word
 
 local M = {}
 
@@ -153,6 +154,7 @@ local function gather_then(g, op, be, ptr, nbytes, anchor, finish, t, extra)
   local c = shm_comm(g)
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.out, d.count = K.SHM_ALL_GATHER, c.handle, ptr, buf, nbytes
+  d.shape = shape_word(t and t.shape)
   return submit(g, op, { anchor, buf }, function() return finish(buf) end)
 end
 
@@ -178,6 +180,7 @@ function M.all_reduce(g, t, rop)
     local c = shm_comm(g)
     local d = desc(g, op)
     d.kind, d.comm, d["in"], d.out, d.count = K.SHM_ALL_REDUCE, c.handle, t.ptr, t.ptr, t.numel
+    d.shape = shape_word(t.shape)
     d.dtype, d.op = DT_CODE[t.dtype], code
     return submit(g, op, t, nil, t)
   elseif be == "shm_gather" or be == "store" then
@@ -233,6 +236,7 @@ function M.all_gather(g, t, dim, out)
     local c = shm_comm(g)
     local d = desc(g, op)
     d.kind, d.comm, d["in"], d.out, d.count = K.SHM_ALL_GATHER, c.handle, t.ptr, out.ptr, t.nbytes
+    d.shape = shape_word(t.shape)
     return submit(g, op, { t, out }, nil, out)
   end
   if be == "shm" or be == "shm_gather" or be == "store" then
@@ -280,6 +284,7 @@ function M.reduce_scatter(g, t, dim, out, rop)
     local c = shm_comm(g)
     local d = desc(g, op)
     d.kind, d.comm, d["in"], d.out, d.count = K.SHM_REDUCE_SCATTER, c.handle, t.ptr, out.ptr, out.numel
+    d.shape = shape_word(t.shape)
     d.dtype, d.op = DT_CODE[t.dtype], REDUCE_OPS[rop]
     return submit(g, op, { t, out }, nil, out)
   end
@@ -302,6 +307,7 @@ function M.broadcast(g, t, src)
     local c = shm_comm(g)
     local d = desc(g, op)
     d.kind, d.comm, d.out, d.count, d.root = K.SHM_BROADCAST, c.handle, t.ptr, t.nbytes, src
+    d.shape = shape_word(t.shape)
     return submit(g, op, t, nil, t)
   elseif be == "store" then
     -- the blocking store path's exchange (weft.group.host): only the root's

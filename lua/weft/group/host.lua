@@ -146,12 +146,14 @@ local store_backend = {
 }
 M.register_backend("store", store_backend)
 
+-- t: the caller's tensor (nil for raw bytes), whose shape the shm
+-- engine's call descriptor carries
 local shm_gather_backend = {
-  gather_bytes = function(g, _, src, nbytes, dst)
-    shm_comm(g):all_gather(src, dst, nbytes)
+  gather_bytes = function(g, _, src, nbytes, dst, t)
+    shm_comm(g):all_gather(src, dst, nbytes, t and t.shape)
   end,
-  broadcast = function(g, _, ptr, nbytes, src)
-    shm_comm(g):broadcast(ptr, nbytes, src)
+  broadcast = function(g, _, ptr, nbytes, src, t)
+    shm_comm(g):broadcast(ptr, nbytes, src, t and t.shape)
   end,
 }
 M.register_backend("shm_gather", shm_gather_backend)
@@ -160,11 +162,11 @@ M.register_backend("shm", {
   gather_bytes = shm_gather_backend.gather_bytes,
   broadcast = shm_gather_backend.broadcast,
   all_reduce = function(g, _, t, out_ptr, _, opcode)
-    shm_comm(g):all_reduce(t.ptr, out_ptr, t.numel, DT_CODE[t.dtype], opcode)
+    shm_comm(g):all_reduce(t.ptr, out_ptr, t.numel, DT_CODE[t.dtype], opcode, t.shape)
   end,
   -- input laid out as world contiguous chunks; out receives this rank's chunk
-  reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, rop, opcode)
-    shm_comm(g):reduce_scatter(inp, out, count_out, DT_CODE[dtype], opcode)
+  reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, rop, opcode, t)
+    shm_comm(g):reduce_scatter(inp, out, count_out, DT_CODE[dtype], opcode, t and t.shape)
   end,
 })
 
