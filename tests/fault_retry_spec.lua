@@ -1,47 +1,85 @@
 -- A retry loop that recovers sees no wrong result (issue 36): every rank
 -- runs calls whose results are checked exactly, retries a failed call after
 -- weft.recover(), and one rank (the store's host, rank 0, or another) is
--- stopped past the timeout. Either every call completes right on every
--- rank, or recover() raises on every rank that the results from some call
--- on cannot be trusted (a call completed on some ranks only); never a wrong
--- result. tests/helpers/retry_ranks.lua; docs/faults.md "Every call agreed".
+-- stopped just under or just over the timeout, 20 times in one loop. After
+-- each failure either every call goes on right on every rank, or recover()
+-- raises on every rank that the results from some call on cannot be trusted
+-- (a call completed on some ranks only) and the loop goes on from a point
+-- every rank agrees on; never a wrong result. A divergence shows in about
+-- 1 of 20 stops of the tp case; with the ledger comparison taken out
+-- (ledgers_differ in dist.lua returning nil) two runs of 20 stops had none
+-- and no wrong result, so this spec does not show that comparison's worth
+-- by itself (the store keys' generation check is the first guard). tests/helpers/retry_ranks.lua; docs/faults.md "Every call agreed".
 local N = require "helpers.nodes_util"
 local P = require "helpers.procs"
 local S = require "helpers.spec_util"
 
 local HELPER = "tests/helpers/retry_ranks.lua"
+local TIMEOUT_MS = 1000
+-- each case: 20 stops in one loop (as strong as 20 runs of one stop: the
+-- groups are rebuilt after each), victims taken in turn (rank 0 = the
+-- store's host, a middle rank, the last rank), stops just under and just
+-- over the timeout in turn
+local STOPS, UNDER, OVER = 20, 850, 1700
 
-local function run(op, group, victim, stop_ms, calls)
-  return S.shell(("cd %s && env WEFT_TIMEOUT_MS=1500 timeout -s KILL 120 scripts/weft-run -n 4 --timeout 100 %s %s %s %d %d %d")
-                 :format(P.q(P.ROOT), HELPER, op, group, victim, stop_ms, calls))
+local function run(env, op, group, victims)
+  return S.shell(("cd %s && env WEFT_TIMEOUT_MS=%d %s timeout -s KILL 280 scripts/weft-run -n 4 --timeout 250 %s %s %s %s %d,%d %d")
+                 :format(P.q(P.ROOT), TIMEOUT_MS, env, HELPER, op, group, victims, UNDER, OVER, STOPS))
 end
 
-local function check(out, members)
-  local res, div = {}, 0
+local function nodes(nn, per, backend, op, victims)
+  if require("weft.gloo").available() == false then pending("built without Gloo (libgloo-dev)"); return end
+  local out, rc = N.run { nodes = nn, per_node = per, timeout = 250,
+                          args = { HELPER, op, "world", victims, UNDER .. "," .. OVER, tostring(STOPS) },
+                          env = { WEFT_TIMEOUT_MS = tostring(TIMEOUT_MS), WEFT_HOST_BACKEND = backend } }
+  if rc == N.SKIP then pending("simulated nodes unavailable: " .. N.skipped(out)); return nil end
+  return out
+end
+
+local function check(out, members, nranks)
+  local res, stops = {}, 0
   for _, l in ipairs(N.rank_lines(out:gsub("%[rank(%d+)%]", "[node0 rank%1]"))) do
-    local ok, wrong, errs, d = l.text:match("^RESULT ok=(%d+) wrong=(%d+) errors=(%d+) diverged=(%d)")
+    local ok, wrong, errs, d = l.text:match("^RESULT ok=(%d+) wrong=(%d+) errors=(%d+) diverged=(%d+)")
     if ok then res[l.rank] = { ok = tonumber(ok), wrong = tonumber(wrong), diverged = tonumber(d) } end
+    if l.text:match("^STOP ") then stops = stops + 1 end
     assert.is_nil(l.text:match("^RECOVERFAIL"), out)
   end
+  assert.are.equal(STOPS, stops, out)
+  local div
   for _, r in ipairs(members) do
     local x = res[r]
     assert.is_truthy(x, ("rank %d printed no result:\n%s"):format(r, out))
     assert.are.equal(0, x.wrong, ("rank %d had %d wrong results:\n%s"):format(r, x.wrong, out))
-    div = div + x.diverged
+    assert.is_true(x.ok >= 20 + STOPS * 12 + 10, out)
   end
-  -- a divergence is told to every member, or to none
-  assert.is_true(div == 0 or div == #members, out)
+  -- a divergence is told to every rank (recover() raises on all of them)
+  for r = 0, (nranks or 4) - 1 do
+    local x = res[r]
+    assert.is_truthy(x, ("rank %d printed no result:\n%s"):format(r, out))
+    div = div or x.diverged
+    assert.are.equal(div, x.diverged, out)
+  end
 end
 
 describe("a retry loop that recovers sees no wrong result #fault", function()
-  it("tp group of tp = 2 x pp = 2, all_gather_object, rank 0 (the store's host) stopped 2.5 s", function()
-    check(run("all_gather_object", "tp", 0, 2500, 40), { 0, 1, 2, 3 })
+  it("tp group of tp = 2 x pp = 2, all_gather_object; ranks 0 (the store's host), 2, 3 stopped in turn", function()
+    check(run("", "all_gather_object", "tp", "0,2,3"), { 0, 1, 2, 3 })
   end)
-  it("world group, all_reduce on the store path, rank 2 stopped 2.5 s", function()
-    check(S.shell(("cd %s && env WEFT_TIMEOUT_MS=1500 WEFT_HOST_BACKEND=store timeout -s KILL 120 scripts/weft-run -n 4 --timeout 100 %s all_reduce world 2 2500 40")
-                  :format(P.q(P.ROOT), HELPER)), { 0, 1, 2, 3 })
+  it("pp group of tp = 2 x pp = 2, all_reduce on the store path; ranks 1, 2, 3 stopped in turn", function()
+    check(run("WEFT_HOST_BACKEND=store", "all_reduce", "pp", "1,2,3"), { 0, 1, 2, 3 })
   end)
-  it("custom group {0, 1}, broadcast, rank 1 stopped just under the timeout (1.3 s)", function()
-    check(run("broadcast", "custom", 1, 1300, 40), { 0, 1 })
+  it("world group, all_reduce on the store path; ranks 0, 2, 3 stopped in turn", function()
+    check(run("WEFT_HOST_BACKEND=store", "all_reduce", "world", "0,2,3"), { 0, 1, 2, 3 })
+  end)
+  it("custom group {0, 1}, broadcast; ranks 0, 1 stopped in turn", function()
+    check(run("", "broadcast", "custom", "0,1"), { 0, 1 })
+  end)
+  it("Gloo route, 2 simulated nodes x 1 rank, all_reduce; ranks 0, 1 stopped in turn", function()
+    local out = nodes(2, 1, "gloo", "all_reduce", "0,1")
+    if out then check(out, { 0, 1 }, 2) end
+  end)
+  it("node hierarchy, 2 simulated nodes x 2 ranks, all_reduce; ranks 0, 1, 3 stopped in turn", function()
+    local out = nodes(2, 2, "hier", "all_reduce", "0,1,3")
+    if out then check(out, { 0, 1, 2, 3 }) end
   end)
 end)

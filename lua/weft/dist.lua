@@ -204,6 +204,7 @@ function M.init(opts)
   S.world_same_node = world.same_node and true or nil
   S.initialized = true
   S.init_opts = opts
+  S.pending_recover = nil
   -- the end of a recover (this one's, or one whose shutdown failed on this
   -- rank: its init comes here too, while the others are in recover): every
   -- rank compares the groups' ledgers first, before any other collective
@@ -671,23 +672,40 @@ function ledgers_differ(all)   -- declared above M.init
   end
 end
 
+-- The second half of a recover: init with the same options, then the same
+-- model parallel groups. A divergence found by init's ledger comparison is
+-- raised after the groups are rebuilt, so the caller can go on from a point
+-- every rank agrees on.
+local function finish_recover(init_opts, mp_opts)
+  S.pending_recover = { init_opts = init_opts, mp_opts = mp_opts }
+  local ok, world = pcall(M.init, init_opts)
+  if not ok and not S.initialized then error(world, 0) end   -- recover() again finishes it
+  S.pending_recover = nil
+  if mp_opts then M.initialize_model_parallel(mp_opts) end
+  if not ok then error(world, 0) end
+  return world
+end
+
 function M.recover()
-  local init_opts, mp_opts = S.init_opts, S.mp_opts
   if not S.initialized then
+    -- an earlier recover() got through its shutdown but not its init (a
+    -- rank was still busy, the store not up yet): finish that one
+    local p = S.pending_recover
+    if p then return finish_recover(p.init_opts, p.mp_opts) end
     fail(2, "recover", "weft is not initialized (nothing to recover; call weft.init())")
   end
+  local init_opts, mp_opts = S.init_opts, S.mp_opts
   local ledgers = take_ledgers()
   local ok, err = pcall(M.shutdown)
   if not ok then
     S.store, S.world, S.initialized, S.groups, S.plan = nil, nil, false, {}, nil
-    S.recovering = ledgers   -- the next weft.init() finishes the recovery with the others
-    fail(2, "recover", "shutting down failed: %s (weft.init() finishes the recovery; if a rank died, "
-         .. "restart the job)", tostring(err))
+    S.recovering = ledgers   -- the next weft.init() or weft.recover() finishes the recovery with the others
+    S.pending_recover = { init_opts = init_opts, mp_opts = mp_opts }
+    fail(2, "recover", "shutting down failed: %s (weft.recover() or weft.init() finishes the recovery; "
+         .. "if a rank died, restart the job)", tostring(err))
   end
   S.recovering = ledgers
-  local world = M.init(init_opts)   -- compares the ledgers over the new world first
-  if mp_opts then M.initialize_model_parallel(mp_opts) end
-  return world
+  return finish_recover(init_opts, mp_opts)
 end
 
 ---------------------------------------------------------------- shutdown
