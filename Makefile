@@ -150,7 +150,7 @@ demo: deps lib
 endif
 
 gpu-test:
-	scripts/gpu-test
+	scripts/gpu-test $(GPU_TEST_ARGS)
 
 check-exports: $(LIB)
 	@scripts/check-exports $(LIB) src/weft.h
