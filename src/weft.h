@@ -238,6 +238,11 @@ int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root);
 int weft_gloo_barrier(weft_gloo *c);
 /* as weft_shm_set_call_shape: the shape word of the next collective */
 int weft_gloo_set_call_shape(weft_gloo *c, uint64_t shape_word);
+/* This member makes no call where the others make one (its node's ranks
+ * disagreed): it takes part in that call's agreement round with its word
+ * marked refused, so they fail at once naming it. Waits at most wait_ms
+ * for their words; returns the mismatch (or that wait's failure). */
+int weft_gloo_refuse(weft_gloo *c, int wait_ms);
 /* exactly `bytes` each way: a size that differs from the peer's fails */
 int weft_gloo_send(weft_gloo *c, const void *buf, size_t bytes, int dst);
 int weft_gloo_recv(weft_gloo *c, void *buf, size_t bytes, int src);

@@ -94,6 +94,12 @@ function Comm:broadcast(ptr, bytes, root, shape)
   check(C.weft_gloo_broadcast(shaped(self, "broadcast", shape), ptr, bytes, root or 0))
 end
 
+-- this member refuses the call the others make (weft_gloo_refuse); raises
+-- with the mismatch it causes
+function Comm:refuse(wait_ms)
+  check(C.weft_gloo_refuse(handle_of(self, "refuse"), wait_ms or 1000))
+end
+
 function Comm:barrier()
   check(C.weft_gloo_barrier(handle_of(self, "barrier")))
 end

@@ -272,6 +272,15 @@ end
 -- abort (naming the cause) must arrive before this rank gives up on it.
 M.HIER_GRACE_MS = 700
 
+-- which exchange the node leaders use for t: Gloo, or the store (above)
+local function leaders_use_gloo(g, t)
+  return not (t.nbytes * g.node_count <= M.LEADERS_STORE_MAX and not gloo().small_path(g.node_count, t.nbytes))
+end
+-- how long a leader whose node refused a call waits for the other leaders'
+-- words in that call's Gloo round (they are there unless their own call
+-- took the store's route)
+M.REFUSE_WAIT_MS = 1000
+
 local hier_backend = setmetatable({
   all_reduce = function(g, _, t, out_ptr, rop, code)
     local h = hier(g)
@@ -280,7 +289,12 @@ local hier_backend = setmetatable({
     if h.local_shm then
       local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code, t.shape)
       if not ok then
-        -- a leader whose node failed tells the other leaders why (they wait for it)
+        -- a leader whose node failed tells the other leaders why (they wait
+        -- for it): in the Gloo round they are in (its word marked refused:
+        -- they fail at once, naming it), and through the leaders' cpu group
+        if h.leaders_gloo and leaders_use_gloo(g, t) then
+          pcall(h.leaders_gloo.refuse, h.leaders_gloo, M.REFUSE_WAIT_MS)
+        end
         if h.leaders_cpu then
           local who = tostring(err):match("(rank %d+ %b()) died") or tostring(err):match("(rank %d+ %(global %d+, pid %d+, host [^)]*%)) died")
           h.leaders_cpu:abort(who and (who .. " died on node " .. g.node_index) or tostring(err):sub(1, 300))
@@ -291,7 +305,7 @@ local hier_backend = setmetatable({
     end
     if h.leaders_gloo then
       local ok, err
-      if t.nbytes * g.node_count <= M.LEADERS_STORE_MAX and not gloo().small_path(g.node_count, t.nbytes) then
+      if not leaders_use_gloo(g, t) then
         ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code, rop)
       else
         ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code, t.shape)

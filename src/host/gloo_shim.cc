@@ -678,7 +678,7 @@ constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree be
 // fails in its I/O thread and ends the process), or pairing a broadcast
 // with another root until the timeout, or reducing f16 with bf16 bits. The
 // data step is skipped on every rank, so the communicator stays usable.
-enum { kAgreeAllReduce = 1, kAgreeAllGather, kAgreeReduceScatter, kAgreeBroadcast, kAgreeBarrier };
+enum { kAgreeAllReduce = 1, kAgreeAllGather, kAgreeReduceScatter, kAgreeBroadcast, kAgreeBarrier, kAgreeRefused };
 constexpr uint32_t kAgreeMark = 0x57414732u;  // "WAG2" (2: the shape word at 32)
 constexpr size_t kWord = 40;                  // bytes of one member's word
 
@@ -689,6 +689,7 @@ const char *agree_kind(uint32_t k) {
     case kAgreeReduceScatter: return "reduce_scatter";
     case kAgreeBroadcast: return "broadcast";
     case kAgreeBarrier: return "barrier";
+    case kAgreeRefused: return "refused";
     default: return "?";
   }
 }
@@ -725,6 +726,9 @@ std::string agree_describe(const weft_gloo *c, const uint8_t *w) {
       break;
     case kAgreeAllGather:
       snprintf(buf, sizeof buf, "all_gather of %llu bytes%s", (unsigned long long)bytes, sh);
+      break;
+    case kAgreeRefused:
+      snprintf(buf, sizeof buf, "no call: it refused this one (its node's ranks called different collectives)");
       break;
     default: snprintf(buf, sizeof buf, "%s", agree_kind(kind));
   }
@@ -1018,6 +1022,24 @@ int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
     b.setTimeout(ms(c->timeout_ms));
     gloo::broadcast(b);
   });
+}
+
+// A member that cannot make its call (its node's ranks disagreed, on the
+// node hierarchy) still takes part in the call's agreement round, its word
+// marked refused: the members waiting in that round fail at once naming it,
+// instead of at the timeout. The round waits at most wait_ms for their
+// words (they may be in another route's exchange); this member's result is
+// the mismatch, or that wait's failure.
+int weft_gloo_refuse(weft_gloo *c, int wait_ms) {
+  WF_CHECK_ARG(c && wait_ms > 0, "weft_gloo_refuse: NULL handle or wait %d <= 0", wait_ms);
+  take_shape(c);
+  const int saved = c->timeout_ms;
+  c->timeout_ms = wait_ms < saved ? wait_ms : saved;
+  int rc = guarded(c, "refuse", [&] {
+    if (c->size > 1) agree(c, kAgreeRefused, -1, -1, -1, 0, 0);
+  });
+  c->timeout_ms = saved;
+  return rc;
 }
 
 int weft_gloo_barrier(weft_gloo *c) {
