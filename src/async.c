@@ -93,16 +93,16 @@ static int run(weft_async *h) {
   case WEFT_ASYNC_NOP: return 0;
   case WEFT_ASYNC_SLEEP: sleep_ms(d->count); return 0;
   case WEFT_ASYNC_SHM_ALL_REDUCE:
-    weft_shm_set_call_shape(d->comm, d->shape);
+    weft_shm_set_call(d->comm, d->shape, d->args);
     return weft_shm_all_reduce(d->comm, d->in, d->out, d->count, d->dtype, d->op);
   case WEFT_ASYNC_SHM_ALL_GATHER:
-    weft_shm_set_call_shape(d->comm, d->shape);
+    weft_shm_set_call(d->comm, d->shape, d->args);
     return weft_shm_all_gather(d->comm, d->in, d->out, d->count);
   case WEFT_ASYNC_SHM_REDUCE_SCATTER:
-    weft_shm_set_call_shape(d->comm, d->shape);
+    weft_shm_set_call(d->comm, d->shape, d->args);
     return weft_shm_reduce_scatter(d->comm, d->in, d->out, d->count, d->dtype, d->op);
   case WEFT_ASYNC_SHM_BROADCAST:
-    weft_shm_set_call_shape(d->comm, d->shape);
+    weft_shm_set_call(d->comm, d->shape, d->args);
     return weft_shm_broadcast(d->comm, d->out, d->count, d->root);
   case WEFT_ASYNC_CPU_BARRIER:
     return weft_cpugroup_barrier(d->comm);

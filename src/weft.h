@@ -170,14 +170,18 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes);
 int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out,
                             size_t count_out, int dtype, int op);
 int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
-/* The shape of this rank's next collective on c (weft_shape_word; 0: none),
- * compared with the peers' with the rest of the call: ranks that pass the
- * same count in different shapes all fail, naming both. Taken by the next
- * collective, which then clears it. */
-int weft_shm_set_call_shape(weft_shm *c, uint64_t shape_word);
+/* The shape of this rank's next collective on c (weft_shape_word) and its
+ * other arguments (weft_args_word: a v-collective's sizes, a gathered
+ * reduction's op), 0: none, compared with the peers' with the rest of the
+ * call: ranks whose calls differ there all fail, naming both. Taken by the
+ * next collective, which then clears them. */
+int weft_shm_set_call(weft_shm *c, uint64_t shape_word, uint64_t args_word);
 /* A shape (ndim dims) as the word the shm and Gloo calls compare: exact
  * (and printed) up to 3 dims below 2^20 each, else ndim and a hash. */
 uint64_t weft_shape_word(int ndim, const int64_t *dims);
+/* A call's other arguments as text (n bytes) as the word they compare:
+ * exact up to 7 bytes, else a hash. */
+uint64_t weft_args_word(const char *s, size_t n);
 /* This rank gives up on the communicator (e.g. its part of a larger
  * collective failed elsewhere): every member's current and later calls fail
  * with WEFT_EABORT "aborted by rank R: why" (why: up to ~100 bytes kept). */
@@ -236,8 +240,8 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
                              int dtype, int op);
 int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root);
 int weft_gloo_barrier(weft_gloo *c);
-/* as weft_shm_set_call_shape: the shape word of the next collective */
-int weft_gloo_set_call_shape(weft_gloo *c, uint64_t shape_word);
+/* as weft_shm_set_call: the shape and args words of the next collective */
+int weft_gloo_set_call(weft_gloo *c, uint64_t shape_word, uint64_t args_word);
 /* This member makes no call where the others make one (its node's ranks
  * disagreed): it takes part in that call's agreement round with its word
  * marked refused, so they fail at once naming it. Waits at most wait_ms
@@ -782,7 +786,7 @@ typedef struct weft_async_desc {
   int device;              /* NCCL kinds: set this device first; < 0 leave */
   void *stream;            /* NCCL kinds: cudaStream_t (NULL: the worker's legacy stream) */
   const char *key;         /* STORE_GET (copied) */
-  uint64_t shape;          /* SHM kinds: the call's shape word (weft_shm_set_call_shape) */
+  uint64_t shape, args;    /* SHM kinds: the call's shape and args words (weft_shm_set_call) */
 } weft_async_desc;
 typedef struct weft_async_stats {
   int64_t submitted, completed, failed;

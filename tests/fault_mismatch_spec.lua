@@ -24,7 +24,7 @@ local BOUND_MS = 1000   -- every rank fails well within a second (the timeout is
 -- all_reduce on shm or Gloo meet on no transport (found at the timeout).
 -- node_dtype (every rank of node 1 differs) only where there are nodes.
 local CASES = { "dtype_width", "dtype_same_width", "op", "count", "count_large", "shape", "shape_gather",
-                "shape_5d", "gather_count", "broadcast_root", "broadcast_count", "barrier_vs_all_reduce",
+                "shape_5d", "gatherv_sizes", "op_u8", "gather_count", "broadcast_root", "broadcast_count", "barrier_vs_all_reduce",
                 "object_unserializable", "object_kind" }
 local function cases_but(skip, extra)
   local t = {}

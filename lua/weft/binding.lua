@@ -13,6 +13,7 @@
 --   binding.destroyer(cfree)     -- a destroy method: release, then cfree(handle)
 --   binding.check(rc)            -- raises "weft: <weft_last_error()>" when rc ~= 0
 --   binding.shape_word(shape)    -- a shape table as the word shm / Gloo calls compare (0: nil)
+--   binding.args_word(extra)     -- a call's other arguments (sizes, dim, op) as such a word
 -- Error levels name the caller of the binding's method (the functions here
 -- are called straight from the method).
 local ffi = require "ffi"
@@ -93,6 +94,19 @@ function M.shape_word(shape)
   local d = ffi.new("int64_t[?]", n)
   for i = 1, n do d[i - 1] = shape[i] end
   return C.weft_shape_word(n, d)
+end
+
+-- The args word of a call: what weft.group passes besides the tensor (a
+-- v-collective's sizes table, all_gather's dim, a gathered reduction's op),
+-- written as weft.group.checks.call_desc writes it, as a word (weft_args_word:
+-- exact up to 7 bytes, else a hash); 0 for nil.
+function M.args_word(extra)
+  if extra == nil then return 0ULL end
+  local s
+  if type(extra) == "table" then s = "{" .. table.concat(extra, ",") .. "}"
+  elseif type(extra) == "number" then s = "dim=" .. extra
+  else s = tostring(extra) end
+  return C.weft_args_word(s, #s)
 end
 
 -- For messages that name the operation already (the C library's do).

@@ -24,7 +24,7 @@ local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
 local error = error
 local last_error = wffi.last_error
-local shape_word = binding.shape_word
+local shape_word, args_word = binding.shape_word, binding.args_word
 
 local M = {}
 
@@ -70,28 +70,29 @@ local function check(rc)
   if rc ~= 0 then error("weft: " .. last_error(), 3) end
 end
 
--- shape (optional): the caller's tensor shape, compared with the peers'
--- with the rest of the call (binding.shape_word)
-local function shaped(self, op, shape)
+-- shape, extra (optional): the caller's tensor shape and its call's other
+-- arguments, compared with the peers' with the rest of the call
+-- (binding.shape_word, binding.args_word)
+local function shaped(self, op, shape, extra)
   local h = handle_of(self, op)
-  C.weft_gloo_set_call_shape(h, shape_word(shape))
+  C.weft_gloo_set_call(h, shape_word(shape), args_word(extra))
   return h
 end
 
-function Comm:all_reduce(inp, out, count, dtype, op, shape)
-  check(C.weft_gloo_all_reduce(shaped(self, "all_reduce", shape), inp, out, count, dtype, op or 0))
+function Comm:all_reduce(inp, out, count, dtype, op, shape, extra)
+  check(C.weft_gloo_all_reduce(shaped(self, "all_reduce", shape, extra), inp, out, count, dtype, op or 0))
 end
 
-function Comm:all_gather(inp, out, bytes, shape)
-  check(C.weft_gloo_all_gather(shaped(self, "all_gather", shape), inp, out, bytes))
+function Comm:all_gather(inp, out, bytes, shape, extra)
+  check(C.weft_gloo_all_gather(shaped(self, "all_gather", shape, extra), inp, out, bytes))
 end
 
-function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape)
-  check(C.weft_gloo_reduce_scatter(shaped(self, "reduce_scatter", shape), inp, out, count_out, dtype, op or 0))
+function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape, extra)
+  check(C.weft_gloo_reduce_scatter(shaped(self, "reduce_scatter", shape, extra), inp, out, count_out, dtype, op or 0))
 end
 
-function Comm:broadcast(ptr, bytes, root, shape)
-  check(C.weft_gloo_broadcast(shaped(self, "broadcast", shape), ptr, bytes, root or 0))
+function Comm:broadcast(ptr, bytes, root, shape, extra)
+  check(C.weft_gloo_broadcast(shaped(self, "broadcast", shape, extra), ptr, bytes, root or 0))
 end
 
 -- this member refuses the call the others make (weft_gloo_refuse); raises

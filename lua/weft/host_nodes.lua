@@ -160,8 +160,10 @@ end
 
 ---------------------------------------------------------------- backends
 local gloo_backend = {
-  -- t: the caller's tensor, whose shape the agreement word carries
-  gather_bytes = function(g, _, src, nbytes, dst, t) flat(g):all_gather(src, dst, nbytes, t and t.shape) end,
+  -- t, extra: the caller's tensor and call, whose words the agreement word carries
+  gather_bytes = function(g, _, src, nbytes, dst, t, extra)
+    flat(g):all_gather(src, dst, nbytes, t and t.shape, extra)
+  end,
   broadcast = function(g, _, ptr, nbytes, src, t) flat(g):broadcast(ptr, nbytes, src, t and t.shape) end,
   all_reduce = function(g, _, t, out_ptr, _, code)
     flat(g):all_reduce(t.ptr, out_ptr, t.numel, G.DT_CODE[t.dtype], code, t.shape)
@@ -290,9 +292,10 @@ local hier_backend = setmetatable({
       local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code, t.shape)
       if not ok then
         -- a leader whose node failed tells the other leaders why (they wait
-        -- for it): in the Gloo round they are in (its word marked refused:
-        -- they fail at once, naming it), and through the leaders' cpu group
-        if h.leaders_gloo and leaders_use_gloo(g, t) then
+        -- for it): through the leaders' cpu group, and when its node's ranks
+        -- disagreed, in the Gloo round they are in (its word marked refused:
+        -- they fail at once, naming it)
+        if h.leaders_gloo and leaders_use_gloo(g, t) and tostring(err):find("different collectives", 1, true) then
           pcall(h.leaders_gloo.refuse, h.leaders_gloo, M.REFUSE_WAIT_MS)
         end
         if h.leaders_cpu then

@@ -33,7 +33,7 @@ local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
 local type, error = type, error
 local last_error = wffi.last_error
-local shape_word = binding.shape_word
+local shape_word, args_word = binding.shape_word, binding.args_word
 
 local M = {}
 
@@ -92,26 +92,27 @@ function M.new(cpugroup, bytes_per_rank)
   }, Comm)
 end
 
--- shape (optional, every method): the caller's tensor shape, compared with
--- the peers' with the rest of the call (binding.shape_word)
-function Comm:all_reduce(inp, out, count, dtype, op, shape)
+-- shape, extra (optional, every method): the caller's tensor shape and its
+-- call's other arguments, compared with the peers' with the rest of the
+-- call (binding.shape_word, binding.args_word)
+function Comm:all_reduce(inp, out, count, dtype, op, shape, extra)
   local h = handle_of(self, "all_reduce")
-  C.weft_shm_set_call_shape(h, shape_word(shape))
+  C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
   if C.weft_shm_all_reduce(h, inp, out, count, code(DTYPES, dtype, "all_reduce", "dtype"),
                            code(OPS, op or 0, "all_reduce", "op")) ~= 0 then
     error("weft: " .. last_error(), 2)
   end
 end
 
-function Comm:all_gather(inp, out, bytes, shape)
+function Comm:all_gather(inp, out, bytes, shape, extra)
   local h = handle_of(self, "all_gather")
-  C.weft_shm_set_call_shape(h, shape_word(shape))
+  C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
   if C.weft_shm_all_gather(h, inp, out, bytes) ~= 0 then error("weft: " .. last_error(), 2) end
 end
 
-function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape)
+function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape, extra)
   local h = handle_of(self, "reduce_scatter")
-  C.weft_shm_set_call_shape(h, shape_word(shape))
+  C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
   if C.weft_shm_reduce_scatter(h, inp, out, count_out,
                                code(DTYPES, dtype, "reduce_scatter", "dtype"),
                                code(OPS, op or 0, "reduce_scatter", "op")) ~= 0 then
@@ -119,9 +120,9 @@ function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape)
   end
 end
 
-function Comm:broadcast(ptr, bytes, root, shape)
+function Comm:broadcast(ptr, bytes, root, shape, extra)
   local h = handle_of(self, "broadcast")
-  C.weft_shm_set_call_shape(h, shape_word(shape))
+  C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
   if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
 end
 

@@ -169,7 +169,7 @@ struct weft_gloo {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   uint32_t tag = 1;                    // collectives: every rank counts alike
   uint64_t agree_seq = 0;              // agreement words sent (agree below)
-  uint64_t next_shape = 0;             // weft_gloo_set_call_shape: the next call's shape word
+  uint64_t next_shape = 0, next_args = 0;  // weft_gloo_set_call: the next call's words
   std::vector<uint8_t> agree_buf;      // every member's word of the current call
   std::vector<uint64_t> sent, recvd;   // point to point: per-peer message counters
   std::vector<uint8_t> scratch;        // reduce_scatter
@@ -669,9 +669,9 @@ void wait_recv(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
 constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree below)
 
 // ---- the agreement word (docs/faults.md, "Every call agreed") ----
-// Before its data moves, every collective sends a fixed 40-byte word (the
+// Before its data moves, every collective sends a fixed 48-byte word (the
 // kind, dtype, op, root and byte count of this rank's call, and its shape
-// word: core/shape_word.h) to every other member and reads theirs: one round of direct
+// and args words: core/shape_word.h) to every other member and reads theirs: one round of direct
 // messages of one size, which no call can mismatch. Ranks whose calls
 // differ then all fail at once with the same message, naming every rank's
 // call, instead of Gloo pairing buffers of different sizes (its enforce
@@ -679,8 +679,8 @@ constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree be
 // with another root until the timeout, or reducing f16 with bf16 bits. The
 // data step is skipped on every rank, so the communicator stays usable.
 enum { kAgreeAllReduce = 1, kAgreeAllGather, kAgreeReduceScatter, kAgreeBroadcast, kAgreeBarrier, kAgreeRefused };
-constexpr uint32_t kAgreeMark = 0x57414732u;  // "WAG2" (2: the shape word at 32)
-constexpr size_t kWord = 40;                  // bytes of one member's word
+constexpr uint32_t kAgreeMark = 0x57414732u;  // "WAG2" (2: the shape and args words at 32, 40)
+constexpr size_t kWord = 48;                  // bytes of one member's word
 
 const char *agree_kind(uint32_t k) {
   switch (k) {
@@ -712,8 +712,10 @@ std::string agree_describe(const weft_gloo *c, const uint8_t *w) {
   uint32_t kind = wf_get_u32(w + 4);
   int32_t dtype = (int32_t)wf_get_u32(w + 8), op = (int32_t)wf_get_u32(w + 12), root = (int32_t)wf_get_u32(w + 16);
   uint64_t bytes = wf_get_u64(w + 24);
-  char buf[200], sh[64];
-  wf_shape_word_text(wf_get_u64(w + 32), sh, sizeof sh);
+  char buf[260], sh[96];
+  int k = wf_shape_word_text(wf_get_u64(w + 32), sh, sizeof sh);
+  if (k < 0 || k >= (int)sizeof sh) k = 0;
+  wf_args_word_text(wf_get_u64(w + 40), sh + k, sizeof sh - k);
   size_t es = weft_dtype_size(dtype);
   switch (kind) {
     case kAgreeAllReduce: case kAgreeReduceScatter:
@@ -735,7 +737,7 @@ std::string agree_describe(const weft_gloo *c, const uint8_t *w) {
   return buf;
 }
 
-void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t bytes, uint64_t shape) {
+void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t bytes, const uint64_t *words) {
   const int W = c->size;
   c->agree_buf.assign((size_t)W * kWord, 0);
   uint8_t *mine = c->agree_buf.data() + (size_t)c->me * kWord;
@@ -745,7 +747,8 @@ void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t by
   wf_put_u32(mine + 12, (uint32_t)op);
   wf_put_u32(mine + 16, (uint32_t)root);
   wf_put_u64(mine + 24, bytes);
-  wf_put_u64(mine + 32, shape);
+  wf_put_u64(mine + 32, words ? words[0] : 0);
+  wf_put_u64(mine + 40, words ? words[1] : 0);
   const uint64_t slot = kSlotAgree | c->agree_seq++;
   auto ub = c->ctx->createUnboundBuffer(c->agree_buf.data(), c->agree_buf.size());
   for (int i = 0; i < W; i++) {
@@ -905,23 +908,25 @@ int weft_gloo_set_timeout(weft_gloo *c, int timeout_ms) {
   return 0;
 }
 
-// the shape word set for this call (weft_gloo_set_call_shape), cleared
-static uint64_t take_shape(weft_gloo *c) {
-  uint64_t w = c->next_shape;
-  c->next_shape = 0;
-  return w;
+// the words set for this call (weft_gloo_set_call), cleared
+static void take_words(weft_gloo *c, uint64_t words[2]) {
+  words[0] = c->next_shape;
+  words[1] = c->next_args;
+  c->next_shape = c->next_args = 0;
 }
 
-int weft_gloo_set_call_shape(weft_gloo *c, uint64_t shape_word) {
-  WF_CHECK_ARG(c, "weft_gloo_set_call_shape: NULL handle");
+int weft_gloo_set_call(weft_gloo *c, uint64_t shape_word, uint64_t args_word) {
+  WF_CHECK_ARG(c, "weft_gloo_set_call: NULL handle");
   c->next_shape = shape_word;
+  c->next_args = args_word;
   return 0;
 }
 
 int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, int dtype,
                          int op) {
   WF_CHECK_ARG(c, "weft_gloo_all_reduce: NULL handle");
-  const uint64_t shape = take_shape(c);
+  uint64_t words[2];
+  take_words(c, words);
   WF_CHECK_ARG(reducible(dtype) && known_op(op), "weft_gloo_all_reduce: group '%s': dtype %d / op %d "
                "cannot be reduced", c->name.c_str(), dtype, op);
   WF_CHECK_ARG(count == 0 || (in && out), "weft_gloo_all_reduce: NULL buffer");
@@ -931,7 +936,7 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
                "bytes overflows the address space", c->name.c_str(), count, es);
   return guarded(c, "all_reduce", [&] {
     if (c->size == 1) { if (in != out) memcpy(out, in, count * es); return; }
-    agree(c, kAgreeAllReduce, dtype, op, -1, count * es, shape);
+    agree(c, kAgreeAllReduce, dtype, op, -1, count * es, words);
     if (sync_applies(c, count * es)) { sync_allreduce(c, in, out, count, dtype, op); return; }
     switch (es) {
       case 1: run_allreduce<uint8_t>(c, in, out, count, dtype, op); break;
@@ -944,7 +949,8 @@ int weft_gloo_all_reduce(weft_gloo *c, const void *in, void *out, size_t count, 
 
 int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) {
   WF_CHECK_ARG(c, "weft_gloo_all_gather: NULL handle");
-  const uint64_t shape = take_shape(c);
+  uint64_t words[2];
+  take_words(c, words);
   WF_CHECK_ARG(bytes == 0 || (in && out), "weft_gloo_all_gather: NULL buffer");
   if (bytes == 0) return 0;
   WF_CHECK_ARG(bytes <= SIZE_MAX / (size_t)c->size, "weft_gloo_all_gather: group '%s': %zu bytes "
@@ -952,7 +958,7 @@ int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) 
   return guarded(c, "all_gather", [&] {
     uint8_t *o = static_cast<uint8_t *>(out);
     if (c->size == 1) { if (in != out) memmove(o, in, bytes); return; }
-    agree(c, kAgreeAllGather, -1, -1, -1, bytes, shape);
+    agree(c, kAgreeAllGather, -1, -1, -1, bytes, words);
     gloo::AllgatherOptions a(c->ctx);
     if (in != o + (size_t)c->me * bytes) a.setInput(static_cast<uint8_t *>(const_cast<void *>(in)), bytes);
     a.setOutput(o, bytes * (size_t)c->size);
@@ -967,7 +973,8 @@ int weft_gloo_all_gather(weft_gloo *c, const void *in, void *out, size_t bytes) 
 int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t count_out,
                              int dtype, int op) {
   WF_CHECK_ARG(c, "weft_gloo_reduce_scatter: NULL handle");
-  const uint64_t shape = take_shape(c);
+  uint64_t words[2];
+  take_words(c, words);
   WF_CHECK_ARG(reducible(dtype) && known_op(op), "weft_gloo_reduce_scatter: group '%s': dtype %d / "
                "op %d cannot be reduced", c->name.c_str(), dtype, op);
   WF_CHECK_ARG(count_out == 0 || (in && out), "weft_gloo_reduce_scatter: NULL buffer");
@@ -981,7 +988,7 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
     const int W = c->size, me = c->me;
     const uint8_t *src = static_cast<const uint8_t *>(in);
     if (W == 1) { memmove(out, src, cb); return; }
-    agree(c, kAgreeReduceScatter, dtype, op, -1, cb, shape);
+    agree(c, kAgreeReduceScatter, dtype, op, -1, cb, words);
     // acc: this rank's running chunk; the chunk that ends here is index me
     c->scratch.resize(2 * cb);
     uint8_t *acc = c->scratch.data(), *tmp = acc + cb;
@@ -1007,14 +1014,15 @@ int weft_gloo_reduce_scatter(weft_gloo *c, const void *in, void *out, size_t cou
 
 int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
   WF_CHECK_ARG(c, "weft_gloo_broadcast: NULL handle");
-  const uint64_t shape = take_shape(c);
+  uint64_t words[2];
+  take_words(c, words);
   WF_CHECK_ARG(root >= 0 && root < c->size, "weft_gloo_broadcast: group '%s': root %d out of range "
                "[0, %d)", c->name.c_str(), root, c->size);
   WF_CHECK_ARG(bytes == 0 || buf, "weft_gloo_broadcast: NULL buffer");
   if (bytes == 0) return 0;
   return guarded(c, "broadcast", [&] {
     if (c->size == 1) return;
-    agree(c, kAgreeBroadcast, -1, -1, root, bytes, shape);
+    agree(c, kAgreeBroadcast, -1, -1, root, bytes, words);
     gloo::BroadcastOptions b(c->ctx);
     b.setOutput(static_cast<uint8_t *>(buf), bytes);
     b.setRoot(root);
@@ -1032,11 +1040,12 @@ int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t bytes, int root) {
 // the mismatch, or that wait's failure.
 int weft_gloo_refuse(weft_gloo *c, int wait_ms) {
   WF_CHECK_ARG(c && wait_ms > 0, "weft_gloo_refuse: NULL handle or wait %d <= 0", wait_ms);
-  take_shape(c);
+  uint64_t words[2];
+  take_words(c, words);
   const int saved = c->timeout_ms;
   c->timeout_ms = wait_ms < saved ? wait_ms : saved;
   int rc = guarded(c, "refuse", [&] {
-    if (c->size > 1) agree(c, kAgreeRefused, -1, -1, -1, 0, 0);
+    if (c->size > 1) agree(c, kAgreeRefused, -1, -1, -1, 0, nullptr);
   });
   c->timeout_ms = saved;
   return rc;
@@ -1048,7 +1057,7 @@ int weft_gloo_barrier(weft_gloo *c) {
     // the agreement words' exchange is itself a barrier: every member sent
     // its word before any returns, and a member that called something else
     // fails with the others
-    agree(c, kAgreeBarrier, -1, -1, -1, 0, 0);
+    agree(c, kAgreeBarrier, -1, -1, -1, 0, nullptr);
   });
 }
 

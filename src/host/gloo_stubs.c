@@ -36,7 +36,7 @@ int weft_gloo_broadcast(weft_gloo *c, void *buf, size_t b, int root) {
   return nogloo();
 }
 int weft_gloo_barrier(weft_gloo *c) { (void)c; return nogloo(); }
-int weft_gloo_set_call_shape(weft_gloo *c, uint64_t w) { (void)c; (void)w; return nogloo(); }
+int weft_gloo_set_call(weft_gloo *c, uint64_t w, uint64_t a) { (void)c; (void)w; (void)a; return nogloo(); }
 int weft_gloo_refuse(weft_gloo *c, int ms) { (void)c; (void)ms; return nogloo(); }
 int weft_gloo_send(weft_gloo *c, const void *buf, size_t b, int dst) {
   (void)c; (void)buf; (void)b; (void)dst;

@@ -152,16 +152,10 @@ static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 /* What the engine serves (weft.policy's shm_reduce table says the same);
  * the kernels also do u8 and prod, which the group layer sends through
  * all-gather + weft_host_reduce. */
-/* the shape word set for this call (weft_shm_set_call_shape), cleared */
-static uint64_t take_shape(weft_shm *c) {
-  uint64_t w = c->next_shape;
-  c->next_shape = 0;
-  return w;
-}
-
-int weft_shm_set_call_shape(weft_shm *c, uint64_t shape_word) {
-  WF_CHECK_ARG(c, "weft_shm_set_call_shape: NULL communicator");
+int weft_shm_set_call(weft_shm *c, uint64_t shape_word, uint64_t args_word) {
+  WF_CHECK_ARG(c, "weft_shm_set_call: NULL communicator");
   c->next_shape = shape_word;
+  c->next_args = args_word;
   return 0;
 }
 
@@ -207,7 +201,8 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   static const char OP[] = "weft_shm_all_reduce";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_ALL_REDUCE, dtype, op, 0, count, c->call++, take_shape(c)};
+  wf_shm_desc d = {WF_OP_ALL_REDUCE, dtype, op, 0, count, c->call++, c->next_shape, c->next_args};
+  c->next_shape = c->next_args = 0;
   if (!engine_reduces(dtype, op))
     return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
                   "i64 with sum, max, min)");
@@ -303,7 +298,8 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes) {
   static const char OP[] = "weft_shm_all_gather";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_ALL_GATHER, -1, -1, 0, bytes, c->call++, take_shape(c)};
+  wf_shm_desc d = {WF_OP_ALL_GATHER, -1, -1, 0, bytes, c->call++, c->next_shape, c->next_args};
+  c->next_shape = c->next_args = 0;
   if (bytes && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   const uint8_t *src = in;
   uint8_t *dst = out;
@@ -337,7 +333,8 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   static const char OP[] = "weft_shm_reduce_scatter";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out, c->call++, take_shape(c)};
+  wf_shm_desc d = {WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out, c->call++, c->next_shape, c->next_args};
+  c->next_shape = c->next_args = 0;
   if (!engine_reduces(dtype, op))
     return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
                   "i64 with sum, max, min)");
@@ -378,7 +375,8 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
   static const char OP[] = "weft_shm_broadcast";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_BROADCAST, -1, -1, root, bytes, c->call++, take_shape(c)};
+  wf_shm_desc d = {WF_OP_BROADCAST, -1, -1, root, bytes, c->call++, c->next_shape, c->next_args};
+  c->next_shape = c->next_args = 0;
   if (root < 0 || root >= c->world) return refuse(c, &d, OP, WEFT_EINVAL, "root out of range");
   if (bytes && !buf) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   uint8_t *p = buf;

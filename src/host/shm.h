@@ -21,7 +21,7 @@
 
 #include <stdatomic.h>
 
-#define WF_SHM_MAGIC 0x326d68732d746677ULL /* "wft-shm2" (2: the shape word in descriptors) */
+#define WF_SHM_MAGIC 0x326d68732d746677ULL /* "wft-shm2" (2: the shape and args words in descriptors) */
 #define WF_SHM_VERSION 1u
 #define WF_SHM_HDR 256u
 #define WF_SHM_RANK 256u
@@ -40,6 +40,7 @@ typedef struct {
   uint64_t count; /* elements (reduce ops) or bytes (gather/broadcast) */
   uint64_t call;  /* call number on this communicator */
   uint64_t shape; /* the caller's shape word (core/shape_word.h; 0: none) */
+  uint64_t args;  /* the caller's args word (core/shape_word.h; 0: none) */
 } wf_shm_desc;
 
 typedef struct {
@@ -48,7 +49,7 @@ typedef struct {
   _Atomic int32_t pid;
   wf_cpu_note cpus;         /* where this rank may run (core/wait.h): who may spin */
   uint64_t pidns;           /* pid namespace inode: liveness checks only if equal */
-  char why[104];            /* reason, written before this rank sets the abort word */
+  char why[88];             /* reason, written before this rank sets the abort word */
   wf_shm_desc desc[2];      /* by call parity (a peer is at most one call ahead) */
   int32_t arena_fd;         /* this rank's host arena (memfd; host_arena.c), -1: none */
   uint32_t reserved2;
@@ -86,7 +87,7 @@ struct weft_shm {
   int cpus_known;       /* wait.crowded was decided from every rank's CPU note */
   uint32_t gen;         /* barriers passed */
   uint64_t call, chunk; /* calls made, chunks moved (chunk parity picks the half) */
-  uint64_t next_shape;  /* weft_shm_set_call_shape: the next call's shape word */
+  uint64_t next_shape, next_args; /* weft_shm_set_call: the next call's words */
   _Atomic int busy;     /* one operation in flight per communicator */
   wf_shm_zc zc;            /* the zero-copy strategy's own state (shm_zc.c) */
   uint64_t zc_calls, seg_calls; /* calls served by each path (the engine counts) */

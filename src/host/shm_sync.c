@@ -45,7 +45,7 @@ static int peer_dead(weft_shm *c, int i) {
  * every sleeper so the others fail now instead of at their own deadline. */
 static void give_up(weft_shm *c, const char *why) {
   wf_shm_rank *me = &c->rk[c->me];
-  snprintf(me->why, sizeof me->why, "%s", why);
+  snprintf(me->why, sizeof me->why, "%.*s", (int)sizeof me->why - 1, why); /* kept short: a peer reads it */
   uint32_t zero = 0;
   atomic_compare_exchange_strong(&c->hdr->abort, &zero, (uint32_t)c->me + 1);
   wf_futex_wake_all(&c->hdr->arrivals);
@@ -200,8 +200,9 @@ static const char *op_name(int o) {
 }
 
 static int desc_text(const wf_shm_desc *d, char *buf, size_t n) {
-  char sh[64];
-  wf_shape_word_text(d->shape, sh, sizeof sh);
+  char sh[96];
+  int k = wf_shape_word_text(d->shape, sh, sizeof sh);
+  wf_args_word_text(d->args, sh + (k > 0 && k < (int)sizeof sh ? k : 0), k > 0 && k < (int)sizeof sh ? sizeof sh - k : sizeof sh);
   switch (d->kind) {
   case WF_OP_ALL_REDUCE: case WF_OP_REDUCE_SCATTER:
     return snprintf(buf, n, "%s %s %s count=%llu%s", kind_name(d->kind), dtype_name(d->dtype),
@@ -216,7 +217,8 @@ static int desc_text(const wf_shm_desc *d, char *buf, size_t n) {
 
 static int same_desc(const wf_shm_desc *a, const wf_shm_desc *b) {
   return a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop &&
-         a->root == b->root && a->count == b->count && a->call == b->call && a->shape == b->shape;
+         a->root == b->root && a->count == b->count && a->call == b->call && a->shape == b->shape &&
+         a->args == b->args;
 }
 
 /* Every rank reads the same descriptors, so either all ranks pass or all
@@ -229,7 +231,7 @@ static int check_desc(weft_shm *c, const wf_shm_desc *d, const char *op) {
   char msg[900];
   size_t k = 0;
   for (int i = 0; i < c->world && k + 1 < sizeof msg; i++) {
-    char rn[64], dt[160];
+    char rn[64], dt[200];
     const wf_shm_desc *o = &c->rk[i].desc[d->call & 1];
     desc_text(o, dt, sizeof dt);
     int w = snprintf(msg + k, sizeof msg - k, "%s%s: %s", i ? "; " : "",

@@ -21,6 +21,20 @@ local CASES = {
   { "shape", function() w:all_reduce(T.full(odd and { 2, 4 } or { 8 }, 1, "f32")) end },
   { "shape_gather", function() w:all_gather(T.full(odd and { 4, 2 } or { 2, 4 }, 1, "f32"), 0) end },
   { "shape_5d", function() w:all_reduce(T.full(odd and { 1, 2, 1, 2, 2 } or { 2, 1, 2, 1, 2 }, 1, "f32")) end },
+  -- the same bytes and shapes, other sizes tables (each rank's own entry right)
+  { "gatherv_sizes", function()
+      local sizes = w.world_size == 2 and (odd and { 3, 2 } or { 2, 3 }) or nil
+      if not sizes then
+        sizes = {}
+        for i = 1, w.world_size do sizes[i] = 2 end
+        sizes[odd and 1 or 2] = 3
+        if r == 0 then sizes[1] = 2 end
+        if r == 1 then sizes[2] = 2 end
+      end
+      w:all_gatherv(T.full({ 2, 4 }, r + 1, "f32"), sizes)
+    end },
+  -- a reduction the shm engine does not do itself (u8: gathered, reduced here)
+  { "op_u8", function() w:all_reduce(T.full({ 8 }, 1, "u8"), odd and "max" or "sum") end },
   -- every rank of the second node differs (the hierarchy's node leaders meet)
   { "node_dtype", function()
       w:all_reduce(T.full({ 8 }, 1, (w.node_index or 0) > 0 and "f16" or "bf16"))

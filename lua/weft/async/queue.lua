@@ -191,7 +191,7 @@ local function desc(g, op)
   if q.handle == nil then fail(3, op, "group %s: its async queue was closed", gname(g)) end
   local d = q.desc
   d.kind, d.comm, d["in"], d.out, d.count = 0, nil, nil, nil, 0
-  d.dtype, d.op, d.root, d.timeout_ms, d.device, d.stream, d.key, d.shape = 0, 0, 0, -1, -1, nil, nil, 0
+  d.dtype, d.op, d.root, d.timeout_ms, d.device, d.stream, d.key, d.shape, d.args = 0, 0, 0, -1, -1, nil, nil, 0, 0
   return d
 end
 

@@ -21,7 +21,8 @@ local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
 local check_group, check_tensor, check_peer = B.check_group, B.check_tensor, B.check_peer
 local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
-local shape_word = require("weft.binding").shape_word
+local B = require "weft.binding"
+local shape_word, args_word = B.shape_word, B.args_word
 
 local M = {}
 
@@ -154,7 +155,7 @@ local function gather_then(g, op, be, ptr, nbytes, anchor, finish, t, extra)
   local c = shm_comm(g)
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.out, d.count = K.SHM_ALL_GATHER, c.handle, ptr, buf, nbytes
-  d.shape = shape_word(t and t.shape)
+  d.shape, d.args = shape_word(t and t.shape), args_word(extra)
   return submit(g, op, { anchor, buf }, function() return finish(buf) end)
 end
 
@@ -236,7 +237,7 @@ function M.all_gather(g, t, dim, out)
     local c = shm_comm(g)
     local d = desc(g, op)
     d.kind, d.comm, d["in"], d.out, d.count = K.SHM_ALL_GATHER, c.handle, t.ptr, out.ptr, t.nbytes
-    d.shape = shape_word(t.shape)
+    d.shape, d.args = shape_word(t.shape), args_word(dim)   -- as the blocking form's words
     return submit(g, op, { t, out }, nil, out)
   end
   if be == "shm" or be == "shm_gather" or be == "store" then

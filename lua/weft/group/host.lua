@@ -146,11 +146,12 @@ local store_backend = {
 }
 M.register_backend("store", store_backend)
 
--- t: the caller's tensor (nil for raw bytes), whose shape the shm
--- engine's call descriptor carries
+-- t, extra: the caller's tensor (nil for raw bytes) and the call's other
+-- arguments (K.call_desc), whose words the shm engine's call descriptor
+-- carries
 local shm_gather_backend = {
-  gather_bytes = function(g, _, src, nbytes, dst, t)
-    shm_comm(g):all_gather(src, dst, nbytes, t and t.shape)
+  gather_bytes = function(g, _, src, nbytes, dst, t, extra)
+    shm_comm(g):all_gather(src, dst, nbytes, t and t.shape, extra)
   end,
   broadcast = function(g, _, ptr, nbytes, src, t)
     shm_comm(g):broadcast(ptr, nbytes, src, t and t.shape)
