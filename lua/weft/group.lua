@@ -452,7 +452,9 @@ function G:all_gatherv(t, sizes, out)
   local src = self:_scratch("agv", nb)
   if t.nbytes > 0 then copy_bytes(src, t.ptr, t.nbytes) end
   local buf = self:_scratch("gather", nb * self.world_size)
-  gather_bytes(self, be, op, src, nb, buf, t, sizes)
+  -- the call as every rank makes it alike (each rank's own rows differ by
+  -- design): the padded share and the sizes table
+  gather_bytes(self, be, op, src, nb, buf, { dtype = t.dtype, shape = rows_shape(t, maxr) }, sizes)
   local o, pos = ffi_cast(u8p, out.ptr), 0
   for r = 1, #sizes do
     local n = sizes[r] * row
