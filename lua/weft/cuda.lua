@@ -13,6 +13,7 @@ local ffi = require "ffi"
 local wffi = require "weft.ffi"
 local C = wffi.C
 local show = require("weft.show").value -- names a refused value's type
+local E = require "weft.errors"
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
@@ -30,8 +31,9 @@ local function check(rc, op)
   end
 end
 
+-- "weft: cuda.<op>: <msg>" where weft.errors.fail(2, ...) would put it (+ 1 for this frame)
 local function fail(op, msg)
-  error(fmt("weft: cuda.%s: %s", op, msg), 3)
+  E.fail(3, "cuda." .. op, "%s", msg)
 end
 
 -- ---------------------------------------------------------------- devices

@@ -32,7 +32,7 @@ local show = require("weft.show").value -- names a refused value's type
 local K = require "weft.device_backends.checks"
 
 local type, tostring, tonumber, error, pcall, ipairs = type, tostring, tonumber, error, pcall, ipairs
-local fmt, concat = string.format, table.concat
+local fmt = string.format
 local T, CUDA, gname, is_device, cuda_ok = S.T, S.CUDA, S.gname, S.is_device, S.cuda_ok
 local dev_of, wrong_device, stream_capturing = S.dev_of, S.wrong_device, S.stream_capturing
 local nccl_be, stage = N.nccl_backend, N.stage
@@ -102,17 +102,11 @@ end
 M.custom_ar_backend = car
 
 ---------------------------------------------------------------- fused backend
+local E = require "weft.errors"
+local shape_str, same_shape = E.shape_str, E.same_shape
 -- fail(op, g, msg, args..., gname(g)): "weft: <op>: <msg> (group <name>)"
 local function fail(op, _, msg, ...)
-  error(fmt("weft: %s: " .. msg .. " (group %s)", op, ...), 0)
-end
-
-local function shape_str(s) return "{" .. concat(s, ",") .. "}" end
-
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
+  E.fail(0, op, msg .. " (group %s)", ...)
 end
 
 -- quantize norm_out into quant_out on the host (the unfused FP8 path; eager)

@@ -44,9 +44,7 @@ local S = {
 }
 M.state = S
 
-local function fail(level, op, fmt, ...)
-  error("weft: " .. op .. ": " .. fmt:format(...), level + 1)
-end
+local fail = require("weft.errors").fail   -- "weft: <op>: ..." at the caller's level
 
 local function env_int(name, default, lo, hi)
   local v = os.getenv(name)

@@ -47,9 +47,9 @@ M.QUICK = { int8 = 1, int4 = 2, fp8 = 3 }   -- weft_fusion_params.quick (WEFT_QR
 local QUICK = M.QUICK
 local ALGO, PATTERN, FLAG = M.ALGO, M.PATTERN, M.FLAG
 
-local function fail(op, fmt, ...)
-  error("weft: " .. op .. ": " .. fmt:format(...), 3)
-end
+-- weft.errors: fail(2, op, ...) names the line that called the checking function
+local E = require "weft.errors"
+local fail, shape_str, same_shape = E.fail, E.shape_str, E.same_shape
 
 ---------------------------------------------------------------- policy (pure)
 
@@ -319,14 +319,6 @@ function Ctx:cleanup()
   if self.moe ~= self.attn then self.moe:cleanup() end
 end
 
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
-
-local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
-
 -- fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
 --   -> norm_out, residual_out          (fused kernel ran)
 --   -> nil, reason                     (fusion does not apply: take the unfused path)
@@ -345,25 +337,25 @@ function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
   local op = "fused_allreduce_rmsnorm"
   opts = opts or {}
   if x.dtype ~= residual.dtype or x.dtype ~= weight.dtype then
-    fail(op, "dtypes differ: input %s, residual %s, weight %s", tostring(x.dtype),
+    fail(2, op, "dtypes differ: input %s, residual %s, weight %s", tostring(x.dtype),
          tostring(residual.dtype), tostring(weight.dtype))
   end
-  if not DTYPE[x.dtype] then fail(op, "dtype %s not supported (f32, f16, bf16)", tostring(x.dtype)) end
+  if not DTYPE[x.dtype] then fail(2, op, "dtype %s not supported (f32, f16, bf16)", tostring(x.dtype)) end
   if not same_shape(x.shape, residual.shape) then
-    fail(op, "residual shape %s differs from input shape %s", shape_str(residual.shape), shape_str(x.shape))
+    fail(2, op, "residual shape %s differs from input shape %s", shape_str(residual.shape), shape_str(x.shape))
   end
   local hidden = x.shape[#x.shape]
   if #weight.shape ~= 1 or weight.shape[1] ~= hidden then
-    fail(op, "weight shape %s must be {%s} (last dim of input %s)", shape_str(weight.shape),
+    fail(2, op, "weight shape %s must be {%s} (last dim of input %s)", shape_str(weight.shape),
          tostring(hidden), shape_str(x.shape))
   end
   if hidden % 8 ~= 0 or hidden < 8 or hidden > 16384 then
-    fail(op, "hidden %d must be a multiple of 8 in [8, 16384]", hidden)
+    fail(2, op, "hidden %d must be a multiple of 8 in [8, 16384]", hidden)
   end
   local tokens = floor(x.numel / hidden)
   local max_tokens = opts.max_tokens or 2048
   if tokens > max_tokens then
-    fail(op, "%d tokens exceed the declared maximum %d (max_tokens)", tokens, max_tokens)
+    fail(2, op, "%d tokens exceed the declared maximum %d (max_tokens)", tokens, max_tokens)
   end
   eps = eps or 1e-6
   if coord.world_size <= 1 then return self:_skip("group of one rank: nothing to reduce") end
@@ -400,7 +392,7 @@ function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)
   p.eps, p.stream = eps, opts.stream
   p.quick = 0
   if opts.quick ~= nil then   -- the quick two-shot (kernels/quick_fused.cu): int8 / int4 / fp8 on the wire
-    p.quick = QUICK[opts.quick] or fail(op, "quick codec %s is not int8, int4 or fp8", tostring(opts.quick))
+    p.quick = QUICK[opts.quick] or fail(2, op, "quick codec %s is not int8, int4 or fp8", tostring(opts.quick))
   end
   local ok, err = B.run(mgr.ws, p)
   if not ok then error("weft: " .. op .. ": " .. tostring(err), 2) end

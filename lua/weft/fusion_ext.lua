@@ -27,7 +27,7 @@ local fusion = require "weft.fusion"
 local show = require("weft.show").value -- names a refused value's type
 
 local C = wffi.C
-local fmt, concat = string.format, table.concat
+local fmt = string.format
 local max = math.max
 
 local M = {}
@@ -36,20 +36,15 @@ local function T() return require "weft.tensor" end
 local function S() return require "weft.device_backends.setup" end
 local function CUDA() return require "weft.cuda" end
 
-local function gname(g) return tostring(g.unique_name) end
+local E = require "weft.errors"
+local gname, shape_str, same_shape = E.gname, E.shape_str, E.same_shape
 local unpack = unpack or table.unpack
 -- refuse(op, g, msg, args...): raises "weft: <op>: <msg> (group <name>)"
 local function refuse(op, g, msg, ...)
   local n = select("#", ...)
   local args = { ... }
   args[n + 1] = gname(g)
-  error(fmt("weft: %s: " .. msg .. " (group %s)", op, unpack(args, 1, n + 1)), 0)
-end
-local function shape_str(s) return "{" .. concat(s, ",") .. "}" end
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
+  E.fail(0, op, msg .. " (group %s)", unpack(args, 1, n + 1))
 end
 
 local DT = { f32 = 0, f16 = 1, bf16 = 2 }      -- WEFT_F32 / F16 / BF16

@@ -60,16 +60,18 @@ local M = {}
 local type, tostring, error, pcall, ipairs, pairs = type, tostring, error, pcall, ipairs, pairs
 local fmt, concat, floor = string.format, table.concat, math.floor
 local show = require("weft.show").value -- names a refused value's type
+local E = require "weft.errors"
 local unpack = unpack or table.unpack
 
 local R = {}
 R.__index = R
 M.Runner = R
 
--- level 0: no position (cross-rank outcomes are nobody's call site)
+-- "weft: graph_runner.<op>: <msg>"; level as weft.errors.fail's (default 1),
+-- + 1 for this frame; 0: no position (cross-rank outcomes are nobody's call site)
 local function fail(op, msg, level)
   level = level or 1
-  error("weft: graph_runner." .. op .. ": " .. msg, level == 0 and 0 or level + 1)
+  E.fail(level == 0 and 0 or level + 1, "graph_runner." .. op, "%s", msg)
 end
 
 local function list_str(t)

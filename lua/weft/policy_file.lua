@@ -29,10 +29,11 @@
 -- Validation names the file and the entry ("all_reduce[2].bf16[3].backend").
 local M = {}
 
-local type, tostring, pairs, ipairs, error, pcall = type, tostring, pairs, ipairs, error, pcall
+local type, tostring, pairs, ipairs, pcall = type, tostring, pairs, ipairs, pcall
 local floor, huge = math.floor, math.huge
 local fmt, concat = string.format, table.concat
 local show = require("weft.show").value -- names a refused value's type
+local E = require "weft.errors"
 
 M.VERSION = 1
 
@@ -62,8 +63,9 @@ local function names(set)
   return concat(list, ", ")
 end
 
+-- "weft: policy file <name>: <where>: <what>" (no position: the file's fault)
 local function fail(name, where, fmt_, ...)
-  error(fmt("weft: policy file %s: %s%s", name, where and (where .. ": ") or "", fmt_:format(...)), 0)
+  E.fail(0, "policy file " .. tostring(name), "%s" .. fmt_, where and (where .. ": ") or "", ...)
 end
 
 local function key_str(k)

@@ -23,6 +23,7 @@ local floor = math.floor
 local type, next, tostring = type, next, tostring
 local ffi_string, ffi_cast, ffi_istype = ffi.string, ffi.cast, ffi.istype
 local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
+local E = require "weft.errors"
 
 if not ffi.abi("le") then
   error("weft: serialize: big-endian hosts are not supported", 0)
@@ -233,7 +234,7 @@ end
 
 ---------------------------------------------------------------- decoder
 local function derr(st, fmt, ...)
-  error(("weft: decode: %s (at byte %d of %d)"):format(fmt:format(...), st.pos, st.len), 0)
+  E.fail(0, "decode", "%s (at byte %d of %d)", fmt:format(...), st.pos, st.len)
 end
 
 local function need(st, n, what)

@@ -12,6 +12,7 @@ local ffi = require "ffi"
 local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.ffi"
 local binding = require "weft.binding"
+local E = require "weft.errors"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
@@ -23,8 +24,9 @@ local M = {}
 local Store = {}
 Store.__index = Store
 
+-- "weft: store <op>: <msg>"; level as weft.errors.fail's (default 1), + 1 for this frame
 local function fail(op, msg, level)
-  error(("weft: store %s: %s"):format(op, msg), (level or 1) + 1)
+  E.fail((level or 1) + 1, "store " .. op, "%s", msg)
 end
 
 local function handle_of(self, op)

@@ -30,6 +30,7 @@ local type, tonumber, tostring, pairs = type, tonumber, tostring, pairs
 local floor, huge = math.floor, math.huge
 local ffi_cast, ffi_gc = ffi.cast, ffi.gc
 local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
+local E = require "weft.errors"
 local concat, fmt = table.concat, string.format
 
 local M = {}
@@ -55,8 +56,10 @@ local ALIASES = {
 local DTYPE_LIST = "f32, f16, bf16, f64, i32, i64, u8, f8e4m3"
 local F64 = DTYPES.f64
 
+-- "weft: tensor.<op>: <msg>"; level as weft.errors.fail's (default 2: the
+-- caller of the function that calls fail), + 1 for this frame
 local function fail(op, msg, level)
-  error("weft: tensor." .. op .. ": " .. msg, (level or 2) + 1)
+  E.fail((level or 2) + 1, "tensor." .. op, "%s", msg)
 end
 
 local function resolve_dtype(name, op)
@@ -104,11 +107,8 @@ end
 
 local function is_int(v) return type(v) == "number" and v == floor(v) and v > -huge and v < huge end
 
-local function shape_str(shape)
-  local parts = {}
-  for i = 1, #shape do parts[i] = tostring(shape[i]) end
-  return "{" .. concat(parts, ", ") .. "}"
-end
+-- "{2, 3}" (each dim through tostring: refused shapes print too)
+local function shape_str(shape) return E.shape_str(shape, ", ") end
 
 -- The largest byte count (and element count) a tensor may have: every size,
 -- stride and offset is a Lua number, exact only up to 2^53, and the C side

@@ -24,6 +24,7 @@ local M = {}
 
 local fmt, concat, floor = string.format, table.concat, math.floor
 local show = require("weft.show").value -- names a refused value's type
+local E = require "weft.errors"
 
 local function idiv(a, b) return floor(a / b) end
 
@@ -35,8 +36,10 @@ for _, k in ipairs(M.KINDS) do M.JSON_ORDER[#M.JSON_ORDER + 1] = k end
 local ARGS = { world_size = true, tp = true, pp = true, ep = true, attn_dp = true,
                attn_cp = true, moe_dp = true, dcp = true }
 
+-- "weft: topology.plan: <msg>" where weft.errors.fail((level or 1) + 1, ...)
+-- would put it (+ 1 for this frame)
 local function fail(msg, level)
-  error("weft: topology.plan: " .. msg, (level or 1) + 2)
+  E.fail((level or 1) + 2, "topology.plan", "%s", msg)
 end
 
 local function range(st, en, step)
@@ -230,7 +233,7 @@ local VOP = "initialize_model_parallel"
 function M.validate(opts, world_size, level, spell)
   level = (level or 1) + 1
   local function vfail(msg, ...)
-    error("weft: " .. VOP .. ": " .. fmt(msg, ...), level + 1)
+    E.fail(level + 1, VOP, msg, ...)
   end
   opts = opts or {}
   if type(opts) ~= "table" then vfail("options must be a table, got %s", type(opts)) end

@@ -30,7 +30,8 @@
 local M = {}
 
 local floor, huge, fmt, concat = math.floor, math.huge, string.format, table.concat
-local type, pairs, ipairs, tostring, tonumber, error, next = type, pairs, ipairs, tostring, tonumber, error, next
+local E = require "weft.errors"
+local type, pairs, ipairs, tostring, tonumber, next = type, pairs, ipairs, tostring, tonumber, next
 
 M.AR_BACKENDS = { "nccl", "oneshot", "twoshot", "auto" }
 M.FUSED_BACKENDS = { "fused_oneshot", "fused_twoshot" }
@@ -46,8 +47,9 @@ M.ORDER = { "oneshot", "twoshot", "nccl", "auto", "fused_oneshot", "fused_twosho
 M.REL, M.ABS = 0.02, 0.1          -- tie margin of the derivation: 2 %, 0.1 µs
 M.NOISE_REL, M.NOISE_ABS = 0.03, 0.2 -- before/after: slower only beyond this
 
+-- "weft: tune.<op>: <msg>"; level as weft.errors.fail's (default 1), + 1 for this frame
 local function fail(op, msg, level)
-  error("weft: tune." .. op .. ": " .. msg, (level or 1) + 1)
+  E.fail((level or 1) + 1, "tune." .. op, "%s", msg)
 end
 
 ---------------------------------------------------------------- what is measured

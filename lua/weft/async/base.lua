@@ -2,7 +2,7 @@
 -- the C side is src/async.c): the error format, a group's name in messages,
 -- lazy requires (weft.async loads before weft.group and weft.tensor need
 -- it) and the argument checks that run before anything is enqueued.
-local type, tostring, error, require = type, tostring, error, require
+local type, tostring, require = type, tostring, require
 local floor = math.floor
 local show = require("weft.show").value -- names a refused value's type
 
@@ -15,9 +15,7 @@ function M.mod(name)
   return m
 end
 
-function M.fail(level, op, fmt, ...)
-  error("weft: " .. op .. ": " .. fmt:format(...), level + 1)
-end
+M.fail = require("weft.errors").fail   -- "weft: <op>: ..." at the caller's level
 
 function M.gname(g) return tostring(g.unique_name or g.name or "?") end
 local mod, fail, gname = M.mod, M.fail, M.gname

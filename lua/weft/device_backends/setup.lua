@@ -87,7 +87,7 @@ end
 -- tests: pretend CUDA is (not) there; nil: ask again
 function M._set_cuda_available(v) cuda_ok_cache = v end
 
-local function gname(g) return tostring(g.unique_name) end
+local gname = require("weft.errors").gname   -- a group's name in messages
 
 local function group_kind(g)
   local k = g._kind

@@ -4,9 +4,10 @@
 -- user's call site. Pure Lua (no C binding).
 local ffi = require "ffi"
 local floor = math.floor
-local type, tostring, error, require = type, tostring, error, require
+local type, tostring, require = type, tostring, require
 local concat = table.concat
 local show = require("weft.show").value -- names a refused value's type
+local E = require "weft.errors"
 
 local M = {}
 
@@ -23,15 +24,8 @@ end
 local T = M.T
 
 ---------------------------------------------------------------- errors
-local function fail(level, op, fmt, ...)
-  error("weft: " .. op .. ": " .. fmt:format(...), level == 0 and 0 or level + 1)
-end
-
-local function shape_str(shape)
-  return "{" .. concat(shape, ",") .. "}"
-end
-
-local function gname(g) return g.unique_name end
+-- weft.errors: "weft: <op>: ..." at a level, shapes and group names
+local fail, shape_str, gname, same_shape = E.fail, E.shape_str, E.gname, E.same_shape
 
 -- A tensor collective's call as its ranks compare it (the agreement word of
 -- the routes without a descriptor of their own: the store, Gloo):
@@ -107,12 +101,6 @@ local function norm_dim(g, op, t, dim)
   end
   if dim < 0 then dim = dim + nd end
   return dim
-end
-
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
 end
 
 -- products of the dims before / from `dim` (0-based)
