@@ -41,13 +41,15 @@ describe("custom groups created and destroyed in a loop #fault", function()
     local out = run("20 1000 named")
     local k0, k1 = out:match("%[rank0%] CYCLES keys (%d+) (%d+)")
     assert.is_truthy(k0, out)
-    assert.are.equal(tonumber(k0), tonumber(k1), "store keys before and after 1000 named cycles:\n" .. out)
+    -- a leak is a key per member and name (~2000 here); the count moves by
+    -- one or two with what is in flight when it is read, as above
+    assert.is_true(math.abs(tonumber(k1) - tonumber(k0)) <= 3, "store keys before and after 1000 named cycles:\n" .. out)
   end)
 
   it("300 initialize_model_parallel + destroy_model_parallel cycles keep the store's key count flat", function()
     local out = run("20 300 mp")
     local k0, k1 = out:match("%[rank0%] MPCYCLES keys (%d+) (%d+)")
     assert.is_truthy(k0, out)
-    assert.are.equal(tonumber(k0), tonumber(k1), "store keys before and after 300 cycles:\n" .. out)
+    assert.is_true(math.abs(tonumber(k1) - tonumber(k0)) <= 3, "store keys before and after 300 cycles:\n" .. out)
   end)
 end)
