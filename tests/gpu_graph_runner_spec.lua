@@ -62,3 +62,31 @@ describe("graph_runner at TP 2 x PP 2, world 4, default check group #gpu", funct
     pass_end = " (",
   })
 end)
+
+-- Issue 37 item 1: a rank that exits on an error while it holds captured
+-- graphs (or a fusion workspace, or the custom all-reduce's) exits with the
+-- error and code 1, never by a signal (it was SIGSEGV in 3 of 3 runs with a
+-- graph_runner: the capture stream was destroyed before the workspace
+-- asked it). tests/helpers/graph_exit_error.lua; two ranks, one GPU each
+-- or sharing one under MPS.
+describe("exit on an error with graphs and workspaces, world 2 #gpu", function()
+  local cuda = require "weft.cuda"
+  for _, mode in ipairs { "runner", "runner", "fused", "quick", "plain" } do
+    it(mode .. ": both ranks exit 1 with the error, no signal", function()
+      if not G.need_gpus(1, pending) then return end
+      local shared = cuda.device_count() < 2
+      local env = mode == "quick" and "WEFT_QUICK_ALLREDUCE=int8 " or ""
+      local cmd = ("cd %s && %sNCCL_NVLS_ENABLE=0 WEFT_TIMEOUT_MS=30000 timeout -s KILL 120 %sscripts/weft-run -n 2 "
+                   .. "--timeout 100 tests/helpers/graph_exit_error.lua %s 2>&1; echo \"rc=$?\"")
+                  :format(ROOT, env, shared and "scripts/weft-mps -n 2 -- " or "", mode)
+      local p = io.popen(cmd)
+      local out = p:read("*a")
+      p:close()
+      local code = tonumber(out:match("rc=(%d+)%s*$"))
+      if code == 77 then pending(out:match("weft%-mps: ([^\n]*)") or "MPS cannot start here"); return end
+      assert.is_nil(out:match("killed by signal"), out:sub(-4000))
+      assert.is_truthy(out:find("boom", 1, true), out:sub(-4000))
+      assert.are.equal(1, code, out:sub(-4000))
+    end)
+  end
+end)
