@@ -15,7 +15,7 @@
 --   STOP <k> <rank> <ms>
 --   ERR <i> <message>                (each error of a call)
 --   DIVERGED <message>               (recover() found a call completed on some ranks only)
---   RESULT ok=<n> wrong=<n> errors=<n> diverged=<n>
+--   RESULT ok=<n> wrong=<n> errors=<n> diverged=<n> skipped=<n> (calls passed over by a resync)
 local ffi = require "ffi"
 pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
@@ -73,6 +73,7 @@ local call = assert(CALLS[op], "unknown op " .. tostring(op))
 
 w:barrier()
 local ok_n, wrong, errs, diverged, i = 0, 0, 0, 0, 1
+local skipped = 0   -- calls passed over by a resync after a divergence
 local done_stop = {}
 
 -- the stop due before call i, if any: k (0-based), victim, ms
@@ -87,6 +88,7 @@ local function resync()
   local all = weft.world():all_gather_object(i)
   local m = i
   for _, v in ipairs(all) do if v > m then m = v end end
+  if in_group then skipped = skipped + (m - i) end
   i = m
 end
 
@@ -147,6 +149,6 @@ while true do
     custom = nil
   end
 end
-say("RESULT ok=%d wrong=%d errors=%d diverged=%d", ok_n, wrong, errs, diverged)
+say("RESULT ok=%d wrong=%d errors=%d diverged=%d skipped=%d", ok_n, wrong, errs, diverged, skipped)
 pcall(weft.shutdown)
 os.exit(0)
