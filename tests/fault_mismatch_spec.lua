@@ -9,7 +9,7 @@
 -- Mutation check (the agreement taken out): with store_check in
 -- lua/weft/group/host.lua returning offsets without comparing the calls,
 -- the store cases "succeed" with garbage on some ranks and this spec fails;
--- with agree() in src/host/gloo_shim.cc returning at once, the Gloo count
+-- with agree() in src/host/gloo_agree.cc returning at once, the Gloo count
 -- cases end a process with SIGABRT and the dtype cases succeed; with the
 -- shape left out of same_desc in src/host/shm_sync.c, the shm route's shape
 -- cases succeed ("CASE shape OK") and this spec fails.

@@ -4,7 +4,9 @@
 // gloo::rendezvous::Store over weft_store_*), so the store's secret, limits
 // and liveness apply; reductions are weft_host_reduce, the one definition
 // every backend shares. Nothing throws across the C boundary: every entry
-// point catches everything and turns it into weft_last_error().
+// point catches everything and turns it into weft_last_error(). The
+// agreement word every collective sends first is gloo_agree.cc's; the
+// communicator's state, gloo_internal.h.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -49,25 +51,20 @@ extern "C" {
 }
 #include "store/store_proto.h"
 #include "store/store_share.h"
+#include "host/gloo_internal.h"
+
+using namespace wf_gloo;
 
 namespace {
 
 // An error already recorded with wf_error, thrown through Gloo: the code and
 // the message, taken when thrown (cleanup on the way out, e.g. forget()'s
 // store calls, may overwrite the thread's last error before guarded() reads it).
-// Ranks whose calls differ (agree below): every rank fails the call alike,
-// and the communicator stays usable.
-struct Mismatch {
-  std::string msg;
-};
-
 struct Recorded {
   int code;
   std::string msg;
   explicit Recorded(int c) : code(c), msg(weft_last_error()) {}
 };
-
-using ms = std::chrono::milliseconds;
 
 // a + b without std::operator+ (a weak template instance that a CUDA build's
 // link would export from the .so: check-exports)
@@ -158,44 +155,9 @@ std::string gloo_text(const char *what) {
   return m;
 }
 
-}  // namespace
-
-struct weft_gloo {
-  weft_store *s = nullptr;             // one reference held
-  std::string name;                    // the cpu group's name
-  std::vector<int> ranks;              // global ranks in group order
-  int me = 0, size = 0, timeout_ms = 0;
-  std::shared_ptr<gloo::transport::Device> dev;
-  std::shared_ptr<gloo::rendezvous::Context> ctx;
-  uint32_t tag = 1;                    // collectives: every rank counts alike
-  uint64_t agree_seq = 0;              // agreement words sent (agree below)
-  uint64_t next_shape = 0, next_args = 0;  // weft_gloo_set_call: the next call's words
-  std::vector<uint8_t> agree_buf;      // every member's word of the current call
-  std::vector<uint64_t> sent, recvd;   // point to point: per-peer message counters
-  std::vector<uint8_t> scratch;        // reduce_scatter
-  std::vector<std::string> addrs;      // every rank's address, for messages
-  std::mutex busy;
-  bool broken = false;
-  std::string broken_why;
-  std::string prefix;                  // this context's store keys
-
-  // Small all-reduces (power-of-two groups, up to sync_cap bytes): a second
-  // mesh whose pairs run in Gloo's synchronous mode, so the calling thread
-  // reads its socket itself (one wake-up per message, not the loop thread's
-  // and then the caller's). Made at the first such call, on every rank alike.
-  std::shared_ptr<gloo::rendezvous::Context> sctx;
-  std::vector<std::vector<uint8_t>> sync_in;             // per partner: what arrives
-  std::vector<std::unique_ptr<gloo::transport::Buffer>> sync_recv;   // per partner, over sync_in
-  std::vector<int> sync_fd;                              // per partner: its socket, polled only
-  wf_wait sync_wait;                                     // how long to poll it before blocking
-  size_t sync_cap = 0;
-  size_t sync_chunk = 0;                                 // agreed by the group (see exchange)
-};
-
-namespace {
-
 constexpr uint64_t kSlotRs = 0xE0ull << 56;   // our own ring reduce-scatter
 constexpr uint64_t kSlotP2p = 0xE1ull << 56;  // send / recv (Gloo's own use prefixes < 0x20)
+                                               // (0xE2: the agreement words, gloo_agree.cc)
 
 // A failure inside a call: name the group and the op, the ranks the store
 // saw die or cannot reach, or the store itself when it cannot be reached,
@@ -657,144 +619,6 @@ void sync_allreduce(weft_gloo *c, const void *in, void *out, size_t count, int d
 
 bool sync_applies(const weft_gloo *c, size_t bytes) {
   return c->size > 1 && (c->size & (c->size - 1)) == 0 && bytes <= small_max();
-}
-
-void wait_send(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
-  if (!b.waitSend(ms(c->timeout_ms))) throw std::runtime_error("send aborted");
-}
-void wait_recv(weft_gloo *c, gloo::transport::UnboundBuffer &b) {
-  if (!b.waitRecv(ms(c->timeout_ms))) throw std::runtime_error("recv aborted");
-}
-
-constexpr uint64_t kSlotAgree = 0xE2ull << 56;  // the agreement words (agree below)
-
-// ---- the agreement word (docs/faults.md, "Every call agreed") ----
-// Before its data moves, every collective sends a fixed 48-byte word (the
-// kind, dtype, op, root and byte count of this rank's call, and its shape
-// and args words: core/shape_word.h) to every other member and reads theirs: one round of direct
-// messages of one size, which no call can mismatch. Ranks whose calls
-// differ then all fail at once with the same message, naming every rank's
-// call, instead of Gloo pairing buffers of different sizes (its enforce
-// fails in its I/O thread and ends the process), or pairing a broadcast
-// with another root until the timeout, or reducing f16 with bf16 bits. The
-// data step is skipped on every rank, so the communicator stays usable.
-enum { kAgreeAllReduce = 1, kAgreeAllGather, kAgreeReduceScatter, kAgreeBroadcast, kAgreeBarrier, kAgreeRefused };
-constexpr uint32_t kAgreeMark = 0x57414732u;  // "WAG2" (2: the shape and args words at 32, 40)
-constexpr size_t kWord = 48;                  // bytes of one member's word
-
-const char *agree_kind(uint32_t k) {
-  switch (k) {
-    case kAgreeAllReduce: return "all_reduce";
-    case kAgreeAllGather: return "all_gather";
-    case kAgreeReduceScatter: return "reduce_scatter";
-    case kAgreeBroadcast: return "broadcast";
-    case kAgreeBarrier: return "barrier";
-    case kAgreeRefused: return "refused";
-    default: return "?";
-  }
-}
-const char *agree_dtype(int32_t d) {
-  switch (d) {
-    case WEFT_F32: return "f32"; case WEFT_F16: return "f16"; case WEFT_BF16: return "bf16";
-    case WEFT_I32: return "i32"; case WEFT_I64: return "i64"; case WEFT_U8: return "u8";
-    case WEFT_F64: return "f64"; case WEFT_F8E4M3: return "f8e4m3"; default: return "bytes";
-  }
-}
-const char *agree_op(int32_t o) {
-  switch (o) {
-    case WEFT_SUM: return "sum"; case WEFT_MAX: return "max"; case WEFT_MIN: return "min";
-    case WEFT_PROD: return "prod"; default: return "?";
-  }
-}
-
-std::string agree_describe(const weft_gloo *c, const uint8_t *w) {
-  if (wf_get_u32(w) != kAgreeMark) return "something else (not a weft Gloo collective)";
-  uint32_t kind = wf_get_u32(w + 4);
-  int32_t dtype = (int32_t)wf_get_u32(w + 8), op = (int32_t)wf_get_u32(w + 12), root = (int32_t)wf_get_u32(w + 16);
-  uint64_t bytes = wf_get_u64(w + 24);
-  char buf[260], sh[96];
-  int k = wf_shape_word_text(wf_get_u64(w + 32), sh, sizeof sh);
-  if (k < 0 || k >= (int)sizeof sh) k = 0;
-  wf_args_word_text(wf_get_u64(w + 40), sh + k, sizeof sh - k);
-  size_t es = weft_dtype_size(dtype);
-  switch (kind) {
-    case kAgreeAllReduce: case kAgreeReduceScatter:
-      snprintf(buf, sizeof buf, "%s %s x%llu (%s)%s", agree_kind(kind), agree_dtype(dtype),
-               (unsigned long long)(es ? bytes / es : bytes), agree_op(op), sh);
-      break;
-    case kAgreeBroadcast:
-      snprintf(buf, sizeof buf, "broadcast of %llu bytes from rank %d%s", (unsigned long long)bytes,
-               root >= 0 && root < c->size ? c->ranks[root] : root, sh);
-      break;
-    case kAgreeAllGather:
-      snprintf(buf, sizeof buf, "all_gather of %llu bytes%s", (unsigned long long)bytes, sh);
-      break;
-    case kAgreeRefused:
-      snprintf(buf, sizeof buf, "no call: it refused this one (its node's ranks called different collectives)");
-      break;
-    default: snprintf(buf, sizeof buf, "%s", agree_kind(kind));
-  }
-  return buf;
-}
-
-void agree(weft_gloo *c, uint32_t kind, int dtype, int op, int root, uint64_t bytes, const uint64_t *words) {
-  const int W = c->size;
-  c->agree_buf.assign((size_t)W * kWord, 0);
-  uint8_t *mine = c->agree_buf.data() + (size_t)c->me * kWord;
-  wf_put_u32(mine, kAgreeMark);
-  wf_put_u32(mine + 4, kind);
-  wf_put_u32(mine + 8, (uint32_t)dtype);
-  wf_put_u32(mine + 12, (uint32_t)op);
-  wf_put_u32(mine + 16, (uint32_t)root);
-  wf_put_u64(mine + 24, bytes);
-  wf_put_u64(mine + 32, words ? words[0] : 0);
-  wf_put_u64(mine + 40, words ? words[1] : 0);
-  const uint64_t slot = kSlotAgree | c->agree_seq++;
-  auto ub = c->ctx->createUnboundBuffer(c->agree_buf.data(), c->agree_buf.size());
-  for (int i = 0; i < W; i++) {
-    if (i == c->me) continue;
-    ub->recv(i, slot, (size_t)i * kWord, kWord);
-    ub->send(i, slot, (size_t)c->me * kWord, kWord);
-  }
-  // a failure names the members not heard from (a peer that failed first
-  // resets its connections: the missing ones are the news, not that reset)
-  std::vector<bool> heard(W, false);
-  heard[c->me] = true;
-  try {
-    for (int i = 0; i < W - 1; i++) {
-      int src = -1;
-      if (!ub->waitRecv(&src, ms(c->timeout_ms))) throw std::runtime_error("recv aborted");
-      if (src >= 0 && src < W) heard[src] = true;
-    }
-    for (int i = 0; i < W - 1; i++) wait_send(c, *ub);
-  } catch (const std::exception &ex) {
-    std::string missing;
-    for (int i = 0; i < W; i++)
-      if (!heard[i]) missing.append(missing.empty() ? "" : ", ").append(std::to_string(c->ranks[i]));
-    if (missing.empty()) throw;
-    throw std::runtime_error(std::string(ex.what()) + " (this call's agreement words from rank(s) " + missing +
-                             " had not arrived)");
-  }
-  bool bad = false;
-  for (int i = 0; i < W && !bad; i++) bad = memcmp(c->agree_buf.data() + (size_t)i * kWord, mine, kWord) != 0;
-  if (!bad) return;
-  // every rank's call, ranks grouped by call in order of their first rank
-  std::vector<std::string> what(W);
-  for (int i = 0; i < W; i++) what[i] = agree_describe(c, c->agree_buf.data() + (size_t)i * kWord);
-  std::vector<bool> seen(W, false);
-  std::string msg;
-  for (int i = 0; i < W; i++) {
-    if (seen[i]) continue;
-    std::string who;
-    int n = 0;
-    for (int j = i; j < W; j++)
-      if (!seen[j] && what[j] == what[i]) {
-        seen[j] = true;
-        who.append(n++ ? ", " : "").append(std::to_string(c->ranks[j]));
-      }
-    msg.append(msg.empty() ? "" : "; ").append(n > 1 ? "ranks " : "rank ").append(who).append(": ").append(what[i]);
-  }
-  throw Mismatch{msg};
 }
 
 }  // namespace
