@@ -151,8 +151,13 @@ describe("faults across simulated nodes #fault", function()
                            or f.msg:find("waiting for rank%(s%) 0"),
                            ("rank %d names neither the store nor node 0: %s"):format(r, f.msg))
         else
-          -- the near side: node 1's host or ranks (2 and 3)
-          assert.is_truthy(f.msg:find("node1", 1, true) or f.msg:find("rank%(s%) 2") or f.msg:find("ranks? 2[ ,]"),
+          -- the near side: node 1's host or ranks (2 and 3); or, on a loaded
+          -- machine, rank 0 (the store's host) timed out first and closed its
+          -- connections after its linger: then the store's host is named, gone
+          -- (seen once in 4 CI runs on 2 CPUs, 2026-12-06)
+          assert.is_truthy(f.msg:find("node1", 1, true) or f.msg:find("rank%(s%) 2") or f.msg:find("ranks? 2[ ,]")
+                           or (r ~= 0 and f.msg:find("lost the connection to rank%(s%) 0 ")
+                               and f.msg:find("store gone", 1, true)),
                            ("rank %d does not name node 1 or its ranks: %s"):format(r, f.msg))
         end
       end
