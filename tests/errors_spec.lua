@@ -53,6 +53,13 @@ describe("weft.errors", function()
     assert.are.equal("nil", E.gname {})
   end)
 
+  it("extra_str writes a call's other arguments as call descriptions do", function()
+    assert.are.equal("{2,3}", E.extra_str { 2, 3 })
+    assert.are.equal("dim=1", E.extra_str(1))
+    assert.are.equal("max", E.extra_str "max")
+    assert.is_nil(E.extra_str(nil))
+  end)
+
   it("loads no other weft module (any module may require it first)", function()
     local p = io.popen(("cd %q && luajit -e \"package.path = 'lua/?.lua;' .. package.path; "
                        .. "require 'weft.errors'; for k in pairs(package.loaded) do "

@@ -98,14 +98,12 @@ end
 
 -- The args word of a call: what weft.group passes besides the tensor (a
 -- v-collective's sizes table, all_gather's dim, a gathered reduction's op),
--- written as weft.group.checks.call_desc writes it, as a word (weft_args_word:
--- exact up to 7 bytes, else a hash); 0 for nil.
+-- written as call descriptions write it (weft.errors.extra_str), as a word
+-- (weft_args_word: exact up to 7 bytes, else a hash); 0 for nil.
+local extra_str = require("weft.errors").extra_str
 function M.args_word(extra)
   if extra == nil then return 0ULL end
-  local s
-  if type(extra) == "table" then s = "{" .. table.concat(extra, ",") .. "}"
-  elseif type(extra) == "number" then s = "dim=" .. extra
-  else s = tostring(extra) end
+  local s = extra_str(extra)
   return C.weft_args_word(s, #s)
 end
 

@@ -5,7 +5,7 @@
 -- module may load it first (no require cycle). The convention it serves:
 -- docs/lua-interfaces.md, "Errors".
 local concat = table.concat
-local tostring, error = tostring, error
+local tostring, error, type = tostring, error, type
 
 local M = {}
 
@@ -38,5 +38,14 @@ end
 
 -- a group's name in messages ("tp.0", "world", a custom group's name)
 function M.gname(g) return tostring(g.unique_name) end
+
+-- a call's other arguments as its description writes them: a sizes table
+-- "{2,3}", a dim "dim=1", else as it is ("max"); nil stays nil
+function M.extra_str(e)
+  if type(e) == "table" then return "{" .. concat(e, ",") .. "}" end
+  if type(e) == "number" then return "dim=" .. e end
+  if e == nil then return nil end
+  return tostring(e)
+end
 
 return M

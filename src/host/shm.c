@@ -149,9 +149,6 @@ static int zc_done(weft_shm *c, int rc) {
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-/* What the engine serves (weft.policy's shm_reduce table says the same);
- * the kernels also do u8 and prod, which the group layer sends through
- * all-gather + weft_host_reduce. */
 int weft_shm_set_call(weft_shm *c, uint64_t shape_word, uint64_t args_word) {
   WF_CHECK_ARG(c, "weft_shm_set_call: NULL communicator");
   c->next_shape = shape_word;
@@ -159,6 +156,17 @@ int weft_shm_set_call(weft_shm *c, uint64_t shape_word, uint64_t args_word) {
   return 0;
 }
 
+/* This call's descriptor: what the caller asked for, numbered, with the
+ * words weft_shm_set_call gave it (taken: the next call starts without). */
+static wf_shm_desc call_desc(weft_shm *c, uint32_t kind, int dtype, int op, int root, uint64_t count) {
+  wf_shm_desc d = {kind, dtype, op, root, count, c->call++, c->next_shape, c->next_args};
+  c->next_shape = c->next_args = 0;
+  return d;
+}
+
+/* What the engine serves (weft.policy's shm_reduce table says the same);
+ * the kernels also do u8 and prod, which the group layer sends through
+ * all-gather + weft_host_reduce. */
 static int engine_reduces(int dtype, int op) {
   return wf_reduce_supported(dtype, op) && dtype != WEFT_U8 && op != WEFT_PROD;
 }
@@ -201,8 +209,7 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   static const char OP[] = "weft_shm_all_reduce";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_ALL_REDUCE, dtype, op, 0, count, c->call++, c->next_shape, c->next_args};
-  c->next_shape = c->next_args = 0;
+  wf_shm_desc d = call_desc(c, WF_OP_ALL_REDUCE, dtype, op, 0, count);
   if (!engine_reduces(dtype, op))
     return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
                   "i64 with sum, max, min)");
@@ -298,8 +305,7 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes) {
   static const char OP[] = "weft_shm_all_gather";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_ALL_GATHER, -1, -1, 0, bytes, c->call++, c->next_shape, c->next_args};
-  c->next_shape = c->next_args = 0;
+  wf_shm_desc d = call_desc(c, WF_OP_ALL_GATHER, -1, -1, 0, bytes);
   if (bytes && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   const uint8_t *src = in;
   uint8_t *dst = out;
@@ -333,8 +339,7 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   static const char OP[] = "weft_shm_reduce_scatter";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out, c->call++, c->next_shape, c->next_args};
-  c->next_shape = c->next_args = 0;
+  wf_shm_desc d = call_desc(c, WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out);
   if (!engine_reduces(dtype, op))
     return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
                   "i64 with sum, max, min)");
@@ -375,8 +380,7 @@ int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
   static const char OP[] = "weft_shm_broadcast";
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
-  wf_shm_desc d = {WF_OP_BROADCAST, -1, -1, root, bytes, c->call++, c->next_shape, c->next_args};
-  c->next_shape = c->next_args = 0;
+  wf_shm_desc d = call_desc(c, WF_OP_BROADCAST, -1, -1, root, bytes);
   if (root < 0 || root >= c->world) return refuse(c, &d, OP, WEFT_EINVAL, "root out of range");
   if (bytes && !buf) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
   uint8_t *p = buf;

@@ -200,9 +200,10 @@ static const char *op_name(int o) {
 }
 
 static int desc_text(const wf_shm_desc *d, char *buf, size_t n) {
-  char sh[96];
+  char sh[96]; /* " [2,4] ({2,3})": the shape word, then the args word */
   int k = wf_shape_word_text(d->shape, sh, sizeof sh);
-  wf_args_word_text(d->args, sh + (k > 0 && k < (int)sizeof sh ? k : 0), k > 0 && k < (int)sizeof sh ? sizeof sh - k : sizeof sh);
+  if (k < 0 || k >= (int)sizeof sh) k = 0;
+  wf_args_word_text(d->args, sh + k, sizeof sh - k);
   switch (d->kind) {
   case WF_OP_ALL_REDUCE: case WF_OP_REDUCE_SCATTER:
     return snprintf(buf, n, "%s %s %s count=%llu%s", kind_name(d->kind), dtype_name(d->dtype),

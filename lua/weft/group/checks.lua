@@ -32,10 +32,9 @@ local fail, shape_str, gname, same_shape = E.fail, E.shape_str, E.gname, E.same_
 -- "all_reduce bf16 {8,4096} sum", "broadcast f32 {4} src=1". extra: the
 -- reduction, the dim (a number), the root, or a list (all_gatherv's sizes).
 function M.call_desc(op, t, extra)
-  local e = extra
-  if type(e) == "table" then e = "{" .. concat(e, ",") .. "}" elseif type(e) == "number" then e = "dim=" .. e end
+  local e = E.extra_str(extra)
   if e == nil then return ("%s %s %s"):format(op, t.dtype, shape_str(t.shape)) end
-  return ("%s %s %s %s"):format(op, t.dtype, shape_str(t.shape), tostring(e))
+  return ("%s %s %s %s"):format(op, t.dtype, shape_str(t.shape), e)
 end
 
 -- Checks shared by every collective; raised at the user's call site (level 3:
