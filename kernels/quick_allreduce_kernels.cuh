@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
  *  reduce: W wires of the same count -> decode, f32 sum in order, encode
  *          once -> wire_out, and the decoded result (T) -> out.
  * One vector per thread, grid-stride over whole parts. */
-template <typename T, int C>
+template <typename T, int C, bool CVT>
 __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
                                                                   int tail) {
   const int t = threadIdx.x;
@@ -221,14 +221,14 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in
       } else {
         float x[8], s;
         Pack<T>::to_f32(raw[u], x);
-        const uint4 q = encode<C>(x, s);
+        const uint4 q = encode<C, CVT>(x, s);
         put<C>(part, t, q, s);
       }
     }
   }
 }
 
-template <typename T, int W, int C>
+template <typename T, int W, int C, bool CVT>
 __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wire
       float y[8], s = 0.f;
       const uint4 q = get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, s);
       if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
-      else decode<C>(q, s, y);
+      else decode<C, CVT>(q, s, y);
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
     }
@@ -252,9 +252,9 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wire
       put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
     } else {
       float s, y[8];
-      const uint4 q = encode<C>(acc, s);
+      const uint4 q = encode<C, CVT>(acc, s);
       put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
-      decode<C>(q, s, y);
+      decode<C, CVT>(q, s, y);
       res = Pack<T>::from_f32(y);
     }
     if (v < nvec) {
@@ -352,9 +352,10 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
   return (int)launch_qt<T>(a, k, grid, s, launch);
 }
 
-/* codec steps */
-template <typename T, int C>
-cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
+/* codec steps (step 2 / 3: quantize / reduce with the codec's conversion-
+ * instruction forms, for the A/B of scripts/bench-quick-codec.lua) */
+template <typename T, int C, bool CVT>
+cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                    cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
   int dev = 0, sms = 132;
@@ -363,7 +364,7 @@ cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, u
   const uint64_t cap = (uint64_t)sms * 4;
   const unsigned g = (unsigned)(parts < cap ? parts : cap);
   if (step == 0) {
-    qr_step_quantize<T, C><<<g, WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire),
+    qr_step_quantize<T, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire),
                                                        nvec, tail);
     return cudaGetLastError();
   }
@@ -372,13 +373,19 @@ cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, u
   char *wo = static_cast<char *>(wire);
   char *o = static_cast<char *>(out);
   switch (world) {
-    case 2: qr_step_reduce<T, 2, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
-    case 4: qr_step_reduce<T, 4, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
-    case 6: qr_step_reduce<T, 6, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
-    case 8: qr_step_reduce<T, 8, C><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 2: qr_step_reduce<T, 2, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 4: qr_step_reduce<T, 4, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 6: qr_step_reduce<T, 6, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 8: qr_step_reduce<T, 8, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+template <typename T, int C>
+cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
+                   cudaStream_t s) {
+  return step < 2 ? step_cv<T, C, false>(step, world, in, wire, out, nvec, tail, s)
+                  : step_cv<T, C, true>(step - 2, world, in, wire, out, nvec, tail, s);
 }
 
 template <typename T>

@@ -9,6 +9,10 @@
 -- Rates are given per byte of bf16 input the step stands for (quantize: its
 -- input; reduce: the W contributions, W x the output), and as total memory
 -- traffic (bytes read + written per second), against the copy's.
+-- Each step runs in the codec's two forms, side by side: the kernel's (codes
+-- made and read by f32 adds and byte moves) and `cvt` (the same bits through
+-- conversion instructions: what the kernel did before 2026-12-06), both
+-- checked against the CPU reference first.
 --
 --   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR]
 --
@@ -44,8 +48,9 @@ local function wire_bytes(codec, n)
   assert(C.weft_qr_wire_bytes(Q.CODECS[codec], n, sz1) == 0)
   return tonumber(sz1[0])
 end
-local function step(s, codec, W, inp, wire, out, n)
-  if C.weft_qr_codec_step(s, Q.CODECS[codec], BF16, W, inp, wire, out, n, nil) ~= 0 then
+local FORMS = { { name = "kernel", step = 0 }, { name = "cvt", step = 2 } }
+local function step(s, codec, W, inp, wire, out, n, form)
+  if C.weft_qr_codec_step(s + (form or FORMS[1]).step, Q.CODECS[codec], BF16, W, inp, wire, out, n, nil) ~= 0 then
     error("codec step: " .. ffi.string(C.weft_last_error()))
   end
 end
@@ -54,6 +59,7 @@ end
 local ok_all = true
 do
   local n = 100003
+  for _, form in ipairs(FORMS) do
   for _, codec in ipairs(CODECS) do
     for _, W in ipairs(WORLDS) do
       local ins, wires = {}, cuda.alloc(W * wire_bytes(codec, n))
@@ -61,23 +67,24 @@ do
       for r = 1, W do
         ins[r] = T.randn({ n }, "bf16", "cpu", { seed = 40 + r })
         local d = ins[r]:clone("cuda:0")
-        step(0, codec, W, d.ptr, ffi.cast("char *", wires) + (r - 1) * wb, nil, n)
+        step(0, codec, W, d.ptr, ffi.cast("char *", wires) + (r - 1) * wb, nil, n, form)
         cuda.synchronize()
         d:free()
       end
       local out = T.zeros({ n }, "bf16", "cuda:0")
       local wo = cuda.alloc(wb)
-      step(1, codec, W, wires, wo, out.ptr, n)
+      step(1, codec, W, wires, wo, out.ptr, n, form)
       cuda.synchronize()
       local got, ref = out:clone("cpu"), Q.reference(codec, "bf16", ins)
       local a, b = ffi.cast("const uint16_t *", got.ptr), ffi.cast("const uint16_t *", ref.ptr)
       local bad = 0
       for k = 0, n - 1 do if a[k] ~= b[k] then bad = bad + 1 end end
-      print(("check %-4s W=%d: %s"):format(codec, W, bad == 0 and "bit-identical to the CPU reference"
+      print(("check %-6s %-4s W=%d: %s"):format(form.name, codec, W, bad == 0 and "bit-identical to the CPU reference"
                                                    or (bad .. " elements differ")))
       if bad > 0 then ok_all = false end
       cuda.free(wires); cuda.free(wo); out:free()
     end
+  end
   end
 end
 
@@ -99,23 +106,39 @@ end
 
 local recs, lines = {}, {}
 local function rec(r) recs[#recs + 1] = r end
+-- one row: the step in both forms, traffic as a share of the copy's
+local function row(size, name, codec, us, cus, inb, traffic, copy_traffic)
+  local tr, ctr = traffic / us / 1e6, traffic / cus / 1e6
+  lines[#lines + 1] = ("| %d MiB | %s | %s | %.1f | %.2f | %.2f | %.0f %% | %.1f | %.2f | %.0f %% |"):format(
+    size, name, codec, us, inb / us / 1e6, tr, 100 * tr / copy_traffic, cus, ctr, 100 * ctr / copy_traffic)
+end
+-- the step in each form: the forms alternate, so drift hits both alike
+local function time_forms(fn)
+  local t = {}
+  for k, form in ipairs(FORMS) do t[k] = time_us(function() fn(form) end) end
+  return t[1], t[2]
+end
 for s in opt.sizes:gmatch("%d+") do
   local bytes = tonumber(s) * MIB
   local n = bytes / 2
   local src = T.randn({ n }, "bf16", "cuda:0", { seed = 1 })
   local dst = cuda.alloc(bytes)
   local us = time_us(function() cuda.copy_async(dst, src.ptr, bytes) end)
+  local copy_traffic = 2 * bytes / us / 1e6
   rec { op = "copy", backend = "cudaMemcpy", dtype = "bf16", bytes = bytes, us = us,
-        input_tbs = bytes / us / 1e6, traffic_tbs = 2 * bytes / us / 1e6 }
-  lines[#lines + 1] = ("| %d MiB | copy | - | %.1f | %.2f | %.2f |"):format(s, us, bytes / us / 1e6, 2 * bytes / us / 1e6)
+        input_tbs = bytes / us / 1e6, traffic_tbs = copy_traffic }
+  lines[#lines + 1] = ("| %d MiB | copy | - | %.1f | %.2f | %.2f | 100 %% | | | |"):format(s, us, bytes / us / 1e6,
+                                                                                         copy_traffic)
   for _, codec in ipairs(CODECS) do
     local wb = wire_bytes(codec, n)
     local wire = cuda.alloc(wb)
-    us = time_us(function() step(0, codec, 2, src.ptr, wire, nil, n) end)
-    rec { op = "quick_quantize", backend = codec, dtype = "bf16", bytes = bytes, us = us,
-          input_tbs = bytes / us / 1e6, traffic_tbs = (bytes + wb) / us / 1e6 }
-    lines[#lines + 1] = ("| %d MiB | quantize | %s | %.1f | %.2f | %.2f |"):format(s, codec, us, bytes / us / 1e6,
-                                                                                (bytes + wb) / us / 1e6)
+    local cus
+    us, cus = time_forms(function(form) step(0, codec, 2, src.ptr, wire, nil, n, form) end)
+    for k, u in ipairs { us, cus } do
+      rec { op = "quick_quantize", backend = codec, form = FORMS[k].name, dtype = "bf16", bytes = bytes, us = u,
+            input_tbs = bytes / u / 1e6, traffic_tbs = (bytes + wb) / u / 1e6 }
+    end
+    row(s, "quantize", codec, us, cus, bytes, bytes + wb, copy_traffic)
     cuda.free(wire)
     for _, W in ipairs(WORLDS) do
       local m = math.floor(n / W / 8) * 8               -- elements per contribution
@@ -123,12 +146,13 @@ for s in opt.sizes:gmatch("%d+") do
       local wires = cuda.alloc(W * mwb)
       for r = 0, W - 1 do step(0, codec, 2, src.ptr, ffi.cast("char *", wires) + r * mwb, nil, m) end
       local wo, out = cuda.alloc(mwb), cuda.alloc(m * 2)
-      us = time_us(function() step(1, codec, W, wires, wo, out, m) end)
+      us, cus = time_forms(function(form) step(1, codec, W, wires, wo, out, m, form) end)
       local inb, traffic = W * m * 2, W * mwb + mwb + m * 2
-      rec { op = "quick_reduce", backend = codec, dtype = "bf16", world = W, bytes = inb, us = us,
-            input_tbs = inb / us / 1e6, traffic_tbs = traffic / us / 1e6 }
-      lines[#lines + 1] = ("| %d MiB | reduce W=%d | %s | %.1f | %.2f | %.2f |"):format(s, W, codec, us,
-                                                                                     inb / us / 1e6, traffic / us / 1e6)
+      for k, u in ipairs { us, cus } do
+        rec { op = "quick_reduce", backend = codec, form = FORMS[k].name, dtype = "bf16", world = W, bytes = inb,
+              us = u, input_tbs = inb / u / 1e6, traffic_tbs = traffic / u / 1e6 }
+      end
+      row(s, "reduce W=" .. W, codec, us, cus, inb, traffic, copy_traffic)
       cuda.free(wires); cuda.free(wo); cuda.free(out)
     end
   end
@@ -141,7 +165,9 @@ local base = ("%s/quick-codec-%s-%s"):format(opt.out, opt.machine, date)
 local records = {}
 for i, r in ipairs(recs) do
   local rec = {}
-  for _, k in ipairs { "op", "backend", "dtype", "world", "bytes", "us", "input_tbs", "traffic_tbs" } do rec[k] = r[k] end
+  for _, k in ipairs { "op", "backend", "form", "dtype", "world", "bytes", "us", "input_tbs", "traffic_tbs" } do
+    rec[k] = r[k]
+  end
   records[i] = rec
 end
 local j = assert(io.open(base .. ".json", "w"))
@@ -153,7 +179,10 @@ m:write("scripts/bench-quick-codec.lua: median of 5 runs of ", opt.reps, " back-
         "`input TB/s`: bytes of bf16 input the step stands for, per second (reduce: the W contributions); ",
         "`traffic TB/s`: bytes read + written per second. The copy is cudaMemcpy of the same bytes.\n",
         "Checked first: every codec's steps bit-identical to the CPU reference: ", ok_all and "yes" or "NO", "\n\n")
-m:write("| size | step | codec | us | input TB/s | traffic TB/s |\n|---|---|---|---|---|---|\n")
+m:write("`of copy`: the step's traffic rate over the copy's (the goal: >= 90 %). Columns 4-7: the kernel's ",
+        "codec; 8-10: `cvt`, the same bits through conversion instructions (the codec before 2026-12-06).\n\n")
+m:write("| size | step | codec | us | input TB/s | traffic TB/s | of copy | cvt us | cvt traffic TB/s | cvt of copy |\n",
+        "|---|---|---|---|---|---|---|---|---|---|\n")
 m:write(table.concat(lines, "\n"), "\n")
 m:close()
 print(table.concat(lines, "\n"))

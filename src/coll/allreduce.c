@@ -50,13 +50,13 @@ static int check_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out, wf_dc
 /* weft_qr_codec_step's arguments (checked the same way with or without CUDA). */
 static int qr_step_check(int step, int codec, int dtype, int world, const void *in, const void *wire,
                          const void *out, size_t count) {
-  WF_CHECK_ARG(step == 0 || step == 1, "quick codec step: step %d is not 0 (quantize) or 1 (reduce)", step);
+  WF_CHECK_ARG(step >= 0 && step <= 3, "quick codec step: step %d is not 0 (quantize), 1 (reduce), 2 or 3", step);
   WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick codec step: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)", codec);
   WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick codec step: dtype %s is not bf16 or f16",
                wf_dc_dtype_name(dtype));
-  WF_CHECK_ARG(step == 0 || world == 2 || world == 4 || world == 6 || world == 8,
+  WF_CHECK_ARG(step % 2 == 0 || world == 2 || world == 4 || world == 6 || world == 8,
                "quick codec step: world %d is not 2, 4, 6 or 8", world);
-  WF_CHECK_ARG(count > 0 && in && wire && (step == 0 || out), "quick codec step: empty call or NULL buffer");
+  WF_CHECK_ARG(count > 0 && in && wire && (step % 2 == 0 || out), "quick codec step: empty call or NULL buffer");
   WF_CHECK_ARG((((uintptr_t)in | (uintptr_t)wire | (uintptr_t)out) & 15) == 0,
                "quick codec step: buffers must be 16-byte aligned");
   return 0;
