@@ -42,6 +42,7 @@ static const char *kind_name(int kind) {
   case WEFT_ASYNC_SHM_ALL_GATHER: return "shm all_gather";
   case WEFT_ASYNC_SHM_REDUCE_SCATTER: return "shm reduce_scatter";
   case WEFT_ASYNC_SHM_BROADCAST: return "shm broadcast";
+  case WEFT_ASYNC_SHM_BARRIER: return "shm barrier";
   case WEFT_ASYNC_CPU_BARRIER: return "cpugroup barrier";
   case WEFT_ASYNC_CPU_BROADCAST: return "cpugroup broadcast";
   case WEFT_ASYNC_CPU_ALLGATHER: return "cpugroup allgather";
@@ -104,6 +105,8 @@ static int run(weft_async *h) {
   case WEFT_ASYNC_SHM_BROADCAST:
     weft_shm_set_call(d->comm, d->shape, d->args);
     return weft_shm_broadcast(d->comm, d->out, d->count, d->root);
+  case WEFT_ASYNC_SHM_BARRIER:
+    return weft_shm_barrier(d->comm);
   case WEFT_ASYNC_CPU_BARRIER:
     return weft_cpugroup_barrier(d->comm);
   case WEFT_ASYNC_CPU_BROADCAST:

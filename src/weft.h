@@ -170,6 +170,10 @@ int weft_shm_all_gather(weft_shm *c, const void *in, void *out, size_t bytes);
 int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out,
                             size_t count_out, int dtype, int op);
 int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root);
+/* A barrier on c: its descriptor (kind barrier) is compared with the peers'
+ * calls like every collective's, so a rank at a barrier and a rank in
+ * another collective on c both fail at once. */
+int weft_shm_barrier(weft_shm *c);
 /* The shape of this rank's next collective on c (weft_shape_word) and its
  * other arguments (weft_args_word: a v-collective's sizes, a gathered
  * reduction's op), 0: none, compared with the peers' with the rest of the
@@ -762,6 +766,7 @@ enum {
   WEFT_ASYNC_SHM_ALL_GATHER = 11,    /* in, out, count = bytes per rank */
   WEFT_ASYNC_SHM_REDUCE_SCATTER = 12,/* in, out, count = count_out, dtype, op */
   WEFT_ASYNC_SHM_BROADCAST = 13,     /* out = buffer, count = bytes, root */
+  WEFT_ASYNC_SHM_BARRIER = 14,       /* comm weft_shm */
   WEFT_ASYNC_CPU_BARRIER = 20,       /* comm weft_cpugroup */
   WEFT_ASYNC_CPU_BROADCAST = 21,     /* root: in/count bytes; result: root's bytes */
   WEFT_ASYNC_CPU_ALLGATHER = 22,     /* in/count bytes; result: concatenation + lens */

@@ -693,10 +693,14 @@ function G:all_to_all_single(out, inp, splits)
   return out
 end
 
+-- On the transport the group's host collectives take (the policy's choice
+-- for op "barrier": shm on one node, Gloo across nodes, else the store), so
+-- a rank at a barrier and a rank in another collective fail together.
 function G:barrier()
   check_group(self, "barrier")
   if self.world_size == 1 then return end
-  cpu(self, "barrier", "barrier")
+  local be = backend_for(self, "barrier")
+  if be.barrier then call_be(self, "barrier", be.barrier) else cpu(self, "barrier", "barrier") end
 end
 
 ---------------------------------------------------------------- fused

@@ -160,6 +160,10 @@ end
 
 ---------------------------------------------------------------- backends
 local gloo_backend = {
+  -- on the flat communicator once made (weft.group.host's barrier rule)
+  barrier = function(g)
+    if g._gloo then g._gloo:barrier() else g.cpu_group:barrier() end
+  end,
   -- t, extra: the caller's tensor and call, whose words the agreement word carries
   gather_bytes = function(g, _, src, nbytes, dst, t, extra)
     flat(g):all_gather(src, dst, nbytes, t and t.shape, extra)

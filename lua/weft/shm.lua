@@ -6,6 +6,7 @@
 --   c:all_gather(in_ptr, out_ptr, bytes)            -- out holds world * bytes
 --   c:reduce_scatter(in_ptr, out_ptr, count_out, dtype_code, op_code)
 --   c:broadcast(ptr, bytes, root_index)
+--   c:barrier()                                     -- agreed like a collective
 --   c:info() -> { world, zero_copy, zero_copy_min, zero_copy_calls, segment_calls }
 --   c:abort(why)                                    -- every member's calls fail, naming why
 --   c:set_timeout(ms)                               -- this rank's later waits (default: the group's)
@@ -124,6 +125,11 @@ function Comm:broadcast(ptr, bytes, root, shape, extra)
   local h = handle_of(self, "broadcast")
   C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
   if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
+end
+
+-- a barrier whose call is compared with the peers' like a collective's
+function Comm:barrier()
+  if C.weft_shm_barrier(handle_of(self, "barrier")) ~= 0 then error("weft: " .. last_error(), 2) end
 end
 
 -- the bound of this rank's later waits (the group's timeout at create)

@@ -376,6 +376,15 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   return done(c, 0);
 }
 
+int weft_shm_barrier(weft_shm *c) {
+  static const char OP[] = "weft_shm_barrier";
+  int rc = wf_shm_enter(c, OP);
+  if (rc) return rc;
+  wf_shm_desc d = call_desc(c, WF_OP_BARRIER, -1, -1, -1, 0);
+  c->chunk++;
+  return done(c, wf_shm_sync(c, &d, OP));
+}
+
 int weft_shm_broadcast(weft_shm *c, void *buf, size_t bytes, int root) {
   static const char OP[] = "weft_shm_broadcast";
   int rc = wf_shm_enter(c, OP);

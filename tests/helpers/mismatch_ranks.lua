@@ -42,6 +42,17 @@ local CASES = {
   { "gather_count", function() w:all_gather(T.full({ odd and 16 or 8 }, 1, "f32"), 0) end },
   { "broadcast_root", function() w:broadcast(T.full({ 8 }, r, "f32"), odd and 1 or 0) end },
   { "broadcast_count", function() w:broadcast(T.full({ odd and 16 or 8 }, r, "f32"), 0) end },
+  -- the barrier as a fresh group's first call (no shm or Gloo communicator yet)
+  { "barrier_first_call", function()
+      local ranks = {}
+      for i = 1, w.world_size do ranks[i] = i - 1 end
+      local g = weft.create_custom_group(ranks)
+      local ok, err = pcall(function()
+        if odd then g:barrier() else g:all_reduce(T.full({ 8 }, 1, "f32")) end
+      end)
+      g:destroy()
+      if not ok then error(err, 0) end
+    end },
   { "barrier_vs_all_reduce", function()
       if odd then w:barrier() else w:all_reduce(T.full({ 8 }, 1, "f32")) end
     end },

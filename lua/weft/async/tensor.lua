@@ -336,6 +336,15 @@ end
 function M.barrier(g)
   check_group(g, "barrier")
   if g.world_size == 1 then return finished("barrier", gname(g), true) end
+  -- where the blocking barrier goes (weft.group.host's barrier rule)
+  local be = backend(g, "barrier")
+  if (be == "shm" or be == "shm_gather") and g._shm then
+    local d = desc(g, "barrier")
+    d.kind, d.comm = K.SHM_BARRIER, g._shm.handle
+    return submit(g, "barrier", nil, nil, true)
+  elseif be == "gloo" and g._gloo then
+    return fallback(g, "barrier", "barrier")
+  end
   local d = desc(g, "barrier")
   d.kind, d.comm = K.CPU_BARRIER, g.cpu_group.handle
   return submit(g, "barrier", nil, nil, true)

@@ -120,7 +120,16 @@ local function framed(g, op, payload, t, extra)
   return list, store_check(g, op, call, list)
 end
 
+-- barrier(g): on the communicator the group's host collectives already use
+-- (its descriptor or agreement word compared with the peers' calls, so a
+-- barrier against another collective fails at once on every rank); before
+-- the group made that communicator, the cpu group's barrier. Either choice
+-- depends only on the group's calls so far, the same on every rank.
+local function cpu_barrier(g) g.cpu_group:barrier() end
+M.cpu_barrier = cpu_barrier
+
 local store_backend = {
+  barrier = cpu_barrier,
   gather_bytes = function(g, op, src, nbytes, dst, t, extra)
     local list, offs = framed(g, op, hostmem.string(src, nbytes, op, 2), t, extra)
     local lens, bad = {}, false
@@ -149,7 +158,11 @@ M.register_backend("store", store_backend)
 -- t, extra: the caller's tensor (nil for raw bytes) and the call's other
 -- arguments (K.call_desc), whose words the shm engine's call descriptor
 -- carries
+local function shm_barrier(g)
+  if g._shm then g._shm:barrier() else cpu_barrier(g) end
+end
 local shm_gather_backend = {
+  barrier = shm_barrier,
   gather_bytes = function(g, _, src, nbytes, dst, t, extra)
     shm_comm(g):all_gather(src, dst, nbytes, t and t.shape, extra)
   end,
@@ -160,6 +173,7 @@ local shm_gather_backend = {
 M.register_backend("shm_gather", shm_gather_backend)
 
 M.register_backend("shm", {
+  barrier = shm_barrier,
   gather_bytes = shm_gather_backend.gather_bytes,
   broadcast = shm_gather_backend.broadcast,
   all_reduce = function(g, _, t, out_ptr, _, opcode)
