@@ -356,27 +356,35 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
  * instruction forms, for the A/B of scripts/bench-quick-codec.lua) */
 template <typename T, int C, bool CVT>
 cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
-                   cudaStream_t s) {
+                    cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
   int dev = 0, sms = 132;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const uint64_t cap = (uint64_t)sms * 4;
-  const unsigned g = (unsigned)(parts < cap ? parts : cap);
+  /* one wave: as many blocks as are resident at once (a fixed 4 per SM made
+   * a second, one-third-full wave where a kernel takes over 32 registers,
+   * the 2-rank reduce of int8 and fp8: 36-40) */
+  auto grid = [&](auto kernel, int *occ) {
+    const uint64_t cap = (uint64_t)sms * (uint64_t)resident(kernel, WF_QR_THREADS, occ);
+    return (unsigned)(parts < cap ? parts : cap);
+  };
   if (step == 0) {
-    qr_step_quantize<T, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire),
-                                                       nvec, tail);
+    static int occ = 0;
+    auto k = qr_step_quantize<T, C, CVT>;
+    k<<<grid(k, &occ), WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire), nvec, tail);
     return cudaGetLastError();
   }
   const uint64_t stride = wf_qr_wire_bytes(C, nvec);
   const char *w = static_cast<const char *>(in);
   char *wo = static_cast<char *>(wire);
   char *o = static_cast<char *>(out);
+  auto reduce = [&](auto k, int *occ) { k<<<grid(k, occ), WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); };
+  static int occ[4] = {0, 0, 0, 0};
   switch (world) {
-    case 2: qr_step_reduce<T, 2, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
-    case 4: qr_step_reduce<T, 4, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
-    case 6: qr_step_reduce<T, 6, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
-    case 8: qr_step_reduce<T, 8, C, CVT><<<g, WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); break;
+    case 2: reduce(qr_step_reduce<T, 2, C, CVT>, &occ[0]); break;
+    case 4: reduce(qr_step_reduce<T, 4, C, CVT>, &occ[1]); break;
+    case 6: reduce(qr_step_reduce<T, 6, C, CVT>, &occ[2]); break;
+    case 8: reduce(qr_step_reduce<T, 8, C, CVT>, &occ[3]); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
