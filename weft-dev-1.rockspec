@@ -18,7 +18,7 @@ RMSNorm kernels) with group construction, backend policies and CUDA-graph
 capture in Lua. Needs LuaJIT (the FFI): the tools run under `luajit`.
 ]],
 }
--- lua-cjson (weft.json: weft-topo --json, weft-plot, benchmark results) is
+-- lua-cjson (weft.internal.json: weft-topo --json, weft-plot, benchmark results) is
 -- Debian's lua-cjson, found on Lua 5.1's system path: not a rock dependency,
 -- which would build a second copy from the network; weft loads without it.
 dependencies = {

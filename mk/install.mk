@@ -4,7 +4,7 @@
 # Layout: $(LIBDIR)/libweft.so, $(INCLUDEDIR)/weft.h, $(PKGCONFIGDIR)/weft.pc,
 # $(LUADIR)/weft/**.lua, $(BINDIR)/weft-{run,topo,repl,tune,plot}. The Lua layer finds
 # the library and the tools find the modules relative to where they are
-# (lua/weft/ffi.lua, scripts/weft-*), so a prefix needs no LD_LIBRARY_PATH or
+# (lua/weft/internal/ffi.lua, scripts/weft-*), so a prefix needs no LD_LIBRARY_PATH or
 # LUA_PATH; weft.pc's Libs carry an rpath, so C programs linked with
 # `pkg-config --libs weft` find libweft.so too. uninstall removes the folders
 # install created, when they are empty.

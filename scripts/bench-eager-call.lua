@@ -1,7 +1,7 @@
 -- The eager device call path (issue: the Lua call path must stay at the
 -- launch floor): host time per call of group:all_reduce on an 8 KiB bf16
 -- device tensor, beside the C call it makes (weft_ar_run through
--- weft.custom_ar) and a bare empty-kernel launch (cuLaunchKernel of a PTX
+-- weft.backends.custom_ar) and a bare empty-kernel launch (cuLaunchKernel of a PTX
 -- `ret`, the same stream), all from this rank's thread, back to back.
 --
 --   scripts/weft-mps -n 2 -- scripts/weft-run -n 2 scripts/bench-eager-call.lua
@@ -14,7 +14,7 @@
 local ffi = require "ffi"
 local weft = require "weft"
 local cuda = require "weft.cuda"
-local db = require "weft.device_backends"
+local db = require "weft.backends.device_backends"
 local world = weft.init()
 local now = weft.now_us
 local DEV = "cuda:" .. cuda.current_device()

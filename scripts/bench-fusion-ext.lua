@@ -21,7 +21,7 @@ if os.getenv("WEFT_FAKE_DEVICE") == "1" then
   package.path = root .. "/tests/?.lua;" .. package.path
   require("helpers.fake_device").install()
 end
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 local fmt = string.format
 
 local mode = arg[1]
@@ -48,7 +48,7 @@ local cuda = require "weft.cuda"
 local graph = require "weft.graph"
 local policy = require "weft.policy"
 local T = weft.tensor
-local C = require("weft.ffi").C
+local C = require("weft.internal.ffi").C
 
 -- per-call µs of fn by graph replay (capture on the capture stream)
 local function time_graph(fn, gopts)

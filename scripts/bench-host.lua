@@ -33,7 +33,7 @@
 -- bench/results/host-allreduce-vm-2cpu-w4-trace-2026-12-03.md).
 -- With it, a call's time is the collective's alone, CPU sharing included.
 -- Writes bench/results/host-allreduce-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place)
--- and a .md table beside it. Progress on stderr (weft.progress: what runs,
+-- and a .md table beside it. Progress on stderr (weft.internal.progress: what runs,
 -- step k of n, the time left): one line rewritten on a terminal, a line per
 -- step when piped, nothing with -q.
 --
@@ -41,7 +41,7 @@
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 
 local opts = bench.parse_args(arg or {}, {
   worlds = "2,4", dtypes = "f32,bf16", load = "none,busy", min = 1024, max = 64 * 1048576,
@@ -76,7 +76,7 @@ end
 local function worker()
   local weft = require "weft"
   local T = weft.tensor
-  local C = require("weft.ffi").C
+  local C = require("weft.internal.ffi").C
   local now_us = weft.now_us
   local world = weft.init()
   -- like mpirun's default (--bind-to core when ranks <= cores): pin rank r to
@@ -168,7 +168,7 @@ end
 -- 10^6 calls; bf16: over 2 * 10^5, scaled).
 local function callpath_worker()
   local weft = require "weft"
-  local C = require("weft.ffi").C
+  local C = require("weft.internal.ffi").C
   local world = weft.init()
   local now = weft.now_us
   for _, dt in ipairs({ "f32", "bf16" }) do
@@ -282,7 +282,7 @@ local function driver()
   end
   local nsteps = (opts["repeat"] or 1) * #loads * #dtypes * #worlds * (opts.no_mpi and 1 or 2)
                  + (opts.no_callpath and 0 or 1)
-  local P = require("weft.progress").new { name = "bench-host", steps = nsteps, quiet = opts.quiet }
+  local P = require("weft.internal.progress").new { name = "bench-host", steps = nsteps, quiet = opts.quiet }
   for rep = 1, opts["repeat"] or 1 do
     for _, load in ipairs(loads) do
       for _, dt in ipairs(dtypes) do

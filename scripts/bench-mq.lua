@@ -30,7 +30,7 @@
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 
 local function help(o) o.help = true end
 local opts = bench.parse_args(arg or {}, {
@@ -127,7 +127,7 @@ local function worker()
     box.seq, box.t, box.n = d[0], d[1], tonumber(n)
     return box
   end
-  local C = require("weft.ffi").C
+  local C = require("weft.internal.ffi").C
   local optr, olen = ffi.new("const void *[1]"), ffi.new("size_t[1]")
   local cases = {
     { op = "broadcast_object", backend = "mq",

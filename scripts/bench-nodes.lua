@@ -21,7 +21,7 @@
 -- bench/results/host-allreduce-nodes-<machine>-<date>.{json,md}.
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 local opts = bench.parse_args(arg or {}, {
   nodes = 2, per_node = 2, min = 1024, max = 64 * 1048576, factor = 4, iters = 200,
   store_iters = 10, ["repeat"] = 3, mpi = "build/mpi_allreduce", out = "bench/results", warmup = 3,

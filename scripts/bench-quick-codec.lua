@@ -24,7 +24,7 @@ local weft = require "weft"
 local cuda = require "weft.cuda"
 local T = weft.tensor
 local Q = require "weft.quick"
-local C = require("weft.ffi").C
+local C = require("weft.internal.ffi").C
 
 local opt = { sizes = "16,64,256", reps = 20, machine = false,   -- false: the GPU it runs on (below)
               out = "bench/results" }
@@ -38,7 +38,7 @@ end
 opt.reps = tonumber(opt.reps)
 
 if not cuda.available() then io.stderr:write("bench-quick-codec: no CUDA device\n"); os.exit(77) end
-opt.machine = opt.machine or require("weft.bench").machine_name(cuda.device_name(cuda.current_device()), 1)
+opt.machine = opt.machine or require("weft.tools.bench").machine_name(cuda.device_name(cuda.current_device()), 1)
 local CODECS = { "fp", "int8", "int4", "fp8" }
 local WORLDS = { 2, 4, 8 }
 local MIB = 1048576
@@ -171,7 +171,7 @@ for i, r in ipairs(recs) do
   records[i] = rec
 end
 local j = assert(io.open(base .. ".json", "w"))
-j:write(require("weft.bench").json({ machine = opt.machine, date = date, commit = commit, records = records }, "  "), "\n")
+j:write(require("weft.tools.bench").json({ machine = opt.machine, date = date, commit = commit, records = records }, "  "), "\n")
 j:close()
 local m = assert(io.open(base .. ".md", "w"))
 m:write(("# Quick all-reduce codec steps on one GPU (%s, %s, commit %s)\n\n"):format(opt.machine, date, commit))

@@ -21,7 +21,7 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/
 local ffi = require "ffi"
 local fmt = string.format
 
-local median = require("weft.bench").median
+local median = require("weft.tools.bench").median
 local function pct(xs, p)
   local t = {}
   for i = 1, #xs do t[i] = xs[i] end
@@ -130,7 +130,7 @@ local model = require "serve_model"
 pcall(ffi.cdef, "int kill(int pid, int sig); int poll(void *fds, unsigned long n, int timeout);")
 
 local function start_server(n)
-  local port = assert(require("weft.launcher").free_port("127.0.0.1"))
+  local port = assert(require("weft.tools.launcher").free_port("127.0.0.1"))
   local prefix = sh("mktemp -d /tmp/weft-bench-serve.XXXXXX"):match("^(%S+)")
   local log = prefix .. ".log"
   local cmd = fmt("setsid %s/scripts/serve/start -n %d --port %d --prefix %s --hidden %d --log-level warn > %s 2>&1 < /dev/null & echo $!",
@@ -237,7 +237,7 @@ end
 sh("mkdir -p " .. opts.out)
 local base = fmt("%s/serve-%s-%s", opts.out, machine, date)
 local f = assert(io.open(base .. ".json", "w"))
-f:write(require("weft.bench").json({ machine = machine, date = date, commit = commit, cpus = nproc,
+f:write(require("weft.tools.bench").json({ machine = machine, date = date, commit = commit, cpus = nproc,
                                      records = records }, "  "), "\n")
 f:close()
 
@@ -274,5 +274,5 @@ end
 f = assert(io.open(base .. ".md", "w"))
 f:write(table.concat(md, "\n"), "\n")
 f:close()
-local svg = require("weft.bench").plot(base .. ".json")
+local svg = require("weft.tools.bench").plot(base .. ".json")
 io.stderr:write("bench-serve: wrote " .. base .. ".json and .md" .. (svg and " and .svg" or "") .. "\n")

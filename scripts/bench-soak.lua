@@ -24,7 +24,7 @@
 local ffi = require "ffi"
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 
 local opts = bench.parse_args(arg or {}, {
   ranks = 4, small = 200000, big = 2000, small_bytes = 1024, big_bytes = 4 * 1048576, samples = 20,
@@ -66,7 +66,7 @@ end
 local function rank_main()
   local weft = require "weft"
   local T = weft.tensor
-  local now_us = weft.now_us or function() return require("weft.clock").now_ms() * 1000 end
+  local now_us = weft.now_us or function() return require("weft.internal.clock").now_ms() * 1000 end
   local world = weft.init()
   local W, r = world.world_size, world.rank
   local offset = W * (W - 1) / 2
@@ -139,7 +139,7 @@ local function driver()
   local cmd = ("cd %s && %s/scripts/weft-run -n %d scripts/bench-soak.lua %s 2>&1; echo \"rc=$?\"")
     :format(root, root, opts.ranks, table.concat(args, " "))
   -- the phases' relative cost, a guess: a call's fixed cost about that of 16 KiB moved
-  local P = require("weft.progress").new { name = "bench-soak", quiet = opts.quiet,
+  local P = require("weft.internal.progress").new { name = "bench-soak", quiet = opts.quiet,
     weights = { opts.small * (opts.small_bytes + 16384), opts.big * (opts.big_bytes + 16384) } }
   P:note(("%d ranks, %d x %d B + %d x %d B all-reduces (i32 sum, checked)")
     :format(opts.ranks, opts.small, opts.small_bytes, opts.big, opts.big_bytes))

@@ -7,7 +7,7 @@
 -- stage, and prints median latencies of every rank. Host tensors through
 -- shared memory; with CUDA and a GPU per rank, device tensors: the TP
 -- all_reduce through weft's custom all-reduce (or NCCL, as weft.policy
--- decides) and the fused kernel (weft.device_backends), the pipeline
+-- decides) and the fused kernel (weft.backends.device_backends), the pipeline
 -- hand-over through NCCL.
 local weft = require "weft"
 local ffi = require "ffi"

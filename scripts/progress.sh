@@ -1,5 +1,5 @@
 # progress.sh — progress lines for the GPU shell scripts (sourced by
-# scripts/gpu-ar and scripts/gpu-fusion; the Lua tools have weft.progress):
+# scripts/gpu-ar and scripts/gpu-fusion; the Lua tools have weft.internal.progress):
 # what runs, step k of n, the time so far, and while a long phase runs, a
 # line every PROGRESS_EVERY seconds (default 30) with its time against its
 # budget and the last line of its log. On a terminal that line is rewritten

@@ -1,6 +1,6 @@
 /* weft.h — the single contract between the C core and the Lua layer.
  *
- * lua/weft/ffi.lua feeds the text between the FFI BEGIN/END markers to
+ * lua/weft/internal/ffi.lua feeds the text between the FFI BEGIN/END markers to
  * ffi.cdef verbatim, so that region holds plain C declarations only: no
  * macros, no attributes, no by-value structs in signatures. The build exports
  * exactly the functions declared there (build/weft.map is generated from it).

@@ -26,7 +26,7 @@ describe("weft.async", function()
 
   setup(function()
     async = require "weft.async"
-    wffi = require "weft.ffi"
+    wffi = require "weft.internal.ffi"
     C = wffi.C
     store_mod = require "weft.store"
   end)
@@ -219,7 +219,7 @@ describe("weft.async", function()
     -- handler stops the worker (queued work failed, the running one awaited
     -- with a bound) before the runtime's static destructors run.
     local prog = [[
-local ffi = require "ffi"; local C = require("weft.ffi").C
+local ffi = require "ffi"; local C = require("weft.internal.ffi").C
 local q = ffi.new("weft_async_queue *[1]"); assert(C.weft_async_queue_create("exitq", q) == 0)
 local d = ffi.new("weft_async_desc"); d.kind = C.WEFT_ASYNC_SLEEP; d.count = %d
 local h = ffi.new("weft_async *[1]"); assert(C.weft_async_submit(q[0], d, h) == 0)

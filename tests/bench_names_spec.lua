@@ -1,8 +1,8 @@
 -- Results files carry the GPU they ran on: the machine part of their names
 -- comes from the device name CUDA reports (cudaGetDeviceProperties' name),
--- by one rule in Lua (weft.bench.device_tag) and in the C harnesses
+-- by one rule in Lua (weft.tools.bench.device_tag) and in the C harnesses
 -- (bench/machine_tag.h), checked here on the CPU; no harness assumes a GPU.
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 local S = require "helpers.spec_util"
 
 local ROOT = os.getenv("PWD") or "."
@@ -22,7 +22,7 @@ local CASES = {
 }
 
 describe("results files name the GPU they ran on", function()
-  it("weft.bench.device_tag: from the device name and count", function()
+  it("weft.tools.bench.device_tag: from the device name and count", function()
     for _, c in ipairs(CASES) do
       assert.are.equal(c[3], bench.device_tag(c[1], c[2]), c[1] .. " x" .. c[2])
     end

@@ -3,7 +3,7 @@
 local ffi = require "ffi"
 local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local util = require "helpers.store_util"
 local spec = require "helpers.spec_util"
 

@@ -10,7 +10,7 @@
 local weft = require "weft"
 local spec = require "helpers.spec_util"
 local policy = require "weft.policy"
-local db = require "weft.device_backends"
+local db = require "weft.backends.device_backends"
 local T = weft.tensor
 
 local ROOT = os.getenv("PWD") or "."
@@ -131,8 +131,8 @@ describe("deterministic mode: routing on a device-state stand-in", function()
   end)
 
   it("takes the store path, not Gloo's ring, for host float sums across nodes", function()
-    local saved = package.loaded["weft.host_nodes"]
-    package.loaded["weft.host_nodes"] = { built = true }
+    local saved = package.loaded["weft.backends.host_nodes"]
+    package.loaded["weft.backends.host_nodes"] = { built = true }
     local g, h = group { same_node = false }, T.zeros({ 1048576 }, "f32")   -- above the small-call store route
     local ok, err = pcall(function()
       assert.are.equal("gloo", sel(g, h))
@@ -144,7 +144,7 @@ describe("deterministic mode: routing on a device-state stand-in", function()
       assert.are.equal("gloo", sel(g, h, "all_gather"))
       assert.matches("Gloo's ring is not in rank order", policy.explain(g, h))
     end)
-    package.loaded["weft.host_nodes"] = saved
+    package.loaded["weft.backends.host_nodes"] = saved
     if not ok then error(err, 0) end
   end)
 

@@ -286,7 +286,7 @@ describe("weft.dist", function()
       -- across nodes: Gloo where weft was built with it (hierarchical where a
       -- node has several ranks; the store for small all-reduces with one
       -- rank per node), else the store path
-      if require("weft.host_nodes").built then
+      if require("weft.backends.host_nodes").built then
         local big = T.zeros({ 1024, 1024 }, "bf16")
         assert.are.equal("gloo", (policy.select(g, "all_reduce", x)))           -- small: Gloo's small path
         g.world_size = 3                                                          -- no small path there:
@@ -316,7 +316,7 @@ describe("weft.dist", function()
       g.same_node, g.host_backend = true, "store"
       assert.are.equal("store", (policy.select(g, "broadcast", x)))
       g.host_backend = nil
-      -- a device tensor: a device rule (weft.device_backends; no_device_backend
+      -- a device tensor: a device rule (weft.backends.device_backends; no_device_backend
       -- without CUDA), then a rule added ahead of it, then removed again
       local dev = { dtype = "bf16", shape = { 4 }, nbytes = 8, device = "cuda:0" }
       local before = policy.select(g, "all_reduce", dev)

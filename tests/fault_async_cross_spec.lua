@@ -33,7 +33,7 @@ describe("async on one group x blocking on another #fault", function()
 
   it("a rank that dies while the others wait in an async op is named within 5 s (timeout 60 s)", function()
     -- the worker's own store connection sees deaths like the rank's own
-    local L = require "weft.launcher"
+    local L = require "weft.tools.launcher"
     local port = assert(L.free_port("127.0.0.1"))
     local cmds = {}
     for r = 0, 2 do

@@ -1,7 +1,7 @@
 -- Host copies past 2^31 and 2^32 bytes (issue 24 item 2): LuaJIT's ffi.copy
 -- and ffi.fill take a 32-bit length, so a 2 GiB + 64 clone used to copy 2^31
 -- bytes and leave the rest 0. Every host copy and fill of the Lua layer goes
--- through weft.hostmem, in pieces; these checks read the bytes just past
+-- through weft.internal.hostmem, in pieces; these checks read the bytes just past
 -- 2^31 and 2^32 and the last ones.
 --
 -- They need memory: each test says how much (its peak, a few GiB) and is
@@ -46,9 +46,9 @@ end
 
 local function at(t, i, ctype) return tonumber(ffi.cast(ctype or "uint8_t *", t.ptr)[i]) end
 
-describe("weft.hostmem's pieces #fault", function()
+describe("weft.internal.hostmem's pieces #fault", function()
   local hostmem
-  setup(function() hostmem = require "weft.hostmem" end)
+  setup(function() hostmem = require "weft.internal.hostmem" end)
   after_each(function() hostmem._set_chunk() end)
 
   it("copy and fill in pieces of CHUNK bytes move every byte, the last short piece too", function()
@@ -85,7 +85,7 @@ describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
   local T, hostmem
   setup(function()
     T = require "weft.tensor"
-    hostmem = require "weft.hostmem"
+    hostmem = require "weft.internal.hostmem"
   end)
 
   it("hostmem.copy and fill move every byte of 2^32 + 128 (bytes past 2^31 and 2^32 checked)", function()
@@ -145,7 +145,7 @@ describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
   it("weft_host_convert u8 -> f32 of 2^30 + 16 elements writes past 2^31 and 2^32 bytes", function()
     local n = 2 ^ 30 + 16 -- f32 out: 2^32 + 64 bytes
     if not have_memory(4 * n) then return end
-    local C = require("weft.ffi").C
+    local C = require("weft.internal.ffi").C
     local src, dst = sparse(n), sparse(4 * n)
     src[2 ^ 29] = 11; src[2 ^ 30] = 22; src[n - 1] = 33
     assert.are.equal(0, C.weft_host_convert(src, T.dtype_info("u8").code, dst, T.dtype_info("f32").code, n))

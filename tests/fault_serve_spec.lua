@@ -16,7 +16,7 @@ local http = require "helpers.serve_http"
 -- lua-cjson may be missing: then have_nginx() says so (scripts/serve/ensure-nginx)
 local json = select(2, pcall(require, "serve_json"))
 local S = require "helpers.spec_util"
-local shm_names = require "weft.shm_names"
+local shm_names = require "weft.internal.shm_names"
 local server = require "helpers.serve_server"
 
 local have_nginx, alive, sleep_ms = server.have_nginx, server.alive, server.sleep_ms

@@ -157,7 +157,7 @@ describe("weft.store under abuse #fault", function()
   -- store is unreachable.
   it("a store that stops answering: a wait ends within its timeout + 1 s, the diagnosis within 0.6 s, both naming it", function()
     local ffi = require "ffi"
-    local C = require("weft.ffi").C
+    local C = require("weft.internal.ffi").C
     local port = util.free_port()
     local spid, slog = spawn_server(port, "-n 1024")
     local ph = io.popen("pgrep -P " .. spid)

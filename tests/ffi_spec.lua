@@ -1,6 +1,6 @@
 -- The C contract loads, and exports exactly what weft.h declares.
-describe("weft.ffi", function()
-  local wffi = require "weft.ffi"
+describe("weft.internal.ffi", function()
+  local wffi = require "weft.internal.ffi"
   local ffi = require "ffi"
 
   it("loads libweft.so with a matching ABI version", function()

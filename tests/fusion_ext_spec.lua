@@ -7,7 +7,7 @@
 -- tests/gpu_fusion_ext_spec.lua).
 local ffi = require "ffi"
 local weft = require "weft"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local spec = require "helpers.spec_util"
 local C = wffi.C
 local T = weft.tensor

@@ -5,7 +5,7 @@
 -- scripts/weft-run; each of its PASS/FAIL lines becomes a check here.
 local spec = require "helpers.spec_util"
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
 local G = require "helpers.gpu_ranks"

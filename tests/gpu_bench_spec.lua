@@ -1,7 +1,7 @@
--- weft.bench helpers used by scripts/bench (host-only: runs everywhere).
-local bench = require "weft.bench"
+-- weft.tools.bench helpers used by scripts/bench (host-only: runs everywhere).
+local bench = require "weft.tools.bench"
 
-describe("weft.bench helpers", function()
+describe("weft.tools.bench helpers", function()
   it("takes medians", function()
     assert.are.equal(2, bench.median { 3, 1, 2 })
     assert.are.equal(2.5, bench.median { 4, 1, 3, 2 })

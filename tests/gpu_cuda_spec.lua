@@ -2,7 +2,7 @@
 -- events, graph capture, and clear errors. #gpu specs are pending without a GPU.
 -- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
 local cuda = require "weft.cuda"

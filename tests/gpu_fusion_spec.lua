@@ -7,7 +7,7 @@
 -- changing data, refusals, a missing peer, an abort); each of its PASS/FAIL
 -- lines becomes a check here.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
 local G = require "helpers.gpu_ranks"

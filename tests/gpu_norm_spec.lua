@@ -2,7 +2,7 @@
 -- weft_host_rmsnorm, for bf16 / f16 / f32, the vector and generic paths,
 -- with and without residual, Gemma weights and in-place outputs.
 -- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 local cuda = require "weft.cuda"
 local G = require "helpers.gpu_ranks"

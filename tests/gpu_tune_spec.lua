@@ -55,7 +55,7 @@ describe("weft-tune --quick on 2 GPUs #gpu", function()
   it("writes a policy file weft's loader accepts, in the documented shape", function()
     if not G.need_gpus(2, pending) then return end
     run_once()
-    local pf = require "weft.policy_file"
+    local pf = require "weft.internal.policy_file"
     local t = pf.load(dir .. "/policy.lua")
     assert.is_true(tune.check_shape(t))
     assert.are.equal(1, t.version)

@@ -422,7 +422,7 @@ local function both_ok(once, names, world)
 end
 
 -- The GPU spec's helper (device all_reduce and fused path through a TP
--- group, weft.device_backends, weft.fusion) on the simulated machine of
+-- group, weft.backends.device_backends, weft.fusion) on the simulated machine of
 -- tests/helpers/tune_sim.lua: its plumbing checked without a GPU.
 describe("graph_runner over device groups on a simulated machine", function()
   local out, rc

@@ -166,7 +166,7 @@ describe("groups (multi-rank)", function()
       local pids = {}
       for pid in out:gmatch("%] pid (%d+)") do pids[#pids + 1] = tonumber(pid) end
       assert.are.equal(3, #pids, out)
-      local left = require("weft.shm_names").of(pids)
+      local left = require("weft.internal.shm_names").of(pids)
       assert.are.equal(0, #left, "left behind: " .. table.concat(left, " "))
     end)
   end)

@@ -7,7 +7,7 @@
 --    host tensors (from 64 KiB on they are arena memory; wrapped memory is not).
 local spec = require "helpers.spec_util"
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 local T = require "weft.tensor"
 

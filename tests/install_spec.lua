@@ -60,7 +60,7 @@ end
 -- with tool `weft_run` from a folder outside the repository.
 local function run_outside(weft_run, dir)
   write(dir .. "/readme.lua", readme_script())
-  write(dir .. "/probe.lua", 'print("lib=" .. require("weft.ffi").path)\n'
+  write(dir .. "/probe.lua", 'print("lib=" .. require("weft.internal.ffi").path)\n'
         .. 'print("mod=" .. package.searchpath("weft", package.path))\n')
   local out, rc = sh(("cd %s && timeout -s KILL 120 %s -n 4 readme.lua"):format(q(dir), q(weft_run)))
   local probe = sh(("cd %s && timeout -s KILL 60 %s -n 1 probe.lua"):format(q(dir), q(weft_run)))
@@ -144,7 +144,7 @@ describe("make install", function()
     assert.are.equal(0, rc, out)
     local ldd = sh(("cd %s && ldd ./abi"):format(q(tmp)))
     assert.matches("libweft.so => " .. prefix:gsub("%p", "%%%0") .. "/lib/libweft.so", ldd)
-    local f = assert(io.open(ROOT .. "/lua/weft/ffi.lua"))
+    local f = assert(io.open(ROOT .. "/lua/weft/internal/ffi.lua"))
     local abi = f:read("*a"):match("M%.ABI_VERSION = (%d+)")
     f:close()
     assert.matches("abi=" .. abi .. "\n", out)

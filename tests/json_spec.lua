@@ -1,4 +1,4 @@
--- weft.json: one JSON library (lua-cjson) under every JSON weft writes or
+-- weft.internal.json: one JSON library (lua-cjson) under every JSON weft writes or
 -- reads (results files, weft-topo --json, weft-plot), with the small writer
 -- that gives the results files their key order and layout; weft itself loads
 -- without lua-cjson.
@@ -8,8 +8,8 @@ local have_cjson = pcall(require, "cjson")
 local ROOT = os.getenv("PWD") or "."
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
-describe("weft.json", function()
-  local json, bench = require "weft.json", require "weft.bench"
+describe("weft.internal.json", function()
+  local json, bench = require "weft.internal.json", require "weft.tools.bench"
   local function cjson_here()   -- pending (failed under CI=true) without lua-cjson
     return S.needs(have_cjson, "lua-cjson is not installed (as root: apt-get install lua-cjson)")
   end
@@ -88,7 +88,7 @@ describe("weft.json", function()
       package.cpath = ""                         -- no lua-cjson to be found
       local weft = require "weft"
       local topology = require "weft.topology"
-      local bench = require "weft.bench"
+      local bench = require "weft.tools.bench"
       local p = topology.plan { world_size = 2, tp = 2 }
       print("loaded", p.world_size)
       local ok, e = pcall(topology.to_json, p)

@@ -9,7 +9,7 @@
 -- dies); and nothing left behind in /dev/shm.
 local ffi = require "ffi"
 local mq = require "weft.mq"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local util = require "helpers.store_util"
 local spec = require "helpers.spec_util"
 

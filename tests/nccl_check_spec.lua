@@ -1,10 +1,10 @@
--- WEFT_NCCL_CHECK=1 (weft.device_backends.nccl_backend's check mode): every
+-- WEFT_NCCL_CHECK=1 (weft.backends.device_backends.nccl_backend's check mode): every
 -- NCCL collective is agreed over the group's cpu group before it is
 -- launched; ranks whose calls differ all fail naming every rank's call, and
 -- nothing is launched. Here the cpu group is a stand-in that returns the
 -- parts the other ranks would send (the exchange itself is the store
 -- route's, tested in fault_mismatch_spec).
-local NB = require "weft.device_backends.nccl_backend"
+local NB = require "weft.backends.device_backends.nccl_backend"
 local H = require "weft.group.host"
 local T = require "weft.tensor"
 

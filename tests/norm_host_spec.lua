@@ -3,7 +3,7 @@
 -- bf16, with and without residual / residual_out, Gemma weights, in place;
 -- both kernel builds (AVX2 + F16C here, the generic SSE2 one in a child).
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local ref = require "helpers.shm_norm_ref"
 
 local C = wffi.C

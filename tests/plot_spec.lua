@@ -1,10 +1,10 @@
--- weft.plot and scripts/weft-plot: results JSON (docs/architecture.md) -> SVG charts.
+-- weft.tools.plot and scripts/weft-plot: results JSON (docs/architecture.md) -> SVG charts.
 -- Checked as data: the sample's series are all there, the axes are log
 -- scales with evenly spaced power ticks, every text has its own fill and
 -- fits the canvas, the SVG is well-formed XML (xmllint where installed).
-describe("weft.plot", function()
-  local plot = require "weft.plot"
-  local bench = require "weft.bench"
+describe("weft.tools.plot", function()
+  local plot = require "weft.tools.plot"
+  local bench = require "weft.tools.bench"
   local check = require "helpers.svg_check"
   local S = require "helpers.spec_util"
 

@@ -1,4 +1,4 @@
--- weft.policy with the device rules (weft.device_backends), on the CPU: the
+-- weft.policy with the device rules (weft.backends.device_backends), on the CPU: the
 -- seed's dispatch order as a table, should_custom_ar's checks in eager and
 -- graph mode, explain's chain of reasons, overrides (policy.set and
 -- WEFT_ALLREDUCE), the tuned policy file (format, validation, loading,
@@ -9,8 +9,8 @@
 local weft = require "weft"
 local spec = require "helpers.spec_util"
 local policy = require "weft.policy"
-local pf = require "weft.policy_file"
-local db = require "weft.device_backends"
+local pf = require "weft.internal.policy_file"
+local db = require "weft.backends.device_backends"
 local graph = require "weft.graph"
 local T = weft.tensor
 
@@ -186,16 +186,16 @@ describe("weft.policy device rules", function()
       return g
     end
     assert.are.equal("no (all ranks on one node)", reason(group()))
-    local saved = package.loaded["weft.host_nodes"]
-    package.loaded["weft.host_nodes"] = { built = false }
+    local saved = package.loaded["weft.backends.host_nodes"]
+    package.loaded["weft.backends.host_nodes"] = { built = false }
     local ok, r = pcall(reason, across(3, 3))
-    package.loaded["weft.host_nodes"] = { built = true }             -- as where Gloo is built
+    package.loaded["weft.backends.host_nodes"] = { built = true }             -- as where Gloo is built
     local ok2, r2 = pcall(function()
       -- (3 ranks on 1 node: the hierarchical rule before it takes the call)
       return { reason(across(3, 3)), select(2, policy.store_small_applies(across(3, 1), "all_reduce", x)),
                reason(across(3, 3), T.zeros({ 65536 }, "f32")) }
     end)
-    package.loaded["weft.host_nodes"] = saved
+    package.loaded["weft.backends.host_nodes"] = saved
     assert.is_true(ok, r)
     assert.are.equal("no (weft was built without Gloo (the store path is taken anyway))", r)
     assert.is_true(ok2, tostring(r2))
@@ -283,7 +283,7 @@ describe("weft.policy device rules", function()
 
     it("reads WEFT_ALLREDUCE: a valid value overrides, a bad one fails the calls it steers", function()
       local code = [[
-        local policy = require("weft.policy"); local db = require("weft.device_backends")
+        local policy = require("weft.policy"); local db = require("weft.backends.device_backends")
         require("weft.group"); db._set_cuda_available(true)
         local T = require("weft.tensor")
         local h = T.empty({8, 4096}, "bf16"); local x = T.wrap(h.ptr, {8, 4096}, "bf16", "cuda:0", h)
@@ -597,9 +597,9 @@ describe("device paths on a pretend GPU (2 ranks)", function()
   end)
 end)
 
-describe("weft.custom_ar and weft_cuda_memcpy2d_async without a GPU", function()
+describe("weft.backends.custom_ar and weft_cuda_memcpy2d_async without a GPU", function()
   it("refuses a group of one before touching CUDA, naming the group", function()
-    local car = require "weft.custom_ar"
+    local car = require "weft.backends.custom_ar"
     local s, g = require("helpers.store_util").one_rank_group("car_spec_w1")
     local ok, err = pcall(car.new, g, 1048576)
     assert.is_false(ok)
@@ -608,7 +608,7 @@ describe("weft.custom_ar and weft_cuda_memcpy2d_async without a GPU", function()
   end)
 
   it("declares the strided copy and reports no device cleanly", function()
-    local wffi = require "weft.ffi"
+    local wffi = require "weft.internal.ffi"
     local cuda = require "weft.cuda"
     if cuda.available() then pending("this machine has a CUDA device"); return end
     local buf = T.zeros({ 16 }, "u8")

@@ -1,10 +1,10 @@
--- weft.progress (issue 39 item 4): the long tools say what runs, how far they
+-- weft.internal.progress (issue 39 item 4): the long tools say what runs, how far they
 -- are and about how long is left: one line rewritten on a terminal, one line
 -- per step when piped, nothing with -q. The module with a fake clock and
 -- stream, then the tools themselves: bench-host and bench-soak piped, on a
 -- pseudo-terminal (script(1)) and with -q.
 local S = require "helpers.spec_util"
-local progress = require "weft.progress"
+local progress = require "weft.internal.progress"
 
 local ROOT = os.getenv("PWD") or "."
 
@@ -17,7 +17,7 @@ local function rig(opts)
   return p, function() return table.concat(out) end, function(dt) t = t + dt end
 end
 
-describe("weft.progress", function()
+describe("weft.internal.progress", function()
   it("piped: one line per step, what runs, k of n, the time so far and about how long is left", function()
     local p, text, tick = rig { name = "tool", steps = 4, tty = false }
     p:step("first")
@@ -84,7 +84,7 @@ describe("weft.progress", function()
 
   it("WEFT_PROGRESS_FD: the lines go to that descriptor", function()
     local out = S.shell(("cd %s && WEFT_PROGRESS_FD=3 luajit -e %s 3>&1 1>/dev/null 2>/dev/null"):format(ROOT,
-      "'package.path = \"lua/?.lua;\" .. package.path; local p = require(\"weft.progress\").new{name = \"fd\", steps = 1}; p:step(\"three\")'"))
+      "'package.path = \"lua/?.lua;\" .. package.path; local p = require(\"weft.internal.progress\").new{name = \"fd\", steps = 1}; p:step(\"three\")'"))
     assert.matches("^fd: %[1/1%] three %(0 s%)\n", out)
   end)
 end)

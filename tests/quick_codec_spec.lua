@@ -153,7 +153,7 @@ describe("quick all-reduce codec (CPU reference)", function()
 
   it("the C entry points refuse bad arguments, naming them", function()
     local ffi = require "ffi"
-    local C = require("weft.ffi").C
+    local C = require("weft.internal.ffi").C
     local function err(rc)
       assert.are_not.equal(0, rc)
       return ffi.string(C.weft_last_error())

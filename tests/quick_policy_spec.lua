@@ -8,8 +8,8 @@
 local weft = require "weft"
 local spec = require "helpers.spec_util"
 local policy = require "weft.policy"
-local db = require "weft.device_backends"
-local pf = require "weft.policy_file"
+local db = require "weft.backends.device_backends"
+local pf = require "weft.internal.policy_file"
 local _ = weft
 
 local ROOT = os.getenv("PWD") or "."

@@ -2,7 +2,7 @@
 -- then real sessions of scripts/weft-repl and `weft-run -n N --repl` driven
 -- through a pseudo-terminal (tmux) and through a pipe. Every wait is bounded;
 -- no session or rank process may outlive a test.
-local R = require "weft.repl"
+local R = require "weft.tools.repl"
 local U = require "helpers.repl_tmux"
 
 -- both ranks of a 2-rank session answered s (as one merged line or two)
@@ -13,7 +13,7 @@ end
 
 local function has_tmux() return os.execute("command -v tmux >/dev/null 2>&1") == 0 end
 
-describe("weft.repl chunks", function()
+describe("weft.tools.repl chunks", function()
   it("tells expressions, statements, incomplete input and syntax errors apart", function()
     local kind, code = R.prepare("1 + 1")
     assert.are.equal("expr", kind)
@@ -99,7 +99,7 @@ describe("weft.repl chunks", function()
   end)
 end)
 
-describe("weft.repl execution", function()
+describe("weft.tools.repl execution", function()
   local ctx
   local function run(text, deadline)
     local kind, code = R.prepare(text)

@@ -89,7 +89,7 @@ describe("require loops", function()
 
   it("finds the modules under lua/weft", function()
     assert.is_true(#list > 40, "only " .. #list .. " modules under lua/weft")
-    assert.truthy(path["weft"] and path["weft.errors"] and path["weft.group.checks"])
+    assert.truthy(path["weft"] and path["weft.internal.errors"] and path["weft.group.checks"])
   end)
 
   for _, m in ipairs(list) do

@@ -279,7 +279,7 @@ describe("served demo (nginx front end, weft ranks)", function()
       local blocks = page_blocks()
       assert.are.equal(2, #blocks)
       assert.matches("\nscripts/serve/start %-n 2 %-%-port 8080 ", blocks[1])
-      local port = assert(require("weft.launcher").free_port("127.0.0.1"))
+      local port = assert(require("weft.tools.launcher").free_port("127.0.0.1"))
       local log = os.tmpname()
       -- (a command started with & has SIGINT ignored, as a terminal's would not: env resets it)
       local pid = tonumber(S.shell(("cd %s && setsid env --default-signal=INT bash -c 'trap : INT TERM; scripts/serve/start -n 2 --port %d; "

@@ -1,9 +1,9 @@
--- The table of every WEFT_* variable (lua/weft/settings.lua): it agrees with
+-- The table of every WEFT_* variable (lua/weft/internal/settings.lua): it agrees with
 -- the code and with docs/environment.md, and weft.init() checks what is set
 -- (a bad value raises naming the variable, the value and what is allowed; an
 -- unknown WEFT_* name is reported once per job with the closest known name).
 local S = require "helpers.spec_util"
-local settings = require "weft.settings"
+local settings = require "weft.internal.settings"
 
 local ROOT = os.getenv("PWD") or "."
 
@@ -30,7 +30,7 @@ local function bad_values(e)
   return nil
 end
 
-describe("weft.settings: the table", function()
+describe("weft.internal.settings: the table", function()
   it("docs/environment.md is what scripts/gen-environment writes from it", function()
     local out, rc = S.shell("cd " .. q(ROOT) .. " && scripts/gen-environment 2>&1")
     assert.are.equal(0, rc)

@@ -1,5 +1,5 @@
 -- The eager device all_reduce's memo of its size-dependent choice
--- (lua/weft/device_backends/sized_memo.lua) on 2 ranks over a pretend GPU
+-- (lua/weft/backends/device_backends/sized_memo.lua) on 2 ranks over a pretend GPU
 -- (tests/helpers/sized_memo_ranks.lua): the rules are walked once per size,
 -- and every input the choice reads (policy.set, g.use_custom_allreduce, the
 -- per-kind table, alignment, the workspace's size, a broken workspace)

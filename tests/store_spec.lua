@@ -1,7 +1,7 @@
 -- weft.store: TCP key-value rendezvous (src/store/store.c, lua/weft/store.lua).
 local ffi = require "ffi"
 local store = require "weft.store"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local util = require "helpers.store_util"
 
 local C = wffi.C

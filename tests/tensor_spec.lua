@@ -5,7 +5,7 @@ local ffi = require "ffi"
 
 describe("weft.tensor", function()
   local cuda_was_loaded = package.loaded["weft.cuda"] ~= nil
-  local wffi = require "weft.ffi"
+  local wffi = require "weft.internal.ffi"
   local C = wffi.C
   local tensor = require "weft.tensor"
 

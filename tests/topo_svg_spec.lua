@@ -1,9 +1,9 @@
--- weft.topo_svg: a plan drawn as SVG. The pictures are checked as data:
+-- weft.tools.topo_svg: a plan drawn as SVG. The pictures are checked as data:
 -- well-formed XML, one cell per (kind, rank) with the colour of its group,
 -- every cell inside the frame of its node, labels dropped when cells shrink.
-describe("weft.topo_svg", function()
+describe("weft.tools.topo_svg", function()
   local topology = require "weft.topology"
-  local topo_svg = require "weft.topo_svg"
+  local topo_svg = require "weft.tools.topo_svg"
 
   -- A small XML well-formedness check (elements nest and close, attributes
   -- are quoted and unique, text has no bare '<' or stray '&'). Returns true

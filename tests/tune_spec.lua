@@ -248,7 +248,7 @@ describe("tune: the policy file", function()
   end)
 
   it("weft's own policy loader accepts it, and the policy then follows it", function()
-    local pf = require "weft.policy_file"   -- a loader that does not load fails here
+    local pf = require "weft.internal.policy_file"   -- a loader that does not load fails here
     local text = tune.render(doc())
     local t = pf.parse(text, "tuned.lua")
     assert.are.equal("oneshot", (pf.lookup(t, "all_reduce", 2, "bf16", 128 * KiB)))
@@ -359,7 +359,7 @@ describe("scripts/weft-tune on a simulated machine", function()
       local f = io.open(l); local t = f:read("*a"); f:close()
       return t
     end
-    local ok, t = pcall(require("weft.policy_file").load, dir .. "/policy.lua")
+    local ok, t = pcall(require("weft.internal.policy_file").load, dir .. "/policy.lua")
     local r = { out = out, rc = tonumber(out:match("rc=(%d+)%s*$")), file = ok and t or nil, file_err = not ok and t or nil,
                 json = read("tune-*.json"), md = read("tune-*.md") }
     os.execute("rm -rf '" .. dir .. "'")
@@ -469,7 +469,7 @@ describe("tune.quick_min: the quick all-reduce's minimum sizes", function()
   it("renders a quick_min section that weft's policy file loader accepts", function()
     local text = tune.render { machine = "m", date = "2026-12-03",
                                quick_min = { [2] = { bf16 = { int8 = 65536, int4 = 16384, fp8 = tune.QUICK_NEVER } } } }
-    local t = require("weft.policy_file").parse(text, "t.lua")
+    local t = require("weft.internal.policy_file").parse(text, "t.lua")
     assert.are.equal(65536, t.quick_min[2].bf16.int8)
     assert.are.equal(tune.QUICK_NEVER, t.quick_min[2].bf16.fp8)
     assert.are.equal(16384, (require("weft.quick").min_bytes("bf16", 2, "int4", t)))

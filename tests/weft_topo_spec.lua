@@ -248,7 +248,7 @@ describe("weft-topo", function()
       os.remove(file)
       assert.are.equal("weft-topo: wrote " .. file .. " (8 ranks, 7 panels, " .. #svg .. " bytes)\n", err)
       local p = require("weft.topology").plan { world_size = 8, tp = 4, pp = 2 }
-      assert.are.equal(require("weft.topo_svg").render(p), svg)
+      assert.are.equal(require("weft.tools.topo_svg").render(p), svg)
     end)
 
     it("draws 64 and 512 ranks with --gpus-per-node, after a dry run check", function()

@@ -69,7 +69,7 @@ setmetatable(M, {
 })
 
 ---------------------------------------------------------------- clock
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 M.now_ms = now_ms
 
 ---------------------------------------------------------------- polling

@@ -9,9 +9,9 @@
 -- is what timeout messages name. Every member calls collectives in the same
 -- order; a member that does not arrive makes the others fail after timeout_ms.
 local ffi = require "ffi"
-local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.ffi"
-local binding = require "weft.binding"
+local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
+local wffi = require "weft.internal.ffi"
+local binding = require "weft.internal.binding"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc

@@ -10,10 +10,10 @@
 --  * frees requested while this thread captures a graph are deferred until
 --    the capture ends (a graph must not see its memory reused under it).
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
-local show = require("weft.show").value -- names a refused value's type
-local E = require "weft.errors"
+local show = require("weft.internal.show").value -- names a refused value's type
+local E = require "weft.internal.errors"
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
@@ -31,7 +31,7 @@ local function check(rc, op)
   end
 end
 
--- "weft: cuda.<op>: <msg>" where weft.errors.fail(2, ...) would put it (+ 1 for this frame)
+-- "weft: cuda.<op>: <msg>" where weft.internal.errors.fail(2, ...) would put it (+ 1 for this frame)
 local function fail(op, msg)
   E.fail(3, "cuda." .. op, "%s", msg)
 end

@@ -21,7 +21,7 @@
 -- re-initializing never meets a previous group's keys, and re-creating a
 -- group adds no store key.
 local group = require "weft.group"
-local show = require("weft.show").value -- names a refused value's type
+local show = require("weft.internal.show").value -- names a refused value's type
 
 local M = {}
 
@@ -44,7 +44,7 @@ local S = {
 }
 M.state = S
 
-local fail = require("weft.errors").fail   -- "weft: <op>: ..." at the caller's level
+local fail = require("weft.internal.errors").fail   -- "weft: <op>: ..." at the caller's level
 
 local function env_int(name, default, lo, hi)
   local v = os.getenv(name)
@@ -125,7 +125,7 @@ end
 -- closed it and opened the next one, within the timeout.
 local function open_store(timeout)
   local store = require "weft.store"
-  local now_ms = require("weft.clock").now_ms
+  local now_ms = require("weft.internal.clock").now_ms
   local deadline = now_ms() + timeout
   while true do
     local s = store.open { host = S.master_addr, port = S.master_port, server = S.rank == 0,
@@ -168,7 +168,7 @@ function M.init(opts)
   if S.initialized then return S.world end
   -- every WEFT_* variable set: a bad value raises here, on every rank; an
   -- unknown name is reported once (rank 0) with the closest known one
-  require("weft.settings").check_environment()
+  require("weft.internal.settings").check_environment()
   local env = M.parse_env()
   local timeout = opts.timeout_ms or env.timeout_ms
   if type(timeout) ~= "number" or timeout <= 0 then
@@ -443,7 +443,7 @@ end
 -- here each member posts its list under a key of the name alone (a "lobby")
 -- and reads the lists of the ranks on its own list as they come: a list that
 -- differs fails at once, on both sides, naming who passed what.
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 local function agree_custom(name, ranks, gen, timeout)
   local op = "create_custom_group"
   local store = S.store
@@ -712,7 +712,7 @@ end
 -- then ends with WEFT_ECLOSED. Judged by the code: the messages of other
 -- failures (a timeout) name the key, whose name says "closed" too.
 local function wait_store_closed(store)
-  local wffi = require "weft.ffi"
+  local wffi = require "weft.internal.ffi"
   local C, ffi = wffi.C, require "ffi"
   local v, l = ffi.new("const void *[1]"), ffi.new("size_t[1]")
   local rc = C.weft_store_get(store.handle, "weft/shutdown/closed", S.timeout_ms, v, l)

@@ -47,8 +47,8 @@ M.QUICK = { int8 = 1, int4 = 2, fp8 = 3 }   -- weft_fusion_params.quick (WEFT_QR
 local QUICK = M.QUICK
 local ALGO, PATTERN, FLAG = M.ALGO, M.PATTERN, M.FLAG
 
--- weft.errors: fail(2, op, ...) names the line that called the checking function
-local E = require "weft.errors"
+-- weft.internal.errors: fail(2, op, ...) names the line that called the checking function
+local E = require "weft.internal.errors"
 local fail, shape_str, same_shape = E.fail, E.shape_str, E.same_shape
 
 ---------------------------------------------------------------- policy (pure)
@@ -108,7 +108,7 @@ end
 -- pure parts of this module work without libweft).
 local function c_backend()
   local ffi = require "ffi"
-  local wffi = require "weft.ffi"
+  local wffi = require "weft.internal.ffi"
   local C = wffi.C
   local B = { name = "weft" }
   local okp = ffi.new("int[1]")
@@ -328,9 +328,9 @@ end
 -- true), deterministic (the bit-identical variant, WEFT_FUSION_DETERMINISTIC),
 -- norm_out=, residual_out= (preallocated outputs), stream (raw
 -- cudaStream_t), quant_out= with scale= (FP8 pattern: an e4m3 tensor like x
--- and a device f32 tensor of one element; weft.device_backends checks them),
+-- and a device f32 tensor of one element; weft.backends.device_backends checks them),
 -- quick= "int8"|"int4"|"fp8" (the quick two-shot: the sum on a compressed
--- wire, docs/quick-allreduce.md; weft.device_backends sets it from the policy).
+-- wire, docs/quick-allreduce.md; weft.backends.device_backends sets it from the policy).
 -- Errors (raised): dtype mix, shape mismatch, hidden not a multiple of 8,
 -- tokens above max_tokens, an unsupported dtype.
 function Ctx:fused_allreduce_rmsnorm(coord, x, residual, weight, eps, opts)

@@ -21,10 +21,10 @@
 -- deterministic norm kernel; the reduce-scatter through a deterministic
 -- all-reduce and this rank's slice of it).
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local policy = require "weft.policy"
 local fusion = require "weft.fusion"
-local show = require("weft.show").value -- names a refused value's type
+local show = require("weft.internal.show").value -- names a refused value's type
 
 local C = wffi.C
 local fmt = string.format
@@ -33,10 +33,10 @@ local max = math.max
 local M = {}
 
 local function T() return require "weft.tensor" end
-local function S() return require "weft.device_backends.setup" end
+local function S() return require "weft.backends.device_backends.setup" end
 local function CUDA() return require "weft.cuda" end
 
-local E = require "weft.errors"
+local E = require "weft.internal.errors"
 local gname, shape_str, same_shape = E.gname, E.shape_str, E.same_shape
 local unpack = unpack or table.unpack
 -- refuse(op, g, msg, args...): raises "weft: <op>: <msg> (group <name>)"
@@ -558,7 +558,7 @@ local function run_fused(g, c, algo)
 end
 
 -- the unfused device path: separate device calls, graph-capturable. Its
--- intermediates live in the group's device scratch (weft.device_backends.setup
+-- intermediates live in the group's device scratch (weft.backends.device_backends.setup
 -- scratch: kept until the group is destroyed), never in tensors freed after
 -- the call: a captured graph reads and writes them at every replay.
 -- Contiguous copies of strided inputs made while capturing are kept on the

@@ -1,6 +1,6 @@
 -- weft.gloo — host collectives across nodes on Gloo's TCP transport
 -- (src/host/gloo_shim.cc). Raw pointers, counts in elements, C dtype/op codes;
--- the GroupCoordinator's cross-node backends (weft.host_nodes) adapt tensors.
+-- the GroupCoordinator's cross-node backends (weft.backends.host_nodes) adapt tensors.
 --   gloo.available() -> true when weft was built with Gloo
 --   gloo.small_path(size, bytes) -> true when such an all_reduce takes the small path
 --   local c = gloo.new(cpugroup [, host])     -- collective over the group
@@ -17,8 +17,8 @@
 -- that died, and leaves the communicator unusable.
 local ffi = require "ffi"
 local bit = require "bit"
-local wffi = require "weft.ffi"
-local binding = require "weft.binding"
+local wffi = require "weft.internal.ffi"
+local binding = require "weft.internal.binding"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc

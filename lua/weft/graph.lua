@@ -30,7 +30,7 @@
 --    the capture; the capture is always ended, even when fn raises;
 --  * device frees requested during the capture are deferred to its end.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string

@@ -25,7 +25,7 @@
 --     value; tensors whose first dim is max_bs get padded rows, see run);
 --  3. fusion workspaces are pre-initialized for max_bs x tokens_per_item
 --     tokens (making one runs collectives, which a capture forbids): each
---     group's own, through weft.device_backends.prepare (the workspace its
+--     group's own, through weft.backends.device_backends.prepare (the workspace its
 --     fused calls use), or opts.fusion.ctx's pre_initialize_workspaces;
 --  4. for each size, largest first: `warmup` eager runs and one capture of
 --     step(bs, bufs, ctx) on the runner's capture stream (weft.graph.capture,
@@ -59,15 +59,15 @@ local M = {}
 
 local type, tostring, error, pcall, ipairs, pairs = type, tostring, error, pcall, ipairs, pairs
 local fmt, concat, floor = string.format, table.concat, math.floor
-local show = require("weft.show").value -- names a refused value's type
-local E = require "weft.errors"
+local show = require("weft.internal.show").value -- names a refused value's type
+local E = require "weft.internal.errors"
 local unpack = unpack or table.unpack
 
 local R = {}
 R.__index = R
 M.Runner = R
 
--- "weft: graph_runner.<op>: <msg>"; level as weft.errors.fail's (default 1),
+-- "weft: graph_runner.<op>: <msg>"; level as weft.internal.errors.fail's (default 1),
 -- + 1 for this frame; 0: no position (cross-rank outcomes are nobody's call site)
 local function fail(op, msg, level)
   level = level or 1
@@ -255,7 +255,7 @@ end
 -- allocations come from (and are recorded in) it; frees of its blocks return
 -- to its free list. Everything else passes through unchanged.
 local ffi = require "ffi"
-local fill_bytes = require("weft.hostmem").fill -- any size (ffi.fill stops at 2^31)
+local fill_bytes = require("weft.internal.hostmem").fill -- any size (ffi.fill stops at 2^31)
 local function key_of(p) return tonumber(ffi.cast("uintptr_t", p)) end
 
 local hooks = setmetatable({}, { __mode = "k" })
@@ -346,7 +346,7 @@ local capture_streams = {}   -- device -> the runners' capture stream
 local function cuda_backend()
   local cuda = require "weft.cuda"
   local graph = require "weft.graph"
-  local wffi = require "weft.ffi"
+  local wffi = require "weft.internal.ffi"
   local C = wffi.C
   local B = { name = "cuda", cuda = cuda }
   function B.check() if not cuda.available() then fail("new", "no CUDA device", 4) end end
@@ -366,7 +366,7 @@ local function cuda_backend()
   -- a group's device state for captures, fusion workspace included (the
   -- fused path's own context, so the workspace made is the one it uses)
   function B.prepare(g, fusion)
-    local ok, db = pcall(require, "weft.device_backends")
+    local ok, db = pcall(require, "weft.backends.device_backends")
     if ok and type(db) == "table" and db.prepare then db.prepare(g, { fusion = fusion }) end
   end
   function B.capturing() return graph.capturing() end
@@ -601,7 +601,7 @@ end
 -- Fusion workspaces before the first capture (making one is collective).
 -- opts.fusion = {hidden=, dtype=, max_tokens= (default max_bs x
 -- tokens_per_item), ctx= (a weft.fusion context; default: each group's own,
--- through weft.device_backends.prepare, which is what its fused calls use)}
+-- through weft.backends.device_backends.prepare, which is what its fused calls use)}
 function R:_preinit_fusion()
   local f = self.opts.fusion
   if not f then return end

@@ -10,9 +10,9 @@
 --   shm         ranks on one node: shared-memory engine (weft.shm)
 --   shm_gather  one node, dtype/op the engine does not reduce: shm all-gather
 --               and a local reduction in rank order
---   gloo        ranks on several nodes: Gloo over TCP (weft.host_nodes)
+--   gloo        ranks on several nodes: Gloo over TCP (weft.backends.host_nodes)
 --   gloo_hier   ranks on several nodes, all_reduce: shm inside each node, Gloo
---               among the node leaders, shm broadcast back (weft.host_nodes)
+--               among the node leaders, shm broadcast back (weft.backends.host_nodes)
 --   store       forced, or across nodes in a build without Gloo: bytes
 --               through the TCP store
 -- A backend is a table of functions; only gather_bytes and broadcast are
@@ -23,7 +23,7 @@
 -- local reduction, the backend registry and the host backends, dispatch),
 -- objects.lua (call agreement, object collectives, tensor dicts).
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local serialize = require "weft.serialize"
 local K = require "weft.group.checks"
 local H = require "weft.group.host"
@@ -32,7 +32,7 @@ local O = require "weft.group.objects"
 local C = wffi.C
 local floor = math.floor
 local ffi_cast = ffi.cast
-local hostmem = require "weft.hostmem"
+local hostmem = require "weft.internal.hostmem"
 local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error = type, tostring, error
 local concat = table.concat
@@ -108,7 +108,7 @@ function M.new(o)
         self.same_node = M.probe_same_node(self.cpu_group)
       end
       -- across nodes: which rank is on which node (collective, one probe per node)
-      if not self.same_node then require("weft.host_nodes").on_new(self) end
+      if not self.same_node then require("weft.backends.host_nodes").on_new(self) end
       -- The seed's mq_broadcaster: a shared-memory ring for broadcast_object
       -- from index 0. Collective, so every rank must decide alike: the option
       -- (dist.lua sets it for the TP group under WEFT_USE_MQ_BROADCASTER=1)
@@ -714,7 +714,7 @@ function G:fused_allreduce_rmsnorm(x, residual, weight, eps, opts)
   local op = "fused_allreduce_rmsnorm"
   check_group(self, op)
   if M.device_fused and T().is_tensor(x) and x.device ~= "cpu" then
-    return M.device_fused(self, x, residual, weight, eps, opts)   -- weft.device_backends
+    return M.device_fused(self, x, residual, weight, eps, opts)   -- weft.backends.device_backends
   end
   check_tensor(self, op, x, "input")
   check_tensor(self, op, residual, "residual")
@@ -812,11 +812,11 @@ function M.host_quantize_fp8(g, op, norm, scale, quant)
 end
 
 ---------------------------------------------------------------- device
--- Device backends, their policy rules and hooks (weft.device_backends; loads
+-- Device backends, their policy rules and hooks (weft.backends.device_backends; loads
 -- nothing of CUDA until a device tensor arrives).
-require("weft.device_backends").install(M)
--- Host tensors of groups across nodes (Gloo; weft.host_nodes).
-require("weft.host_nodes").install(M)
+require("weft.backends.device_backends").install(M)
+-- Host tensors of groups across nodes (Gloo; weft.backends.host_nodes).
+require("weft.backends.host_nodes").install(M)
 -- The fusion patterns beyond all-reduce + RMSNorm: g:fused_moe_allreduce_rmsnorm,
 -- g:fused_moe_finalize_allreduce_rmsnorm, g:fused_allreduce_prepost_rmsnorm,
 -- g:fused_reduce_scatter_rmsnorm, g:prepare_fusion_ext (weft.fusion_ext).

@@ -15,11 +15,11 @@ local M = {}
 
 local LAZY = {
   tensor = "weft.tensor", topology = "weft.topology", policy = "weft.policy",
-  serialize = "weft.serialize", group_module = "weft.group", ffi = "weft.ffi",
+  serialize = "weft.serialize", group_module = "weft.group", ffi = "weft.internal.ffi",
   cuda = "weft.cuda", store = "weft.store", cpugroup = "weft.cpugroup", shm = "weft.shm",
   graph = "weft.graph", fusion = "weft.fusion",
-  device_backends = "weft.device_backends", custom_ar = "weft.custom_ar", policy_file = "weft.policy_file",
-  quick = "weft.quick", settings = "weft.settings",
+  device_backends = "weft.backends.device_backends", custom_ar = "weft.backends.custom_ar", policy_file = "weft.internal.policy_file",
+  quick = "weft.quick", settings = "weft.internal.settings",
 }
 
 setmetatable(M, {
@@ -93,7 +93,7 @@ M.get_dcp_world_size = M.dcp_size
 M.get_dcp_rank = M.dcp_rank
 
 -- monotonic clock in microseconds (a float), for benchmarks and demos
-M.now_us = require("weft.clock").now_us
+M.now_us = require("weft.internal.clock").now_us
 
 -- true when weft.cuda loads and reports a device; never raises
 function M.cuda_available()

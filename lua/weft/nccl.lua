@@ -1,6 +1,6 @@
 -- weft.nccl — NCCL communicators over a cpu group (src/coll/nccl.c): the
 -- binding. The GroupCoordinator's backend that calls it for device tensors is
--- weft.device_backends.nccl_backend.
+-- weft.backends.device_backends.nccl_backend.
 --
 --   local c = nccl.new(cpugroup [, {timeout_ms=, blocking=}])   -- c.blocking: the mode
 --   c:all_reduce(in_ptr, out_ptr, count, dtype, op [, stream])
@@ -13,8 +13,8 @@
 -- cpu group; every wait is bounded by the group timeout, after which the
 -- communicator is aborted and every call on it raises.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
-local binding = require "weft.binding"
+local wffi = require "weft.internal.ffi"
+local binding = require "weft.internal.binding"
 local C = wffi.C
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable

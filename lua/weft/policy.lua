@@ -33,9 +33,9 @@ end
 
 local human_bytes   -- below
 
--- weft was built with Gloo (weft.host_nodes asks the library once)
+-- weft was built with Gloo (weft.backends.host_nodes asks the library once)
 local function gloo_built()
-  local hn = package.loaded["weft.host_nodes"]
+  local hn = package.loaded["weft.backends.host_nodes"]
   return hn ~= nil and hn.built == true
 end
 
@@ -302,10 +302,10 @@ end
 -- WEFT_DETERMINISTIC=1 (read at load): every device all_reduce and
 -- fused_allreduce_rmsnorm of f32/f16/bf16 gives bits that depend only on the
 -- row's inputs (docs/policy.md §10). The value is local to this process; a
--- group agrees on it over its cpu group (weft.device_backends.setup): at its first
+-- group agrees on it over its cpu group (weft.backends.device_backends.setup): at its first
 -- device call, and at set time when policy.set is given the group object
 -- (then policy.set is collective over that group). M.determ_hooks.agree(g,
--- value) is that agreement (installed by weft.device_backends.setup).
+-- value) is that agreement (installed by weft.backends.device_backends.setup).
 M.determ_hooks = {}
 M.determ_env_error = nil
 M.determ_env = false
@@ -411,7 +411,7 @@ end
 -- all-reduce, whose wire is compressed (it changes the numerics: off by
 -- default). Local like deterministic mode; the group agrees on it at its
 -- first device call and at policy.set time when given the group object
--- (M.quick_hooks.agree, installed by weft.device_backends.setup; collective over g).
+-- (M.quick_hooks.agree, installed by weft.backends.device_backends.setup; collective over g).
 M.quick_hooks = {}
 M.quick_env, M.quick_env_error = nil, nil
 do
@@ -441,13 +441,13 @@ function M.quick_effective(v, name)
 end
 
 ---------------------------------------------------------------- tuned policy file
--- M.tuned: the validated table of weft.policy_file (nil: the built-in policy).
+-- M.tuned: the validated table of weft.internal.policy_file (nil: the built-in policy).
 M.tuned, M.tuned_path, M.tuned_error = nil, nil, nil
 
 -- load_file(path): validate and use it; raises (naming the file and the
 -- entry) and keeps the previous policy on any error.
 function M.load_file(path)
-  local t = require("weft.policy_file").load(path)
+  local t = require("weft.internal.policy_file").load(path)
   M.tuned, M.tuned_path, M.tuned_error = t, path, nil
   M.version = M.version + 1
   return t
@@ -459,10 +459,10 @@ function M.clear_file()
 end
 
 -- autoload([getenv [, warn]]): WEFT_POLICY_FILE, else the default location
--- (weft.policy_file.default_path). A bad file is reported once (warn, default
+-- (weft.internal.policy_file.default_path). A bad file is reported once (warn, default
 -- stderr) and kept in M.tuned_error; weft goes on with the built-in policy.
 function M.autoload(getenv, warn)
-  local pf = require "weft.policy_file"
+  local pf = require "weft.internal.policy_file"
   local path = pf.default_path(getenv)
   if not path then return nil end
   local ok, err = pcall(M.load_file, path)
@@ -477,7 +477,7 @@ end
 function M.tuned_backend(section, world, dtype, bytes)
   local t = M.tuned
   if t == nil then return nil end
-  local pf = package.loaded["weft.policy_file"]
+  local pf = package.loaded["weft.internal.policy_file"]
   local be, s, wk, dk, i = pf.lookup(t, section, world, dtype, bytes)
   if be == nil then return nil end
   return be, s, wk, dk, i

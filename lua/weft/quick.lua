@@ -74,7 +74,7 @@ end
 ---------------------------------------------------------------- the reference
 local C
 local function lib()
-  if C == nil then C = require("weft.ffi").C end
+  if C == nil then C = require("weft.internal.ffi").C end
   return C
 end
 
@@ -259,7 +259,7 @@ function M.snr_db(ref, got)
   return 10 * log10(s / e)
 end
 
--- algorithm name of weft.custom_ar for a setting ("int8" -> "quick_int8")
+-- algorithm name of weft.backends.custom_ar for a setting ("int8" -> "quick_int8")
 function M.algo(codec) return "quick_" .. codec end
 
 -- validate a setting value; returns it or nil, why

@@ -22,8 +22,8 @@ local M = {}
 local floor = math.floor
 local type, next, tostring = type, next, tostring
 local ffi_string, ffi_cast, ffi_istype = ffi.string, ffi.cast, ffi.istype
-local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
-local E = require "weft.errors"
+local copy_bytes = require("weft.internal.hostmem").copy -- any size (ffi.copy stops at 2^31)
+local E = require "weft.internal.errors"
 
 if not ffi.abi("le") then
   error("weft: serialize: big-endian hosts are not supported", 0)

@@ -27,8 +27,8 @@
 -- instead of copying through the segment (src/host/shm_zc.c); info() counts the
 -- calls on each path.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
-local binding = require "weft.binding"
+local wffi = require "weft.internal.ffi"
+local binding = require "weft.internal.binding"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc

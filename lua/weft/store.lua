@@ -9,10 +9,10 @@
 -- Values are Lua strings (any bytes). Returned strings are copies: the C
 -- reply buffer is reused by the next call.
 local ffi = require "ffi"
-local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.ffi"
-local binding = require "weft.binding"
-local E = require "weft.errors"
+local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
+local wffi = require "weft.internal.ffi"
+local binding = require "weft.internal.binding"
+local E = require "weft.internal.errors"
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
@@ -24,7 +24,7 @@ local M = {}
 local Store = {}
 Store.__index = Store
 
--- "weft: store <op>: <msg>"; level as weft.errors.fail's (default 1), + 1 for this frame
+-- "weft: store <op>: <msg>"; level as weft.internal.errors.fail's (default 1), + 1 for this frame
 local function fail(op, msg, level)
   E.fail((level or 1) + 1, "store " .. op, "%s", msg)
 end

@@ -23,14 +23,14 @@
 --    (kernels/devops.cu) is the host one: uniform fills are bit-identical on
 --    host and device, normal fills agree to a few ulp.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
 local type, tonumber, tostring, pairs = type, tonumber, tostring, pairs
 local floor, huge = math.floor, math.huge
 local ffi_cast, ffi_gc = ffi.cast, ffi.gc
-local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
-local E = require "weft.errors"
+local copy_bytes = require("weft.internal.hostmem").copy -- any size (ffi.copy stops at 2^31)
+local E = require "weft.internal.errors"
 local concat, fmt = table.concat, string.format
 
 local M = {}
@@ -56,7 +56,7 @@ local ALIASES = {
 local DTYPE_LIST = "f32, f16, bf16, f64, i32, i64, u8, f8e4m3"
 local F64 = DTYPES.f64
 
--- "weft: tensor.<op>: <msg>"; level as weft.errors.fail's (default 2: the
+-- "weft: tensor.<op>: <msg>"; level as weft.internal.errors.fail's (default 2: the
 -- caller of the function that calls fail), + 1 for this frame
 local function fail(op, msg, level)
   E.fail((level or 2) + 1, "tensor." .. op, "%s", msg)
@@ -116,7 +116,7 @@ local function shape_str(shape) return E.shape_str(shape, ", ") end
 local MAX_BYTES = 2 ^ 53
 M.MAX_BYTES = MAX_BYTES
 
-local describe = require("weft.show").value
+local describe = require("weft.internal.show").value
 
 -- Validates and copies a shape; allow_infer: one -1 may appear (returns its dim).
 -- info: the dtype (nil: 1-byte elements); the product of the non-zero sizes

@@ -23,8 +23,8 @@
 local M = {}
 
 local fmt, concat, floor = string.format, table.concat, math.floor
-local show = require("weft.show").value -- names a refused value's type
-local E = require "weft.errors"
+local show = require("weft.internal.show").value -- names a refused value's type
+local E = require "weft.internal.errors"
 
 local function idiv(a, b) return floor(a / b) end
 
@@ -36,7 +36,7 @@ for _, k in ipairs(M.KINDS) do M.JSON_ORDER[#M.JSON_ORDER + 1] = k end
 local ARGS = { world_size = true, tp = true, pp = true, ep = true, attn_dp = true,
                attn_cp = true, moe_dp = true, dcp = true }
 
--- "weft: topology.plan: <msg>" where weft.errors.fail((level or 1) + 1, ...)
+-- "weft: topology.plan: <msg>" where weft.internal.errors.fail((level or 1) + 1, ...)
 -- would put it (+ 1 for this frame)
 local function fail(msg, level)
   E.fail((level or 1) + 2, "topology.plan", "%s", msg)
@@ -285,10 +285,10 @@ end
 M.kinds_of = kinds_of
 
 -- {"world_size":N,"groups":{"tp":[[0,1],[2,3]],...},"aliases":{"attn_tp":"tp"}}
--- kinds (in groups and aliases) in KINDS order; no whitespace (weft.json).
+-- kinds (in groups and aliases) in KINDS order; no whitespace (weft.internal.json).
 function M.to_json(plan)
   check_plan(plan, "to_json")
-  local json = require "weft.json"
+  local json = require "weft.internal.json"
   local groups, aliases = json.object(), json.object()
   for _, k in ipairs(kinds_of(plan)) do
     groups[k] = plan.groups[k]

@@ -7,7 +7,7 @@ local U = require "helpers.group_util"
 local weft = U.weft
 local T = weft.tensor
 local async = require "weft.async"
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 local E, ok, check = U.expect_error, U.ok, U.check
 
 local world = weft.init()

@@ -194,7 +194,7 @@ W.say(("ASYNC_CROSS rank %d triples=%d iters=%d cpu_s=%.1f"):format(rank, triple
 weft.destroy_model_parallel()  -- closes tp's and pp's queues, and their workers' connections
 -- a worker's own connection never speaks for the rank: its closing is no death
 local ffi = require "ffi"
-local C = require("weft.ffi").C
+local C = require("weft.internal.ffi").C
 local buf, n = ffi.new("char[512]"), ffi.new("int[1]")
 C.weft_store_gone_ranks(weft.dist.state.store.handle, 300, buf, 512, n)
 K.check(n[0] == 0, "after the workers' connections closed, ranks are marked gone: %s", ffi.string(buf))

@@ -10,7 +10,7 @@ local ffi = require "ffi"
 ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
 local weft = require "weft"
 local async = require "weft.async"
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 
 local victim = tonumber(arg[1])
 local world = weft.init()

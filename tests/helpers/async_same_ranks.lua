@@ -17,7 +17,7 @@ pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 local weft = require "weft"
 local async = require "weft.async"
 local T = weft.tensor
-local now = require("weft.clock").now_ms
+local now = require("weft.internal.clock").now_ms
 
 local mode = arg[1]
 local w = weft.init()

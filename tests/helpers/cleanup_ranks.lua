@@ -8,7 +8,7 @@
 --        kill9  — rank 1 kills rank 0 with SIGKILL while it creates
 --        init   — rank 1 fails weft.init (the store rejects its secret)
 local ffi = require "ffi"
-local shm_names = require "weft.shm_names"
+local shm_names = require "weft.internal.shm_names"
 pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int kill(int pid, int sig);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")

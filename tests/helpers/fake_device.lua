@@ -1,9 +1,9 @@
 -- A pretend GPU for running device code paths on the CPU: install() replaces
--- weft.ffi's C library by a proxy whose device functions (CUDA runtime,
+-- weft.internal.ffi's C library by a proxy whose device functions (CUDA runtime,
 -- graphs, NCCL, the custom all-reduce, the fusion workspace, the norm and
 -- strided-copy kernels) work on host memory, so the real Lua layers above
--- them (weft.cuda, weft.tensor, weft.graph, weft.nccl, weft.custom_ar,
--- weft.fusion, weft.device_backends, weft.group) run unchanged. Collectives
+-- them (weft.cuda, weft.tensor, weft.graph, weft.nccl, weft.backends.custom_ar,
+-- weft.fusion, weft.backends.device_backends, weft.group) run unchanged. Collectives
 -- go through the group's cpu group; "device" operations issued while a
 -- graph captures are recorded and run at each replay, in order, and a cpu
 -- group collective issued directly during a capture is refused (as the C
@@ -19,7 +19,7 @@ local M = {}
 
 function M.install()
   if package.loaded["weft.fake_device"] then return end
-  local real = require "weft.ffi"
+  local real = require "weft.internal.ffi"
   local R = real.C
   local F = {}               -- the fake functions
   local proxy = setmetatable(F, { __index = R })
@@ -42,7 +42,7 @@ function M.install()
     if rc ~= 0 then error(("weft: %s: %s"):format(op, mod.last_error()), (level or 1) + 1) end
     return rc
   end
-  package.loaded["weft.ffi"] = mod
+  package.loaded["weft.internal.ffi"] = mod
   package.loaded["weft.fake_device"] = M
 
   local ESTATE, EINVAL = -12, -1
@@ -216,7 +216,7 @@ function M.install()
   F.weft_cuda_stream_wait_event = function() return 0 end
   -- events: the host clock when the work queued before them ran (timing only)
   local events = {}
-  local clock = require "weft.clock"
+  local clock = require "weft.internal.clock"
   F.weft_cuda_event_create = function(_, out) next_id = next_id + 16; out[0] = ffi.cast("void *", next_id); events[next_id] = 0; return 0 end
   F.weft_cuda_event_destroy = function(e) events[addr(e)] = nil; return 0 end
   F.weft_cuda_event_record = function(e)

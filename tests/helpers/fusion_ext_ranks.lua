@@ -423,7 +423,7 @@ end
 -- f16 and f32: a row's bits do not depend on how many rows come with it.
 if ON_DEV and W >= 2 then
   check("the MoE end on one rank (weft_cuda_moe_reduce) has the fused kernel's bits", function()
-    local C = require("weft.ffi").C
+    local C = require("weft.internal.ffi").C
     local cuda = require "weft.cuda"
     for _, dt in ipairs(DTYPES) do
       for _, H in ipairs(HIDDEN) do

@@ -53,7 +53,7 @@ end)
 check("device_pinned_async", function()
   local warm = T.ones({ 16 }, "f32", DEV)
   tp:all_reduce(warm)                          -- makes the NCCL communicator
-  if not require("weft.device_backends").info(tp).nccl then
+  if not require("weft.backends.device_backends").info(tp).nccl then
     -- ranks sharing a GPU (no NCCL): the async form runs weft's kernel at
     -- once, ordered on the stream, and returns a finished handle; a free()
     -- after it is stream-ordered like any other (the pool reuses on the stream)

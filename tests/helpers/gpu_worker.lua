@@ -11,10 +11,10 @@ return {
   T = weft.tensor,
   cuda = require "weft.cuda",
   policy = require "weft.policy",
-  db = require "weft.device_backends",
+  db = require "weft.backends.device_backends",
   graph = require "weft.graph",
   async = require "weft.async",
-  car = require "weft.custom_ar",
+  car = require "weft.backends.custom_ar",
   -- the device of this rank: "cuda:<n>"
   dev = function() return "cuda:" .. require("weft.cuda").current_device() end,
 }

@@ -3,7 +3,7 @@
 -- again (or, stale = true, does nothing: a broken graph for verify to catch).
 -- Host tensors; padding and random fills on the host.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
 local M = {}

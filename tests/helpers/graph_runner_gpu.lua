@@ -53,7 +53,7 @@ end
 local r = new_runner()
 check(#r.order == 5 and r.order[1] == 16 and r.order[5] == 1, "captured largest first")
 check(r.summaries[16].n == 2, "two collectives per capture, got " .. tostring(r.summaries[16].n))
-local info = require("weft.device_backends").info(tp)
+local info = require("weft.backends.device_backends").info(tp)
 check(info.custom_ar == "ready", "custom all-reduce ready: " .. tostring(info.custom_ar_why))
 check(info.fusion and info.fusion.initialized, "fusion workspace pre-initialized")
 ok("captured 5 sizes over all_reduce and the fused path")

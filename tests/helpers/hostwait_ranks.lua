@@ -26,7 +26,7 @@ int hw_getrusage(int who, hw_rusage *r) __asm__("getrusage");
 int hw_pipe(int fds[2]) __asm__("pipe");
 long hw_write(int fd, const void *p, size_t n) __asm__("write");
 ]]
-local C = require("weft.ffi").C
+local C = require("weft.internal.ffi").C
 
 local mode = os.getenv("HW_MODE")
 local late_ms = tonumber(os.getenv("HW_LATE_MS") or "") or 1500

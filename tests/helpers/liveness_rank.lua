@@ -10,7 +10,7 @@
 local ffi = require "ffi"
 ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
 local weft = require "weft"
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 
 local scenario, victim, dir = arg[1], tonumber(arg[2]), arg[3]
 local rank = tonumber(os.getenv("RANK"))

@@ -66,7 +66,7 @@ local CASES = {
 
 local want = {}
 for i = 1, #arg do want[arg[i]] = true end
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 for _, c in ipairs(CASES) do
   local name, f = c[1], c[2]
   if next(want) == nil or want[name] then

@@ -26,7 +26,7 @@ local W = require "helpers.rank_util"
 local ffi = require "ffi"
 local weft, ok, check = U.weft, U.ok, U.check
 local T = weft.tensor
-local now_ms = function() return require("weft.clock").now_ns() / 1e6 end
+local now_ms = function() return require("weft.internal.clock").now_ns() / 1e6 end
 
 local scenario = arg[1] or "layout"
 local nnodes = assert(tonumber(os.getenv("WEFT_NNODES")), "WEFT_NNODES")

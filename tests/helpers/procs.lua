@@ -3,7 +3,7 @@
 -- a clock and a sleep, shell quoting, whole files, temporary directories and
 -- the rank processes a run left behind. POSIX calls under private names.
 local ffi = require "ffi"
-local now_ns = require("weft.clock").now_ns
+local now_ns = require("weft.internal.clock").now_ns
 
 local P = {}
 

@@ -4,7 +4,7 @@
 -- WEFT_NO_AVX512 / WEFT_NO_AVX2 by tests/reduce_kernels_spec.lua: every
 -- kernel copy must give the same bits.
 local ffi = require "ffi"
-local C = require("weft.ffi").C
+local C = require("weft.internal.ffi").C
 local seed = 12345
 local function rnd() seed = (seed * 1103515245 + 12345) % 2147483648; return seed end
 local h, n_out = 0, 0

@@ -21,7 +21,7 @@ pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 local weft = require "weft"
 local T = weft.tensor
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 
 local op, gkind = arg[1], arg[2]
 local function nums(str)

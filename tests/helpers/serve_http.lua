@@ -28,7 +28,7 @@ local MSG_NOSIGNAL = 0x4000
 
 local M = {}
 
-M.now_ms = require("weft.clock").now_ms
+M.now_ms = require("weft.internal.clock").now_ms
 
 local function connect(host, port)
   local fd = C.socket(AF_INET, bit.bor(SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC), 0)

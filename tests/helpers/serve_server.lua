@@ -37,7 +37,7 @@ function M.no_nginx() return "nginx with the Lua module is not installed: " .. t
 -- { pid, port, prefix, log, n } or raises (after killing the session).
 -- opts: tag (of the temporary prefix), hidden, args (more start options).
 function M.start(n, opts)
-  local port = assert(require("weft.launcher").free_port("127.0.0.1"))
+  local port = assert(require("weft.tools.launcher").free_port("127.0.0.1"))
   local prefix = S.shell(("mktemp -d /tmp/weft-%s.XXXXXX"):format(opts.tag)):match("^(%S+)")
   local log = prefix .. ".log"
   local cmd = ("WEFT_TIMEOUT_MS=4000 setsid %s/scripts/serve/start -n %d --port %d --prefix %s --hidden %d %s > %s 2>&1 < /dev/null & echo $!")

@@ -17,7 +17,7 @@ for r in (os.getenv("SHARED_ALLOW_RANKS") or ""):gmatch("%d+") do
 end
 require("helpers.fake_device").install()
 local weft = require "weft"
-local db = require "weft.device_backends"
+local db = require "weft.backends.device_backends"
 local world = weft.init { timeout_ms = 20000 }
 local x = weft.tensor.ones({ 16 }, "bf16", "cuda:0")
 local ok, err = pcall(world.all_reduce, world, x)

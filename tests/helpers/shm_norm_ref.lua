@@ -4,7 +4,7 @@
 -- generic (SSE2) kernels in a child process (the kernel choice is made once
 -- per process).
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
 local M = {}

@@ -9,7 +9,7 @@ local ffi = require "ffi"
 local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local shm = require "weft.shm"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local util = require "helpers.store_util"
 local W = require "helpers.rank_util"
 

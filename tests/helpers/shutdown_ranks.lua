@@ -6,7 +6,7 @@
 --   RECOVER <ok> <ms> <message>   INIT <ok> <ms> <message>
 --   AR ok|fail <message>          SHUTDOWN ok|fail <message>
 local weft = require "weft"
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 local ffi = require "ffi"
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 

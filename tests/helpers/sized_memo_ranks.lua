@@ -1,6 +1,6 @@
 -- Ranks of tests/sized_memo_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1, 2
 -- ranks): the eager device all_reduce's memo of the size-dependent choice
--- (weft.device_backends.sized_memo). After the first calls the rules are not
+-- (weft.backends.device_backends.sized_memo). After the first calls the rules are not
 -- walked again; every input the choice reads still steers each later call.
 -- Prints "PASS <name>" / "FAIL <name>: why"; exits 1 on a failure.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
@@ -8,8 +8,8 @@ package.path = root .. "/tests/?.lua;" .. package.path
 require("helpers.fake_device").install()
 local weft = require "weft"
 local policy = require "weft.policy"
-local db = require "weft.device_backends"
-local C = require("weft.ffi").C
+local db = require "weft.backends.device_backends"
+local C = require("weft.internal.ffi").C
 
 local world = weft.init { timeout_ms = 20000 }
 local DEV = "cuda:" .. require("weft.cuda").current_device()

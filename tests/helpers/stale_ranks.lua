@@ -15,7 +15,7 @@ pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 local weft = require "weft"
 local T = weft.tensor
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 
 local op, victim, stop_ms, loop_ms = arg[1], tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
 local function say(fmt, ...) io.stdout:write(fmt:format(...), "\n"); io.stdout:flush() end

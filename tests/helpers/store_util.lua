@@ -34,7 +34,7 @@ local LOOPBACK = 0x0100007f  -- 127.0.0.1 in network order (little-endian host)
 
 local function htons(p) return bit.bor(bit.lshift(bit.band(p, 0xff), 8), bit.rshift(p, 8)) end
 
-local now_ns = require("weft.clock").now_ns
+local now_ns = require("weft.internal.clock").now_ns
 function M.now_ms() return math.floor(now_ns() / 1e6) end   -- whole ms
 
 function M.sleep_ms(ms) C.wst_poll(nil, 0, ms) end

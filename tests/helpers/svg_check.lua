@@ -11,7 +11,7 @@ local function unesc(s)
   return (s:gsub("&lt;", "<"):gsub("&gt;", ">"):gsub("&quot;", '"'):gsub("&amp;", "&"))
 end
 
--- Same estimate as weft.svg.text_w, on purpose independent of it.
+-- Same estimate as weft.tools.svg.text_w, on purpose independent of it.
 local function width_of(s, size, bold) return #s * size * (bold and 0.68 or 0.6) end
 
 -- all texts: {s, x, y, size, fill, stroke, anchor, bold, x0, x1, y0, y1, panel}

@@ -12,7 +12,7 @@
 -- 256 KiB (the tuned choice there turns out slower than the built-in one: the
 -- script must fold the fresh numbers in and derive again).
 local ffi = require "ffi"
-local real = require "weft.ffi"
+local real = require "weft.internal.ffi"
 local RC = real.C
 
 local W = tonumber(os.getenv("WORLD_SIZE"))
@@ -186,7 +186,7 @@ local C = setmetatable(F, { __index = RC })
 
 ---------------------------------------------------------------- modules
 local wffi = setmetatable({ C = C }, { __index = real })
-package.loaded["weft.ffi"] = wffi
+package.loaded["weft.internal.ffi"] = wffi
 
 local Stream = {}
 Stream.__index = Stream
@@ -277,7 +277,7 @@ package.loaded["weft.graph"] = graph
 
 -- replays inside bench.time_runs only move the clocks (the data work is
 -- done by warmups, references and check replays)
-local bench = require "weft.bench"
+local bench = require "weft.tools.bench"
 local time_runs = bench.time_runs
 bench.time_runs = function(...)
   timing = true

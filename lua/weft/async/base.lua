@@ -4,7 +4,7 @@
 -- it) and the argument checks that run before anything is enqueued.
 local type, tostring, require = type, tostring, require
 local floor = math.floor
-local show = require("weft.show").value -- names a refused value's type
+local show = require("weft.internal.show").value -- names a refused value's type
 
 local M = {}
 
@@ -15,7 +15,7 @@ function M.mod(name)
   return m
 end
 
-M.fail = require("weft.errors").fail   -- "weft: <op>: ..." at the caller's level
+M.fail = require("weft.internal.errors").fail   -- "weft: <op>: ..." at the caller's level
 
 function M.gname(g) return tostring(g.unique_name or g.name or "?") end
 local mod, fail, gname = M.mod, M.fail, M.gname

@@ -4,7 +4,7 @@
 -- agreement, the cpu group's int64 vote, and a message queue's send/recv
 -- ordered with the group's collectives.
 local ffi = require "ffi"
-local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
+local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local serialize = require "weft.serialize"
 local B = require "weft.async.base"
 local Q = require "weft.async.queue"

@@ -4,8 +4,8 @@
 -- (weft_async_test / wait / release / result): settling a finished one,
 -- pinning the tensors a pending one reads, draining and reaping in order.
 local ffi = require "ffi"
-local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.ffi"
+local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
+local wffi = require "weft.internal.ffi"
 local B = require "weft.async.base"
 
 local C = wffi.C

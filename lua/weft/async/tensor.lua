@@ -5,23 +5,23 @@
 -- fills the queue's descriptor for that backend and submits; what has no
 -- async path runs the blocking method after draining.
 local ffi = require "ffi"
-local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.ffi"
+local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
+local wffi = require "weft.internal.ffi"
 local B = require "weft.async.base"
-local show = require("weft.show").value -- names a refused value's type
+local show = require("weft.internal.show").value -- names a refused value's type
 local Q = require "weft.async.queue"
 local GK = require "weft.group.checks" -- the overlap check every out tensor goes through
 local check_overlap, outer_of = GK.check_overlap, GK.outer_inner
 
 local C = wffi.C
 local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
-local copy_bytes = require("weft.hostmem").copy -- any size (ffi.copy stops at 2^31)
+local copy_bytes = require("weft.internal.hostmem").copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber = type, tostring, error, pcall, tonumber
 local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
 local check_group, check_tensor, check_peer = B.check_group, B.check_tensor, B.check_peer
 local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
-local B = require "weft.binding"
+local B = require "weft.internal.binding"
 local shape_word, args_word = B.shape_word, B.args_word
 
 local M = {}
@@ -171,7 +171,7 @@ function M.all_reduce(g, t, rop)
   if not REDUCIBLE[t.dtype] then fail(2, op, "dtype %s cannot be reduced on group %s", t.dtype, gname(g)) end
   if g.world_size == 1 or t.numel == 0 then return finished(op, gname(g), t) end
   local be, dg = backend(g, op, t, rop)
-  -- float max/min on device need the NaN pass (weft.device_backends.nccl_backend): several
+  -- float max/min on device need the NaN pass (weft.backends.device_backends.nccl_backend): several
   -- calls on the communicator, so the blocking form serves them
   if be == "nccl" and (rop == "max" or rop == "min") and NAN_DTYPES[t.dtype] then be = nil end
   if be == "nccl" then

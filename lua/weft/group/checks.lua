@@ -6,8 +6,8 @@ local ffi = require "ffi"
 local floor = math.floor
 local type, tostring, require = type, tostring, require
 local concat = table.concat
-local show = require("weft.show").value -- names a refused value's type
-local E = require "weft.errors"
+local show = require("weft.internal.show").value -- names a refused value's type
+local E = require "weft.internal.errors"
 
 local M = {}
 
@@ -24,7 +24,7 @@ end
 local T = M.T
 
 ---------------------------------------------------------------- errors
--- weft.errors: "weft: <op>: ..." at a level, shapes and group names
+-- weft.internal.errors: "weft: <op>: ..." at a level, shapes and group names
 local fail, shape_str, gname, same_shape = E.fail, E.shape_str, E.gname, E.same_shape
 
 -- A tensor collective's call as its ranks compare it (the agreement word of

@@ -6,13 +6,13 @@
 -- memo of the policy's choice, and the re-raising of a lower layer's error
 -- as "weft: <op>: group <name>: <cause>".
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local policy = require "weft.policy"
 local K = require "weft.group.checks"
 
 local C = wffi.C
 local ffi_cast = ffi.cast
-local hostmem = require "weft.hostmem"
+local hostmem = require "weft.internal.hostmem"
 local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber, setmetatable, require =
   type, tostring, error, pcall, tonumber, setmetatable, require
@@ -195,8 +195,8 @@ end }))
 local function select_backend(g, op, t, rop)
   local name, why, cacheable = policy.select(g, op, t, rop)
   local be = name and M.backends[name]
-  if name == "store" and not g.same_node and not require("weft.host_nodes").built then
-    require("weft.host_nodes").warn_store(g)
+  if name == "store" and not g.same_node and not require("weft.backends.host_nodes").built then
+    require("weft.backends.host_nodes").warn_store(g)
   end
   if not be then
     error(("weft: %s: policy chose backend %q for group %s but it is not registered (%s)")
@@ -249,7 +249,7 @@ end
 -- whenever the policy table changes (policy.version) or the group changes
 -- state (g._dispatch = nil). Decisions that depend on the size (the device
 -- all_reduce's kernels-or-NCCL) go to M.sized_memo where one is installed
--- (weft.device_backends.sized_memo), kept inside the same memo.
+-- (weft.backends.device_backends.sized_memo), kept inside the same memo.
 M.sized_memo = nil
 local function backend_for(g, op, t, rop)
   local memo = g._dispatch

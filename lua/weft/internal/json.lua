@@ -1,4 +1,4 @@
--- weft.json — JSON for weft's tools: the results files (weft.bench), weft-topo
+-- weft.internal.json — JSON for weft's tools: the results files (weft.tools.bench), weft-topo
 -- --json and the topology (weft.topology.to_json), weft-plot. lua-cjson
 -- underneath (Debian's lua-cjson, the served demo's JSON too): it parses, and
 -- it escapes strings. What cjson leaves to its caller is here, in a small

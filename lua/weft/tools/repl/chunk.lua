@@ -1,13 +1,13 @@
--- weft.repl.chunk — one chunk of REPL input, from text to answer: what typed
+-- weft.tools.repl.chunk — one chunk of REPL input, from text to answer: what typed
 -- text means (expression, statement, incomplete, syntax error; top-level
 -- locals made to persist), the environment chunks run in (printed output
 -- captured per chunk), running a chunk under a deadline and Ctrl-C (a count
 -- hook; chunks run with the JIT off), values as text, and an answer's lines
--- for the console. lua/weft/repl.lua describes the behaviour; weft.repl
+-- for the console. lua/weft/tools/repl.lua describes the behaviour; weft.tools.repl
 -- re-exports every field.
 local concat, format = table.concat, string.format
-local now_ms = require("weft.clock").now_ms
-local drain = require("weft.repl.input").drain
+local now_ms = require("weft.internal.clock").now_ms
+local drain = require("weft.tools.repl.input").drain
 local key_less = require("weft.serialize").key_less
 
 local M = {}
@@ -312,7 +312,7 @@ end
 local wffi_C
 local function arm_interrupt(fd, ms)
   if wffi_C == nil then
-    local ok, wffi = pcall(require, "weft.ffi")
+    local ok, wffi = pcall(require, "weft.internal.ffi")
     wffi_C = ok and wffi.C or false
   end
   if not wffi_C then return false end

@@ -1,5 +1,5 @@
--- weft.binding — what the thin bindings over one C handle share (weft.nccl,
--- weft.custom_ar): errors that carry the C library's last message, names or
+-- weft.internal.binding — what the thin bindings over one C handle share (weft.nccl,
+-- weft.backends.custom_ar): errors that carry the C library's last message, names or
 -- codes for enum arguments, stream arguments, the destroyed-handle check and
 -- the local release of a handle.
 --
@@ -17,7 +17,7 @@
 -- Error levels name the caller of the binding's method (the functions here
 -- are called straight from the method).
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
 local type, error, tostring = type, error, tostring
@@ -98,9 +98,9 @@ end
 
 -- The args word of a call: what weft.group passes besides the tensor (a
 -- v-collective's sizes table, all_gather's dim, a gathered reduction's op),
--- written as call descriptions write it (weft.errors.extra_str), as a word
+-- written as call descriptions write it (weft.internal.errors.extra_str), as a word
 -- (weft_args_word: exact up to 7 bytes, else a hash); 0 for nil.
-local extra_str = require("weft.errors").extra_str
+local extra_str = require("weft.internal.errors").extra_str
 function M.args_word(extra)
   if extra == nil then return 0ULL end
   local s = extra_str(extra)

@@ -1,4 +1,4 @@
--- weft.policy_file — the tuned policy file: crossover sizes measured on the
+-- weft.internal.policy_file — the tuned policy file: crossover sizes measured on the
 -- machine at hand (written by scripts/weft-tune), read and validated here;
 -- weft.policy consults it. Pure Lua (no libweft), tested on the CPU.
 --
@@ -32,8 +32,8 @@ local M = {}
 local type, tostring, pairs, ipairs, pcall = type, tostring, pairs, ipairs, pcall
 local floor, huge = math.floor, math.huge
 local fmt, concat = string.format, table.concat
-local show = require("weft.show").value -- names a refused value's type
-local E = require "weft.errors"
+local show = require("weft.internal.show").value -- names a refused value's type
+local E = require "weft.internal.errors"
 
 M.VERSION = 1
 

@@ -1,12 +1,12 @@
--- weft.device_backends.nccl_backend — the GroupCoordinator's device backends
+-- weft.backends.device_backends.nccl_backend — the GroupCoordinator's device backends
 -- that move data through NCCL (the communicators themselves are weft.nccl):
 -- nccl (every device collective, one communicator per group; layouts along a
 -- dim by 2-D copies) and device_host (NCCL unusable: ranks sharing a GPU, no
 -- libnccl; the data goes through host memory and the host path; eager only).
--- weft.device_backends registers them and re-exports M.nccl_backend and
--- M.stage; the group's device state comes from weft.device_backends.setup.
+-- weft.backends.device_backends registers them and re-exports M.nccl_backend and
+-- M.stage; the group's device state comes from weft.backends.device_backends.setup.
 local ffi = require "ffi"
-local S = require "weft.device_backends.setup"
+local S = require "weft.backends.device_backends.setup"
 
 local tostring, error = tostring, error
 local fmt = string.format
@@ -20,13 +20,13 @@ local MAX = 1                -- the op code of max (the NaN masks)
 
 local C_
 local function C()
-  if C_ == nil then C_ = require("weft.ffi").C end
+  if C_ == nil then C_ = require("weft.internal.ffi").C end
   return C_
 end
 
 local function copy2d(dst, dpitch, src, spitch, width, height)
   if C().weft_cuda_memcpy2d_async(dst, dpitch, src, spitch, width, height, nil) ~= 0 then
-    error("weft: copy2d: " .. require("weft.ffi").last_error(), 0)
+    error("weft: copy2d: " .. require("weft.internal.ffi").last_error(), 0)
   end
 end
 

@@ -1,4 +1,4 @@
--- weft.device_backends.sized_memo — the eager device all_reduce's hot path:
+-- weft.backends.device_backends.sized_memo — the eager device all_reduce's hot path:
 -- the policy's choice between weft's kernels and NCCL depends on the size
 -- (should_custom_ar, the tuned table, the quick codec's minimum), so the
 -- group's memo of cacheable decisions (weft.group.host) cannot hold it.
@@ -13,7 +13,7 @@
 -- walks the rules as before. Every argument check still runs per call
 -- (weft.group.checks before the lookup; the backend and the C layer after).
 local policy = require "weft.policy"
-local S = require "weft.device_backends.setup"
+local S = require "weft.backends.device_backends.setup"
 
 local type, tonumber = type, tonumber
 local by_kind = S.custom_ar_by_kind

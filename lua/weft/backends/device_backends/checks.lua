@@ -1,14 +1,14 @@
--- weft.device_backends.checks — which device path a call takes, and why: the seed's
+-- weft.backends.device_backends.checks — which device path a call takes, and why: the seed's
 -- should_custom_ar and the fused path's conditions as data (custom_ar_checks,
 -- fused_checks: tried in order, each with its explain text), the custom
 -- all-reduce rule's predicate and explain helpers, fused_decision, and the
 -- checkers policy.set uses to refuse overrides a group cannot serve.
--- weft.device_backends puts them into weft.policy's rules and re-exports
+-- weft.backends.device_backends puts them into weft.policy's rules and re-exports
 -- custom_ar_checks, fused_checks and fused_decision; the group facts come
--- from weft.device_backends.setup. Runs no collective.
+-- from weft.backends.device_backends.setup. Runs no collective.
 local ffi = require "ffi"
 local policy = require "weft.policy"
-local S = require "weft.device_backends.setup"
+local S = require "weft.backends.device_backends.setup"
 local Q = require "weft.quick"
 
 local tostring, tonumber, ipairs = tostring, tonumber, ipairs
@@ -106,7 +106,7 @@ M.custom_ar_checks = {
 
 -- The rule's predicate: records the algorithm (g._ar_pick) or, under an
 -- override the group cannot serve, the error the call raises (g._ar_pick_error).
--- Deterministic mode (weft.device_backends.setup determ_state): every f32/f16/bf16
+-- Deterministic mode (weft.backends.device_backends.setup determ_state): every f32/f16/bf16
 -- sum takes the kernels, with their bit-identical variant; whatever stops
 -- them (the size, the workspace, alignment, a shared GPU, an nccl override)
 -- is an error naming the check, never NCCL (whose order changes with size).
@@ -193,7 +193,7 @@ local function ar_rule(g, t, rop)
     local qa, qerr = quick_pick(g, t, det)
     if qerr then g._ar_pick_error = qerr; return true end
     if qa then
-      g._ar_pick = mod("weft.custom_ar").ALGO[qa]
+      g._ar_pick = mod("weft.backends.custom_ar").ALGO[qa]
       g._ar_det = det
       return true
     end
@@ -201,7 +201,7 @@ local function ar_rule(g, t, rop)
     if be == "nccl" and not det then return false end
     algo = (be ~= "nccl" and be) or "auto"
   end
-  g._ar_pick = mod("weft.custom_ar").ALGO[algo] or 0
+  g._ar_pick = mod("weft.backends.custom_ar").ALGO[algo] or 0
   g._ar_det = det
   return true
 end
@@ -233,7 +233,7 @@ local function ar_lines(g, t, rop)
     local be, s, wk, dk, i = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes) or 0)
     if be then
       lines[#lines + 1] = fmt("= policy file %s: %s -> %s", tostring(policy.tuned_path),
-                              mod("weft.policy_file").where(s, wk, dk, i), be)
+                              mod("weft.internal.policy_file").where(s, wk, dk, i), be)
     else
       lines[#lines + 1] = "= built-in: auto (the kernel's measured crossovers: Lamport one-shot, then two-shot)"
     end
@@ -543,7 +543,7 @@ local function check_fused(g, v)
   return true
 end
 
----------------------------------------------------------------- for weft.device_backends
+------------------------------------------------------- for weft.backends.device_backends
 M.AR_DTYPES, M.ptr_aligned, M.fused_tokens_cap = AR_DTYPES, ptr_aligned, fused_tokens_cap
 M.ar_rule, M.ar_lines, M.ar_why, M.ar_why_not, M.fused_lines = ar_rule, ar_lines, ar_why, ar_why_not, fused_lines
 M.check_all_reduce, M.check_fused = check_all_reduce, check_fused

@@ -1,4 +1,4 @@
--- weft.progress — what a long-running tool is doing now, how far it is and
+-- weft.internal.progress — what a long-running tool is doing now, how far it is and
 -- about how long is left (make bench-host, weft-tune, bench-soak, ...).
 --
 --   local P = progress.new { name = "bench-host", steps = 12, quiet = opts.q }
@@ -71,7 +71,7 @@ function M.new(opts)
     name = opts.name or "weft", total = opts.steps or (opts.weights and #opts.weights) or 0,
     weights = opts.weights, quiet = opts.quiet and true or false,
     k = 0, frac = 0, label = nil, shown = nil, last_draw = -1, next_mark = 0.1,
-    now = opts.now or function() return require("weft.clock").now_ns() * 1e-9 end,
+    now = opts.now or function() return require("weft.internal.clock").now_ns() * 1e-9 end,
   }, P)
   local fd = opts.fd
   local stream = opts.stream

@@ -1,4 +1,4 @@
--- weft.launcher — the logic behind scripts/weft-run: start N ranks of a Lua
+-- weft.tools.launcher — the logic behind scripts/weft-run: start N ranks of a Lua
 -- script (or any command) with torchrun's environment, relay their output with
 -- a rank prefix, and stop all of them when one fails or a signal arrives.
 --
@@ -18,12 +18,12 @@
 -- on /dev/null. The launcher blocks SIGINT/SIGTERM/SIGCHLD (and SIGHUP unless
 -- it was ignored, as under nohup), reads them from a signalfd, and waits for
 -- everything in one poll(): no busy loop, no signal handlers in Lua.
--- Each rank reaped has its pending /dev/shm names removed (weft.shm_names):
+-- Each rank reaped has its pending /dev/shm names removed (weft.internal.shm_names):
 -- a rank stopped while creating a segment cannot unlink it itself.
 -- Linux only (signalfd, prctl); constants below are the generic Linux ABI.
 local ffi = require "ffi"
 local bit = require "bit"
-local shm_names = require "weft.shm_names"
+local shm_names = require "weft.internal.shm_names"
 
 local byte, concat, gsub, format = string.byte, table.concat, string.gsub, string.format
 
@@ -119,7 +119,7 @@ local function ci(x) return ffi.cast("int", x) end
 
 local function strerror(e) return ffi.string(C.strerror(e)) end
 
-local now_ns = require("weft.clock").now_ns
+local now_ns = require("weft.internal.clock").now_ns
 local function now() return now_ns() * 1e-9 end   -- monotonic seconds
 M.now = now
 
@@ -924,7 +924,7 @@ function M.main(argv, root)
   if opts.help then emit(1, M.usage()); return 0 end
   root = M.realpath(root or ".") or root
   if opts.node_tag then say_name = "weft-run[" .. opts.node_tag .. "]" end
-  if opts.repl then return require("weft.repl").launch(opts, root, M) end
+  if opts.repl then return require("weft.tools.repl").launch(opts, root, M) end
   if not opts.master_port then
     local port, perr = M.free_port(opts.master_addr)
     if not port then say("cannot find a free port on %s: %s", opts.master_addr, perr); return 1 end

@@ -1,12 +1,12 @@
--- weft.repl.link — the REPL's own channel between ranks (weft-run --repl):
+-- weft.tools.repl.link — the REPL's own channel between ranks (weft-run --repl):
 -- its store (rank 0, port $WEFT_REPL_PORT) and cpu group, so chunks may
 -- init, shut down or break weft's groups without touching the session; chunks
 -- from rank 0 through weft.mq (same node) or point-to-point messages, answers
--- back point-to-point. weft.repl re-exports open_link, MQ_CHUNK_BYTES and
+-- back point-to-point. weft.tools.repl re-exports open_link, MQ_CHUNK_BYTES and
 -- MQ_CHUNKS.
 local ffi = require "ffi"
-local lstring = require("weft.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local hostname = require("weft.repl.input").hostname   -- also declares C.weft_repl_*
+local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
+local hostname = require("weft.tools.repl.input").hostname   -- also declares C.weft_repl_*
 
 local C = ffi.C
 
@@ -29,7 +29,7 @@ local ETIMEOUT
 
 function M.open_link(o)
   serialize = require "weft.serialize"
-  local wffi = require "weft.ffi"
+  local wffi = require "weft.internal.ffi"
   ETIMEOUT = wffi.C.WEFT_ETIMEOUT
   local store = require("weft.store").open { host = o.host, port = o.port, server = o.rank == 0,
                                               timeout_ms = o.timeout_ms }
@@ -95,7 +95,7 @@ function Link:collect(k, ms)
   self.C.weft_cpugroup_set_timeout(h, math.max(1, math.floor(ms)))
   local rc = self.C.weft_cpugroup_recv(h, k, self.ptr, self.len)
   if rc == ETIMEOUT then return nil end
-  if rc ~= 0 then error("weft: repl: " .. require("weft.ffi").last_error(), 0) end
+  if rc ~= 0 then error("weft: repl: " .. require("weft.internal.ffi").last_error(), 0) end
   return serialize.decode(lstring(self.ptr[0], self.len[0], "repl link"))
 end
 
@@ -112,7 +112,7 @@ function Link:next()
         s = lstring(self.ptr[0], self.len[0], "repl link")
         C2.weft_mq_release(h)
       elseif rc ~= ETIMEOUT then
-        error("weft: repl: " .. require("weft.ffi").last_error(), 0)
+        error("weft: repl: " .. require("weft.internal.ffi").last_error(), 0)
       end
     else
       local h = self.cg.handle
@@ -121,7 +121,7 @@ function Link:next()
       if rc == 0 then
         s = lstring(self.ptr[0], self.len[0], "repl link")
       elseif rc ~= ETIMEOUT then
-        error("weft: repl: " .. require("weft.ffi").last_error(), 0)
+        error("weft: repl: " .. require("weft.internal.ffi").last_error(), 0)
       end
     end
     if s then

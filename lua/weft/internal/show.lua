@@ -1,4 +1,4 @@
--- weft.show — how an argument check names the value it refuses.
+-- weft.internal.show — how an argument check names the value it refuses.
 --
 -- A number reads as itself (2, 0.5, nan, inf); anything else names its
 -- type, so `tp = "2"` reads `the string "2"`, not `2` (which would hide why

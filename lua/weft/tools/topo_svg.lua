@@ -1,4 +1,4 @@
--- weft.topo_svg — a topology plan (weft.topology.plan) drawn as SVG (pure).
+-- weft.tools.topo_svg — a topology plan (weft.topology.plan) drawn as SVG (pure).
 --
 -- One panel per group kind, in topology.KINDS order. In every panel each rank
 -- is a cell (its global rank written inside when the cell is big enough),
@@ -14,7 +14,7 @@
 -- are dropped below 15 px cells; below 6 px cells only the first node of each
 -- row is named (in a gutter on the left).
 local topology = require "weft.topology"
-local svg = require "weft.svg"
+local svg = require "weft.tools.svg"
 
 local M = {}
 

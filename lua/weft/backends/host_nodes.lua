@@ -1,4 +1,4 @@
--- weft.host_nodes — host tensors of groups that span several nodes: the
+-- weft.backends.host_nodes — host tensors of groups that span several nodes: the
 -- node layout of such a group, and the two backends that serve them on
 -- Gloo's TCP transport (weft.gloo). Installed by weft.group on load; the
 -- choice between them is weft.policy's ("gloo across nodes",
@@ -16,7 +16,7 @@
 -- Host send/recv of tensors go over Gloo too: a 256-byte header (dtype,
 -- shape, bytes) the receiver checks, then the bytes.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
+local wffi = require "weft.internal.ffi"
 
 local ffi_string, ffi_copy, ffi_fill = ffi.string, ffi.copy, ffi.fill
 local concat, fmt = table.concat, string.format

@@ -1,4 +1,4 @@
--- weft.errors — the one way weft raises an error, and the words its messages
+-- weft.internal.errors — the one way weft raises an error, and the words its messages
 -- share. fail(level, op, fmt, ...) raises "weft: <op>: <what happened>" at
 -- the caller's level; shape_str, same_shape and gname name shapes and groups
 -- in those messages. Pure Lua that requires no other weft module, so any

@@ -1,4 +1,4 @@
--- weft.shm_names — weft's names in /dev/shm, by creator pid.
+-- weft.internal.shm_names — weft's names in /dev/shm, by creator pid.
 --
 -- Every shared segment weft creates is named "/weft-<kind>-<creator pid>-<32
 -- hex>" (src/host/shm_seg.c) and unlinked as soon as every rank has attached, so a

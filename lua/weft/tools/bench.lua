@@ -1,7 +1,7 @@
--- weft.bench — helpers for benchmarks: CUDA-event timing of graph replays and
+-- weft.tools.bench — helpers for benchmarks: CUDA-event timing of graph replays and
 -- eager calls, medians, the results file of docs/architecture.md#conventions-in-one-place (JSON + markdown).
 local ffi = require "ffi"
-local json = require "weft.json"
+local json = require "weft.internal.json"
 
 local M = {}
 
@@ -94,7 +94,7 @@ function M.time_runs(cuda, stream, n, fn)
 end
 
 -- Wall-clock nanoseconds (CLOCK_MONOTONIC).
-M.now_ns = require("weft.clock").now_ns
+M.now_ns = require("weft.internal.clock").now_ns
 
 function M.human_bytes(b)
   if b >= 1024 ^ 3 and b % 1024 ^ 3 == 0 then return fmt("%d GiB", b / 1024 ^ 3) end
@@ -104,7 +104,7 @@ function M.human_bytes(b)
 end
 
 -- ---------------------------------------------------------------- JSON
--- weft.json (lua-cjson with the results files' writer over it).
+-- weft.internal.json (lua-cjson with the results files' writer over it).
 
 -- The order of a results file's keys: the run, then its records, then a
 -- record's fields as docs/architecture.md lists them; others sorted after.
@@ -160,11 +160,11 @@ function M.commit()
   return (c and c ~= "") and c or "unknown"
 end
 
--- Draws the charts of a results file beside it (x.json -> x.svg, weft.plot);
+-- Draws the charts of a results file beside it (x.json -> x.svg, weft.tools.plot);
 -- returns the SVG's path, or nil when there is nothing to draw. A plotting
 -- failure never loses the results: it is reported on stderr.
 function M.plot(json_path, doc)
-  local ok, svg_path = pcall(function() return require("weft.plot").write_for(json_path, doc) end)
+  local ok, svg_path = pcall(function() return require("weft.tools.plot").write_for(json_path, doc) end)
   if not ok then
     io.stderr:write("weft: bench: no chart for ", json_path, ": ", tostring(svg_path), "\n")
     return nil

@@ -1,4 +1,4 @@
--- weft.repl — the live REPL: scripts/weft-repl (one process) and
+-- weft.tools.repl — the live REPL: scripts/weft-repl (one process) and
 -- `weft-run -n N --repl` (rank 0 interactive, every chunk run on every rank).
 --
 -- Input (rank 0): GNU readline through the FFI when the terminal is a tty and
@@ -54,15 +54,15 @@
 -- gives the terminal back as it found it (readline's raw mode, the foreground).
 --
 -- Modules: this one holds the session of rank 0 (commands, waiting for the
--- ranks' answers), the workers' loop and the entry points; weft.repl.chunk
+-- ranks' answers), the workers' loop and the entry points; weft.tools.repl.chunk
 -- (from text to answer: parse, environment, run under a deadline, show
--- values), weft.repl.input (terminal input, completion, signals, POSIX
--- through the FFI) and weft.repl.link (the channel between ranks). Their
+-- values), weft.tools.repl.input (terminal input, completion, signals, POSIX
+-- through the FFI) and weft.tools.repl.link (the channel between ranks). Their
 -- public fields are re-exported here.
 local ffi = require "ffi"
-local repl_input = require "weft.repl.input"   -- declares C.weft_repl_* (POSIX)
-local repl_chunk = require "weft.repl.chunk"
-local repl_link = require "weft.repl.link"
+local repl_input = require "weft.tools.repl.input"   -- declares C.weft_repl_* (POSIX)
+local repl_chunk = require "weft.tools.repl.chunk"
+local repl_link = require "weft.tools.repl.link"
 
 local concat, format = table.concat, string.format
 local C = ffi.C
@@ -72,7 +72,7 @@ local M = {}
 M.DEFAULT_TIMEOUT_MS = 60000
 M.GRACE_MS = 2000        -- answers may arrive this long after the chunk deadline
 
-local now_ms = require("weft.clock").now_ms
+local now_ms = require("weft.internal.clock").now_ms
 M.now_ms = now_ms
 
 local SIGUSR1 = repl_input.SIGUSR1
@@ -92,7 +92,7 @@ M.open_link = repl_link.open_link
 
 ---------------------------------------------------------------- ranks as text
 -- "0-3", "0,2,5-7" (weft-run's form; loaded on first use)
-function M.ranks_str(list) return require("weft.launcher").ranks_text(list) end
+function M.ranks_str(list) return require("weft.tools.launcher").ranks_text(list) end
 
 -- "0,2,5-7" -> {0,2,5,6,7} (sorted, unique) or nil, message
 function M.parse_ranks(s, world)
@@ -459,7 +459,7 @@ usage: weft-repl [--timeout MS] [script.lua [args...]]
 A LuaJIT REPL with weft loaded (the `weft` global). A script, when given, runs
 first on every rank (like lua -i). Enter :help at the prompt for the commands.
 Under weft-run --repl, rank 0 reads the chunks and runs each on every rank;
-answers come back as "[rank k] ...". See lua/weft/repl.lua for the details.
+answers come back as "[rank k] ...". See lua/weft/tools/repl.lua for the details.
 
   --timeout MS   deadline of one chunk (default: none for weft-repl alone,
                  $WEFT_TIMEOUT_MS or 60000 under weft-run --repl)
@@ -570,7 +570,7 @@ end
 
 -- weft-run --repl: every rank runs scripts/weft-repl; rank 0 gets the
 -- launcher's stdin and no output prefix (its output is the console).
--- L: weft.launcher; opts: parsed options (script optional). Returns exit code.
+-- L: weft.tools.launcher; opts: parsed options (script optional). Returns exit code.
 function M.launch(opts, root, L)
   local function usage_error(msg)
     io.stderr:write("weft-run: " .. msg .. "\nTry 'weft-run --help'.\n")

@@ -1,4 +1,4 @@
--- weft.ffi — loads libweft.so and declares its C contract (src/weft.h).
+-- weft.internal.ffi — loads libweft.so and declares its C contract (src/weft.h).
 -- The declarations come from the library itself (weft_ffi_cdef), so Lua and C
 -- can never disagree about signatures; the ABI version is checked on load.
 local ffi = require "ffi"

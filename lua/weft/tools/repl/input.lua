@@ -1,9 +1,9 @@
--- weft.repl.input — what the REPL process reads and the signals it watches:
+-- weft.tools.repl.input — what the REPL process reads and the signals it watches:
 -- POSIX through the FFI (poll, read/write, signalfd, the terminal's
 -- foreground process group), rank 0's input (GNU readline through the FFI
 -- when the terminal is a tty and libreadline.so.8 loads, else plain lines
--- from fd 0), Tab completion of names and fields, and Ctrl-C. lua/weft/repl.lua
--- describes the behaviour; weft.repl re-exports open_input, complete and
+-- from fd 0), Tab completion of names and fields, and Ctrl-C. lua/weft/tools/repl.lua
+-- describes the behaviour; weft.tools.repl re-exports open_input, complete and
 -- HISTORY_LINES.
 local ffi = require "ffi"
 

@@ -1,4 +1,4 @@
--- weft.plot — benchmark results (the JSON of docs/architecture.md) drawn as SVG charts.
+-- weft.tools.plot — benchmark results (the JSON of docs/architecture.md) drawn as SVG charts.
 -- Pure apart from write_for (reads the JSON, writes the SVG beside it).
 --
 -- From the records of one results file:
@@ -16,8 +16,8 @@
 -- is drawn (the leading lines missing at most one of the chart's sizes,
 -- MAX_SERIES of them); the rest is counted in a note. Lines are coloured by backend name,
 -- the same colour in every chart of a file.
-local svg = require "weft.svg"
-local bench = require "weft.bench"
+local svg = require "weft.tools.svg"
+local bench = require "weft.tools.bench"
 
 local M = {}
 

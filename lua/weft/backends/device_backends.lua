@@ -1,4 +1,4 @@
--- weft.device_backends — device tensors through the GroupCoordinator: the
+-- weft.backends.device_backends — device tensors through the GroupCoordinator: the
 -- device rules of weft.policy (the seed's all_reduce dispatch order and its
 -- eager/graph table, as data), the backends that serve them, and the
 -- per-group device state (NCCL communicator, custom all-reduce workspace,
@@ -7,7 +7,7 @@
 --
 -- Backends (group.register_backend):
 --   nccl         every device collective (weft.nccl), one communicator per group
---   custom_ar    all_reduce through weft's one-/two-shot kernels (weft.custom_ar)
+--   custom_ar    all_reduce through weft's one-/two-shot kernels (weft.backends.custom_ar)
 --   device_host  NCCL unusable (ranks sharing a GPU, no libnccl): the data
 --                goes through host memory and the host path; eager only
 --   fused        fused_allreduce_rmsnorm: the fused kernel (weft.fusion) where
@@ -15,21 +15,21 @@
 --   invalid_override  raises the WEFT_ALLREDUCE error for the calls it steers
 --
 -- This module holds the custom_ar and fused backends, the rules, choice and
--- install; the rest lives in its folder, lua/weft/device_backends/ (and is
+-- install; the rest lives in its folder, lua/weft/backends/device_backends/ (and is
 -- re-exported from here):
---   weft.device_backends.setup         configuration, per-group device state
---                                      (lazy, collective set-up), prepare, info, destroy
---   weft.device_backends.nccl_backend  the nccl and device_host (host staging)
---                                      backends (the communicators: weft.nccl)
---   weft.device_backends.checks        the should_custom_ar and fused checks as
---                                      data, fused_decision, explain text, override checkers
+--   weft.backends.device_backends.setup         configuration, per-group device state
+--                                               (lazy, collective set-up), prepare, info, destroy
+--   weft.backends.device_backends.nccl_backend  the nccl and device_host (host staging)
+--                                               backends (the communicators: weft.nccl)
+--   weft.backends.device_backends.checks        the should_custom_ar and fused checks as
+--                                               data, fused_decision, explain text, override checkers
 local ffi = require "ffi"
 local policy = require "weft.policy"
-local S = require "weft.device_backends.setup"
+local S = require "weft.backends.device_backends.setup"
 local check_fused_outputs = require("weft.group.checks").check_fused_outputs
-local N = require "weft.device_backends.nccl_backend"
-local show = require("weft.show").value -- names a refused value's type
-local K = require "weft.device_backends.checks"
+local N = require "weft.backends.device_backends.nccl_backend"
+local show = require("weft.internal.show").value -- names a refused value's type
+local K = require "weft.backends.device_backends.checks"
 
 local type, tostring, tonumber, error, pcall, ipairs = type, tostring, tonumber, error, pcall, ipairs
 local fmt = string.format
@@ -102,7 +102,7 @@ end
 M.custom_ar_backend = car
 
 ---------------------------------------------------------------- fused backend
-local E = require "weft.errors"
+local E = require "weft.internal.errors"
 local shape_str, same_shape = E.shape_str, E.same_shape
 -- fail(op, g, msg, args..., gname(g)): "weft: <op>: <msg> (group <name>)"
 local function fail(op, _, msg, ...)
@@ -319,7 +319,7 @@ end
 ---------------------------------------------------------------- rules
 local NAN_CALLS = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true }
 
--- the NaN pass of float max/min (weft.device_backends.nccl_backend), for explain
+-- the NaN pass of float max/min (weft.backends.device_backends.nccl_backend), for explain
 local function nan_lines(op, t, rop)
   if not NAN_CALLS[op] then return nil end
   if N.nan_pass(t.dtype, rop) then
@@ -421,7 +421,7 @@ function M.install(gm)
   gm.register_backend("custom_ar", car)
   gm.register_backend("device_host", stage)
   -- the eager all_reduce's size-dependent choice, memoised (see that module)
-  require("weft.group.host").sized_memo = require "weft.device_backends.sized_memo"
+  require("weft.group.host").sized_memo = require "weft.backends.device_backends.sized_memo"
   gm.register_backend("fused", {
     fused_allreduce_rmsnorm = function(g, _, x, r, w, eps, opts) return M.fused(g, x, r, w, eps, opts) end,
   })

@@ -1,4 +1,4 @@
--- weft.svg — the one small SVG writer of weft's pictures (topology plans,
+-- weft.tools.svg — the one small SVG writer of weft's pictures (topology plans,
 -- benchmark charts). Pure: builds text, does no I/O.
 --
 -- Every <text> it writes carries an explicit fill and stroke="none":

@@ -1,4 +1,4 @@
--- weft.hostmem — host memory copies, fills and strings of any size.
+-- weft.internal.hostmem — host memory copies, fills and strings of any size.
 --
 -- LuaJIT's ffi.copy and ffi.fill take a 32-bit length: from 2^31 bytes on
 -- they silently copy or fill too little (2^31 + 64 bytes copy 2^31; 2^32 + 8

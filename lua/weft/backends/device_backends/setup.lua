@@ -1,10 +1,10 @@
--- weft.device_backends.setup — the per-group device state behind weft.device_backends:
+-- weft.backends.device_backends.setup — the per-group device state behind weft.backends.device_backends:
 -- configuration, the group facts the device rules read (kind, custom
 -- all-reduce enabled, CUDA present), set-up (NCCL communicator, custom
 -- all-reduce workspace, fusion context, scratch), prepare, info and the
--- destroy / graph-enter hooks. weft.device_backends re-exports its public
+-- destroy / graph-enter hooks. weft.backends.device_backends re-exports its public
 -- fields (config, setup, ensure_ar, prepare, info, ...); the rest is for the
--- sibling modules (weft.device_backends.nccl_backend, weft.device_backends.checks).
+-- sibling modules (weft.backends.device_backends.nccl_backend, weft.backends.device_backends.checks).
 --
 -- Lazy, collective set-up. A group's device state is made on its first
 -- device collective: every rank of the group reaches it in that same call
@@ -87,7 +87,7 @@ end
 -- tests: pretend CUDA is (not) there; nil: ask again
 function M._set_cuda_available(v) cuda_ok_cache = v end
 
-local gname = require("weft.errors").gname   -- a group's name in messages
+local gname = require("weft.internal.errors").gname   -- a group's name in messages
 
 local function group_kind(g)
   local k = g._kind
@@ -118,7 +118,7 @@ end
 
 ---------------------------------------------------------------- device state
 -- g._dev = { device, nccl (weft.nccl comm or nil), nccl_why, shared (text or
---   nil), own_nccl, ar (weft.custom_ar or nil), ar_state (nil: not tried,
+--   nil), own_nccl, ar (weft.backends.custom_ar or nil), ar_state (nil: not tried,
 --   "ready", "failed" (creation, on every rank), "off", "broken" (a kernel failed on this rank)), ar_why, scratch = {}, retired = {} }
 
 local function graph_refusal(g, op)
@@ -366,7 +366,7 @@ function M.ensure_ar(g)
   local why = ar_static_block(g, d)
   if why then d.ar_state, d.ar_why = "off", why; g._dispatch = nil; return d end
   if policy.mode() == "graph" then graph_refusal(g, "all_reduce") end
-  local ok, h = pcall(mod("weft.custom_ar").new, g.cpu_group, M.config.custom_ar_max_bytes)
+  local ok, h = pcall(mod("weft.backends.custom_ar").new, g.cpu_group, M.config.custom_ar_max_bytes)
   local agreed = g.cpu_group:allreduce_i64({ ok and 1 or 0 }, "and")[1]
   if ok and agreed == 1 then
     d.ar, d.ar_state = h, "ready"

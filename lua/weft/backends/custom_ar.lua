@@ -1,4 +1,4 @@
--- weft.custom_ar — weft's own one-shot / two-shot all-reduce (src/coll/allreduce.c,
+-- weft.backends.custom_ar — weft's own one-shot / two-shot all-reduce (src/coll/allreduce.c,
 -- kernels/allreduce.cu) from Lua: raw device pointers, counts in elements,
 -- dtype and algorithm by code or name, like weft.nccl.
 --
@@ -16,10 +16,10 @@
 -- Creation is collective over the cpu group and agreed (every rank succeeds
 -- or every rank fails with the reason); destroy is local.
 local ffi = require "ffi"
-local wffi = require "weft.ffi"
-local binding = require "weft.binding"
+local wffi = require "weft.internal.ffi"
+local binding = require "weft.internal.binding"
 local C = wffi.C
-local show = require("weft.show").value -- names a refused value's type
+local show = require("weft.internal.show").value -- names a refused value's type
 
 local type, error, tonumber, tostring, setmetatable = type, error, tonumber, tostring, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
