@@ -30,7 +30,7 @@
 local M = {}
 
 local floor, huge, fmt, concat = math.floor, math.huge, string.format, table.concat
-local E = require "weft.errors"
+local E = require "weft.internal.errors"
 local type, pairs, ipairs, tostring, tonumber, next = type, pairs, ipairs, tostring, tonumber, next
 
 M.AR_BACKENDS = { "nccl", "oneshot", "twoshot", "auto" }
@@ -47,7 +47,7 @@ M.ORDER = { "oneshot", "twoshot", "nccl", "auto", "fused_oneshot", "fused_twosho
 M.REL, M.ABS = 0.02, 0.1          -- tie margin of the derivation: 2 %, 0.1 µs
 M.NOISE_REL, M.NOISE_ABS = 0.03, 0.2 -- before/after: slower only beyond this
 
--- "weft: tune.<op>: <msg>"; level as weft.errors.fail's (default 1), + 1 for this frame
+-- "weft: tune.<op>: <msg>"; level as weft.internal.errors.fail's (default 1), + 1 for this frame
 local function fail(op, msg, level)
   E.fail((level or 1) + 1, "tune." .. op, "%s", msg)
 end
