@@ -5,7 +5,7 @@
  * first two words, lower case, the second cut at its first '-' (memory and
  * form factor are not the GPU), joined by '-', then "-xN" for N > 1 GPUs.
  * Pure (no CUDA): lua/weft/tools/bench.lua's device_tag is the same rule, and
- * tests/bench_names_spec.lua checks both on the CPU. */
+ * tests/unit/bench_names_spec.lua checks both on the CPU. */
 #ifndef WEFT_BENCH_MACHINE_TAG_H
 #define WEFT_BENCH_MACHINE_TAG_H
 

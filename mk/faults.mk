@@ -1,4 +1,4 @@
-# Fault injection (issue 13): the specs named tests/fault_<topic>_spec.lua
+# Fault injection (issue 13): the specs named tests/faults/fault_<topic>_spec.lua
 # whose describe() names carry #fault — killed and stopped ranks, hostile
 # clients, freed buffers, a killed nginx worker, failed runs' leftovers;
 # issue 24: copies past 2^31 and 2^32 bytes (fault_bigcopy, also #bigmem:

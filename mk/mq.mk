@@ -4,7 +4,7 @@
 #   make bench-mq [BENCH_MQ_ARGS="--worlds 2,4,8 --out bench/results"]
 .PHONY: test-mq bench-mq
 test-mq: $(LIB)
-	WEFT_LIB=$(abspath $(LIB)) scripts/run-tests tests/mq_spec.lua
+	WEFT_LIB=$(abspath $(LIB)) scripts/run-tests tests/unit/mq_spec.lua
 
 bench-mq: $(LIB)
 	WEFT_LIB=$(abspath $(LIB)) luajit scripts/bench-mq.lua $(BENCH_MQ_ARGS)

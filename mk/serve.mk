@@ -16,7 +16,7 @@ serve: deps lib
 	WEFT_LIB=$(abspath $(LIB)) scripts/serve/start $(SERVE_ARGS)
 
 test-serve: deps lib
-	WEFT_LIB=$(abspath $(LIB)) scripts/run-tests tests/async_spec.lua tests/serve_spec.lua
+	WEFT_LIB=$(abspath $(LIB)) scripts/run-tests tests/unit/async_spec.lua tests/unit/serve_spec.lua
 
 bench-serve: deps lib serve-deps
 	WEFT_LIB=$(abspath $(LIB)) luajit scripts/bench-serve.lua $(BENCH_SERVE_ARGS)

@@ -3,7 +3,7 @@
 -- python/sglang/srt/layers/flashinfer_comm_fusion.py), over src/coll/fusion.c.
 --
 -- The decisions are pure Lua over an injectable backend, so they are tested
--- on a CPU with a fake one (tests/fusion_manager_spec.lua):
+-- on a CPU with a fake one (tests/unit/fusion_manager_spec.lua):
 --
 --   * one manager per kind: "attn_tp" (attention TP group) and "moe" (MoE EP
 --     or TP group), each with its own workspace;

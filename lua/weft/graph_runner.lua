@@ -54,7 +54,7 @@
 -- at TP 2 x PP 2 with groups = {tp}, tp.0 and tp.1 each agree within
 -- themselves, while the world still agrees on the size list and on whether
 -- every capture succeeded, so no rank keeps a graph another dropped.
--- opts.backend replaces the CUDA side (tests: tests/graph_runner_spec.lua).
+-- opts.backend replaces the CUDA side (tests: tests/unit/graph_runner_spec.lua).
 local M = {}
 
 local type, tostring, error, pcall, ipairs, pairs = type, tostring, error, pcall, ipairs, pairs

@@ -9,7 +9,7 @@
 #include "core/internal.h"
 /* The one place that picks the copy: AVX2 + F16C where the CPU has both,
  * unless WEFT_NO_AVX2 is set (the generic copy then runs on any CPU, as
- * tests/generic_kernels_spec.lua runs the reduction specs). */
+ * tests/unit/generic_kernels_spec.lua runs the reduction specs). */
 static inline int wf_host_avx2(void) {
 #if defined(__x86_64__)
   __builtin_cpu_init();

@@ -1,4 +1,4 @@
--- One rank of tests/fault_agreement_spec.lua: ranks that disagree (on which
+-- One rank of tests/faults/fault_agreement_spec.lua: ranks that disagree (on which
 -- object collective they call, on initialize_model_parallel's arguments, on a
 -- custom group's rank list) all fail at once naming each rank's part, the
 -- group keeps working, and shutdown() completes. AGREE_CASE=objects (2 ranks)

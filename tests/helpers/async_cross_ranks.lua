@@ -1,4 +1,4 @@
--- One rank of tests/fault_async_cross_spec.lua (4 ranks, tp=2 x pp=2): an
+-- One rank of tests/faults/fault_async_cross_spec.lua (4 ranks, tp=2 x pp=2): an
 -- async collective on one group while the caller runs a blocking one on
 -- another (issue 24 item 4), for every async op x blocking op x ordered
 -- group pair: submit, run the blocking op, wait, check both results exactly.

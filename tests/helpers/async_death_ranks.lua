@@ -1,4 +1,4 @@
--- One rank of tests/fault_async_cross_spec.lua's death case, started with the
+-- One rank of tests/faults/fault_async_cross_spec.lua's death case, started with the
 -- plain per-rank environment (no weft-run, which would stop the others):
 --   luajit async_death_ranks.lua <victim>
 -- After a world barrier the victim kills itself (SIGKILL); the others wait in

@@ -1,4 +1,4 @@
--- One rank of tests/fault_async_cross_spec.lua's same-group cases, under
+-- One rank of tests/faults/fault_async_cross_spec.lua's same-group cases, under
 -- weft-run -n 4 (no weft.async.install):
 --   async_same_ranks.lua loop      200 x { async all_reduce (i64) on the world,
 --                                  blocking all_reduce on the world, wait };

@@ -1,4 +1,4 @@
--- One rank (tests/fault_bigcopy_spec.lua): a world all_reduce with an output
+-- One rank (tests/faults/fault_bigcopy_spec.lua): a world all_reduce with an output
 -- tensor of 2^31 + 64 bytes; prints the bytes at 0, 2^31 and the end.
 local weft = require "weft"
 local T = weft.tensor

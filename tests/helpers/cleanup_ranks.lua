@@ -1,4 +1,4 @@
--- Ranks for tests/fault_cleanup_spec.lua: a run that fails in one of several
+-- Ranks for tests/faults/fault_cleanup_spec.lua: a run that fails in one of several
 -- ways while rank 0 is creating a shared segment (its name exists in
 -- /dev/shm until every rank attached). Each rank writes its pid to
 -- <dir>/pid.<rank> first, so the spec can look for the names of its own run.

@@ -1,4 +1,4 @@
--- One rank of tests/cpugroup_spec.lua. Environment: RANK, WORLD_SIZE,
+-- One rank of tests/unit/cpugroup_spec.lua. Environment: RANK, WORLD_SIZE,
 -- MASTER_PORT; CPG_MODE=normal|absent; CPG_ABSENT="3,5" (ranks that never
 -- come, absent mode); CPG_TIMEOUT_MS (absent mode). Prints result lines; the
 -- last line is "OK rank N" on success. Exit status 0 only on success.

@@ -1,4 +1,4 @@
--- One rank of tests/fault_custom_groups_spec.lua (issue 24 item 8), under
+-- One rank of tests/faults/fault_custom_groups_spec.lua (issue 24 item 8), under
 -- weft-run: create_custom_group + barrier + destroy, <warm> times, then
 -- <cycles> times more; prints
 --   CYCLES keys <before> <after> rss_kb <before> <after> custom <n>

@@ -1,4 +1,4 @@
--- Ranks of tests/determ_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1, 2
+-- Ranks of tests/unit/determ_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1, 2
 -- ranks, WEFT_CUSTOM_AR_MAX_BYTES=1048576): deterministic mode's agreement
 -- (the group's first device call, policy.set with the group object, a local
 -- change after agreeing), its routing (the deterministic bit reaches every

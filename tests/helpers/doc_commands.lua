@@ -1,5 +1,5 @@
 -- The commands a markdown page tells its reader to type, for specs that run
--- them as written (tests/readme_commands_spec.lua).
+-- them as written (tests/unit/readme_commands_spec.lua).
 --
 -- The rule (so that whoever edits the page knows what gets run):
 --   * a line of a code block (fenced with ``` or ~~~ and tagged sh, bash,

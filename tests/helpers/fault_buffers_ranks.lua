@@ -1,4 +1,4 @@
--- One rank of tests/fault_buffers_spec.lua (2+ ranks through weft-run): freed
+-- One rank of tests/faults/fault_buffers_spec.lua (2+ ranks through weft-run): freed
 -- and in-use host buffers never reach a collective. A view (or narrow) of a
 -- freed tensor raises "storage was freed" on every entry point, blocking and
 -- async, and nothing is written into memory that was reused; freeing a view

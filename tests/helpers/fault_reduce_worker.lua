@@ -1,5 +1,5 @@
 -- One definition of every reduction on every host backend (run through
--- weft-run by tests/fault_reduce_spec.lua; WEFT_TEST_BACKEND=store forces the
+-- weft-run by tests/faults/fault_reduce_spec.lua; WEFT_TEST_BACKEND=store forces the
 -- store path, else shared memory). Prints "OK <name>" per passed check.
 --   exact   integers wrap (two's complement, u8 mod 256) whatever the JIT
 --           state: i32 2e9 + 2e9 - 2e9, i32 65536 * 65536, i64, u8

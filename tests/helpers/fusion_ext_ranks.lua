@@ -1,5 +1,5 @@
--- Ranks of tests/fusion_ext_spec.lua (host tensors, or a pretend GPU with
--- WEFT_FAKE_DEVICE=1) and tests/gpu_fusion_ext_spec.lua (the GPU, ranks
+-- Ranks of tests/unit/fusion_ext_spec.lua (host tensors, or a pretend GPU with
+-- WEFT_FAKE_DEVICE=1) and tests/gpu/gpu_fusion_ext_spec.lua (the GPU, ranks
 -- sharing it under MPS): every pattern of weft.fusion_ext against an f64
 -- reference computed here from every rank's inputs (each rank regenerates its
 -- peers' data from their seeds), random data, odd token counts, top_k 1/2/8,

@@ -1,4 +1,4 @@
--- One rank of tests/gpu_buffers_spec.lua (`scripts/weft-run -n 2
+-- One rank of tests/gpu/gpu_buffers_spec.lua (`scripts/weft-run -n 2
 -- tests/helpers/gpu_buffers_worker.lua`, one GPU per rank): the device side
 -- of freed and in-use buffers (issue 13 items 1-3). A view of freed device
 -- storage never reaches a collective; free() of a device tensor that a

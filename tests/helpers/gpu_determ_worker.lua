@@ -1,4 +1,4 @@
--- One rank of tests/gpu_determ_spec.lua: deterministic mode (docs/policy.md
+-- One rank of tests/gpu/gpu_determ_spec.lua: deterministic mode (docs/policy.md
 -- §10) at world W, ranks sharing one GPU under MPS:
 --   scripts/weft-mps -n W -- scripts/weft-run -n W tests/helpers/gpu_determ_worker.lua
 -- Random inputs (with ±0.0 columns); every comparison is BIT FOR BIT (memcmp

@@ -1,4 +1,4 @@
--- One rank of tests/gpu_group_spec.lua (`scripts/weft-run -n 2 tests/helpers/gpu_group_worker.lua`):
+-- One rank of tests/gpu/gpu_group_spec.lua (`scripts/weft-run -n 2 tests/helpers/gpu_group_worker.lua`):
 -- every device collective through the GroupCoordinator (policy -> NCCL, the
 -- custom all-reduce, the fused kernel, host staging) against the same
 -- collective on host tensors (the shm path, tested by group_spec) or an f64

@@ -1,4 +1,4 @@
--- One rank of tests/gpu_mismatch_spec.lua: ranks of one group make device
+-- One rank of tests/gpu/gpu_mismatch_spec.lua: ranks of one group make device
 -- calls that differ, and every rank must raise within a fraction of the
 -- timeout (WEFT_TIMEOUT_MS, 20 s in the spec), naming the other call; then
 -- weft.recover() and a right all_reduce. Run under MPS on one GPU:

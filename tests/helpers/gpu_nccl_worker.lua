@@ -1,4 +1,4 @@
--- One rank of the NCCL test (tests/gpu_nccl_spec.lua runs it as
+-- One rank of the NCCL test (tests/gpu/gpu_nccl_spec.lua runs it as
 -- `scripts/weft-run -n 2 tests/helpers/gpu_nccl_worker.lua`). Every collective runs
 -- on device buffers and is checked against a host reference computed from
 -- every rank's input (inputs are small integers, so sums are exact in every

@@ -1,4 +1,4 @@
--- One rank of tests/gpu_nodes_spec.lua: device collectives across two
+-- One rank of tests/gpu/gpu_nodes_spec.lua: device collectives across two
 -- simulated nodes (scripts/weft-sim-nodes -N 2 -n 1: a network namespace,
 -- hostname and /dev/shm per node). NCCL must run across the nodes over its
 -- socket transport (no P2P, no SHM between nodes), results exact against the

@@ -1,4 +1,4 @@
--- One rank of tests/gpu_quick_spec.lua: the quick all-reduce's kernel at
+-- One rank of tests/gpu/gpu_quick_spec.lua: the quick all-reduce's kernel at
 -- world W (ranks sharing the GPU under MPS: scripts/weft-mps -n W --
 -- scripts/weft-run -n W tests/helpers/gpu_quick_worker.lua). Every codec
 -- (fp, int8, int4, fp8), bf16 and f16, on normal data, outlier channels,

@@ -1,4 +1,4 @@
--- One rank of tests/gpu_shared_spec.lua: weft's own kernels at world W with
+-- One rank of tests/gpu/gpu_shared_spec.lua: weft's own kernels at world W with
 -- ranks sharing GPUs (shared-GPU test mode: WEFT_ALLOW_SHARED_GPU=1 under
 -- MPS, one SM slice per rank; scripts/weft-mps -n W -- scripts/weft-run -n W
 -- tests/helpers/gpu_shared_worker.lua). Checks the kernels' logic at every

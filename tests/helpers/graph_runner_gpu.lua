@@ -1,5 +1,5 @@
 -- Runs under scripts/weft-run -n 2 with one GPU per rank
--- (tests/gpu_graph_runner_spec.lua): weft.graph_runner over a TP group's
+-- (tests/gpu/gpu_graph_runner_spec.lua): weft.graph_runner over a TP group's
 -- device all_reduce and fused all-reduce + residual + RMSNorm, batch sizes
 -- {1, 2, 4, 8, 16}: replays against eager runs (padded sizes too), a
 -- divergent capture detected on both ranks, and the group usable afterwards.

@@ -1,4 +1,4 @@
--- Runs under scripts/weft-run -n 2 (tests/graph_runner_spec.lua): weft.graph_runner
+-- Runs under scripts/weft-run -n 2 (tests/unit/graph_runner_spec.lua): weft.graph_runner
 -- with the fake capture backend, the real world cpu group comparing captures.
 -- Prints "OK <name>" per check; any failed check raises (non-zero exit).
 local weft = require "weft"

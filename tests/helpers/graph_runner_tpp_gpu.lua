@@ -1,4 +1,4 @@
--- One rank of tests/gpu_graph_runner_spec.lua's TP 2 x PP 2 run (issue 37
+-- One rank of tests/gpu/gpu_graph_runner_spec.lua's TP 2 x PP 2 run (issue 37
 -- item 2): scripts/weft-run -n 4 tests/helpers/graph_runner_tpp_gpu.lua, one
 -- GPU per rank, or under scripts/weft-mps -n 4 with the ranks sharing the
 -- GPUs. weft.graph_runner with groups = {tp} and the default check group

@@ -1,4 +1,4 @@
--- Runs under scripts/weft-run -n 4 (tests/graph_runner_spec.lua): weft.graph_runner
+-- Runs under scripts/weft-run -n 4 (tests/unit/graph_runner_spec.lua): weft.graph_runner
 -- at TP 2 x PP 2 (issue 37 item 2) with the fake capture backend and the
 -- real host groups: the same step on every rank (a tp:all_reduce of the
 -- batch's rows), 16 sizes from 1 to 256, the default check group (the

@@ -1,4 +1,4 @@
--- One rank of tests/fault_bigcopy_spec.lua's host memory bound (issue 37
+-- One rank of tests/faults/fault_bigcopy_spec.lua's host memory bound (issue 37
 -- item 6), under weft-run -n 2: a u8 all_reduce of <MiB> MiB (the generic
 -- path: shm gathers, the reduction is local) and prints
 --   HOSTMEM <tensor bytes> <peak growth of the call in bytes> <result ok|bad>

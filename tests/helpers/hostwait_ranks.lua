@@ -1,4 +1,4 @@
--- One rank of tests/hostwait_spec.lua: the adaptive host wait's bounds and
+-- One rank of tests/unit/hostwait_spec.lua: the adaptive host wait's bounds and
 -- the Lua call path of a host all-reduce. HW_MODE:
 --   callpath   10^5 group:all_reduce calls allocate nothing per call and do
 --              not consult the policy table; the argument checks still refuse

@@ -1,4 +1,4 @@
--- One rank of tests/fault_liveness_spec.lua, started with the plain per-rank
+-- One rank of tests/faults/fault_liveness_spec.lua, started with the plain per-rank
 -- environment (RANK, WORLD_SIZE, MASTER_PORT...; no weft-run supervision):
 --   luajit liveness_rank.lua <scenario> <victim> <dir>
 -- The victim kills itself with SIGKILL (or stops itself with SIGSTOP) at the

@@ -1,4 +1,4 @@
--- One rank of tests/fault_mismatch_spec.lua (issue 36): a matrix of calls
+-- One rank of tests/faults/fault_mismatch_spec.lua (issue 36): a matrix of calls
 -- in which rank 1 differs from the others (dtype, op, count, shape, root,
 -- kind, an object that cannot be serialized). For each case every rank
 -- prints

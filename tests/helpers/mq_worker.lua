@@ -1,4 +1,4 @@
--- One rank of tests/mq_spec.lua (under scripts/weft-run, or started by
+-- One rank of tests/unit/mq_spec.lua (under scripts/weft-run, or started by
 -- helpers.store_util.run_ranks for the modes that kill a rank).
 -- Environment: RANK, WORLD_SIZE, MASTER_PORT; MQ_MODE (below); MQ_TIMEOUT_MS;
 -- MQ_CHUNK, MQ_CHUNKS (geometry, 0 = defaults); MQ_COUNT (messages).

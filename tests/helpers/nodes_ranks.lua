@@ -1,4 +1,4 @@
--- The rank side of tests/nodes_spec.lua and tests/fault_nodes_spec.lua: runs
+-- The rank side of tests/unit/nodes_spec.lua and tests/faults/fault_nodes_spec.lua: runs
 -- under scripts/weft-sim-nodes (each node a network + mount namespace with
 -- its own /dev/shm and hostname). Prints "OK <what>" per passed check and
 -- raises on the first failure (the rank exits non-zero).
@@ -320,7 +320,7 @@ end
 local function stall(victim)
   own_failure_only()
   local world = weft.init()
-  -- NODES_STALL_NUMEL: f32 elements per call (tests/fault_nodes_spec.lua picks the route with it)
+  -- NODES_STALL_NUMEL: f32 elements per call (tests/faults/fault_nodes_spec.lua picks the route with it)
   local x = T.ones({ tonumber(os.getenv("NODES_STALL_NUMEL")) or 65536 }, "f32")
   reduce_until_failure(world, x, function(i)
     if world.rank == victim and i == 5 then

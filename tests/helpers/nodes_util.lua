@@ -1,5 +1,5 @@
--- The spec side of the simulated-node tests (tests/nodes_spec.lua,
--- tests/fault_nodes_spec.lua): run scripts/weft-sim-nodes and read back what
+-- The spec side of the simulated-node tests (tests/unit/nodes_spec.lua,
+-- tests/faults/fault_nodes_spec.lua): run scripts/weft-sim-nodes and read back what
 -- the nodes printed. A run that cannot make namespaces (not root, no
 -- iproute2, no permission) exits 77: the spec marks itself pending.
 local P = require "helpers.procs"

@@ -1,4 +1,4 @@
--- One rank of tests/cpugroup_spec.lua's partition note (issue 37 item 8),
+-- One rank of tests/unit/cpugroup_spec.lua's partition note (issue 37 item 8),
 -- under weft-run -n 3: rank 2's host "stops acknowledging" (its store mark
 -- weft/rank/2/unreachable is set, as the store server sets it when the
 -- kernel gets no TCP acknowledgement from that host: docs/faults.md) and it

@@ -1,5 +1,5 @@
 -- Input data for the quick all-reduce's error-bound tests, shared by the
--- CPU spec (tests/quick_codec_spec.lua, against the CPU reference) and the
+-- CPU spec (tests/unit/quick_codec_spec.lua, against the CPU reference) and the
 -- GPU worker (tests/helpers/gpu_quick_worker.lua, against the kernel):
 -- every rank's values for a data class, deterministic from (class, dtype,
 -- world, n), as host tensors of the dtype (so the values are exactly what

@@ -1,4 +1,4 @@
--- Ranks of tests/quick_policy_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1,
+-- Ranks of tests/unit/quick_policy_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1,
 -- 2 ranks; the pretend kernel of the quick all-reduce is its CPU reference):
 -- the opt-in switch's agreement (first device call, policy.set with the
 -- group, a local change after agreeing), the routing by size from the

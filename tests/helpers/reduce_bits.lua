@@ -1,7 +1,7 @@
 -- Prints "HASH <n> <hash>" of weft_host_reduce's output over random bit
 -- patterns (NaNs, infinities, subnormals, ties included): every dtype and
 -- op, 1-5 sources, counts with and without vector tails. Run under
--- WEFT_NO_AVX512 / WEFT_NO_AVX2 by tests/reduce_kernels_spec.lua: every
+-- WEFT_NO_AVX512 / WEFT_NO_AVX2 by tests/unit/reduce_kernels_spec.lua: every
 -- kernel copy must give the same bits.
 local ffi = require "ffi"
 local C = require("weft.internal.ffi").C

@@ -1,4 +1,4 @@
--- Loads one weft module in this fresh process (tests/require_cycle_spec.lua:
+-- Loads one weft module in this fresh process (tests/unit/require_cycle_spec.lua:
 -- luajit -e "MOD='weft.x'" tests/helpers/require_probe.lua), watching every
 -- require of a weft module made while it loads. Prints:
 --   LOOP a > b > a   a require that came back to a module still loading (Lua

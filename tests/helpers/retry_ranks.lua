@@ -1,4 +1,4 @@
--- One rank of tests/fault_retry_spec.lua (issue 36), under weft-run:
+-- One rank of tests/faults/fault_retry_spec.lua (issue 36), under weft-run:
 --   luajit retry_ranks.lua <op> <group> <victims> <stops_ms> <nstops> [period]
 -- Every rank runs iterations of <op> on <group> ("world", "tp", "pp" of
 -- tp = 2 x pp = 2, or "custom": a custom group of ranks 0 and 1), each

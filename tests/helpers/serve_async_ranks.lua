@@ -1,4 +1,4 @@
--- Multi-rank checks of weft.async (run by tests/async_spec.lua under
+-- Multi-rank checks of weft.async (run by tests/unit/async_spec.lua under
 -- scripts/weft-run). Prints "OK <name>" per passed check; any failure raises,
 -- so the rank exits non-zero and weft-run fails.
 local ffi = require "ffi"

@@ -1,5 +1,5 @@
 -- GPU check of weft.async and the served engine (needs 2+ GPUs; run by
--- tests/async_spec.lua's #gpu test under scripts/weft-run): device
+-- tests/unit/async_spec.lua's #gpu test under scripts/weft-run): device
 -- all-reduces through NCCL on the progress worker, the engine of
 -- scripts/serve/ on device tensors checked against the reference, and the
 -- async-vs-blocking cost of a small device all-reduce (to $OUT when set).

@@ -1,5 +1,5 @@
--- The served demo as the serve specs run it (tests/serve_spec.lua,
--- tests/fault_serve_spec.lua): whether nginx with its Lua module is here
+-- The served demo as the serve specs run it (tests/unit/serve_spec.lua,
+-- tests/faults/fault_serve_spec.lua): whether nginx with its Lua module is here
 -- (scripts/serve/ensure-nginx installs it from Debian when running as root),
 -- and scripts/serve/start in its own session on a free loopback port, up
 -- once /health says ok, stopped with the whole session.

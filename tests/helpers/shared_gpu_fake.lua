@@ -1,4 +1,4 @@
--- One rank of tests/shared_gpu_spec.lua on the pretend GPU
+-- One rank of tests/unit/shared_gpu_spec.lua on the pretend GPU
 -- (tests/helpers/fake_device.lua, every rank on device 0): how the group
 -- decides about ranks that share a GPU. SHARED_ALLOW_RANKS (comma list) and
 -- SHARED_PCT set WEFT_ALLOW_SHARED_GPU=1 and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE

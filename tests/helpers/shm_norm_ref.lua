@@ -1,5 +1,5 @@
 -- Checks weft_host_rmsnorm (src/host/norm_host.c) against an f64 reference written
--- here in Lua. Used by tests/norm_host_spec.lua in-process and, through
+-- here in Lua. Used by tests/unit/norm_host_spec.lua in-process and, through
 -- `luajit tests/helpers/shm_norm_ref.lua` with WEFT_NO_AVX2=1, for the
 -- generic (SSE2) kernels in a child process (the kernel choice is made once
 -- per process).

@@ -1,4 +1,4 @@
--- One rank of tests/shm_spec.lua. Environment: RANK, WORLD_SIZE, MASTER_PORT,
+-- One rank of tests/unit/shm_spec.lua. Environment: RANK, WORLD_SIZE, MASTER_PORT,
 -- SHM_MODE = correct | mismatch | late | kill | absent | same_node | zerocopy, SHM_TIMEOUT_MS.
 -- Prints "FAIL ..." lines for failed checks, "<WHAT> ok=<bool> ms=<n> msg=<text>"
 -- lines for the failure scenarios, and "OK rank N checks=K" last on success.

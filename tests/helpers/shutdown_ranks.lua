@@ -1,4 +1,4 @@
--- One rank of tests/fault_shutdown_spec.lua (issue 24 item 6), 2 ranks under
+-- One rank of tests/faults/fault_shutdown_spec.lua (issue 24 item 6), 2 ranks under
 -- weft-run. Rank 0 is busy for the timeout + 0.6 s, then recovers; rank 1
 -- recovers at once, so its shutdown cannot see rank 0 close the store within
 -- the timeout; then it calls weft.init(), which must wait for rank 0's next

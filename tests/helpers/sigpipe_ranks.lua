@@ -1,4 +1,4 @@
--- Ranks of tests/fault_sigpipe_spec.lua (issue 24 item 5): a loop of Gloo
+-- Ranks of tests/faults/fault_sigpipe_spec.lua (issue 24 item 5): a loop of Gloo
 -- all-reduces of SIGPIPE_NUMEL f32; the last rank is stopped (SIGSTOP) past
 -- the timeout and then continued; the others fail at the timeout and exit
 -- at once without weft.shutdown (their sockets close under the stopped

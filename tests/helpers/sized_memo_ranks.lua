@@ -1,4 +1,4 @@
--- Ranks of tests/sized_memo_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1, 2
+-- Ranks of tests/unit/sized_memo_spec.lua on a pretend GPU (WEFT_FAKE_DEVICE=1, 2
 -- ranks): the eager device all_reduce's memo of the size-dependent choice
 -- (weft.backends.device_backends.sized_memo). After the first calls the rules are not
 -- walked again; every input the choice reads still steers each later call.

@@ -1,4 +1,4 @@
--- One rank of tests/fault_stale_spec.lua (issue 24 item 1), under weft-run:
+-- One rank of tests/faults/fault_stale_spec.lua (issue 24 item 1), under weft-run:
 --   luajit stale_ranks.lua <op> <victim> <stop_ms> <loop_ms>
 -- Every rank runs a loop of <op> that verifies each result exactly and, on
 -- an error, sleeps 100 ms and retries the same call (as a serving loop

@@ -1,4 +1,4 @@
--- Helper processes for tests/fault_store_spec.lua (always started under `timeout`;
+-- Helper processes for tests/faults/fault_store_spec.lua (always started under `timeout`;
 -- loopback only).
 --   store_fault.lua serve PORT HOLD_MS        a server (secret from WEFT_STORE_SECRET); prints
 --                                            "SERVING <port> nofile <soft> <hard>"; exits when

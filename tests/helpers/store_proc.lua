@@ -1,4 +1,4 @@
--- Helper process for tests/store_spec.lua (always started under `timeout`).
+-- Helper process for tests/unit/store_spec.lua (always started under `timeout`).
 --   store_proc.lua serve PORT DELAY_MS HOLD_MS   start a server after DELAY_MS; exit when
 --                                               key "done" is set or after HOLD_MS
 --   store_proc.lua vanish PORT AFTER_MS          serve, then exit without closing after AFTER_MS

@@ -1,4 +1,4 @@
--- A simulated GPU machine for scripts/weft-tune on the CPU (tests/tune_spec.lua):
+-- A simulated GPU machine for scripts/weft-tune on the CPU (tests/unit/tune_spec.lua):
 -- runs under scripts/weft-run -n 2, replaces weft.cuda, weft.nccl, weft.graph
 -- and the device entry points of libweft (weft_ar_*, weft_fusion_*,
 -- weft_cuda_*) with host fakes, then runs the real script with its real

@@ -1,13 +1,13 @@
 -- weft.internal.settings — every WEFT_* environment variable weft reads, in one table.
 --
 -- The table is the source of docs/environment.md (scripts/gen-environment
--- writes it; tests/settings_spec.lua checks the committed file equals it) and
+-- writes it; tests/unit/settings_spec.lua checks the committed file equals it) and
 -- of the check weft.init() runs on every rank (M.check_environment):
 --   * a variable set to a value its entry does not allow raises
 --     `weft: init: WEFT_X="v" is not allowed: <what is>`;
 --   * a WEFT_* name no entry has is reported once per job (rank 0, once per
 --     process) on stderr, with the closest known name.
--- tests/settings_spec.lua also checks the table against the code: every
+-- tests/unit/settings_spec.lua also checks the table against the code: every
 -- WEFT_* name the code reads from the environment has an entry, and every
 -- entry's `read` files mention its name.
 --
@@ -248,16 +248,16 @@ M.list = {
     "1: the specs' pretend GPU (tests/helpers/fake_device.lua)"),
   S("WEFT_NCCL_TEST_STALL", "unset", "test", { "src/coll/nccl.c" },
     "init:<ms> or split:<ms>: this rank sleeps before that phase of NCCL create (docs/gpu-runtime.md)"),
-  S("WEFT_AR_BENCH", "unset", "test", { "tests/gpu_allreduce_spec.lua" }, "the all-reduce harness's run, shared"),
-  S("WEFT_FUSED_BENCH", "unset", "test", { "tests/gpu_fusion_spec.lua" }, "the fused harness's run, shared"),
+  S("WEFT_AR_BENCH", "unset", "test", { "tests/gpu/gpu_allreduce_spec.lua" }, "the all-reduce harness's run, shared"),
+  S("WEFT_FUSED_BENCH", "unset", "test", { "tests/gpu/gpu_fusion_spec.lua" }, "the fused harness's run, shared"),
   S("WEFT_DETERM_ROWS", "8192", "test", { "tests/helpers/gpu_determ_worker.lua" }, "rows of the determinism worker"),
   S("WEFT_QUICK_ENV_ONLY", "unset", "test", { "tests/helpers/quick_ranks.lua" }, "quick policy worker mode"),
   S("WEFT_MISMATCH_CASES", "unset", "test", { "tests/helpers/gpu_mismatch_worker.lua" },
     "comma-separated cases the device mismatch spec's worker runs (all when unset)"),
   S("WEFT_QUICK_KILL", "unset", "test", { "tests/helpers/gpu_quick_worker.lua" }, "the rank a quick spec kills"),
-  S("WEFT_QUICK_NO_KILL", "unset", "test", { "tests/gpu_quick_spec.lua" }, "1 skips the quick spec's kill test"),
-  S("WEFT_QUICK_WORLDS", "2 4 6 8", "test", { "tests/gpu_quick_spec.lua" }, "worlds of the quick GPU spec"),
-  S("WEFT_QUICK_SNR", "unset", "test", { "tests/quick_codec_spec.lua" }, "set: print the codecs' SNR table"),
+  S("WEFT_QUICK_NO_KILL", "unset", "test", { "tests/gpu/gpu_quick_spec.lua" }, "1 skips the quick spec's kill test"),
+  S("WEFT_QUICK_WORLDS", "2 4 6 8", "test", { "tests/gpu/gpu_quick_spec.lua" }, "worlds of the quick GPU spec"),
+  S("WEFT_QUICK_SNR", "unset", "test", { "tests/unit/quick_codec_spec.lua" }, "set: print the codecs' SNR table"),
   S("WEFT_SHARED_KILL", "unset", "test", { "tests/helpers/gpu_shared_worker.lua" }, "the rank a shared-GPU spec kills"),
   S("WEFT_ROOT", ".", "test", { "tests/helpers/serve_gpu_ranks.lua" }, "the repository, for a spec's ranks"),
 }
@@ -408,7 +408,7 @@ function M.markdown()
     "",
     "Every `WEFT_*` variable weft, its tools and its tests read. The table lives in",
     "[`lua/weft/internal/settings.lua`](../lua/weft/internal/settings.lua); this page is generated from it",
-    "(`scripts/gen-environment > docs/environment.md`) and `tests/settings_spec.lua` checks",
+    "(`scripts/gen-environment > docs/environment.md`) and `tests/unit/settings_spec.lua` checks",
     "that the two agree and that every `WEFT_*` name the code reads has an entry.",
     "",
     "`weft.init()` checks every `WEFT_*` variable set, on every rank: a value the table",

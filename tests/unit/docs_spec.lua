@@ -4,7 +4,7 @@
 -- file that exists; docs/*.md the reference of what they name, the history of
 -- how a figure was reached beside the results (bench/results/*-notes-*.md);
 -- every link between them resolves. The README's commands and the guide's
--- snippets are run by tests/readme_commands_spec.lua and tests/guide_spec.lua.
+-- snippets are run by tests/unit/readme_commands_spec.lua and tests/unit/guide_spec.lua.
 local ROOT = os.getenv("PWD") or "."
 
 local function read(path)

@@ -1,6 +1,6 @@
 -- scripts/serve/serve_json.lua without nginx: lua-cjson under the served
 -- demo's limits on untrusted input (size, depth, number forms) and the error
--- words the demo's 400 replies carry (tests/serve_spec.lua checks them over
+-- words the demo's 400 replies carry (tests/unit/serve_spec.lua checks them over
 -- HTTP where nginx is installed).
 local ROOT = os.getenv("PWD") or "."
 package.path = ROOT .. "/scripts/serve/?.lua;" .. ROOT .. "/tests/?.lua;" .. package.path

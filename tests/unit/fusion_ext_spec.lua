@@ -4,7 +4,7 @@
 -- every GroupCoordinator method against an f64 reference on 1-4 ranks with
 -- host tensors and on 2 and 4 ranks over a pretend GPU
 -- (tests/helpers/fusion_ext_ranks.lua; the GPU itself:
--- tests/gpu_fusion_ext_spec.lua).
+-- tests/gpu/gpu_fusion_ext_spec.lua).
 local ffi = require "ffi"
 local weft = require "weft"
 local wffi = require "weft.internal.ffi"
@@ -144,7 +144,7 @@ describe("every pattern against f64", function()
                   .. "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), 4, 14)
   end)
   -- a peer that never arrives at the fused calls (the rehearsal of
-  -- tests/gpu_fusion_ext_spec.lua's fault runs): every other rank fails
+  -- tests/gpu/gpu_fusion_ext_spec.lua's fault runs): every other rank fails
   -- within the timeout naming the group, the method and the late rank
   local FAULT_ENV = "WEFT_FAKE_DEVICE=1 FX_DEVICE=1 WEFT_ALLOW_SHARED_GPU=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "
   local function survivors_named(out, n, victim)

@@ -123,7 +123,7 @@ end)
 -- pass (mask, u8 max of the mask, NCCL max/min, fix-up) restores torch's
 -- rule. The pretend GPU (tests/helpers/fake_device.lua) reduces as NCCL does,
 -- so without the pass these checks fail; 2 real GPUs run the same checks in
--- tests/gpu_group_spec.lua (nan_max_min) and the kernels in gpu_cuda_spec.lua.
+-- tests/gpu/gpu_group_spec.lua (nan_max_min) and the kernels in gpu_cuda_spec.lua.
 describe("device max/min propagate NaN on a pretend GPU (2 ranks) #fault", function()
   local out
   local function run_once()

@@ -101,7 +101,7 @@ end)
 -- blocking in the read (wf_wait_spin_on): never a yield, stops once the
 -- thread lost its CPU, adapts within its bounds (tests/c/wait_spin_test.c).
 -- Its bounds across nodes (a stalled rank fails the others at the timeout,
--- a killed one is named) are in tests/fault_nodes_spec.lua.
+-- a killed one is named) are in tests/faults/fault_nodes_spec.lua.
 describe("the Gloo small path's socket spin (tests/c/wait_spin_test.c)", function()
   local run_c = spec.c_test("wait_spin_test", 60)
   it("passes every check", function()

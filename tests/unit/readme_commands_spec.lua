@@ -26,10 +26,10 @@ local SKIP = {
   { "^scripts/bench$", "GPU benchmark" },
   { "^scripts/bench%-", "benchmark: minutes on a busy machine (results under bench/results/)" },
   { "^scripts/fetch%-gpu%-deps", "downloads packages for a GPU machine" },
-  { "^scripts/weft%-repl", "interactive (tests/repl_spec.lua drives it through tmux)" },
-  { "%-%-repl", "interactive (tests/repl_spec.lua drives it through tmux)" },
+  { "^scripts/weft%-repl", "interactive (tests/unit/repl_spec.lua drives it through tmux)" },
+  { "%-%-repl", "interactive (tests/unit/repl_spec.lua drives it through tmux)" },
   { "^make serve%-deps", "installs packages (root)" },
-  { "^scripts/weft%-sim%-nodes", "needs root and network namespaces (tests/nodes_spec.lua runs it)" },
+  { "^scripts/weft%-sim%-nodes", "needs root and network namespaces (tests/unit/nodes_spec.lua runs it)" },
   { "^make install", "installs outside the tree (covered by its own test)" },
   { "^make uninstall", "removes an installation" },
 }

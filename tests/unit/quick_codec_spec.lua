@@ -1,5 +1,5 @@
 -- The quick all-reduce's codec on the CPU: its reference (weft_qr_reference,
--- the kernel's exact operations; tests/gpu_quick_spec.lua holds the kernel to
+-- the kernel's exact operations; tests/gpu/gpu_quick_spec.lua holds the kernel to
 -- it bit for bit) against an f64 reference, element by element, within the
 -- bound docs/quick-allreduce.md states, at worlds 2/4/6/8, bf16 and f16, on
 -- normal data, outlier channels (50-100x), all-zero blocks, subnormals and
@@ -184,7 +184,7 @@ describe("quick all-reduce codec (CPU reference)", function()
 end)
 
 -- The fused quick two-shot's reference (weft_qr_fused_reference; the GPU
--- kernel is held to its residual_out bit for bit by tests/gpu_quick_spec.lua):
+-- kernel is held to its residual_out bit for bit by tests/gpu/gpu_quick_spec.lua):
 -- blocks from each row's start; the all-reduced value equals the quick
 -- all-reduce's when rows are a multiple of 32; residual_out and norm_out
 -- within weft.quick.fused_bounds of the f64 computation.

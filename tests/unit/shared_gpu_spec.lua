@@ -1,7 +1,7 @@
 -- Shared-GPU test mode (WEFT_ALLOW_SHARED_GPU=1, lua/weft/backends/device_backends/setup.lua)
 -- decided on the pretend GPU (every rank on device 0): off by default, one
 -- switch for the whole group, weft's kernels only with an MPS slice per rank,
--- never NCCL. The kernels themselves run in tests/gpu_shared_spec.lua.
+-- never NCCL. The kernels themselves run in tests/gpu/gpu_shared_spec.lua.
 local spec = require "helpers.spec_util"
 
 local function run(n, env)

@@ -6,7 +6,7 @@
 -- real ranks over a pretend GPU: tests/helpers/determ_ranks.lua), and the
 -- GPU worker itself rehearsed on the pretend GPU
 -- (tests/helpers/gpu_determ_worker.lua, WEFT_FAKE_DEVICE=1). The bits
--- themselves need the GPU: tests/gpu_determ_spec.lua.
+-- themselves need the GPU: tests/gpu/gpu_determ_spec.lua.
 local weft = require "weft"
 local spec = require "helpers.spec_util"
 local policy = require "weft.policy"

@@ -6,7 +6,7 @@
 -- respawn, the new worker says at once why it cannot serve (503, the reason
 -- names the restart), the worker ranks notice that rank 0 is gone and stop,
 -- and nothing is left in /dev/shm. Real nginx on loopback, as in
--- tests/serve_spec.lua (pending without nginx + its Lua module, failing so
+-- tests/unit/serve_spec.lua (pending without nginx + its Lua module, failing so
 -- under CI=true).
 local ROOT = os.getenv("PWD") or "."
 package.path = ROOT .. "/scripts/serve/?.lua;" .. ROOT .. "/tests/?.lua;" .. package.path

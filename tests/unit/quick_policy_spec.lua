@@ -4,7 +4,7 @@
 -- device-state stand-in, and on 2 real ranks over a pretend GPU
 -- (tests/helpers/quick_ranks.lua): agreement, refusals, deterministic mode,
 -- weft.async and graphs; then the GPU worker rehearsed on the pretend GPU.
--- The kernel itself needs the GPU: tests/gpu_quick_spec.lua.
+-- The kernel itself needs the GPU: tests/gpu/gpu_quick_spec.lua.
 local weft = require "weft"
 local spec = require "helpers.spec_util"
 local policy = require "weft.policy"
