@@ -1,6 +1,6 @@
 -- weft.tune — the pure half of scripts/weft-tune: what to measure, how
 -- measurements become a policy file, and how a before/after comparison is
--- judged. No GPU, no FFI: tested on the CPU (tests/tune_spec.lua).
+-- judged. No GPU, no FFI: tested on the CPU (tests/unit/tune_spec.lua).
 --
 --   tune.ar_sizes(quick) / tune.fused_shapes(quick)      what is measured
 --   tune.summarize(samples) -> median, spread             one point's rounds
