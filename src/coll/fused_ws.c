@@ -73,19 +73,24 @@ int wf_fws_choose(const wf_fws *w, int asked, int64_t tokens, int64_t hidden, in
   return 0;
 }
 
+/* create's checks before anything is allocated: the group's facts (gi), the options */
+static int create_checks(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, wf_fws **out,
+                         wf_dc_group *gi) {
+  char verb[64];
+  snprintf(verb, sizeof verb, "%s create", fam->what);
+  WF_CHECK_ARG(out, "%s: NULL out-parameter", verb);
+  *out = NULL;
+  int rc = wf_dc_group_info(g, verb, gi);
+  return rc ? rc : fam->check_opts(opts, gi->n, gi->op);
+}
+
 #if !WEFT_HAVE_CUDA
 
 int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, size_t size,
                   wf_fws **out) {
   (void)size;
-  char verb[64];
-  snprintf(verb, sizeof verb, "%s create", fam->what);
-  WF_CHECK_ARG(out, "%s: NULL out-parameter", verb);
-  *out = NULL;
   wf_dc_group gi;
-  int rc = wf_dc_group_info(g, verb, &gi);
-  if (rc) return rc;
-  rc = fam->check_opts(opts, gi.n, gi.op);
+  const int rc = create_checks(fam, g, opts, out, &gi);
   return rc ? rc : wf_dc_nodev(gi.op);
 }
 void wf_fws_destroy(wf_fws *w) { (void)w; }
@@ -117,17 +122,11 @@ static int init_workspace(wf_fws *w, const char *op) {
 
 int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, size_t size,
                   wf_fws **out) {
-  char verb[64];
-  snprintf(verb, sizeof verb, "%s create", fam->what);
-  WF_CHECK_ARG(out, "%s: NULL out-parameter", verb);
-  *out = NULL;
   wf_dc_group gi;
-  int rc = wf_dc_group_info(g, verb, &gi);
+  int rc = create_checks(fam, g, opts, out, &gi);
   if (rc) return rc;
   const char *op = gi.op;
   const int n = gi.n;
-  rc = fam->check_opts(opts, n, op);
-  if (rc) return rc;
   _Static_assert(WF_MAX_WORLD <= WF_DC_MAX_WORLD, "devcoll holds every rank");
 
   wf_fws *w = calloc(1, size);
