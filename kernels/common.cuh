@@ -9,7 +9,7 @@
  * each rank POLLS only its own, local copy: a wait never crosses the link.
  *
  * Epoch.  A call's epoch E lives in device memory (never a host scalar baked
- * into a CUDA graph), one copy per block slot: epoch[0..WF_MAX_BLOCKS).
+ * into a CUDA graph), one copy per block slot: epoch[0..WF_MAX_GRID).
  * Block b reads epoch[b] at entry; at exit (after a __syncthreads that
  * follows every read) block b writes E+1 into epoch[b], epoch[b+G],
  * epoch[b+2G], ... (G = gridDim.x).  Each slot has exactly one writer per
@@ -74,7 +74,6 @@ extern "C" {
 #include "coll/agree.h"
 }
 
-#define WF_MAX_BLOCKS WF_MAX_GRID /* epoch slots / flag rows per workspace (src/coll/limits.h) */
 
 namespace wf {
 
@@ -428,7 +427,7 @@ __device__ __forceinline__ void agree_announce(const wf_agree &g) {
  * threads x 31 ns and make the peer just as late next call, a self-feeding
  * slow state (measured 2026-11-30, see kernels/fused_norm.cu wait_until).  So
  * only thread 0 of a block reads it, after kHostAfterNs and then at most once
- * per kHostAfterNs: the worst burst (WF_MAX_BLOCKS x 31 ns = 32 us) is shorter
+ * per kHostAfterNs: the worst burst (WF_MAX_GRID x 31 ns = 32 us) is shorter
  * than the wait that allows it.  An abort seen there is written to the
  * device error word, which every other waiting thread polls cheaply.
  * Returns SPIN_OK, or the failure after reporting it (peer/site/epoch name
@@ -567,7 +566,7 @@ constexpr uint32_t kEpochWrap = 3u << 30;
  * (mod kEpochWrap). */
 __device__ __forceinline__ void epoch_advance(uint32_t *epochs, uint32_t e) {
   const uint32_t next = e + 1u == kEpochWrap ? 0u : e + 1u;
-  for (uint32_t i = blockIdx.x + threadIdx.x * gridDim.x; i < WF_MAX_BLOCKS;
+  for (uint32_t i = blockIdx.x + threadIdx.x * gridDim.x; i < WF_MAX_GRID;
        i += blockDim.x * gridDim.x)
     epochs[i] = next;
 }

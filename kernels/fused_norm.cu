@@ -176,7 +176,7 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
       if (room < 1) { if (force) break; continue; }
       if (force == 0 && room < a->tokens) continue;
       long q = a->tokens < room ? a->tokens : room;
-      if (q > WF_MAX_BLOCKS / c) q = WF_MAX_BLOCKS / c;
+      if (q > WF_MAX_GRID / c) q = WF_MAX_GRID / c;
       C = c;
       sh->blocks = (int)q * c;
       break;
@@ -189,7 +189,7 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
     const int work = algo == WF_FUSED_ONESHOT ? a->tokens : (a->tokens + a->world - 1) / a->world;
     long g = (long)sms * bps;
     if (g > work) g = work;
-    if (g > WF_MAX_BLOCKS) g = WF_MAX_BLOCKS;
+    if (g > WF_MAX_GRID) g = WF_MAX_GRID;
     if (g < 1) g = 1;
     sh->blocks = (int)g;
   }

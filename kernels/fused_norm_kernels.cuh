@@ -115,7 +115,7 @@
 namespace {
 
 using namespace wf;
-static_assert(WF_FUSED_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots / flag rows disagree");
+static_assert(WF_MAX_GRID == WF_MAX_GRID, "epoch slots / flag rows disagree");
 
 /* Elements per 16-byte vector; threads per block at most MAXT (f32 gets 512
  * so that its 128-register budget holds a 16384-wide row without spills;
@@ -213,7 +213,7 @@ template <typename T> __device__ __forceinline__ void round_sum(float (&f)[Geo<T
  * replays ended. The one-shot waits in every thread, so it is exposed most.
  * Here the host word is read by at most one thread per block per
  * kHostEveryNs, and only after kHostAfterNs: the worst read burst
- * (WF_MAX_BLOCKS x 31 ns = 32 us) is shorter than the wait that allows it, so
+ * (WF_MAX_GRID x 31 ns = 32 us) is shorter than the wait that allows it, so
  * a late peer costs its lateness once and never feeds itself. The deadline
  * (%globaltimer) and the device error word stay per thread (cheap). */
 constexpr uint64_t kNapAfterNs = 20000;    /* then nap between polls (up to kNapMaxNs) */
@@ -668,7 +668,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   /* flags[par][phase][block][sender] in the receiver's workspace */
   auto flag = [&](const void *base, int phase, int sender) {
     return (uint64_t *)((char *)base + a.off_flags) +
-           (((size_t)(par * 2 + phase) * WF_MAX_BLOCKS + blockIdx.x) * 8 + sender);
+           (((size_t)(par * 2 + phase) * WF_MAX_GRID + blockIdx.x) * 8 + sender);
   };
 
   /* 1. reduce-scatter push: my rows of range p into p's RS inbox slot [rank] */

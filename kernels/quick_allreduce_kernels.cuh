@@ -47,7 +47,7 @@ struct QArgs {
   uint64_t nvec;
   int tail;
   int rank;
-  char *ws[WF_AR_MAX_WORLD];
+  char *ws[WF_MAX_WORLD];
   uint64_t off_data, data_par;
   SpinEnv env;
 };
@@ -278,7 +278,7 @@ int grid_for(const wf_ar_args *a, uint64_t nvec, KF kernel, int *occ) {
   uint64_t g = a->grid > 0 ? (uint64_t)a->grid : balanced(wf_qr_chunks(nvec, a->world), cap);
   if (g > cap) g = cap;
   if (g < 1) g = 1;
-  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
+  if (g > WF_MAX_GRID) g = WF_MAX_GRID;
   return (int)g;
 }
 
@@ -340,7 +340,7 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
   k.nvec = wf_ar_nvec(a->count, 2);
   k.tail = (int)((a->count * 2) % 16) / 2;
   k.rank = a->rank;
-  for (int i = 0; i < WF_AR_MAX_WORLD; i++) k.ws[i] = a->ws[i];
+  for (int i = 0; i < WF_MAX_WORLD; i++) k.ws[i] = a->ws[i];
   k.off_data = a->off_data;
   k.data_par = a->data_par;
   k.env.abort_host = a->abort_host;

@@ -107,7 +107,7 @@ void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int 
   snprintf(d->group, sizeof d->group, "%s", gi->name);
   d->n = gi->n;
   d->me = gi->me;
-  for (int i = 0; i < gi->n && i < WF_DC_MAX_WORLD; i++) d->ranks[i] = gi->ranks[i];
+  for (int i = 0; i < gi->n && i < WF_MAX_WORLD; i++) d->ranks[i] = gi->ranks[i];
   d->timeout_ms = timeout_ms;
 }
 
@@ -180,7 +180,7 @@ int wf_dc_agree_init(wf_dc *d, uint64_t off, cudaStream_t s) {
   /* WEFT_DEVICE_AGREE=0: no announcements (to measure what they cost, and
    * to show what the checks find without them); the area stays zero */
   if (wf_env_long("WEFT_DEVICE_AGREE", 1) == 0) return 0;
-  uint64_t rows[WF_AGREE_MAX_WORLD] = {0};
+  uint64_t rows[WF_MAX_WORLD] = {0};
   for (int i = 0; i < d->n; i++) rows[i] = (uint64_t)(uintptr_t)((char *)wf_dc_peer(d, i) + off);
   wf_agree_area *mine = (wf_agree_area *)(uintptr_t)rows[d->me];
   cudaError_t e = cudaMemcpyAsync(mine->peer_row, rows, sizeof rows, cudaMemcpyHostToDevice, s);

@@ -127,7 +127,6 @@ int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_
   if (rc) return rc;
   const char *op = gi.op;
   const int n = gi.n;
-  _Static_assert(WF_MAX_WORLD <= WF_DC_MAX_WORLD, "devcoll holds every rank");
 
   wf_fws *w = calloc(1, size);
   if (!w) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);

@@ -36,7 +36,7 @@ static layout layout_of(const weft_fusion_opts *o, int world) {
   const int64_t inbox = align_up((int64_t)world * rows_per * row, 4096);
   l.off_state = 0;
   l.off_flags = align_up((int64_t)sizeof(wf_fused_state), 4096);
-  l.off_rs = align_up(l.off_flags + 2 * 2 * WF_FUSED_MAX_BLOCKS * 8 * 8, 4096);
+  l.off_rs = align_up(l.off_flags + 2 * 2 * WF_MAX_GRID * 8 * 8, 4096);
   l.off_ag = l.off_rs + inbox;
   l.off_lamport = l.off_ag + inbox;
   l.lamport_buf = align_up((int64_t)world * wf_fws_os_tokens(o) * row, 4096);
@@ -47,8 +47,8 @@ static int64_t layout_bytes(const weft_fusion_opts *o, int world) { return layou
 
 static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
   WF_CHECK_ARG(o, "%s: NULL options", op);
-  WF_CHECK_ARG(world >= 2 && world <= WF_FUSED_MAX_WORLD,
-               "%s: world size %d not supported (2..%d)", op, world, WF_FUSED_MAX_WORLD);
+  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD,
+               "%s: world size %d not supported (2..%d)", op, world, WF_MAX_WORLD);
   WF_CHECK_ARG(esize(o->dtype), "%s: dtype %s (%d) not supported (f32, f16, bf16)", op,
                dtype_name(o->dtype), o->dtype);
   WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WF_FUSED_MAX_HIDDEN && o->hidden % 8 == 0,

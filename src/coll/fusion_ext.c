@@ -31,7 +31,7 @@ static layout layout_of(const weft_fusion_opts *o, int world) {
   l.os_slot = wf_fws_os_tokens(o) * row;
   l.rs_slot = rows_per * row;
   l.off_flags = align_up((int64_t)sizeof(wfx_state), 4096);
-  l.off_os = align_up(l.off_flags + 2 * 2 * WFX_MAX_BLOCKS * 8 * 8, 4096);
+  l.off_os = align_up(l.off_flags + 2 * 2 * WF_MAX_GRID * 8 * 8, 4096);
   l.off_rs = l.off_os + align_up(2 * (int64_t)world * l.os_slot, 4096);
   l.off_ag = l.off_rs + align_up(2 * (int64_t)world * l.rs_slot, 4096);
   l.total = l.off_ag + align_up(2 * (int64_t)world * l.rs_slot, 4096);
@@ -41,8 +41,8 @@ static int64_t layout_bytes(const weft_fusion_opts *o, int world) { return layou
 
 static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
   WF_CHECK_ARG(o, "%s: NULL options", op);
-  WF_CHECK_ARG(world >= 2 && world <= WFX_MAX_WORLD, "%s: world size %d not supported (2..%d)", op,
-               world, WFX_MAX_WORLD);
+  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD, "%s: world size %d not supported (2..%d)", op,
+               world, WF_MAX_WORLD);
   WF_CHECK_ARG(o->dtype == WEFT_BF16 || o->dtype == WEFT_F16,
                "%s: dtype %s (%d) not supported (bf16, f16)", op, dtype_name(o->dtype), o->dtype);
   WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WFX_MAX_HIDDEN && o->hidden % 8 == 0,
