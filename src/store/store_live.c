@@ -520,3 +520,5 @@ int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int
     return wf_error(WEFT_ECLOSED, "store gone_ranks: %s", d.store_why);
   return 0;
 }
+
+int wf_store_live_registered(weft_store *s) { return s && s->live_rank >= 0; }
