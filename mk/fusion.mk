@@ -7,6 +7,9 @@
 # The harness links the library's objects (not libweft.so), so it shares the
 # library's one static CUDA runtime.
 FUSED_BENCH := $(BUILD)/fused_bench
+# the parts bench/fused_bench.cu includes (one translation unit)
+FUSED_BENCH_PARTS := $(addprefix bench/fused_,reference.inc.cu tests.inc.cu timing.inc.cu sweep.inc.cu \
+                       skew.inc.cu results.inc.cu)
 
 # the fused_norm*.cu include src/coll/fusion_internal.h and the kernels'
 # header, which the generic rule does not list (-MMD does, after a first build)
@@ -17,7 +20,7 @@ $(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(FUSED_NORM_SRCS)): src/coll/fusion
 fused-bench: $(FUSED_BENCH)
 
 ifeq ($(WEFT_CUDA),1)
-$(FUSED_BENCH): bench/fused_bench.cu bench/machine_tag.h $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
+$(FUSED_BENCH): bench/fused_bench.cu $(FUSED_BENCH_PARTS) bench/machine_tag.h $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -Xcompiler -pthread -o $@ bench/fused_bench.cu $(C_OBJS) $(CU_OBJS) $(BUILD)/obj/cdef.o \

@@ -19,7 +19,7 @@
  * gone: those waits end at the timeout, bounded as a whole (s->cap: never a
  * timeout per request), and the server marks the ranks whose host stopped
  * acknowledging its keepalive probes "weft/rank/<R>/unreachable"
- * (store_server.c), which the diagnosis below names. */
+ * (store_server_live.c), which the diagnosis below names. */
 #include "core/futex.h"
 #include "store_share.h"
 #include "store_internal.h"
