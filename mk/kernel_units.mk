@@ -43,11 +43,16 @@ kernel_unit_text = /* $(1).cu: written by the build from mk/kernel_units.mk (do 
   $(wordlist 2,$(words $(kernel_unit.$(1))),$(kernel_unit.$(1)))
 
 write_file = $(shell mkdir -p $(dir $(1)))$(file >$(1),$(2))
+space := $(subst ,, )
+# say's GEN line, printed by make itself (not under -s)
+say_gen = $(if $(filter @,$(value say)),,$(info $(space)$(space)GEN     $(1)))
 
 # Checked on every run, rewritten only when its text changes (as $(BUILD)/flags),
-# so that an edited line recompiles its unit alone.
+# so that an edited line recompiles its unit alone. The recipe runs no command
+# (it expands to nothing), so make starts no job for it and goes on at once to
+# the unit's compile: the units, the long poles, still start first under -j.
 $(KERNEL_UNIT_SRCS): $(BUILD)/gen/kernels/%.cu: FORCE
-	@$(if $(call same,$(file <$@),$(call kernel_unit_text,$*)),:,$(call write_file,$@,$(call kernel_unit_text,$*))$(call say,GEN,$@):)
+	$(if $(call same,$(file <$@),$(call kernel_unit_text,$*)),,$(call write_file,$@,$(call kernel_unit_text,$*))$(call say_gen,$@))
 
 $(KERNEL_UNIT_OBJS): $(BUILD)/obj/%.cu.o: $(BUILD)/gen/kernels/%.cu $(BUILD)/flags
 	@mkdir -p $(dir $@)
