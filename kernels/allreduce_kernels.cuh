@@ -22,10 +22,10 @@
  * the input buffer work.  In-place (in == out) is allowed: every element is
  * read before it is written, by the same thread.
  *
- * This header holds the kernels and their launch templates; each of
- * kernels/allreduce_<dtype>.cu instantiates those of one dtype and exports
- * its launch function, so that nvcc compiles them in parallel;
- * kernels/allreduce.cu keeps the entry points. */
+ * This header holds the kernels and their launch templates; the build writes
+ * one translation unit per dtype (mk/kernel_units.mk: WF_AR_UNIT below) that
+ * instantiates those of one dtype and exports its launch function, so that
+ * nvcc compiles them in parallel; kernels/allreduce.cu keeps the entry points. */
 #pragma once
 #include "ar_layout.cuh"
 #include "common.cuh"
@@ -593,9 +593,15 @@ int ar_launch_t(const wf_ar_args *a, void *stream, int *grid, int *threads, bool
 
 }  // namespace
 
-/* defined in kernels/allreduce_<dtype>.cu: ar_launch_t of that dtype */
+/* ar_launch_t of one dtype: each defined by WF_AR_UNIT in a unit the build
+ * writes (mk/kernel_units.mk) */
 namespace wf_ar {
 int launch_bf16(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch);
 int launch_f16(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch);
 int launch_f32(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch);
 }  // namespace wf_ar
+
+#define WF_AR_UNIT(name, T)                                                                           \
+  int wf_ar::launch_##name(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch) { \
+    return ar_launch_t<T>(a, stream, grid, threads, launch);                                          \
+  }

@@ -1,7 +1,8 @@
 /* fused_norm.cu — the host side of the all-reduce fused with residual add +
  * RMSNorm (+ FP8 quant): the grid (geometry, occupancy), the launch and the
  * workspace's initialisation. The kernels, and how they work, are in
- * kernels/fused_norm_kernels.cuh, instantiated in kernels/fused_norm_<dtype>[_det][_<algo>[_w<lo>_<hi>]].cu. */
+ * kernels/fused_norm_kernels.cuh, instantiated per dtype and mode (f32: and
+ * algorithm and worlds) in units the build writes (mk/kernel_units.mk). */
 #include <cstdlib>
 #include <cstring>
 #include <mutex>

@@ -24,10 +24,11 @@
  * Also: the codec steps alone on one GPU (weft_qr_codec_step), for the
  * throughput benchmark and for checking them against the CPU reference.
  *
- * This header holds the kernels and their launch templates; each of
- * kernels/quick_allreduce_<dtype>.cu instantiates those of one dtype and
- * exports its launch and codec-step functions, so that nvcc compiles them
- * in parallel; kernels/quick_allreduce.cu keeps the entry points. */
+ * This header holds the kernels and their launch templates; the build writes
+ * one translation unit per dtype (mk/kernel_units.mk: WF_QR_UNIT below) that
+ * instantiates those of one dtype and exports its launch and codec-step
+ * functions, so that nvcc compiles them in parallel;
+ * kernels/quick_allreduce.cu keeps the entry points. */
 #pragma once
 #include "ar_layout.cuh"
 #include "quick_codec.cuh"
@@ -410,7 +411,8 @@ cudaError_t step_t(int step, int codec, int world, const void *in, void *wire, v
 
 }  // namespace
 
-/* defined in kernels/quick_allreduce_<dtype>.cu: q_launch_t and step_t of that dtype */
+/* q_launch_t and step_t of one dtype: each pair defined by WF_QR_UNIT in a
+ * unit the build writes (mk/kernel_units.mk) */
 namespace wf_qr {
 int launch_bf16(const wf_ar_args *a, void *stream, int *grid, bool launch);
 int launch_f16(const wf_ar_args *a, void *stream, int *grid, bool launch);
@@ -419,3 +421,12 @@ int step_bf16(int step, int codec, int world, const void *in, void *wire, void *
 int step_f16(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
              cudaStream_t s);
 }  // namespace wf_qr
+
+#define WF_QR_UNIT(name, T)                                                                                    \
+  int wf_qr::launch_##name(const wf_ar_args *a, void *stream, int *grid, bool launch) {                        \
+    return q_launch_t<T>(a, stream, grid, launch);                                                             \
+  }                                                                                                            \
+  int wf_qr::step_##name(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec, \
+                         int tail, cudaStream_t s) {                                                           \
+    return (int)step_t<T>(step, codec, world, in, wire, out, nvec, tail, s);                                   \
+  }

@@ -1,5 +1,6 @@
 # weft's own all-reduce (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu,
-# the kernels in kernels/allreduce_kernels.cuh, one file per dtype: allreduce_<dtype>.cu):
+# the kernels in kernels/allreduce_kernels.cuh, one unit per dtype written by the
+# build: allreduce_<dtype>, mk/kernel_units.mk):
 # the validate-then-benchmark harness, NCCL side by side (bench/ar_bench.cu).
 #   make ar-bench [BUILD=...]   builds $(BUILD)/ar_bench against $(LIB)
 #   scripts/gpu-ar              builds, runs 2 ranks on 2 GPUs, results in $OUT

@@ -1,6 +1,7 @@
 # Fused all-reduce + residual + RMSNorm (src/coll/fusion.c, kernels/fused_norm.cu:
 # the host side; the kernels: kernels/fused_norm_kernels.cuh, instantiated in
-# kernels/fused_norm_<dtype>[_det][_<algo>].cu, files that nvcc compiles in parallel):
+# the units fused_norm_<dtype>[_det][_<algo>] that the build writes from
+# mk/kernel_units.mk, files that nvcc compiles in parallel):
 #   make fused-bench      build $(BUILD)/fused_bench (validate-then-benchmark harness)
 #   make fusion-ptxas     compile the kernels with -Xptxas -v; fail on any spill
 #   make gpu-fusion       scripts/gpu-fusion: build, check and benchmark on 2 GPUs
@@ -13,8 +14,9 @@ FUSED_BENCH_PARTS := $(addprefix bench/fused_,reference.inc.cu tests.inc.cu timi
 
 # the fused_norm*.cu include src/coll/fusion_internal.h and the kernels'
 # header, which the generic rule does not list (-MMD does, after a first build)
-FUSED_NORM_SRCS := $(wildcard kernels/fused_norm*.cu)
-$(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(FUSED_NORM_SRCS)): src/coll/fusion_internal.h kernels/fused_norm_kernels.cuh
+FUSED_NORM_UNITS := $(filter $(BUILD)/gen/kernels/fused_norm%,$(KERNEL_UNIT_SRCS))
+FUSED_NORM_SRCS  := $(wildcard kernels/fused_norm*.cu) $(FUSED_NORM_UNITS)
+$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(notdir $(FUSED_NORM_SRCS))): src/coll/fusion_internal.h kernels/fused_norm_kernels.cuh
 
 .PHONY: fused-bench fusion-ptxas gpu-fusion
 fused-bench: $(FUSED_BENCH)
@@ -30,7 +32,7 @@ $(FUSED_BENCH):
 	@echo "weft: fused_bench needs nvcc (CUDA)" >&2; exit 1
 endif
 
-fusion-ptxas:
+fusion-ptxas: $(FUSED_NORM_UNITS)
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/fusion-ptxas.txt
 	for f in $(FUSED_NORM_SRCS); do \
