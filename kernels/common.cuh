@@ -337,7 +337,10 @@ struct SpinEnv {
 
 /* A slow wait's look at the agreement slots (src/coll/agree.h): SPIN_OK, or
  * WF_SPIN_MISMATCH / WF_SPIN_PEER_FAILED with the peer, and for a mismatch
- * the call number and both descriptors (mine, theirs) in desc[4]. */
+ * the call number and both descriptors (mine, theirs) in desc[4]. A peer's
+ * failure: site becomes its status, epoch the rank it named, with this
+ * rank's own wait site (site on entry) above it, so that the report names
+ * the operation this rank was in. */
 __device__ __forceinline__ uint32_t agree_check(const SpinEnv &env, uint32_t &peer, uint32_t &site,
                                                 uint32_t &epoch, uint64_t (&desc)[4]) {
   const uint64_t *row = &env.ag.area->slot[0][0];
@@ -349,8 +352,8 @@ __device__ __forceinline__ uint32_t agree_check(const SpinEnv &env, uint32_t &pe
     const uint32_t pc = (uint32_t)(pw >> 32);
     if (pc == WF_AGREE_FAILED) { /* the peer gave up: its status and the rank it named */
       peer = (uint32_t)p;
+      epoch = ((uint32_t)pw & 0xff) | ((site & 0xff) << 8);
       site = (uint32_t)(pw >> 8) & 0xff;
-      epoch = (uint32_t)pw & 0xff;
       return WF_SPIN_PEER_FAILED;
     }
     if (pc != 0 && pc == (uint32_t)(mw >> 32) && (uint32_t)pw != (uint32_t)mw) {
@@ -385,7 +388,7 @@ __device__ __forceinline__ void report_error(const SpinEnv &env, uint32_t status
     }
     if (env.ag.area) {
       /* the rank this failure names: the peer, or for a peer's failure the one it named */
-      const uint32_t named = status == WF_SPIN_PEER_FAILED ? epoch : peer;
+      const uint32_t named = status == WF_SPIN_PEER_FAILED ? epoch & 0xff : peer;
       const uint64_t mark = ((uint64_t)WF_AGREE_FAILED << 32) | ((uint64_t)(status & 0xff) << 8) | (named & 0xff);
       for (int p = 0; p < env.ag.world; p++)
         if (p != env.ag.me)
@@ -499,7 +502,8 @@ __device__ __forceinline__ void agree_verify(const SpinEnv &env, uint32_t site) 
       env, (uint32_t)p, site, mc);
   if (st != SPIN_OK) return;
   if ((uint32_t)(pw >> 32) == WF_AGREE_FAILED) { /* the peer gave up: its announcement is gone */
-    report_error(env, WF_SPIN_PEER_FAILED, (uint32_t)p, (uint32_t)(pw >> 8) & 0xff, (uint32_t)pw & 0xff);
+    report_error(env, WF_SPIN_PEER_FAILED, (uint32_t)p, (uint32_t)(pw >> 8) & 0xff,
+                 ((uint32_t)pw & 0xff) | ((site & 0xff) << 8));
     return;
   }
   if ((uint32_t)(pw >> 32) == mc && (uint32_t)pw != (uint32_t)mw) {

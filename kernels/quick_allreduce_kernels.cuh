@@ -195,8 +195,10 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
  *  quantize: in (T) -> wire;
  *  reduce: W wires of the same count -> decode, f32 sum in order, encode
  *          once -> wire_out, and the decoded result (T) -> out.
- * One vector per thread, grid-stride over whole parts. */
-template <typename T, int C, bool CVT>
+ * One vector per thread, grid-stride over whole parts.  P (the probe):
+ * the same loads and stores at the same addresses with no codec work
+ * (the words are only xor-ed together), the memory pattern's own rate. */
+template <typename T, int C, bool P>
 __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
                                                                   int tail) {
   const int t = threadIdx.x;
@@ -219,17 +221,20 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in
       char *part = wire + pp * Codec<C>::PB;
       if (C == WF_QR_FP) {
         put<C>(part, t, raw[u], 0.f);
+      } else if (P) {
+        const uint4 r = raw[u];
+        put<C>(part, t, make_uint4(r.x ^ r.z, r.y ^ r.w, 0, 0), __uint_as_float(r.x ^ r.w));
       } else {
         float x[8], s;
         Pack<T>::to_f32(raw[u], x);
-        const uint4 q = encode<C, CVT>(x, s);
+        const uint4 q = encode<C>(x, s);
         put<C>(part, t, q, s);
       }
     }
   }
 }
 
-template <typename T, int W, int C, bool CVT>
+template <typename T, int W, int C, bool P>
 __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
@@ -238,24 +243,34 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wire
   for (uint64_t pp = blockIdx.x; pp < parts; pp += gridDim.x) {
     const uint64_t v = pp * WF_QR_PART + t;
     float acc[8];
+    uint4 mix = make_uint4(0, 0, 0, 0); /* the probe's stand-in for the sum */
+    uint32_t smix = 0;
 #pragma unroll
     for (int p = 0; p < W; p++) {
       float y[8], s = 0.f;
       const uint4 q = get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, s);
+      if (P) {
+        mix.x ^= q.x; mix.y ^= q.y; mix.z ^= q.z; mix.w ^= q.w;
+        smix ^= __float_as_uint(s);
+        continue;
+      }
       if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
-      else decode<C, CVT>(q, s, y);
+      else decode<C>(q, s, y);
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
     }
     uint4 res;
-    if (C == WF_QR_FP) {
+    if (P) {
+      put<C>(wire_out + pp * Codec<C>::PB, t, mix, __uint_as_float(smix));
+      res = make_uint4(mix.x, mix.y ^ smix, mix.z, mix.w);
+    } else if (C == WF_QR_FP) {
       res = Pack<T>::from_f32(acc);
       put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
     } else {
       float s, y[8];
-      const uint4 q = encode<C, CVT>(acc, s);
+      const uint4 q = encode<C>(acc, s);
       put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
-      decode<C, CVT>(q, s, y);
+      decode<C>(q, s, y);
       res = Pack<T>::from_f32(y);
     }
     if (v < nvec) {
@@ -353,9 +368,9 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
   return (int)launch_qt<T>(a, k, grid, s, launch);
 }
 
-/* codec steps (step 2 / 3: quantize / reduce with the codec's conversion-
- * instruction forms, for the A/B of scripts/bench-quick-codec.lua) */
-template <typename T, int C, bool CVT>
+/* codec steps (step 2 / 3: the probes of quantize / reduce, the same memory
+ * traffic without the codec's work: scripts/bench-quick-codec.lua) */
+template <typename T, int C, bool P>
 cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                     cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
@@ -371,7 +386,7 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   };
   if (step == 0) {
     static int occ = 0;
-    auto k = qr_step_quantize<T, C, CVT>;
+    auto k = qr_step_quantize<T, C, P>;
     k<<<grid(k, &occ), WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire), nvec, tail);
     return cudaGetLastError();
   }
@@ -382,10 +397,10 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   auto reduce = [&](auto k, int *occ) { k<<<grid(k, occ), WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); };
   static int occ[4] = {0, 0, 0, 0};
   switch (world) {
-    case 2: reduce(qr_step_reduce<T, 2, C, CVT>, &occ[0]); break;
-    case 4: reduce(qr_step_reduce<T, 4, C, CVT>, &occ[1]); break;
-    case 6: reduce(qr_step_reduce<T, 6, C, CVT>, &occ[2]); break;
-    case 8: reduce(qr_step_reduce<T, 8, C, CVT>, &occ[3]); break;
+    case 2: reduce(qr_step_reduce<T, 2, C, P>, &occ[0]); break;
+    case 4: reduce(qr_step_reduce<T, 4, C, P>, &occ[1]); break;
+    case 6: reduce(qr_step_reduce<T, 6, C, P>, &occ[2]); break;
+    case 8: reduce(qr_step_reduce<T, 8, C, P>, &occ[3]); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

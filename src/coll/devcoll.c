@@ -300,8 +300,11 @@ int wf_dc_check_error(wf_dc *d) {
                     d->n, epoch, grank, theirs, d->ranks[d->me], mine, nm->unit, nm->timeout_hint);
   }
   if (status == WF_SPIN_PEER_FAILED) {
-    const unsigned why = site, named = epoch;
+    /* site: the peer's status; epoch: the rank it named, this rank's own wait site above */
+    const unsigned why = site, named = epoch & 0xff, own = (epoch >> 8) & 0xff;
     const int gnamed = named < (unsigned)d->n ? d->ranks[named] : -1;
+    char at[200] = "";
+    if (own && nm->site) snprintf(at, sizeof at, " at the %s", nm->site(own));
     char reason[160];
     if (why == WF_SPIN_MISMATCH)
       snprintf(reason, sizeof reason, "its call differed from rank %d's", gnamed);
@@ -313,8 +316,8 @@ int wf_dc_check_error(wf_dc *d) {
       snprintf(reason, sizeof reason, "it was aborted");
     d->failed = WEFT_EABORT;
     return wf_error(WEFT_EABORT, "%s (group '%s', rank %d of %d): rank %d gave up its call (%s), so this "
-                    "rank's call cannot complete; %s unusable: %s", nm->what, d->group, d->me, d->n, grank,
-                    reason, nm->unit, nm->timeout_hint);
+                    "rank's call cannot complete (it waited%s); %s unusable: %s", nm->what, d->group, d->me, d->n,
+                    grank, reason, at[0] ? at : " for it", nm->unit, nm->timeout_hint);
   }
   if (status == 1) {
     d->failed = WEFT_EABORT;
