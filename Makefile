@@ -43,9 +43,13 @@ CRYPTO_LIBS   ?= -lcrypto
 override CFLAGS += $(CRYPTO_CFLAGS)
 LDLIBS  += $(CRYPTO_LIBS)
 
-# Source lists: every .c under src/ and every .cu under kernels/, sub-folders included.
+# Source lists: every .c under src/ and every .cu under kernels/, sub-folders
+# included; and the kernel units the build writes (mk/kernel_units.mk: KERNEL_UNITS).
 C_SRCS  := $(filter-out $(EXCLUDE),$(sort $(shell find src -name '*.c')))
 CU_SRCS := $(filter-out $(EXCLUDE),$(sort $(shell find kernels -name '*.cu')))
+include mk/kernel_units.mk
+# (its rules come first: `make` alone still builds all)
+.DEFAULT_GOAL := all
 C_OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(C_SRCS))
 CU_OBJS :=
 
@@ -57,7 +61,8 @@ ifeq ($(WEFT_CUDA),1)
   override NVFLAGS += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Isrc -Ikernels \
                $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
                -DWEFT_HAVE_CUDA=1 --expt-relaxed-constexpr -MMD -MP
-  CU_OBJS   := $(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
+  # the units first: they hold most kernels, the long poles of a parallel build
+  CU_OBJS   := $(KERNEL_UNIT_OBJS) $(patsubst kernels/%.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
   LDLIBS    := -L$(CUDA_HOME)/lib64 -l:libcudart_static.a -lstdc++ $(LDLIBS)
 else
   override CFLAGS += -DWEFT_BUILD_INFO='"cuda=no"'
@@ -157,4 +162,4 @@ check-exports: $(LIB)
 
 clean:
 	rm -rf $(BUILD)
--include $(wildcard mk/*.mk)
+-include $(filter-out mk/kernel_units.mk,$(wildcard mk/*.mk))

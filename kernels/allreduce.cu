@@ -1,6 +1,7 @@
 /* allreduce.cu — the entry points of weft's own all-reduce: launch (by dtype),
  * shape query and workspace init. The kernels, and how they work, are in
- * kernels/allreduce_kernels.cuh, instantiated in kernels/allreduce_<dtype>.cu. */
+ * kernels/allreduce_kernels.cuh, instantiated per dtype in units the build
+ * writes (mk/kernel_units.mk). */
 #include "allreduce_kernels.cuh"
 
 namespace {

@@ -22,10 +22,10 @@
  * the input buffer work.  In-place (in == out) is allowed: every element is
  * read before it is written, by the same thread.
  *
- * This header holds the kernels and their launch templates; each of
- * kernels/allreduce_<dtype>.cu instantiates those of one dtype and exports
- * its launch function, so that nvcc compiles them in parallel;
- * kernels/allreduce.cu keeps the entry points. */
+ * This header holds the kernels and their launch templates; the build writes
+ * one translation unit per dtype (mk/kernel_units.mk: WF_AR_UNIT below) that
+ * instantiates those of one dtype and exports its launch function, so that
+ * nvcc compiles them in parallel; kernels/allreduce.cu keeps the entry points. */
 #pragma once
 #include "ar_layout.cuh"
 #include "common.cuh"
@@ -35,7 +35,7 @@ extern "C" {
 #include "weft.h"
 }
 
-static_assert(WF_AR_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots must match common.cuh");
+static_assert(WF_MAX_GRID == WF_MAX_GRID, "epoch slots must match common.cuh");
 
 namespace {
 
@@ -47,7 +47,7 @@ struct KArgs {
   uint64_t nvec;    /* 16-byte vectors, the last may be partial */
   int tail;         /* elements in the last vector when partial, else 0 */
   int rank;
-  char *ws[WF_AR_MAX_WORLD];
+  char *ws[WF_MAX_WORLD];
   uint64_t off_lamport, lamport_slot, off_data, data_par;
   int sub;          /* flag one-shot: sub-rounds per round */
   int split;        /* flag one-shot: pusher / reducer blocks */
@@ -495,7 +495,7 @@ Shape shape_for(const wf_ar_args *a, uint64_t nvec, KL lam, KF flag, K2 two, int
     const uint64_t cv = (uint64_t)t * WF_AR_FLAG_UNROLL * (uint64_t)(a->sub > 0 ? a->sub : 1);
     const uint64_t chunks = cdiv(nvec, cv);
     if (a->split) {
-      if (cap > WF_AR_MAX_BLOCKS) cap = WF_AR_MAX_BLOCKS;
+      if (cap > WF_MAX_GRID) cap = WF_MAX_GRID;
       g = a->grid > 0 ? (uint64_t)a->grid : 2 * balanced(chunks, cap / 2 > 0 ? cap / 2 : 1);
       if (g > cap) g = cap;
       g &= ~(uint64_t)1; /* pushers and reducers pair up */
@@ -513,7 +513,7 @@ Shape shape_for(const wf_ar_args *a, uint64_t nvec, KL lam, KF flag, K2 two, int
     if (g > cap) g = cap;
   }
   if (g < 1) g = 1;
-  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
+  if (g > WF_MAX_GRID) g = WF_MAX_GRID;
   if (a->kind == WF_AR_ONESHOT_FLAG && a->split) g &= ~(uint64_t)1;
   sh.grid = (int)g;
   return sh;
@@ -575,7 +575,7 @@ int ar_launch_t(const wf_ar_args *a, void *stream, int *grid, int *threads, bool
   k.nvec = wf_ar_nvec(a->count, es);
   k.tail = (int)((a->count * es) % 16) / es;
   k.rank = a->rank;
-  for (int i = 0; i < WF_AR_MAX_WORLD; i++) k.ws[i] = a->ws[i];
+  for (int i = 0; i < WF_MAX_WORLD; i++) k.ws[i] = a->ws[i];
   k.off_lamport = a->off_lamport;
   k.lamport_slot = a->lamport_slot;
   k.off_data = a->off_data;
@@ -593,9 +593,15 @@ int ar_launch_t(const wf_ar_args *a, void *stream, int *grid, int *threads, bool
 
 }  // namespace
 
-/* defined in kernels/allreduce_<dtype>.cu: ar_launch_t of that dtype */
+/* ar_launch_t of one dtype: each defined by WF_AR_UNIT in a unit the build
+ * writes (mk/kernel_units.mk) */
 namespace wf_ar {
 int launch_bf16(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch);
 int launch_f16(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch);
 int launch_f32(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch);
 }  // namespace wf_ar
+
+#define WF_AR_UNIT(name, T)                                                                           \
+  int wf_ar::launch_##name(const wf_ar_args *a, void *stream, int *grid, int *threads, bool launch) { \
+    return ar_launch_t<T>(a, stream, grid, threads, launch);                                          \
+  }

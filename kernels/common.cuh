@@ -9,7 +9,7 @@
  * each rank POLLS only its own, local copy: a wait never crosses the link.
  *
  * Epoch.  A call's epoch E lives in device memory (never a host scalar baked
- * into a CUDA graph), one copy per block slot: epoch[0..WF_MAX_BLOCKS).
+ * into a CUDA graph), one copy per block slot: epoch[0..WF_MAX_GRID).
  * Block b reads epoch[b] at entry; at exit (after a __syncthreads that
  * follows every read) block b writes E+1 into epoch[b], epoch[b+G],
  * epoch[b+2G], ... (G = gridDim.x).  Each slot has exactly one writer per
@@ -74,7 +74,6 @@ extern "C" {
 #include "coll/agree.h"
 }
 
-#define WF_MAX_BLOCKS WF_MAX_GRID /* epoch slots / flag rows per workspace (src/coll/limits.h) */
 
 namespace wf {
 
@@ -338,7 +337,10 @@ struct SpinEnv {
 
 /* A slow wait's look at the agreement slots (src/coll/agree.h): SPIN_OK, or
  * WF_SPIN_MISMATCH / WF_SPIN_PEER_FAILED with the peer, and for a mismatch
- * the call number and both descriptors (mine, theirs) in desc[4]. */
+ * the call number and both descriptors (mine, theirs) in desc[4]. A peer's
+ * failure: site becomes its status, epoch the rank it named, with this
+ * rank's own wait site (site on entry) above it, so that the report names
+ * the operation this rank was in. */
 __device__ __forceinline__ uint32_t agree_check(const SpinEnv &env, uint32_t &peer, uint32_t &site,
                                                 uint32_t &epoch, uint64_t (&desc)[4]) {
   const uint64_t *row = &env.ag.area->slot[0][0];
@@ -350,8 +352,8 @@ __device__ __forceinline__ uint32_t agree_check(const SpinEnv &env, uint32_t &pe
     const uint32_t pc = (uint32_t)(pw >> 32);
     if (pc == WF_AGREE_FAILED) { /* the peer gave up: its status and the rank it named */
       peer = (uint32_t)p;
+      epoch = ((uint32_t)pw & 0xff) | ((site & 0xff) << 8);
       site = (uint32_t)(pw >> 8) & 0xff;
-      epoch = (uint32_t)pw & 0xff;
       return WF_SPIN_PEER_FAILED;
     }
     if (pc != 0 && pc == (uint32_t)(mw >> 32) && (uint32_t)pw != (uint32_t)mw) {
@@ -386,7 +388,7 @@ __device__ __forceinline__ void report_error(const SpinEnv &env, uint32_t status
     }
     if (env.ag.area) {
       /* the rank this failure names: the peer, or for a peer's failure the one it named */
-      const uint32_t named = status == WF_SPIN_PEER_FAILED ? epoch : peer;
+      const uint32_t named = status == WF_SPIN_PEER_FAILED ? epoch & 0xff : peer;
       const uint64_t mark = ((uint64_t)WF_AGREE_FAILED << 32) | ((uint64_t)(status & 0xff) << 8) | (named & 0xff);
       for (int p = 0; p < env.ag.world; p++)
         if (p != env.ag.me)
@@ -428,7 +430,7 @@ __device__ __forceinline__ void agree_announce(const wf_agree &g) {
  * threads x 31 ns and make the peer just as late next call, a self-feeding
  * slow state (measured 2026-11-30, see kernels/fused_norm.cu wait_until).  So
  * only thread 0 of a block reads it, after kHostAfterNs and then at most once
- * per kHostAfterNs: the worst burst (WF_MAX_BLOCKS x 31 ns = 32 us) is shorter
+ * per kHostAfterNs: the worst burst (WF_MAX_GRID x 31 ns = 32 us) is shorter
  * than the wait that allows it.  An abort seen there is written to the
  * device error word, which every other waiting thread polls cheaply.
  * Returns SPIN_OK, or the failure after reporting it (peer/site/epoch name
@@ -500,7 +502,8 @@ __device__ __forceinline__ void agree_verify(const SpinEnv &env, uint32_t site) 
       env, (uint32_t)p, site, mc);
   if (st != SPIN_OK) return;
   if ((uint32_t)(pw >> 32) == WF_AGREE_FAILED) { /* the peer gave up: its announcement is gone */
-    report_error(env, WF_SPIN_PEER_FAILED, (uint32_t)p, (uint32_t)(pw >> 8) & 0xff, (uint32_t)pw & 0xff);
+    report_error(env, WF_SPIN_PEER_FAILED, (uint32_t)p, (uint32_t)(pw >> 8) & 0xff,
+                 ((uint32_t)pw & 0xff) | ((site & 0xff) << 8));
     return;
   }
   if ((uint32_t)(pw >> 32) == mc && (uint32_t)pw != (uint32_t)mw) {
@@ -567,7 +570,7 @@ constexpr uint32_t kEpochWrap = 3u << 30;
  * (mod kEpochWrap). */
 __device__ __forceinline__ void epoch_advance(uint32_t *epochs, uint32_t e) {
   const uint32_t next = e + 1u == kEpochWrap ? 0u : e + 1u;
-  for (uint32_t i = blockIdx.x + threadIdx.x * gridDim.x; i < WF_MAX_BLOCKS;
+  for (uint32_t i = blockIdx.x + threadIdx.x * gridDim.x; i < WF_MAX_GRID;
        i += blockDim.x * gridDim.x)
     epochs[i] = next;
 }

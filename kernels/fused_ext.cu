@@ -50,7 +50,7 @@
 namespace {
 
 using namespace wfx;
-static_assert(WFX_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots / flag rows disagree");
+static_assert(WF_MAX_GRID == WF_MAX_GRID, "epoch slots / flag rows disagree");
 
 /* bf16/f16 rows of at most 16384: 2048 vectors = 2 per thread */
 constexpr int VM = 2;
@@ -58,7 +58,7 @@ constexpr int VM = 2;
 __device__ __forceinline__ uint64_t *flag_at(void *base, uint64_t off, int par, int phase, int block,
                                              int sender) {
   return (uint64_t *)((char *)base + off) +
-         ((((size_t)par * 2 + phase) * WFX_MAX_BLOCKS + (size_t)block) * 8 + (size_t)sender);
+         ((((size_t)par * 2 + phase) * WF_MAX_GRID + (size_t)block) * 8 + (size_t)sender);
 }
 
 __device__ __forceinline__ int range_start(int p, int T, int W) { return (int)((int64_t)p * T / W); }
@@ -305,7 +305,7 @@ int grid_of(const wfx_args *a, int algo, int *blocks, int *threads) {
   *threads = row_threads(nv);
   const int work = algo == WFX_ONESHOT ? a->tokens : (a->tokens + a->world - 1) / a->world;
   int cap = a->shared_gpu ? 8 : (a->num_sms > 0 ? a->num_sms : 1);
-  if (cap > WFX_MAX_BLOCKS) cap = WFX_MAX_BLOCKS;
+  if (cap > WF_MAX_GRID) cap = WF_MAX_GRID;
   *blocks = work < 1 ? 1 : work < cap ? work : cap;
   return 0;
 }

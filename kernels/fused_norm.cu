@@ -1,7 +1,8 @@
 /* fused_norm.cu — the host side of the all-reduce fused with residual add +
  * RMSNorm (+ FP8 quant): the grid (geometry, occupancy), the launch and the
  * workspace's initialisation. The kernels, and how they work, are in
- * kernels/fused_norm_kernels.cuh, instantiated in kernels/fused_norm_<dtype>[_det][_<algo>[_w<lo>_<hi>]].cu. */
+ * kernels/fused_norm_kernels.cuh, instantiated per dtype and mode (f32: and
+ * algorithm and worlds) in units the build writes (mk/kernel_units.mk). */
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -176,7 +177,7 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
       if (room < 1) { if (force) break; continue; }
       if (force == 0 && room < a->tokens) continue;
       long q = a->tokens < room ? a->tokens : room;
-      if (q > WF_MAX_BLOCKS / c) q = WF_MAX_BLOCKS / c;
+      if (q > WF_MAX_GRID / c) q = WF_MAX_GRID / c;
       C = c;
       sh->blocks = (int)q * c;
       break;
@@ -189,7 +190,7 @@ int geometry(const wf_fused_args *a, int algo, Shape *sh) {
     const int work = algo == WF_FUSED_ONESHOT ? a->tokens : (a->tokens + a->world - 1) / a->world;
     long g = (long)sms * bps;
     if (g > work) g = work;
-    if (g > WF_MAX_BLOCKS) g = WF_MAX_BLOCKS;
+    if (g > WF_MAX_GRID) g = WF_MAX_GRID;
     if (g < 1) g = 1;
     sh->blocks = (int)g;
   }

@@ -95,12 +95,12 @@
  * all of this kernel's writes (it waits for the whole grid to complete and
  * flush); only the overlap differs.
  *
- * This header holds the kernels (device code only); each of
- * kernels/fused_norm_<dtype>[_det][_<algo>[_w<lo>_<hi>]].cu instantiates
- * those of one dtype and mode (f32: and algorithm, and for the one-shot
- * a range of worlds) and exports its pick function, so
- * that nvcc compiles them in parallel (one file of all 84 took most of a
- * GPU build's wall time);
+ * This header holds the kernels (device code only); the build writes one
+ * translation unit per dtype and mode (f32: and algorithm, and for the
+ * one-shot a range of worlds; mk/kernel_units.mk: WF_FUSED_UNIT and
+ * WF_FUSED_ALGO_UNIT below) that instantiates those kernels and exports its
+ * pick function, so that nvcc compiles them in parallel (one file of all 84
+ * took most of a GPU build's wall time);
  * kernels/fused_norm.cu keeps the host side (geometry, occupancy, launch,
  * init). */
 #pragma once
@@ -115,7 +115,7 @@
 namespace {
 
 using namespace wf;
-static_assert(WF_FUSED_MAX_BLOCKS == WF_MAX_BLOCKS, "epoch slots / flag rows disagree");
+static_assert(WF_MAX_GRID == WF_MAX_GRID, "epoch slots / flag rows disagree");
 
 /* Elements per 16-byte vector; threads per block at most MAXT (f32 gets 512
  * so that its 128-register budget holds a 16384-wide row without spills;
@@ -213,7 +213,7 @@ template <typename T> __device__ __forceinline__ void round_sum(float (&f)[Geo<T
  * replays ended. The one-shot waits in every thread, so it is exposed most.
  * Here the host word is read by at most one thread per block per
  * kHostEveryNs, and only after kHostAfterNs: the worst read burst
- * (WF_MAX_BLOCKS x 31 ns = 32 us) is shorter than the wait that allows it, so
+ * (WF_MAX_GRID x 31 ns = 32 us) is shorter than the wait that allows it, so
  * a late peer costs its lateness once and never feeds itself. The deadline
  * (%globaltimer) and the device error word stay per thread (cheap). */
 constexpr uint64_t kNapAfterNs = 20000;    /* then nap between polls (up to kNapMaxNs) */
@@ -668,7 +668,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   /* flags[par][phase][block][sender] in the receiver's workspace */
   auto flag = [&](const void *base, int phase, int sender) {
     return (uint64_t *)((char *)base + a.off_flags) +
-           (((size_t)(par * 2 + phase) * WF_MAX_BLOCKS + blockIdx.x) * 8 + sender);
+           (((size_t)(par * 2 + phase) * WF_MAX_GRID + blockIdx.x) * 8 + sender);
   };
 
   /* 1. reduce-scatter push: my rows of range p into p's RS inbox slot [rank] */
@@ -821,10 +821,11 @@ template <typename T, bool D> kernel_fn pick_w(int algo, int world) {
 
 }  // namespace
 
-/* the kernel of (algo, world) for one dtype and mode, nullptr if none:
- * defined in kernels/fused_norm_<dtype>[_det].cu (_det: WF_FUSED_DETERMINISTIC);
- * f32's, the longest to compile, in one file per algorithm as well, the
- * one-shot in two (worlds 2-5, 6-8): fused_norm_f32[_det]_<algo>[_w<lo>_<hi>].cu */
+/* the kernel of (algo, world) for one dtype and mode, nullptr if none (_det:
+ * WF_FUSED_DETERMINISTIC): each defined in a unit the build writes
+ * (mk/kernel_units.mk), by WF_FUSED_UNIT; f32's, the longest to compile, by
+ * WF_FUSED_ALGO_UNIT, one unit per algorithm, the one-shot in two (worlds
+ * 2-5, 6-8) */
 namespace wf_fused {
 kernel_fn pick_bf16(int algo, int world);
 kernel_fn pick_bf16_det(int algo, int world);
@@ -837,3 +838,8 @@ kernel_fn pick_f32_det_oneshot_w2_5(int world);
 kernel_fn pick_f32_det_oneshot_w6_8(int world);
 kernel_fn pick_f32_det_twoshot(int world);
 }  // namespace wf_fused
+
+#define WF_FUSED_UNIT(name, T, D) \
+  kernel_fn wf_fused::pick_##name(int algo, int world) { return pick_w<T, D>(algo, world); }
+#define WF_FUSED_ALGO_UNIT(name, T, D, ONE, LO, HI) \
+  kernel_fn wf_fused::pick_##name(int world) { return pick_one<T, D, ONE, LO, HI>(world); }

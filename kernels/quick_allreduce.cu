@@ -1,7 +1,7 @@
 /* quick_allreduce.cu — the entry points of the quick all-reduce: launch and
  * shape query (by dtype), the codec steps alone. The kernels, and how they
- * work, are in kernels/quick_allreduce_kernels.cuh, instantiated in
- * kernels/quick_allreduce_<dtype>.cu. */
+ * work, are in kernels/quick_allreduce_kernels.cuh, instantiated per dtype
+ * in units the build writes (mk/kernel_units.mk). */
 #include "quick_allreduce_kernels.cuh"
 
 static int q_launch(const wf_ar_args *a, void *stream, int *grid, bool launch) {

@@ -24,10 +24,11 @@
  * Also: the codec steps alone on one GPU (weft_qr_codec_step), for the
  * throughput benchmark and for checking them against the CPU reference.
  *
- * This header holds the kernels and their launch templates; each of
- * kernels/quick_allreduce_<dtype>.cu instantiates those of one dtype and
- * exports its launch and codec-step functions, so that nvcc compiles them
- * in parallel; kernels/quick_allreduce.cu keeps the entry points. */
+ * This header holds the kernels and their launch templates; the build writes
+ * one translation unit per dtype (mk/kernel_units.mk: WF_QR_UNIT below) that
+ * instantiates those of one dtype and exports its launch and codec-step
+ * functions, so that nvcc compiles them in parallel;
+ * kernels/quick_allreduce.cu keeps the entry points. */
 #pragma once
 #include "ar_layout.cuh"
 #include "quick_codec.cuh"
@@ -47,7 +48,7 @@ struct QArgs {
   uint64_t nvec;
   int tail;
   int rank;
-  char *ws[WF_AR_MAX_WORLD];
+  char *ws[WF_MAX_WORLD];
   uint64_t off_data, data_par;
   SpinEnv env;
 };
@@ -194,8 +195,10 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
  *  quantize: in (T) -> wire;
  *  reduce: W wires of the same count -> decode, f32 sum in order, encode
  *          once -> wire_out, and the decoded result (T) -> out.
- * One vector per thread, grid-stride over whole parts. */
-template <typename T, int C, bool CVT>
+ * One vector per thread, grid-stride over whole parts.  P (the probe):
+ * the same loads and stores at the same addresses with no codec work
+ * (the words are only xor-ed together), the memory pattern's own rate. */
+template <typename T, int C, bool P>
 __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
                                                                   int tail) {
   const int t = threadIdx.x;
@@ -218,17 +221,20 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in
       char *part = wire + pp * Codec<C>::PB;
       if (C == WF_QR_FP) {
         put<C>(part, t, raw[u], 0.f);
+      } else if (P) {
+        const uint4 r = raw[u];
+        put<C>(part, t, make_uint4(r.x ^ r.z, r.y ^ r.w, 0, 0), __uint_as_float(r.x ^ r.w));
       } else {
         float x[8], s;
         Pack<T>::to_f32(raw[u], x);
-        const uint4 q = encode<C, CVT>(x, s);
+        const uint4 q = encode<C>(x, s);
         put<C>(part, t, q, s);
       }
     }
   }
 }
 
-template <typename T, int W, int C, bool CVT>
+template <typename T, int W, int C, bool P>
 __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
@@ -237,24 +243,34 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wire
   for (uint64_t pp = blockIdx.x; pp < parts; pp += gridDim.x) {
     const uint64_t v = pp * WF_QR_PART + t;
     float acc[8];
+    uint4 mix = make_uint4(0, 0, 0, 0); /* the probe's stand-in for the sum */
+    uint32_t smix = 0;
 #pragma unroll
     for (int p = 0; p < W; p++) {
       float y[8], s = 0.f;
       const uint4 q = get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, s);
+      if (P) {
+        mix.x ^= q.x; mix.y ^= q.y; mix.z ^= q.z; mix.w ^= q.w;
+        smix ^= __float_as_uint(s);
+        continue;
+      }
       if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
-      else decode<C, CVT>(q, s, y);
+      else decode<C>(q, s, y);
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
     }
     uint4 res;
-    if (C == WF_QR_FP) {
+    if (P) {
+      put<C>(wire_out + pp * Codec<C>::PB, t, mix, __uint_as_float(smix));
+      res = make_uint4(mix.x, mix.y ^ smix, mix.z, mix.w);
+    } else if (C == WF_QR_FP) {
       res = Pack<T>::from_f32(acc);
       put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
     } else {
       float s, y[8];
-      const uint4 q = encode<C, CVT>(acc, s);
+      const uint4 q = encode<C>(acc, s);
       put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
-      decode<C, CVT>(q, s, y);
+      decode<C>(q, s, y);
       res = Pack<T>::from_f32(y);
     }
     if (v < nvec) {
@@ -278,7 +294,7 @@ int grid_for(const wf_ar_args *a, uint64_t nvec, KF kernel, int *occ) {
   uint64_t g = a->grid > 0 ? (uint64_t)a->grid : balanced(wf_qr_chunks(nvec, a->world), cap);
   if (g > cap) g = cap;
   if (g < 1) g = 1;
-  if (g > WF_AR_MAX_BLOCKS) g = WF_AR_MAX_BLOCKS;
+  if (g > WF_MAX_GRID) g = WF_MAX_GRID;
   return (int)g;
 }
 
@@ -340,7 +356,7 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
   k.nvec = wf_ar_nvec(a->count, 2);
   k.tail = (int)((a->count * 2) % 16) / 2;
   k.rank = a->rank;
-  for (int i = 0; i < WF_AR_MAX_WORLD; i++) k.ws[i] = a->ws[i];
+  for (int i = 0; i < WF_MAX_WORLD; i++) k.ws[i] = a->ws[i];
   k.off_data = a->off_data;
   k.data_par = a->data_par;
   k.env.abort_host = a->abort_host;
@@ -352,9 +368,9 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
   return (int)launch_qt<T>(a, k, grid, s, launch);
 }
 
-/* codec steps (step 2 / 3: quantize / reduce with the codec's conversion-
- * instruction forms, for the A/B of scripts/bench-quick-codec.lua) */
-template <typename T, int C, bool CVT>
+/* codec steps (step 2 / 3: the probes of quantize / reduce, the same memory
+ * traffic without the codec's work: scripts/bench-quick-codec.lua) */
+template <typename T, int C, bool P>
 cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                     cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
@@ -370,7 +386,7 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   };
   if (step == 0) {
     static int occ = 0;
-    auto k = qr_step_quantize<T, C, CVT>;
+    auto k = qr_step_quantize<T, C, P>;
     k<<<grid(k, &occ), WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire), nvec, tail);
     return cudaGetLastError();
   }
@@ -381,10 +397,10 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   auto reduce = [&](auto k, int *occ) { k<<<grid(k, occ), WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); };
   static int occ[4] = {0, 0, 0, 0};
   switch (world) {
-    case 2: reduce(qr_step_reduce<T, 2, C, CVT>, &occ[0]); break;
-    case 4: reduce(qr_step_reduce<T, 4, C, CVT>, &occ[1]); break;
-    case 6: reduce(qr_step_reduce<T, 6, C, CVT>, &occ[2]); break;
-    case 8: reduce(qr_step_reduce<T, 8, C, CVT>, &occ[3]); break;
+    case 2: reduce(qr_step_reduce<T, 2, C, P>, &occ[0]); break;
+    case 4: reduce(qr_step_reduce<T, 4, C, P>, &occ[1]); break;
+    case 6: reduce(qr_step_reduce<T, 6, C, P>, &occ[2]); break;
+    case 8: reduce(qr_step_reduce<T, 8, C, P>, &occ[3]); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -410,7 +426,8 @@ cudaError_t step_t(int step, int codec, int world, const void *in, void *wire, v
 
 }  // namespace
 
-/* defined in kernels/quick_allreduce_<dtype>.cu: q_launch_t and step_t of that dtype */
+/* q_launch_t and step_t of one dtype: each pair defined by WF_QR_UNIT in a
+ * unit the build writes (mk/kernel_units.mk) */
 namespace wf_qr {
 int launch_bf16(const wf_ar_args *a, void *stream, int *grid, bool launch);
 int launch_f16(const wf_ar_args *a, void *stream, int *grid, bool launch);
@@ -419,3 +436,12 @@ int step_bf16(int step, int codec, int world, const void *in, void *wire, void *
 int step_f16(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
              cudaStream_t s);
 }  // namespace wf_qr
+
+#define WF_QR_UNIT(name, T)                                                                                    \
+  int wf_qr::launch_##name(const wf_ar_args *a, void *stream, int *grid, bool launch) {                        \
+    return q_launch_t<T>(a, stream, grid, launch);                                                             \
+  }                                                                                                            \
+  int wf_qr::step_##name(int step, int codec, int world, const void *in, void *wire, void *out, uint64_t nvec, \
+                         int tail, cudaStream_t s) {                                                           \
+    return (int)step_t<T>(step, codec, world, in, wire, out, nvec, tail, s);                                   \
+  }

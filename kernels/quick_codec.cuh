@@ -68,26 +68,9 @@ __device__ __forceinline__ float block_amax(const float (&x)[8], bool &bad) {
   return m;
 }
 
-/* The codes are made and read without conversion instructions (which run
- * at a fraction of the FP32 and integer rate and bound the codec steps):
- *  - rint(v) for |v| < 2^22: v + 1.5 * 2^23 rounds to an integer in the
- *    f32 add itself (to nearest, ties to even: cvt.rni's rounding), and the
- *    sum's low bits are the integer in two's complement (kRint below);
- *  - an integer code c back to f32: its biased bits under the exponent of
- *    2^23, minus 2^23 + bias, exactly (kI8 / kI4);
- *  - e4m3 back to f32: its sign, exponent and mantissa shifted into f32's
- *    places, times 2^120 (the bias difference; exact, subnormals included).
- * Each gives the bits of the conversion it replaces (the CPU reference
- * checks it: scripts/bench-quick-codec.lua, tests/gpu_quick_spec.lua).
- * CVT = true: the conversion-instruction forms, kept for the A/B. */
-constexpr float kRint = 12582912.0f;                 /* 1.5 * 2^23 */
-constexpr float kI8 = 8388736.0f;                    /* 2^23 + 128 */
-constexpr float kI4 = 8388616.0f;                    /* 2^23 + 8 */
-constexpr float kE4m3 = 1.329227995784916e36f;       /* 2^120 */
-
 /* Encode 8 f32 values (this lane's share of a block) -> codes and the
  * block's scale s.  Every lane of the warp must call it. */
-template <int C, bool CVT = false>
+template <int C>
 __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   bool bad;
   const float a = block_amax(x, bad);
@@ -101,7 +84,7 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   float v[8];
 #pragma unroll
   for (int i = 0; i < 8; i++) v[i] = __fmul_rn(__fmul_rn(x[i], k), r);
-  if ((C == WF_QR_INT8 || C == WF_QR_INT4) && CVT) {
+  if (C == WF_QR_INT8 || C == WF_QR_INT4) {
     uint32_t w[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -112,68 +95,34 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
     }
     q.x = w[0];
     q.y = w[1];
-  } else if (C == WF_QR_INT8 || C == WF_QR_INT4) {
-    uint32_t b[8]; /* low bits: rint(v) clamped to [-QM, QM] (clamping v first is the same: QM is an integer) */
-#pragma unroll
-    for (int i = 0; i < 8; i++) b[i] = __float_as_uint(__fadd_rn(fminf(fmaxf(v[i], -QM), QM), kRint));
-    if (C == WF_QR_INT8) {
-      q.x = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
-      q.y = __byte_perm(__byte_perm(b[4], b[5], 0x0040), __byte_perm(b[6], b[7], 0x0040), 0x5410);
-    } else {
-      uint32_t w = b[0] & 0xfu;
-#pragma unroll
-      for (int i = 1; i < 8; i++) w |= (b[i] & 0xfu) << (4 * i);
-      q.x = w;
-    }
-  } else if (CVT) { /* fp8 e4m3, round to nearest even, saturating */
+  } else { /* fp8 e4m3, round to nearest even, saturating */
     uint32_t w[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 8; i++)
       w[i >> 2] |= (uint32_t)__nv_cvt_float_to_fp8(v[i], __NV_SATFINITE, __NV_E4M3) << (8 * (i & 3));
     q.x = w[0];
     q.y = w[1];
-  } else { /* fp8 e4m3, two values per conversion (the same rounding) */
-    uint32_t h[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-      h[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
-    q.x = __byte_perm(h[0], h[1], 0x5410);
-    q.y = __byte_perm(h[2], h[3], 0x5410);
   }
   return q;
 }
 
 /* Decode codes and scale -> 8 f32 values (q * s, one rounding). */
-template <int C, bool CVT = false>
+template <int C>
 __device__ __forceinline__ void decode(uint4 q, float s, float (&y)[8]) {
-  if (C == WF_QR_INT8 && CVT) {
+  if (C == WF_QR_INT8) {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
       const uint32_t w = i < 4 ? q.x : q.y;
       const int c = (int)(int8_t)((w >> (8 * (i & 3))) & 0xffu);
       y[i] = __fmul_rn((float)c, s);
     }
-  } else if (C == WF_QR_INT8) {
-    const uint32_t u[2] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u}; /* bytes c + 128 */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      const float c = __fsub_rn(__uint_as_float(__byte_perm(u[i >> 2], 0x4b000000u, 0x7440 + (i & 3))), kI8);
-      y[i] = __fmul_rn(c, s);
-    }
-  } else if (C == WF_QR_INT4 && CVT) {
+  } else if (C == WF_QR_INT4) {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
       const int c = ((int)(q.x << (28 - 4 * i))) >> 28; /* sign-extend nibble i */
       y[i] = __fmul_rn((float)c, s);
     }
-  } else if (C == WF_QR_INT4) {
-    const uint32_t u = q.x ^ 0x88888888u; /* nibbles c + 8 */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      const float c = __fsub_rn(__uint_as_float(((u >> (4 * i)) & 0xfu) | 0x4b000000u), kI4);
-      y[i] = __fmul_rn(c, s);
-    }
-  } else if (CVT) {
+  } else {
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
       const uint32_t w = i < 4 ? q.x : q.y;
@@ -182,14 +131,6 @@ __device__ __forceinline__ void decode(uint4 q, float s, float (&y)[8]) {
       const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
       y[i] = __fmul_rn(f.x, s);
       y[i + 1] = __fmul_rn(f.y, s);
-    }
-  } else { /* e4m3 (never a NaN code: the encoder saturates) */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      const uint32_t w = i < 4 ? q.x : q.y;
-      const int hi = (int)__byte_perm(w, 0u, 0x0444 + ((i & 3) << 12)); /* byte i at the top */
-      const float f = __uint_as_float((uint32_t)(hi >> 4) & 0x87f00000u);
-      y[i] = __fmul_rn(__fmul_rn(f, kE4m3), s);
     }
   }
 }

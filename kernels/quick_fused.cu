@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
   const char *const in = (const char *)a.in;
   auto flag = [&](const void *base, int phase, int sender) {
     return (uint64_t *)((char *)base + a.off_flags) +
-           (((size_t)(par * 2 + phase) * WF_MAX_BLOCKS + blockIdx.x) * 8 + sender);
+           (((size_t)(par * 2 + phase) * WF_MAX_GRID + blockIdx.x) * 8 + sender);
   };
 
   /* 1. reduce-scatter push: my rows of range p, encoded, into p's RS inbox slot [rank] */
@@ -296,7 +296,7 @@ int shape(const wf_fused_args *a, int codec, qf_kernel *k, int *blocks, int *thr
   const long work = (a->tokens + a->world - 1) / a->world;
   long g = (long)sms * bps;
   if (g > work) g = work;
-  if (g > WF_MAX_BLOCKS) g = WF_MAX_BLOCKS;
+  if (g > WF_MAX_GRID) g = WF_MAX_GRID;
   if (g < 1) g = 1;
   *blocks = (int)g;
   *threads = t;

@@ -1,5 +1,6 @@
 # weft's own all-reduce (src/cuda/vmm.c, src/coll/allreduce.c, kernels/allreduce.cu,
-# the kernels in kernels/allreduce_kernels.cuh, one file per dtype: allreduce_<dtype>.cu):
+# the kernels in kernels/allreduce_kernels.cuh, one unit per dtype written by the
+# build: allreduce_<dtype>, mk/kernel_units.mk):
 # the validate-then-benchmark harness, NCCL side by side (bench/ar_bench.cu).
 #   make ar-bench [BUILD=...]   builds $(BUILD)/ar_bench against $(LIB)
 #   scripts/gpu-ar              builds, runs 2 ranks on 2 GPUs, results in $OUT
@@ -10,7 +11,11 @@ AR_BENCH := $(BUILD)/ar_bench
 .PHONY: ar-bench
 ar-bench: $(AR_BENCH)
 
-$(AR_BENCH): bench/ar_bench.cu bench/ar_sweep.inc.cu bench/ar_link.inc.cu bench/machine_tag.h src/weft.h $(LIB)
+# the parts bench/ar_bench.cu includes (one translation unit), one per mode
+AR_BENCH_PARTS := $(addprefix bench/ar_,validate.inc.cu dead_peer.inc.cu leaks.inc.cu timing.inc.cu \
+                    sweep.inc.cu link.inc.cu)
+
+$(AR_BENCH): bench/ar_bench.cu $(AR_BENCH_PARTS) bench/machine_tag.h src/weft.h $(LIB)
 	@mkdir -p $(BUILD)
 	$(NVCC) -O2 -std=c++17 $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
 	  -Isrc -o $@ $< -L$(BUILD) -lweft -Xlinker -rpath,$(abspath $(BUILD)) -ldl -lpthread

@@ -22,13 +22,12 @@
 #include "coll/limits.h"
 #include <stdint.h>
 
-#define WF_AGREE_MAX_WORLD WF_MAX_WORLD
 #define WF_AGREE_AFTER_NS 20000u /* a wait older than this compares the slots */
 #define WF_AGREE_FAILED 0xffffffffu /* a slot word's call number that marks a failure */
 
 typedef struct wf_agree_area {
-  uint64_t slot[WF_AGREE_MAX_WORLD][4];  /* written by rank r: {word, d0, d1, 0} */
-  uint64_t peer_row[WF_AGREE_MAX_WORLD]; /* every rank's area, as this process maps it */
+  uint64_t slot[WF_MAX_WORLD][4];  /* written by rank r: {word, d0, d1, 0} */
+  uint64_t peer_row[WF_MAX_WORLD]; /* every rank's area, as this process maps it */
   uint32_t calls;                        /* this rank's announced calls */
   uint32_t pad[47];
 } wf_agree_area;                         /* 512 bytes */

@@ -106,7 +106,6 @@ int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in
 
 #else
 
-_Static_assert(WF_AR_MAX_WORLD <= WF_DC_MAX_WORLD, "devcoll holds every rank");
 #define esize wf_dc_esize
 #define dtype_name wf_dc_dtype_name
 
@@ -364,7 +363,7 @@ int weft_ar_set_param(weft_ar *ar, const char *name, int64_t value) {
   const int64_t v = value;
 #define RANGE(lo, hi) WF_CHECK_ARG(v >= (lo) && v <= (hi), OPFMT ": set_param %s = %lld out of range [%lld, %lld]", \
                                    OPARGS, name, (long long)v, (long long)(lo), (long long)(hi))
-  if (!strcmp(name, "grid")) { RANGE(0, WF_AR_MAX_BLOCKS); a->grid = (int)v; }
+  if (!strcmp(name, "grid")) { RANGE(0, WF_MAX_GRID); a->grid = (int)v; }
   else if (!strcmp(name, "threads")) {
     RANGE(0, WF_AR_FLAG_THREADS);
     WF_CHECK_ARG(v % 32 == 0, OPFMT ": set_param threads = %lld is not a multiple of 32", OPARGS, (long long)v);

@@ -9,8 +9,6 @@
 
 #include "coll/agree.h"
 
-#define WF_AR_MAX_WORLD WF_MAX_WORLD
-#define WF_AR_MAX_BLOCKS WF_MAX_GRID /* epoch slots and flag rows */
 #define WF_AR_LAMPORT_THREADS 256 /* most threads per Lamport block (launch bound) */
 #define WF_AR_FLAG_THREADS 512
 #define WF_AR_FLAG_UNROLL 2       /* 16-byte vectors per thread per round (x sub) */
@@ -30,8 +28,8 @@ enum { WF_AR_SITE_LAMPORT = 1, WF_AR_SITE_ONESHOT = 2, WF_AR_SITE_RS = 3, WF_AR_
        WF_AR_SITE_AGREE = 8 /* the end of a call: a peer's announcement of it */ };
 
 /* Workspace layout (same offsets on every rank):
- *   epochs[WF_AR_MAX_BLOCKS] u32 | lbytes[3] u64 | err u64 | agreement area |
- *   flags u64 [2 parity][2 phase][WF_AR_MAX_BLOCKS][WF_AR_MAX_WORLD] |
+ *   epochs[WF_MAX_GRID] u32 | lbytes[3] u64 | err u64 | agreement area |
+ *   flags u64 [2 parity][2 phase][WF_MAX_GRID][WF_MAX_WORLD] |
  *   lamport [3 buffers][world-1 slots][lamport_slot bytes]  (sentinel-filled) |
  *   data [2 parity][data_par bytes]  */
 #define WF_AR_OFF_EPOCHS 0u
@@ -39,14 +37,14 @@ enum { WF_AR_SITE_LAMPORT = 1, WF_AR_SITE_ONESHOT = 2, WF_AR_SITE_RS = 3, WF_AR_
 #define WF_AR_OFF_ERR (4096u + 64u)
 #define WF_AR_OFF_AGREE (4096u + 512u) /* wf_agree_area (src/coll/agree.h), 512 bytes */
 #define WF_AR_OFF_FLAGS 8192u
-#define WF_AR_FLAGS_BYTES (2u * 2u * WF_AR_MAX_BLOCKS * WF_AR_MAX_WORLD * 8u)
+#define WF_AR_FLAGS_BYTES (2u * 2u * WF_MAX_GRID * WF_MAX_WORLD * 8u)
 
 typedef struct wf_ar_args {
   const void *in;
   void *out;
   uint64_t count;               /* elements */
   int dtype, kind, rank, world;
-  char *ws[WF_AR_MAX_WORLD];    /* this process's view of every rank's workspace */
+  char *ws[WF_MAX_WORLD];    /* this process's view of every rank's workspace */
   uint64_t off_lamport, lamport_slot, off_data, data_par;
   const uint32_t *abort_host;   /* device pointer of a host-mapped word */
   unsigned long long *err_host; /* device pointer of a host-mapped word */

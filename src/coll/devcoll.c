@@ -107,7 +107,7 @@ void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int 
   snprintf(d->group, sizeof d->group, "%s", gi->name);
   d->n = gi->n;
   d->me = gi->me;
-  for (int i = 0; i < gi->n && i < WF_DC_MAX_WORLD; i++) d->ranks[i] = gi->ranks[i];
+  for (int i = 0; i < gi->n && i < WF_MAX_WORLD; i++) d->ranks[i] = gi->ranks[i];
   d->timeout_ms = timeout_ms;
 }
 
@@ -180,7 +180,7 @@ int wf_dc_agree_init(wf_dc *d, uint64_t off, cudaStream_t s) {
   /* WEFT_DEVICE_AGREE=0: no announcements (to measure what they cost, and
    * to show what the checks find without them); the area stays zero */
   if (wf_env_long("WEFT_DEVICE_AGREE", 1) == 0) return 0;
-  uint64_t rows[WF_AGREE_MAX_WORLD] = {0};
+  uint64_t rows[WF_MAX_WORLD] = {0};
   for (int i = 0; i < d->n; i++) rows[i] = (uint64_t)(uintptr_t)((char *)wf_dc_peer(d, i) + off);
   wf_agree_area *mine = (wf_agree_area *)(uintptr_t)rows[d->me];
   cudaError_t e = cudaMemcpyAsync(mine->peer_row, rows, sizeof rows, cudaMemcpyHostToDevice, s);
@@ -300,8 +300,11 @@ int wf_dc_check_error(wf_dc *d) {
                     d->n, epoch, grank, theirs, d->ranks[d->me], mine, nm->unit, nm->timeout_hint);
   }
   if (status == WF_SPIN_PEER_FAILED) {
-    const unsigned why = site, named = epoch;
+    /* site: the peer's status; epoch: the rank it named, this rank's own wait site above */
+    const unsigned why = site, named = epoch & 0xff, own = (epoch >> 8) & 0xff;
     const int gnamed = named < (unsigned)d->n ? d->ranks[named] : -1;
+    char at[200] = "";
+    if (own && nm->site) snprintf(at, sizeof at, " at the %s", nm->site(own));
     char reason[160];
     if (why == WF_SPIN_MISMATCH)
       snprintf(reason, sizeof reason, "its call differed from rank %d's", gnamed);
@@ -313,8 +316,8 @@ int wf_dc_check_error(wf_dc *d) {
       snprintf(reason, sizeof reason, "it was aborted");
     d->failed = WEFT_EABORT;
     return wf_error(WEFT_EABORT, "%s (group '%s', rank %d of %d): rank %d gave up its call (%s), so this "
-                    "rank's call cannot complete; %s unusable: %s", nm->what, d->group, d->me, d->n, grank,
-                    reason, nm->unit, nm->timeout_hint);
+                    "rank's call cannot complete (it waited%s); %s unusable: %s", nm->what, d->group, d->me, d->n,
+                    grank, reason, at[0] ? at : " for it", nm->unit, nm->timeout_hint);
   }
   if (status == 1) {
     d->failed = WEFT_EABORT;

@@ -19,7 +19,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WF_DC_MAX_WORLD WF_MAX_WORLD
 
 /* Bytes per element of the reduction dtypes (f32, f16, bf16); 0 otherwise. */
 static inline int wf_dc_esize(int dtype) {
@@ -71,7 +70,7 @@ typedef struct wf_dc {
   const wf_dc_names *names;
   char group[64];
   int n, me;
-  int ranks[WF_DC_MAX_WORLD];   /* global ranks, for messages */
+  int ranks[WF_MAX_WORLD];   /* global ranks, for messages */
   weft_vmm *vmm;                /* the workspace */
   wf_dc_host *host;             /* host view of the mapped words (NULL until mapped) */
   const uint32_t *abort_dev;    /* device pointers of host->abort and host->err */
@@ -93,7 +92,7 @@ typedef struct wf_dc_local {
   char msg[512];
 } wf_dc_local;
 
-/* The group facts (n <= WF_DC_MAX_WORLD) and the kernels' timeout. */
+/* The group facts (n <= WF_MAX_WORLD) and the kernels' timeout. */
 void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int timeout_ms);
 /* This rank's SM count; 0 (a rank without CUDA votes 0 SMs) with l holding why. */
 int wf_dc_sm_count(wf_dc_local *l);

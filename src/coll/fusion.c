@@ -3,20 +3,19 @@
  * src/cuda/vmm.c) and its layout, the host-mapped abort/error words, validation
  * before launch, the one-shot/two-shot choice, and the error report.
  *
- * What decides the grid or the layout (SM count, sizes) is agreed by all
- * ranks at create (cpu group MIN/MAX), because a peer waits for the block of
- * the same index. */
+ * The workspace's lifecycle and its agreement at create are fused_ws.c's,
+ * shared with the other patterns (fusion_ext.c); here: its layout and init,
+ * the call's checks and the launch. */
 #include "fusion_internal.h"
-#include "devcoll.h"
+#include "fused_ws.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define KIB ((int64_t)1024)
-#define MIB (KIB * KIB)
-
-static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+#define MIB WF_FWS_MIB
+#define KIB WF_FWS_KIB
+#define align_up wf_fws_align
 
 #define esize wf_dc_esize
 #define dtype_name wf_dc_dtype_name
@@ -30,12 +29,6 @@ typedef struct layout {
   int64_t off_state, off_flags, off_rs, off_ag, off_lamport, lamport_buf, total;
 } layout;
 
-static int64_t os_tokens_of(const weft_fusion_opts *o) {
-  return o->oneshot_max_tokens < 0 ? 0
-         : o->oneshot_max_tokens == 0 || o->oneshot_max_tokens > o->max_tokens ? o->max_tokens
-                                                                              : o->oneshot_max_tokens;
-}
-
 static layout layout_of(const weft_fusion_opts *o, int world) {
   layout l;
   const int64_t row = o->hidden * esize(o->dtype);
@@ -43,18 +36,19 @@ static layout layout_of(const weft_fusion_opts *o, int world) {
   const int64_t inbox = align_up((int64_t)world * rows_per * row, 4096);
   l.off_state = 0;
   l.off_flags = align_up((int64_t)sizeof(wf_fused_state), 4096);
-  l.off_rs = align_up(l.off_flags + 2 * 2 * WF_FUSED_MAX_BLOCKS * 8 * 8, 4096);
+  l.off_rs = align_up(l.off_flags + 2 * 2 * WF_MAX_GRID * 8 * 8, 4096);
   l.off_ag = l.off_rs + inbox;
   l.off_lamport = l.off_ag + inbox;
-  l.lamport_buf = align_up((int64_t)world * os_tokens_of(o) * row, 4096);
+  l.lamport_buf = align_up((int64_t)world * wf_fws_os_tokens(o) * row, 4096);
   l.total = l.off_lamport + 3 * l.lamport_buf;
   return l;
 }
+static int64_t layout_bytes(const weft_fusion_opts *o, int world) { return layout_of(o, world).total; }
 
 static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
   WF_CHECK_ARG(o, "%s: NULL options", op);
-  WF_CHECK_ARG(world >= 2 && world <= WF_FUSED_MAX_WORLD,
-               "%s: world size %d not supported (2..%d)", op, world, WF_FUSED_MAX_WORLD);
+  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD,
+               "%s: world size %d not supported (2..%d)", op, world, WF_MAX_WORLD);
   WF_CHECK_ARG(esize(o->dtype), "%s: dtype %s (%d) not supported (f32, f16, bf16)", op,
                dtype_name(o->dtype), o->dtype);
   WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WF_FUSED_MAX_HIDDEN && o->hidden % 8 == 0,
@@ -65,63 +59,27 @@ static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
   return 0;
 }
 
-int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
-  WF_CHECK_ARG(bytes, "fusion workspace_bytes: NULL out-parameter");
-  int rc = check_opts(opts, world, "fusion workspace_bytes");
-  if (rc) return rc;
-  *bytes = (size_t)layout_of(opts, world).total;
-  return 0;
+/* AUTO's one-shot limit. Two ranks: none (one-shot whenever the workspace
+ * holds it). There both kernels move the same bytes per link direction (the
+ * one-shot the whole tensor once, the two-shot half of it twice), and the
+ * one-shot needs no barrier; measured on 2 x H200 (bench/results/
+ * fused-nvidia-h200-x2-2026-11-30.md) the two-shot was ahead only at 8 MiB
+ * (4 %) and 16 MiB (1.4 %) and behind by 7-12 % at 32, 64 and 128 MiB, so
+ * no single switch point beats "never". More ranks: the one-shot moves
+ * (W-1) times the bytes per rank; 2 MiB up to 4 ranks, 512 KiB beyond
+ * (not yet measured). */
+static int64_t default_oneshot_max(int world) {
+  return world == 2 ? WF_FWS_NO_LIMIT : world <= 4 ? 2 * MIB : 512 * KIB;
 }
 
-#if !WEFT_HAVE_CUDA
+struct weft_fusion {
+  wf_fws ws;                       /* the workspace (first: fused_ws.c allocates the whole) */
+#if WEFT_HAVE_CUDA
+  wf_fused_args base;              /* launch arguments without the call's part */
+#endif
+};
 
-#define nodev wf_dc_nodev
-int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
-  WF_CHECK_ARG(ok, "fusion preflight: NULL out-parameter");
-  *ok = 0;
-  int rc = check_opts(opts, world, "fusion preflight");
-  return rc ? rc : 0;
-}
-int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out) {
-  WF_CHECK_ARG(out, "fusion create: NULL out-parameter");
-  *out = NULL;
-  (void)algo_name;
-  wf_dc_group gi;
-  int rc = wf_dc_group_info(g, "fusion create", &gi);
-  if (rc) return rc;
-  rc = check_opts(opts, gi.n, gi.op);
-  return rc ? rc : nodev(gi.op);
-}
-int weft_fusion_destroy(weft_fusion *f) { (void)f; return 0; }
-int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
-  (void)f; (void)p;
-  return nodev("fusion run");
-}
-int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, const char **why) {
-  (void)f; (void)p; (void)algo; (void)why;
-  return nodev("fusion resolve");
-}
-int weft_fusion_sufficient(weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo,
-                           int *ok) {
-  (void)f; (void)tokens; (void)hidden; (void)dtype; (void)algo;
-  if (ok) *ok = 0;
-  return 0;
-}
-int weft_fusion_get_info(weft_fusion *f, weft_fusion_info *info) {
-  (void)f; (void)info;
-  return nodev("fusion get_info");
-}
-int weft_fusion_check_error(weft_fusion *f) { (void)f; return nodev("fusion check_error"); }
-int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, int *blocks,
-                       int *threads, int *cluster) {
-  (void)f; (void)p; (void)algo; (void)blocks; (void)threads; (void)cluster;
-  return nodev("fusion geometry");
-}
-int weft_fusion_abort(weft_fusion *f) { (void)f; return nodev("fusion abort"); }
-
-#else
-
-_Static_assert(WF_FUSED_MAX_WORLD <= WF_DC_MAX_WORLD, "devcoll holds every rank");
+#if WEFT_HAVE_CUDA
 
 static const char *site_name(unsigned site) {
   switch (site) {
@@ -161,171 +119,99 @@ static const wf_dc_names FUSION_NAMES = {
   .timeout_hint = "destroy and recreate it", .site = site_name, .describe = describe,
 };
 
-struct weft_fusion {
-  wf_dc dc;                        /* group, workspace, host words, in-flight state */
-  weft_fusion_opts opts;           /* as agreed */
-  int64_t os_tokens, oneshot_max_bytes;
-  size_t ws_bytes;
-  wf_fused_args base;              /* launch arguments without the call's part */
-};
-
-/* Release everything local (never collective). */
-static void fusion_free(weft_fusion *f) {
-  if (!f) return;
-  wf_dc_release(&f->dc, "fusion destroy");
-  free(f);
-}
-
-int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
-  WF_CHECK_ARG(ok, "fusion preflight: NULL out-parameter");
-  *ok = 0;
-  int rc = check_opts(opts, world, "fusion preflight");
-  if (rc) return rc;
-  wf_dc_fits_free_memory(layout_of(opts, world).total, ok);
-  return 0;
-}
-
 /* State and flags zeroed, Lamport buffers filled with the sentinel. */
-static int init_workspace(weft_fusion *f, const layout *l) {
-  cudaStream_t s;
-  WF_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  int e = wf_fused_init(f->base.peer[f->dc.me], (uint64_t)l->off_lamport, 3u * (uint64_t)l->lamport_buf,
-                        (uint64_t)l->off_rs, f->opts.dtype, s);
-  int rc = e == 0 ? wf_cuda_wait_stream(s, f->dc.timeout_ms, "fusion create: workspace init")
-                  : wf_cuda_err(__FILE__, __LINE__, "fusion workspace init", (cudaError_t)e);
-  if (!rc) rc = wf_dc_agree_init(&f->dc, (uint64_t)l->off_state + offsetof(wf_fused_state, agree), s);
-  if (!rc) f->base.agree = wf_dc_agreement(&f->dc);
-  cudaStreamDestroy(s);
-  return rc;
+static int clear(wf_fws *w, cudaStream_t s) {
+  const layout l = layout_of(&w->opts, w->world);
+  return wf_fused_init(wf_dc_peer(&w->dc, w->me), (uint64_t)l.off_lamport, 3u * (uint64_t)l.lamport_buf,
+                       (uint64_t)l.off_rs, w->opts.dtype, s);
 }
 
-/* AUTO's one-shot limit. Two ranks: none (one-shot whenever the workspace
- * holds it). There both kernels move the same bytes per link direction (the
- * one-shot the whole tensor once, the two-shot half of it twice), and the
- * one-shot needs no barrier; measured on 2 x H200 (bench/results/
- * fused-nvidia-h200-x2-2026-11-30.md) the two-shot was ahead only at 8 MiB
- * (4 %) and 16 MiB (1.4 %) and behind by 7-12 % at 32, 64 and 128 MiB, so
- * no single switch point beats "never". More ranks: the one-shot moves
- * (W-1) times the bytes per rank; 2 MiB up to 4 ranks, 512 KiB beyond
- * (not yet measured). */
-#define WF_FUSION_NO_LIMIT INT64_MAX
-static int64_t default_oneshot_max(int world) {
-  return world == 2 ? WF_FUSION_NO_LIMIT : world <= 4 ? 2 * MIB : 512 * KIB;
-}
-
-int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out) {
-  WF_CHECK_ARG(out, "fusion create: NULL out-parameter");
-  *out = NULL;
-  wf_dc_group gi;
-  int rc = wf_dc_group_info(g, "fusion create", &gi);
-  if (rc) return rc;
-  const char *op = gi.op;
-  const int n = gi.n, me = gi.me, tmo = gi.timeout_ms;
-  rc = check_opts(opts, n, op);
-  if (rc) return rc;
-
-  weft_fusion *f = calloc(1, sizeof *f);
-  if (!f) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  wf_dc_setup(&f->dc, &FUSION_NAMES, &gi, wf_dc_timeout(opts->timeout_ms, "WEFT_FUSION_TIMEOUT_MS", tmo));
-
-  /* Local facts, then agreement: the smallest SM count (same grid
-   * everywhere) and the same sizes (a rank without CUDA votes 0 SMs). */
-  wf_dc_local local;
-  const int sms = wf_dc_sm_count(&local);
-  const int64_t os_env = wf_env_long("WEFT_FUSION_ONESHOT_MAX", -1);
-  int64_t vmin[2] = {sms, os_env > 0 ? os_env : default_oneshot_max(n)};
-  int64_t vmax[4] = {opts->max_tokens, opts->hidden, esize(opts->dtype), os_tokens_of(opts)};
-  rc = wf_dc_agree(g, &local, vmin, 2, vmax, 4, op);
-  if (rc) { fusion_free(f); return rc; }
-  /* every rank sizes for the largest request (the grow-only manager asks the
-   * same everywhere; this keeps offsets equal even if it did not) */
-  f->opts = *opts;
-  f->opts.max_tokens = vmax[0];
-  f->opts.hidden = vmax[1];
-  f->opts.dtype = vmax[2] == 4 ? WEFT_F32 : (esize(opts->dtype) == 2 ? opts->dtype : WEFT_BF16);
-  f->opts.oneshot_max_tokens = vmax[3] > 0 ? vmax[3] : -1;
-  f->os_tokens = os_tokens_of(&f->opts);
-  f->oneshot_max_bytes = vmin[1];
-  const layout l = layout_of(&f->opts, n);
-
+static void bind(wf_fws *w) {
+  weft_fusion *f = (weft_fusion *)w;
+  const layout l = layout_of(&w->opts, w->world);
   wf_fused_args *a = &f->base;
-  a->rank = me;
-  a->world = n;
-  a->num_sms = (int)vmin[0];
+  a->rank = w->me;
+  a->world = w->world;
+  a->num_sms = w->num_sms;
   a->off_state = (uint64_t)l.off_state;
   a->off_flags = (uint64_t)l.off_flags;
   a->off_rs = (uint64_t)l.off_rs;
   a->off_ag = (uint64_t)l.off_ag;
   a->off_lamport = (uint64_t)l.off_lamport;
   a->lamport_buf_bytes = (uint64_t)l.lamport_buf;
-  f->ws_bytes = (size_t)l.total;
-
-  rc = wf_dc_workspace(&f->dc, g, f->ws_bytes, op);
-  if (rc) { fusion_free(f); return rc; }
-  for (int i = 0; i < n; i++) a->peer[i] = wf_dc_peer(&f->dc, i);
-  a->err_dev = &((wf_fused_state *)((char *)a->peer[me] + l.off_state))->err_dev;
-
-  /* Host-mapped words, workspace init; then a vote, so that no peer pushes
-   * into a workspace before its owner initialised it. */
-  int local_rc = wf_dc_map_host(&f->dc);
-  a->abort_host = f->dc.abort_dev;
-  a->err_host = f->dc.err_dev;
-  if (!local_rc) local_rc = init_workspace(f, &l);
-  rc = wf_dc_vote_ready(g, local_rc, op);
-  if (rc) {
-    fusion_free(f);
-    return rc;
-  }
-  char lim[40] = "any size";
-  if (f->oneshot_max_bytes != WF_FUSION_NO_LIMIT)
-    snprintf(lim, sizeof lim, "<= %lld bytes", (long long)f->oneshot_max_bytes);
-  wf_log(1, "%s: %zu bytes per rank (max %lld tokens x %lld %s, one-shot up to %lld tokens, "
-         "auto one-shot at %s), %d SMs", op, f->ws_bytes, (long long)f->opts.max_tokens,
-         (long long)f->opts.hidden, dtype_name(f->opts.dtype), (long long)f->os_tokens, lim,
-         a->num_sms);
-  *out = f;
-  return 0;
+  for (int i = 0; i < w->world; i++) a->peer[i] = wf_dc_peer(&w->dc, i);
+  a->err_dev = &((wf_fused_state *)((char *)a->peer[w->me] + l.off_state))->err_dev;
+  a->abort_host = w->dc.abort_dev;
+  a->err_host = w->dc.err_dev;
+  a->agree = wf_dc_agreement(&w->dc);
 }
 
+#endif
+
+static const wf_fws_family FAMILY = {
+  .what = "fusion", .oneshot_env = "WEFT_FUSION_ONESHOT_MAX", .default_oneshot_max = default_oneshot_max,
+  .check_opts = check_opts, .workspace_bytes = layout_bytes,
+#if WEFT_HAVE_CUDA
+  .names = &FUSION_NAMES, .clear = clear, .agree_offset = offsetof(wf_fused_state, agree), .bind = bind,
+#endif
+};
+
+int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
+  return wf_fws_workspace_bytes(&FAMILY, opts, world, bytes);
+}
+int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
+  return wf_fws_preflight(&FAMILY, opts, world, ok);
+}
+int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out) {
+  wf_fws *w = NULL;
+  const int rc = wf_fws_create(&FAMILY, g, opts, sizeof(weft_fusion), &w);
+  if (out) *out = (weft_fusion *)w;
+  return rc;
+}
 int weft_fusion_destroy(weft_fusion *f) {
-  fusion_free(f); /* waits (bounded) for our own last call first */
+  wf_fws_destroy(f ? &f->ws : NULL);
+  return 0;
+}
+int weft_fusion_check_error(weft_fusion *f) { return wf_fws_check_error(f ? &f->ws : NULL, "fusion check_error"); }
+int weft_fusion_abort(weft_fusion *f) { return wf_fws_abort(f ? &f->ws : NULL, "fusion abort"); }
+
+int weft_fusion_sufficient(weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo,
+                           int *ok) {
+  WF_CHECK_ARG(f && ok, "fusion sufficient: NULL argument");
+  *ok = hidden >= 8 && hidden % 8 == 0 && esize(dtype) && wf_fws_fits(&f->ws, tokens, hidden, dtype, algo);
   return 0;
 }
 
 int weft_fusion_get_info(weft_fusion *f, weft_fusion_info *info) {
   WF_CHECK_ARG(f && info, "fusion get_info: NULL argument");
-  info->rank = f->dc.me;
-  info->world = f->dc.n;
-  info->dtype = f->opts.dtype;
-  info->max_tokens = f->opts.max_tokens;
-  info->hidden = f->opts.hidden;
-  info->oneshot_max_tokens = f->os_tokens;
-  info->oneshot_max_bytes = f->oneshot_max_bytes;
-  info->workspace_bytes = f->ws_bytes;
+  info->rank = f->ws.me;
+  info->world = f->ws.world;
+  info->dtype = f->ws.opts.dtype;
+  info->max_tokens = f->ws.opts.max_tokens;
+  info->hidden = f->ws.opts.hidden;
+  info->oneshot_max_tokens = f->ws.os_tokens;
+  info->oneshot_max_bytes = f->ws.oneshot_max_bytes;
+  info->workspace_bytes = f->ws.ws_bytes;
   return 0;
 }
 
-/* Capacity: 0 when (tokens, hidden, dtype) fits the kernel algo (1 or 2). */
-static int fits(const weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo) {
-  if (tokens > f->opts.max_tokens || hidden > f->opts.hidden || esize(dtype) > esize(f->opts.dtype))
-    return 0;
-  return algo == WEFT_FUSION_TWOSHOT || tokens <= f->os_tokens;
+#if !WEFT_HAVE_CUDA
+
+int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
+  (void)f; (void)p; (void)algo_name;
+  return wf_dc_nodev("fusion run");
+}
+int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, const char **why) {
+  (void)f; (void)p; (void)algo; (void)why;
+  return wf_dc_nodev("fusion resolve");
+}
+int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, int *blocks,
+                       int *threads, int *cluster) {
+  (void)f; (void)p; (void)algo; (void)blocks; (void)threads; (void)cluster;
+  return wf_dc_nodev("fusion geometry");
 }
 
-int weft_fusion_sufficient(weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo,
-                           int *ok) {
-  WF_CHECK_ARG(f && ok, "fusion sufficient: NULL argument");
-  *ok = tokens >= 0 && hidden >= 8 && hidden % 8 == 0 && esize(dtype) &&
-        (algo == WEFT_FUSION_AUTO ? fits(f, tokens, hidden, dtype, WEFT_FUSION_TWOSHOT)
-                                  : fits(f, tokens, hidden, dtype, algo));
-  return 0;
-}
-
-/* [p, p+n) overlaps [q, q+m) */
-static int overlaps(const void *p, size_t n, const void *q, size_t m) {
-  const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-  return p && q && a < b + m && b < a + n;
-}
+#else
 
 /* Everything run checks before it launches; also picks the kernel. */
 static int validate(const weft_fusion *f, const weft_fusion_params *p, const char *op, int *algo,
@@ -341,18 +227,18 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
   const int es = esize(p->dtype);
   WF_CHECK_ARG(es, "%s: dtype %s (%d) not supported (f32, f16, bf16)", op, dtype_name(p->dtype),
                p->dtype);
-  WF_CHECK_ARG(es <= esize(f->opts.dtype),
+  WF_CHECK_ARG(es <= esize(f->ws.opts.dtype),
                "%s: dtype %s is wider than the workspace's %s (recreate it for %s)", op,
-               dtype_name(p->dtype), dtype_name(f->opts.dtype), dtype_name(p->dtype));
+               dtype_name(p->dtype), dtype_name(f->ws.opts.dtype), dtype_name(p->dtype));
   WF_CHECK_ARG(p->tokens >= 0, "%s: tokens %lld < 0", op, (long long)p->tokens);
   WF_CHECK_ARG(p->hidden >= 8 && p->hidden % 8 == 0 && p->hidden <= WF_FUSED_MAX_HIDDEN,
                "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)p->hidden,
                WF_FUSED_MAX_HIDDEN);
-  WF_CHECK_ARG(p->hidden <= f->opts.hidden, "%s: hidden %lld exceeds the workspace's %lld", op,
-               (long long)p->hidden, (long long)f->opts.hidden);
-  WF_CHECK_ARG(p->tokens <= f->opts.max_tokens,
+  WF_CHECK_ARG(p->hidden <= f->ws.opts.hidden, "%s: hidden %lld exceeds the workspace's %lld", op,
+               (long long)p->hidden, (long long)f->ws.opts.hidden);
+  WF_CHECK_ARG(p->tokens <= f->ws.opts.max_tokens,
                "%s: %lld tokens exceed the declared maximum of %lld (grow the workspace)", op,
-               (long long)p->tokens, (long long)f->opts.max_tokens);
+               (long long)p->tokens, (long long)f->ws.opts.max_tokens);
   const int norm = p->pattern != WEFT_FUSION_AR, fp8 = p->pattern == WEFT_FUSION_AR_RMSNORM_FP8;
   WF_CHECK_ARG(p->input, "%s: input is NULL", op);
   WF_CHECK_ARG(norm || p->out, "%s: AR pattern needs out", op);
@@ -382,7 +268,7 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
   /* outputs (index >= 3, bar scale) against everything else; in-place pairs allowed */
   for (int i = 3; i < 7; i++)
     for (int j = 0; j < nb; j++) {
-      if (i == j || !overlaps(buf[i].ptr, buf[i].len, buf[j].ptr, buf[j].len)) continue;
+      if (i == j || !wf_fws_overlaps(buf[i].ptr, buf[i].len, buf[j].ptr, buf[j].len)) continue;
       const int inplace = buf[i].ptr == buf[j].ptr && buf[i].len == buf[j].len &&
                           ((i == 3 && j == 0) || (i == 4 && j == 1) || (i == 5 && j == 0));
       WF_CHECK_ARG(inplace, "%s: %s overlaps %s (only out == input, residual_out == residual "
@@ -396,43 +282,21 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
                  "only (pattern %d: use the exact kernel, or the quick all-reduce for a plain sum)", op, p->pattern);
     WF_CHECK_ARG(p->dtype == WEFT_BF16 || p->dtype == WEFT_F16, "%s: the quick codec takes bf16 or f16, not %s",
                  op, dtype_name(p->dtype));
-    WF_CHECK_ARG(f->dc.n == 2 || f->dc.n == 4 || f->dc.n == 6 || f->dc.n == 8,
-                 "%s: the quick codec has kernels for 2, 4, 6 or 8 ranks, not %d", op, f->dc.n);
+    WF_CHECK_ARG(f->ws.dc.n == 2 || f->ws.dc.n == 4 || f->ws.dc.n == 6 || f->ws.dc.n == 8,
+                 "%s: the quick codec has kernels for 2, 4, 6 or 8 ranks, not %d", op, f->ws.dc.n);
     WF_CHECK_ARG(p->algo != WEFT_FUSION_ONESHOT, "%s: the quick codec is a two-shot (one-shot requested)", op);
     *algo = WEFT_FUSION_TWOSHOT;
     *why = "quick two-shot (compressed wire) requested";
     return 0;
   }
   /* the kernel */
-  const int os_fit = fits(f, p->tokens, p->hidden, p->dtype, WEFT_FUSION_ONESHOT);
-  switch (p->algo) {
-    case WEFT_FUSION_ONESHOT:
-      WF_CHECK_ARG(os_fit, "%s: one-shot of %lld tokens exceeds the workspace's one-shot capacity "
-                   "(%lld tokens)", op, (long long)p->tokens, (long long)f->os_tokens);
-      *algo = WEFT_FUSION_ONESHOT;
-      *why = "one-shot requested";
-      break;
-    case WEFT_FUSION_TWOSHOT:
-      *algo = WEFT_FUSION_TWOSHOT;
-      *why = "two-shot requested";
-      break;
-    default:
-      if (os_fit && (int64_t)tb <= f->oneshot_max_bytes) {
-        *algo = WEFT_FUSION_ONESHOT;
-        *why = "auto: at most the one-shot limit (latency path)";
-      } else {
-        *algo = WEFT_FUSION_TWOSHOT;
-        *why = os_fit ? "auto: above the one-shot limit (bandwidth path)"
-                      : "auto: above the one-shot capacity of the workspace";
-      }
-  }
-  return 0;
+  return wf_fws_choose(&f->ws, p->algo, p->tokens, p->hidden, p->dtype, (int64_t)tb, op, algo, why);
 }
 
 int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, const char **why) {
   WF_CHECK_ARG(f && algo, "fusion resolve: NULL argument");
   char op[128];
-  snprintf(op, sizeof op, "fusion (group '%s', rank %d)", f->dc.group, f->dc.me);
+  snprintf(op, sizeof op, "fusion (group '%s', rank %d)", f->ws.dc.group, f->ws.dc.me);
   const char *w;
   int rc = validate(f, p, op, algo, &w);
   if (!rc && why) *why = w;
@@ -463,17 +327,17 @@ int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, i
 
 int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   WF_CHECK_ARG(f, "fusion run: handle is NULL");
-  int rc = wf_dc_usable(&f->dc, "fusion run");
+  int rc = wf_dc_usable(&f->ws.dc, "fusion run");
   if (rc) return rc;
   char op[128];
-  snprintf(op, sizeof op, "fusion run (group '%s', rank %d)", f->dc.group, f->dc.me);
+  snprintf(op, sizeof op, "fusion run (group '%s', rank %d)", f->ws.dc.group, f->ws.dc.me);
   int algo;
   const char *why;
   rc = validate(f, p, op, &algo, &why);
   if (rc) return rc;
   if (p->tokens == 0) return 0; /* same on every rank: nothing launched anywhere */
   cudaStream_t s = p->stream ? (cudaStream_t)p->stream : wf_cuda_current_stream();
-  rc = wf_dc_begin(&f->dc, s, "fusion run");
+  rc = wf_dc_begin(&f->ws.dc, s, "fusion run");
   if (rc) return rc;
   wf_fused_args a = f->base;
   a.in = p->input;
@@ -490,24 +354,13 @@ int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   a.pattern = p->pattern;
   a.flags = p->flags;
   a.dtype = p->dtype;
-  a.timeout_ns = (uint64_t)f->dc.timeout_ms * 1000000u;
+  a.timeout_ns = (uint64_t)f->ws.dc.timeout_ms * 1000000u;
   int e = p->quick ? wf_qr_fused_launch(&a, p->quick, s) : wf_fused_launch(&a, algo, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fused kernel launch", (cudaError_t)e);
-  wf_dc_end(&f->dc, s, !e);
+  wf_dc_end(&f->ws.dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s%s, %lld x %lld %s", op, p->quick ? "quick " : "", algo_name(algo),
                            (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
   return rc;
-}
-
-int weft_fusion_check_error(weft_fusion *f) {
-  WF_CHECK_ARG(f, "fusion check_error: handle is NULL");
-  return wf_dc_check_error(&f->dc);
-}
-
-int weft_fusion_abort(weft_fusion *f) {
-  WF_CHECK_ARG(f, "fusion abort: handle is NULL");
-  wf_dc_abort(&f->dc);
-  return 0;
 }
 
 #endif /* WEFT_HAVE_CUDA */

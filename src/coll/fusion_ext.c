@@ -1,22 +1,21 @@
 /* fusion_ext.c — host side of the fusion patterns beyond AR + residual +
  * RMSNorm (kernels/fused_ext.cu): MoE reduction / MoE finalize + all-reduce
  * + residual + RMSNorm, pre/post norm, reduce-scatter + residual + RMSNorm
- * (+ all-gather). Its own workspace (layout: fusion_ext_internal.h) with the
- * same plumbing as src/coll/fusion.c (devcoll.h: VMM mapping, host words,
- * bounded waits, error reports, one call in flight). Everything a call needs
- * is validated before anything is enqueued. */
+ * (+ all-gather). Its own workspace (layout: fusion_ext_internal.h) whose
+ * lifecycle is fused_ws.c's, as src/coll/fusion.c's is (devcoll.h: VMM
+ * mapping, host words, bounded waits, error reports, one call in flight).
+ * Everything a call needs is validated before anything is enqueued. */
 #include "fusion_ext_internal.h"
-#include "devcoll.h"
+#include "fused_ws.h"
 
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define KIB ((int64_t)1024)
-#define MIB (KIB * KIB)
-
-static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+#define MIB WF_FWS_MIB
+#define KIB WF_FWS_KIB
+#define align_up wf_fws_align
 
 #define esize wf_dc_esize
 #define dtype_name wf_dc_dtype_name
@@ -25,30 +24,25 @@ typedef struct layout {
   int64_t off_flags, off_os, off_rs, off_ag, os_slot, rs_slot, total;
 } layout;
 
-static int64_t os_tokens_of(const weft_fusion_opts *o) {
-  return o->oneshot_max_tokens < 0 ? 0
-         : o->oneshot_max_tokens == 0 || o->oneshot_max_tokens > o->max_tokens ? o->max_tokens
-                                                                              : o->oneshot_max_tokens;
-}
-
 static layout layout_of(const weft_fusion_opts *o, int world) {
   layout l;
   const int64_t row = o->hidden * esize(o->dtype);
   const int64_t rows_per = (o->max_tokens + world - 1) / world;
-  l.os_slot = os_tokens_of(o) * row;
+  l.os_slot = wf_fws_os_tokens(o) * row;
   l.rs_slot = rows_per * row;
   l.off_flags = align_up((int64_t)sizeof(wfx_state), 4096);
-  l.off_os = align_up(l.off_flags + 2 * 2 * WFX_MAX_BLOCKS * 8 * 8, 4096);
+  l.off_os = align_up(l.off_flags + 2 * 2 * WF_MAX_GRID * 8 * 8, 4096);
   l.off_rs = l.off_os + align_up(2 * (int64_t)world * l.os_slot, 4096);
   l.off_ag = l.off_rs + align_up(2 * (int64_t)world * l.rs_slot, 4096);
   l.total = l.off_ag + align_up(2 * (int64_t)world * l.rs_slot, 4096);
   return l;
 }
+static int64_t layout_bytes(const weft_fusion_opts *o, int world) { return layout_of(o, world).total; }
 
 static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
   WF_CHECK_ARG(o, "%s: NULL options", op);
-  WF_CHECK_ARG(world >= 2 && world <= WFX_MAX_WORLD, "%s: world size %d not supported (2..%d)", op,
-               world, WFX_MAX_WORLD);
+  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD, "%s: world size %d not supported (2..%d)", op,
+               world, WF_MAX_WORLD);
   WF_CHECK_ARG(o->dtype == WEFT_BF16 || o->dtype == WEFT_F16,
                "%s: dtype %s (%d) not supported (bf16, f16)", op, dtype_name(o->dtype), o->dtype);
   WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WFX_MAX_HIDDEN && o->hidden % 8 == 0,
@@ -59,13 +53,11 @@ static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
   return 0;
 }
 
-int weft_fusion_ext_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
-  WF_CHECK_ARG(bytes, "fusion_ext workspace_bytes: NULL out-parameter");
-  int rc = check_opts(opts, world, "fusion_ext workspace_bytes");
-  if (rc) return rc;
-  *bytes = (size_t)layout_of(opts, world).total;
-  return 0;
-}
+/* AUTO's one-shot limit (bytes of the call): not measured for these kernels
+ * yet; the AR + RMSNorm kernel's rule for more than 2 ranks (2 MiB up to 4
+ * ranks, 512 KiB beyond), and 2 MiB at 2 ranks (the flag one-shot waits
+ * once per block, unlike the Lamport one). WEFT_FUSION_EXT_ONESHOT_MAX. */
+static int64_t default_oneshot_max(int world) { return world <= 4 ? 2 * MIB : 512 * KIB; }
 
 static const char *pattern_name(int p) {
   switch (p) {
@@ -75,12 +67,6 @@ static const char *pattern_name(int p) {
     case WEFT_FX_RS_RMSNORM: return "reduce-scatter + RMSNorm";
     default: return "unknown pattern";
   }
-}
-
-/* [p, p+n) overlaps [q, q+m) */
-static int overlaps(const void *p, size_t n, const void *q, size_t m) {
-  const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-  return p && q && a < b + m && b < a + n;
 }
 
 /* The checks that need no workspace: the call itself. */
@@ -142,7 +128,7 @@ static int check_call(const weft_fusion_ext_params *p, int world, const char *op
   /* outputs (index >= 7) against everything; only residual_out == residual in place */
   for (int i = 7; i < nb; i++)
     for (int j = 0; j < nb; j++) {
-      if (i == j || !overlaps(buf[i].ptr, buf[i].len, buf[j].ptr, buf[j].len)) continue;
+      if (i == j || !wf_fws_overlaps(buf[i].ptr, buf[i].len, buf[j].ptr, buf[j].len)) continue;
       const int inplace = i == 7 && j == 4 && buf[i].ptr == buf[j].ptr;
       WF_CHECK_ARG(inplace, "%s: %s overlaps %s (only residual_out == residual is allowed)", op,
                    buf[i].name, buf[j].name);
@@ -150,44 +136,14 @@ static int check_call(const weft_fusion_ext_params *p, int world, const char *op
   return 0;
 }
 
-#if !WEFT_HAVE_CUDA
+struct weft_fusion_ext {
+  wf_fws ws;       /* the workspace (first: fused_ws.c allocates the whole) */
+#if WEFT_HAVE_CUDA
+  wfx_args base;   /* launch arguments without the call's part */
+#endif
+};
 
-#define nodev wf_dc_nodev
-int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) {
-  WF_CHECK_ARG(ok, "fusion_ext preflight: NULL out-parameter");
-  *ok = 0;
-  return check_opts(opts, world, "fusion_ext preflight");
-}
-int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out) {
-  WF_CHECK_ARG(out, "fusion_ext create: NULL out-parameter");
-  *out = NULL;
-  (void)pattern_name; (void)check_call;
-  wf_dc_group gi;
-  int rc = wf_dc_group_info(g, "fusion_ext create", &gi);
-  if (rc) return rc;
-  rc = check_opts(opts, gi.n, gi.op);
-  return rc ? rc : nodev(gi.op);
-}
-int weft_fusion_ext_destroy(weft_fusion_ext *f) { (void)f; return 0; }
-int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
-  (void)f; (void)p;
-  return nodev("fusion_ext run");
-}
-int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
-                            const char **why) {
-  (void)f; (void)p; (void)algo; (void)why;
-  return nodev("fusion_ext resolve");
-}
-int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidden, int dtype,
-                               int algo, int *ok) {
-  (void)f; (void)tokens; (void)hidden; (void)dtype; (void)algo;
-  if (ok) *ok = 0;
-  return 0;
-}
-int weft_fusion_ext_check_error(weft_fusion_ext *f) { (void)f; return nodev("fusion_ext check_error"); }
-int weft_fusion_ext_abort(weft_fusion_ext *f) { (void)f; return nodev("fusion_ext abort"); }
-
-#else
+#if WEFT_HAVE_CUDA
 
 /* The kernel reports the wait in the low 4 bits of the error word's site
  * byte and the call's pattern in the high 4 (kernels/fused_ext.cu), so the
@@ -234,67 +190,18 @@ static const wf_dc_names NAMES = {
   .timeout_hint = "destroy and recreate it", .site = site_name, .describe = describe,
 };
 
-struct weft_fusion_ext {
-  wf_dc dc;
-  weft_fusion_opts opts;
-  int64_t os_tokens, oneshot_max_bytes;
-  size_t ws_bytes;
-  wfx_args base;
-};
-
-static void fx_free(weft_fusion_ext *f) {
-  if (!f) return;
-  wf_dc_release(&f->dc, "fusion_ext destroy");
-  free(f);
+/* state and flags zeroed (the inboxes need nothing: flags say when they hold data) */
+static int clear(wf_fws *w, cudaStream_t s) {
+  return (int)cudaMemsetAsync(wf_dc_peer(&w->dc, w->me), 0, (size_t)layout_of(&w->opts, w->world).off_os, s);
 }
 
-int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) {
-  WF_CHECK_ARG(ok, "fusion_ext preflight: NULL out-parameter");
-  *ok = 0;
-  int rc = check_opts(opts, world, "fusion_ext preflight");
-  if (rc) return rc;
-  wf_dc_fits_free_memory(layout_of(opts, world).total, ok);
-  return 0;
-}
-
-/* AUTO's one-shot limit (bytes of the call): not measured for these kernels
- * yet; the AR + RMSNorm kernel's rule for more than 2 ranks (2 MiB up to 4
- * ranks, 512 KiB beyond), and 2 MiB at 2 ranks (the flag one-shot waits
- * once per block, unlike the Lamport one). WEFT_FUSION_EXT_ONESHOT_MAX. */
-static int64_t default_oneshot_max(int world) { return world <= 4 ? 2 * MIB : 512 * KIB; }
-
-int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out) {
-  WF_CHECK_ARG(out, "fusion_ext create: NULL out-parameter");
-  *out = NULL;
-  wf_dc_group gi;
-  int rc = wf_dc_group_info(g, "fusion_ext create", &gi);
-  if (rc) return rc;
-  const char *op = gi.op;
-  const int n = gi.n, me = gi.me, tmo = gi.timeout_ms;
-  rc = check_opts(opts, n, op);
-  if (rc) return rc;
-  weft_fusion_ext *f = calloc(1, sizeof *f);
-  if (!f) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  wf_dc_setup(&f->dc, &NAMES, &gi, wf_dc_timeout(opts->timeout_ms, "WEFT_FUSION_TIMEOUT_MS", tmo));
-  wf_dc_local local;
-  const int sms = wf_dc_sm_count(&local);
-  const int64_t os_env = wf_env_long("WEFT_FUSION_EXT_ONESHOT_MAX", -1);
-  int64_t vmin[2] = {sms, os_env > 0 ? os_env : default_oneshot_max(n)};
-  int64_t vmax[3] = {opts->max_tokens, opts->hidden, os_tokens_of(opts)};
-  rc = wf_dc_agree(g, &local, vmin, 2, vmax, 3, op);
-  if (rc) { fx_free(f); return rc; }
-  f->opts = *opts;
-  f->opts.max_tokens = vmax[0];
-  f->opts.hidden = vmax[1];
-  f->opts.dtype = WEFT_BF16; /* both dtypes are 2 bytes: one layout */
-  f->opts.oneshot_max_tokens = vmax[2] > 0 ? vmax[2] : -1;
-  f->os_tokens = os_tokens_of(&f->opts);
-  f->oneshot_max_bytes = vmin[1];
-  const layout l = layout_of(&f->opts, n);
+static void bind(wf_fws *w) {
+  weft_fusion_ext *f = (weft_fusion_ext *)w;
+  const layout l = layout_of(&w->opts, w->world);
   wfx_args *a = &f->base;
-  a->rank = me;
-  a->world = n;
-  a->num_sms = (int)vmin[0];
+  a->rank = w->me;
+  a->world = w->world;
+  a->num_sms = w->num_sms;
   const char *sh = getenv("WEFT_ALLOW_SHARED_GPU");
   a->shared_gpu = sh && !strcmp(sh, "1");
   a->off_flags = (uint64_t)l.off_flags;
@@ -303,100 +210,88 @@ int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_
   a->off_ag = (uint64_t)l.off_ag;
   a->os_slot = (uint64_t)l.os_slot;
   a->rs_slot = (uint64_t)l.rs_slot;
-  f->ws_bytes = (size_t)l.total;
-  rc = wf_dc_workspace(&f->dc, g, f->ws_bytes, op);
-  if (rc) { fx_free(f); return rc; }
-  for (int i = 0; i < n; i++) a->peer[i] = wf_dc_peer(&f->dc, i);
-  a->err_dev = &((wfx_state *)a->peer[me])->err_dev;
-  int local_rc = wf_dc_map_host(&f->dc);
-  a->abort_host = f->dc.abort_dev;
-  a->err_host = f->dc.err_dev;
-  if (!local_rc) {
-    /* state and flags zeroed (the inboxes need nothing: flags say when they hold data) */
-    cudaStream_t s;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-      local_rc = wf_cuda_err(__FILE__, __LINE__, "fusion_ext workspace init", cudaGetLastError());
-    } else {
-      cudaError_t e = cudaMemsetAsync(a->peer[me], 0, (size_t)l.off_os, s);
-      local_rc = e == cudaSuccess ? wf_cuda_wait_stream(s, f->dc.timeout_ms, "fusion_ext create: workspace init")
-                                  : wf_cuda_err(__FILE__, __LINE__, "fusion_ext workspace init", e);
-      if (!local_rc) local_rc = wf_dc_agree_init(&f->dc, offsetof(wfx_state, agree), s);
-      if (!local_rc) a->agree = wf_dc_agreement(&f->dc);
-      cudaStreamDestroy(s);
-    }
-  }
-  rc = wf_dc_vote_ready(g, local_rc, op);
-  if (rc) { fx_free(f); return rc; }
-  wf_log(1, "%s: %zu bytes per rank (max %lld tokens x %lld, one-shot up to %lld tokens, auto one-shot "
-         "<= %lld bytes), %d SMs", op, f->ws_bytes, (long long)f->opts.max_tokens,
-         (long long)f->opts.hidden, (long long)f->os_tokens, (long long)f->oneshot_max_bytes, a->num_sms);
-  *out = f;
-  return 0;
+  for (int i = 0; i < w->world; i++) a->peer[i] = wf_dc_peer(&w->dc, i);
+  a->err_dev = &((wfx_state *)a->peer[w->me])->err_dev;
+  a->abort_host = w->dc.abort_dev;
+  a->err_host = w->dc.err_dev;
+  a->agree = wf_dc_agreement(&w->dc);
 }
 
+#endif
+
+static const wf_fws_family FAMILY = {
+  .what = "fusion_ext", .oneshot_env = "WEFT_FUSION_EXT_ONESHOT_MAX",
+  .default_oneshot_max = default_oneshot_max, .check_opts = check_opts, .workspace_bytes = layout_bytes,
+#if WEFT_HAVE_CUDA
+  .names = &NAMES, .clear = clear, .agree_offset = offsetof(wfx_state, agree), .bind = bind,
+#endif
+};
+
+int weft_fusion_ext_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
+  return wf_fws_workspace_bytes(&FAMILY, opts, world, bytes);
+}
+int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) {
+  return wf_fws_preflight(&FAMILY, opts, world, ok);
+}
+int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out) {
+  wf_fws *w = NULL;
+  const int rc = wf_fws_create(&FAMILY, g, opts, sizeof(weft_fusion_ext), &w);
+  if (out) *out = (weft_fusion_ext *)w;
+  return rc;
+}
 int weft_fusion_ext_destroy(weft_fusion_ext *f) {
-  fx_free(f);
+  wf_fws_destroy(f ? &f->ws : NULL);
   return 0;
 }
-
-static int fits(const weft_fusion_ext *f, int64_t tokens, int64_t hidden, int algo) {
-  if (tokens > f->opts.max_tokens || hidden > f->opts.hidden) return 0;
-  return algo == WEFT_FUSION_TWOSHOT || tokens <= f->os_tokens;
+int weft_fusion_ext_check_error(weft_fusion_ext *f) {
+  return wf_fws_check_error(f ? &f->ws : NULL, "fusion_ext check_error");
 }
+int weft_fusion_ext_abort(weft_fusion_ext *f) { return wf_fws_abort(f ? &f->ws : NULL, "fusion_ext abort"); }
 
 int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidden, int dtype,
                                int algo, int *ok) {
   WF_CHECK_ARG(f && ok, "fusion_ext sufficient: NULL argument");
-  *ok = tokens >= 0 && hidden >= 8 && hidden % 8 == 0 && (dtype == WEFT_BF16 || dtype == WEFT_F16) &&
-        fits(f, tokens, hidden, algo == WEFT_FUSION_AUTO ? WEFT_FUSION_TWOSHOT : algo);
+  *ok = hidden >= 8 && hidden % 8 == 0 && (dtype == WEFT_BF16 || dtype == WEFT_F16) &&
+        wf_fws_fits(&f->ws, tokens, hidden, dtype, algo);
   return 0;
 }
 
+#if !WEFT_HAVE_CUDA
+
+int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
+  (void)f; (void)p; (void)pattern_name; (void)check_call;
+  return wf_dc_nodev("fusion_ext run");
+}
+int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
+                            const char **why) {
+  (void)f; (void)p; (void)algo; (void)why;
+  return wf_dc_nodev("fusion_ext resolve");
+}
+
+#else
+
 static int validate(const weft_fusion_ext *f, const weft_fusion_ext_params *p, const char *op, int *algo,
                     const char **why) {
-  int rc = check_call(p, f->dc.n, op);
+  int rc = check_call(p, f->ws.world, op);
   if (rc) return rc;
-  WF_CHECK_ARG(p->hidden <= f->opts.hidden, "%s: hidden %lld exceeds the workspace's %lld", op,
-               (long long)p->hidden, (long long)f->opts.hidden);
-  WF_CHECK_ARG(p->tokens <= f->opts.max_tokens,
+  WF_CHECK_ARG(p->hidden <= f->ws.opts.hidden, "%s: hidden %lld exceeds the workspace's %lld", op,
+               (long long)p->hidden, (long long)f->ws.opts.hidden);
+  WF_CHECK_ARG(p->tokens <= f->ws.opts.max_tokens,
                "%s: %lld tokens exceed the declared maximum of %lld (grow the workspace)", op,
-               (long long)p->tokens, (long long)f->opts.max_tokens);
-  const int os_fit = fits(f, p->tokens, p->hidden, WEFT_FUSION_ONESHOT);
-  const int64_t bytes = p->tokens * p->hidden * 2;
+               (long long)p->tokens, (long long)f->ws.opts.max_tokens);
   if (p->pattern == WEFT_FX_RS_RMSNORM) {
     *algo = WEFT_FUSION_TWOSHOT;
     *why = "reduce-scatter: token ranges (the two-shot's first half)";
     return 0;
   }
-  switch (p->algo) {
-    case WEFT_FUSION_ONESHOT:
-      WF_CHECK_ARG(os_fit, "%s: one-shot of %lld tokens exceeds the workspace's one-shot capacity "
-                   "(%lld tokens)", op, (long long)p->tokens, (long long)f->os_tokens);
-      *algo = WEFT_FUSION_ONESHOT;
-      *why = "one-shot requested";
-      break;
-    case WEFT_FUSION_TWOSHOT:
-      *algo = WEFT_FUSION_TWOSHOT;
-      *why = "two-shot requested";
-      break;
-    default:
-      if (os_fit && bytes <= f->oneshot_max_bytes) {
-        *algo = WEFT_FUSION_ONESHOT;
-        *why = "auto: at most the one-shot limit (latency path)";
-      } else {
-        *algo = WEFT_FUSION_TWOSHOT;
-        *why = os_fit ? "auto: above the one-shot limit (bandwidth path)"
-                      : "auto: above the one-shot capacity of the workspace";
-      }
-  }
-  return 0;
+  return wf_fws_choose(&f->ws, p->algo, p->tokens, p->hidden, p->dtype, p->tokens * p->hidden * 2, op, algo, why);
 }
 
 int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
                             const char **why) {
   WF_CHECK_ARG(f && algo, "fusion_ext resolve: NULL argument");
   char op[160];
-  snprintf(op, sizeof op, "fusion_ext (group '%s', rank %d)", f->dc.group, f->dc.me);
+  snprintf(op, sizeof op, "fusion_ext (group '%s', rank %d)", f->ws.dc.group, f->ws.dc.me);
   const char *w;
   int rc = validate(f, p, op, algo, &w);
   if (!rc && why) *why = w;
@@ -405,10 +300,10 @@ int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p,
 
 int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   WF_CHECK_ARG(f, "fusion_ext run: handle is NULL");
-  int rc = wf_dc_usable(&f->dc, "fusion_ext run");
+  int rc = wf_dc_usable(&f->ws.dc, "fusion_ext run");
   if (rc) return rc;
   char op[160];
-  snprintf(op, sizeof op, "fusion_ext run (group '%s', rank %d, %s)", f->dc.group, f->dc.me,
+  snprintf(op, sizeof op, "fusion_ext run (group '%s', rank %d, %s)", f->ws.dc.group, f->ws.dc.me,
            p ? pattern_name(p->pattern) : "?");
   int algo;
   const char *why;
@@ -416,7 +311,7 @@ int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   if (rc) return rc;
   if (p->tokens == 0) return 0; /* the same on every rank: nothing launched anywhere */
   cudaStream_t s = p->stream ? (cudaStream_t)p->stream : wf_cuda_current_stream();
-  rc = wf_dc_begin(&f->dc, s, "fusion_ext run");
+  rc = wf_dc_begin(&f->ws.dc, s, "fusion_ext run");
   if (rc) return rc;
   wfx_args a = f->base;
   a.input = p->input;
@@ -439,24 +334,13 @@ int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   a.pattern = p->pattern;
   a.flags = p->flags;
   a.dtype = p->dtype;
-  a.timeout_ns = (uint64_t)f->dc.timeout_ms * 1000000u;
+  a.timeout_ns = (uint64_t)f->ws.dc.timeout_ms * 1000000u;
   int e = wfx_launch(&a, algo, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fusion_ext kernel launch", (cudaError_t)e);
-  wf_dc_end(&f->dc, s, !e);
+  wf_dc_end(&f->ws.dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s, %lld x %lld %s", op, algo == WEFT_FUSION_ONESHOT ? "one-shot" : "two-shot",
                            (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
   return rc;
-}
-
-int weft_fusion_ext_check_error(weft_fusion_ext *f) {
-  WF_CHECK_ARG(f, "fusion_ext check_error: handle is NULL");
-  return wf_dc_check_error(&f->dc);
-}
-
-int weft_fusion_ext_abort(weft_fusion_ext *f) {
-  WF_CHECK_ARG(f, "fusion_ext abort: handle is NULL");
-  wf_dc_abort(&f->dc);
-  return 0;
 }
 
 #endif /* WEFT_HAVE_CUDA */

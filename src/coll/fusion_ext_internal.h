@@ -4,7 +4,7 @@
  * Workspace of one rank (one VMM allocation, mapped into every peer; the same
  * offsets on every rank):
  *   [0]          wfx_state: epochs (one slot per block), error word
- *   [off_flags]  u64 flags[2 parity][2 phase][WFX_MAX_BLOCKS][8 sender]
+ *   [off_flags]  u64 flags[2 parity][2 phase][WF_MAX_GRID][8 sender]
  *   [off_os]     one-shot inbox [2 parity][world][os_tokens][hidden]
  *   [off_rs]     two-shot reduce-scatter inbox [2 parity][world][rows_per][hidden]
  *   [off_ag]     two-shot all-gather inbox     [2 parity][world][rows_per][hidden]
@@ -21,13 +21,11 @@
 
 #include "coll/agree.h"
 
-#define WFX_MAX_WORLD WF_MAX_WORLD
 #define WFX_MAX_HIDDEN 16384
-#define WFX_MAX_BLOCKS WF_MAX_GRID
 #define WFX_MAX_TOPK 16
 
 typedef struct wfx_state {
-  uint32_t epoch[WFX_MAX_BLOCKS];
+  uint32_t epoch[WF_MAX_GRID];
   unsigned long long err_dev;
   wf_agree_area agree; /* the calls' agreement (peers write their slots here) */
 } wfx_state;
@@ -49,7 +47,7 @@ typedef struct wfx_args {
   void *residual_out, *norm_out, *gathered_out;
   float eps, eps_pre;
   /* workspace */
-  void *peer[WFX_MAX_WORLD];
+  void *peer[WF_MAX_WORLD];
   uint64_t off_flags, off_os, off_rs, off_ag;
   uint64_t os_slot, rs_slot; /* bytes of one rank's slot: os_tokens / rows_per rows */
   const uint32_t *abort_host;

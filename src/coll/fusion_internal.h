@@ -6,7 +6,7 @@
  *
  *   [off_state]   wf_fused_state: epochs, Lamport byte counts, error word
  *                 (only the owner touches it)
- *   [off_flags]   u64 flags[2 parity][2 phase][WF_MAX_BLOCKS][8 sender]
+ *   [off_flags]   u64 flags[2 parity][2 phase][WF_MAX_GRID][8 sender]
  *                 (two-shot; peers write, the owner polls)
  *   [off_rs]      two-shot reduce-scatter inbox: [world][rows_per_rank][hidden]
  *   [off_ag]      two-shot all-gather inbox:     [world][rows_per_rank][hidden]
@@ -22,14 +22,12 @@
 
 #include "coll/agree.h"
 
-#define WF_FUSED_MAX_WORLD WF_MAX_WORLD
 #define WF_FUSED_MAX_HIDDEN 16384
-#define WF_FUSED_MAX_BLOCKS WF_MAX_GRID
 
 /* Device-side state of one rank (at off_state of its own workspace). */
 typedef struct wf_fused_state {
-  uint32_t lamport_epoch[WF_FUSED_MAX_BLOCKS]; /* one-shot calls so far */
-  uint32_t flag_epoch[WF_FUSED_MAX_BLOCKS];    /* two-shot calls so far */
+  uint32_t lamport_epoch[WF_MAX_GRID]; /* one-shot calls so far */
+  uint32_t flag_epoch[WF_MAX_GRID];    /* two-shot calls so far */
   uint64_t lamport_bytes[3]; /* bytes per slot written at the last use of buffer i */
   unsigned long long err_dev; /* first failure (packed, kernels/common.cuh err_pack) */
   wf_agree_area agree;        /* the calls' agreement (peers write their slots here) */
@@ -60,7 +58,7 @@ typedef struct wf_fused_args {
   void *norm_out;       /* ARN: required; ARN_FP8: optional */
   void *quant_out;      /* ARN_FP8: e4m3 of norm / *scale */
   const float *scale;   /* ARN_FP8: device pointer, dequantisation scale */
-  void *peer[WF_FUSED_MAX_WORLD]; /* each rank's workspace base, mapped here */
+  void *peer[WF_MAX_WORLD]; /* each rank's workspace base, mapped here */
   uint64_t off_state, off_flags, off_rs, off_ag, off_lamport;
   uint64_t lamport_buf_bytes;
   /* wf::SpinEnv fields (kernels/common.cuh) */

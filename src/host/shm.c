@@ -29,6 +29,7 @@
  * waits for it. */
 #include "shm.h"
 #include "cpugroup.h"
+#include "store/store_share.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,7 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
     return rc;
   }
   c->name[0] = '\0'; /* unlinked */
+  c->store_rank0 = wf_store_live_registered(wf_cpugroup_store(g));
   if ((rc = wf_shm_zc_setup(c, g))) {
     close_comm(c);
     return rc;

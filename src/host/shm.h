@@ -92,6 +92,7 @@ struct weft_shm {
   wf_shm_zc zc;            /* the zero-copy strategy's own state (shm_zc.c) */
   uint64_t zc_calls, seg_calls; /* calls served by each path (the engine counts) */
   int *ranks;           /* global ranks, for messages */
+  int store_rank0;      /* global rank 0 hosts the group's store (weft.init's): its death is said so */
   const void **srcs;    /* scratch: one source pointer per rank */
   char group[64];
   char name[64];        /* segment name (already unlinked after create) */

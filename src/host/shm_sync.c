@@ -98,11 +98,16 @@ static void missing_list(weft_shm *c, uint32_t g, char *buf, size_t n, int only_
   for (int i = 0; i < c->world && k + 1 < n; i++) {
     if (i == c->me || wf_reached(atomic_load(&c->rk[i].seq), g)) continue;
     if (only_dead && !peer_dead(c, i)) continue;
-    int w = only_dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d, host %s)",
-                                 k ? ", " : "", i, c->ranks[i], (int)atomic_load(&c->rk[i].pid),
-                                 wf_hostname())
-                      : snprintf(buf + k, n - k, "%srank %d (global %d)", k ? ", " : "", i,
-                                 c->ranks[i]);
+    /* a rank that is late is named with its process, and as stopped when it
+     * is (SIGSTOP, a debugger: alive, yet it will not arrive) */
+    const int32_t pid = atomic_load(&c->rk[i].pid);
+    const int known = pid > 0 && c->rk[i].pidns && c->rk[i].pidns == c->rk[c->me].pidns;
+    const char *mark = only_dead ? (c->store_rank0 && c->ranks[i] == 0 ? ", which hosts the store" : "")
+                       : known && wf_pid_stopped(pid) ? ", stopped" : "";
+    int w = known || only_dead ? snprintf(buf + k, n - k, "%srank %d (global %d, pid %d, host %s%s)",
+                                          k ? ", " : "", i, c->ranks[i], (int)pid, wf_hostname(), mark)
+                               : snprintf(buf + k, n - k, "%srank %d (global %d)", k ? ", " : "", i,
+                                          c->ranks[i]);
     if (w < 0) break;
     k += (size_t)w;
   }
@@ -158,7 +163,7 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
     if (now >= deadline) {
       char list[512];
       missing_list(c, g, list, sizeof list, 0);
-      snprintf(why, sizeof why, "timed out in %.20s waiting for %.54s", op, list);
+      snprintf(why, sizeof why, "timed out after %d ms waiting for %.60s", c->timeout_ms, list); /* a peer reads 87 */
       give_up(c, why);
       return wf_error(WEFT_ETIMEOUT, "%s: group '%s': timed out after %d ms (call %llu) "
                       "waiting for %s", op, c->group, c->timeout_ms,

@@ -2,7 +2,10 @@
  *   store_proto.c   write buffers, frame header, field decoders, limits
  *   store_auth.c    challenge-response: nonces, HMAC proofs, both sides' checks
  *                   (pure: called by client and server, calls neither)
- *   store_server.c  the server thread: key table, connections, parked GETs
+ *   store_server.c  the server thread: connections, requests, the loop; its
+ *                   parts share store_server.h: store_table.c (key table,
+ *                   total cap), store_waiters.c (parked GETs),
+ *                   store_server_live.c (tombstones), store_frame_reader.c
  *   store_client.c  a handle's connection: connect, handshake, framed I/O
  *   store.c         the public weft_store_* API and cpugroup's locked calls
  *   store_thread.c  a connection of its own for each progress worker

@@ -19,7 +19,7 @@
  * gone: those waits end at the timeout, bounded as a whole (s->cap: never a
  * timeout per request), and the server marks the ranks whose host stopped
  * acknowledging its keepalive probes "weft/rank/<R>/unreachable"
- * (store_server.c), which the diagnosis below names. */
+ * (store_server_live.c), which the diagnosis below names. */
 #include "core/futex.h"
 #include "store_share.h"
 #include "store_internal.h"
@@ -520,3 +520,5 @@ int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int
     return wf_error(WEFT_ECLOSED, "store gone_ranks: %s", d.store_why);
   return 0;
 }
+
+int wf_store_live_registered(weft_store *s) { return s && s->live_rank >= 0; }

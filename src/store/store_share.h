@@ -50,6 +50,9 @@ int wf_store_diagnose_locked(weft_store *s, int wait_ms, wf_store_diag *d);
  * partition?): rank 2 (pid P, host H), ..." and "; <the store's own
  * failure>"; "" when it found neither. */
 void wf_store_diag_note(const wf_store_diag *d, char *buf, size_t n);
+/* 1 when this handle's ranks registered their liveness (weft.init's world
+ * store, which global rank 0 hosts) (store_live.c). */
+int wf_store_live_registered(weft_store *s);
 /* 1 when this handle's process serves the store (store.c). */
 int wf_store_serves(weft_store *s);
 

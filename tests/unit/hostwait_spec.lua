@@ -79,7 +79,7 @@ describe("host waits", function()
     assert.are.equal("false", g.ok)
     assert.is_true(g.ms >= tmo - 100 and g.ms < tmo + 1000, ("failed after %d ms"):format(g.ms))
     assert.is_truthy(g.msg:find("timed out after 2000 ms", 1, true), g.msg)
-    assert.is_truthy(g.msg:find("rank 1 (global 1)", 1, true), g.msg)
+    assert.is_truthy(g.msg:find("rank 1 (global 1, pid", 1, true), g.msg)
     assert.is_truthy(g.msg:find("all_reduce", 1, true), g.msg)
   end)
 

@@ -151,7 +151,7 @@ describe("weft.shm across processes", function()
       assert.are.equal("false", g.ok)
       assert.is_true(g.ms < tmo + 2000, ("rank %d failed after %d ms"):format(r, g.ms))
       assert.is_truthy(g.msg:find("weft_shm_all_reduce: group 'shmtest'", 1, true), g.msg)
-      assert.is_truthy(g.msg:find("rank 2 (global 2)", 1, true), g.msg)
+      assert.is_truthy(g.msg:find("rank 2 (global 2, pid", 1, true), g.msg)
     end
     local self = failure_lines(res, n, "LATE_SELF")[n - 1]
     assert.is_truthy(self and self.msg:find("communicator aborted by rank", 1, true), res[n - 1].out)

@@ -1,0 +1,90 @@
+/* fused_ws.h — the workspace every family of fused kernels shares: one per
+ * group, sized for the largest call every rank declared (agreed at create:
+ * max tokens, hidden, element size, the one-shot capacity and the AUTO
+ * one-shot limit, the smallest SM count), its capacity, the one-shot /
+ * two-shot choice, and the lifecycle over devcoll.h (create's sequence,
+ * destroy, preflight, check_error, abort). A family (src/coll/fusion.c:
+ * all-reduce + residual + RMSNorm; src/coll/fusion_ext.c: the other
+ * patterns) supplies its options check, its layout's size, its workspace
+ * init and its launch arguments (wf_fws_family), and keeps its struct with a
+ * wf_fws as first member. Internal: nothing here is exported. */
+#ifndef WEFT_FUSED_WS_H
+#define WEFT_FUSED_WS_H
+
+#include "coll/devcoll.h"
+#include "weft.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WF_FWS_KIB ((int64_t)1024)
+#define WF_FWS_MIB (WF_FWS_KIB * WF_FWS_KIB)
+#define WF_FWS_NO_LIMIT INT64_MAX /* an AUTO one-shot limit of "whenever it fits" */
+
+static inline int64_t wf_fws_align(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/* [p, p+n) overlaps [q, q+m) (NULL never overlaps) */
+static inline int wf_fws_overlaps(const void *p, size_t n, const void *q, size_t m) {
+  const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return p && q && a < b + m && b < a + n;
+}
+
+/* The tokens the one-shot buffers hold: opts' oneshot_max_tokens (< 0:
+ * none, 0 or above max_tokens: max_tokens). */
+int64_t wf_fws_os_tokens(const weft_fusion_opts *o);
+
+typedef struct wf_fws wf_fws;
+
+typedef struct wf_fws_family {
+  const char *what;                       /* "fusion": "fusion create", "fusion run (group ...)" */
+  const char *oneshot_env;                /* the variable overriding the AUTO one-shot limit */
+  int64_t (*default_oneshot_max)(int world); /* that limit in bytes (WF_FWS_NO_LIMIT: none) */
+  int (*check_opts)(const weft_fusion_opts *o, int world, const char *op);
+  int64_t (*workspace_bytes)(const weft_fusion_opts *o, int world); /* the layout's total */
+#if WEFT_HAVE_CUDA
+  const wf_dc_names *names;               /* the words of its error reports */
+  /* this rank's workspace init, enqueued on s (a cudaError_t), and where
+   * its agreement area lies in every workspace */
+  int (*clear)(wf_fws *w, cudaStream_t s);
+  uint64_t agree_offset;
+  /* the launch arguments every call starts from (peers, offsets, host
+   * words, agreement): called once the workspace is ready */
+  void (*bind)(wf_fws *w);
+#endif
+} wf_fws_family;
+
+struct wf_fws {
+  const wf_fws_family *fam;
+  weft_fusion_opts opts;          /* as agreed (dtype: the widest element any rank asked) */
+  int64_t os_tokens;              /* one-shot capacity */
+  int64_t oneshot_max_bytes;      /* AUTO takes the one-shot up to this many bytes */
+  size_t ws_bytes;
+  int num_sms;                    /* the smallest of the group's */
+  int me, world;                  /* this rank's index in the group, the group's size */
+#if WEFT_HAVE_CUDA
+  wf_dc dc;                       /* group, workspace, host words, in-flight state */
+#endif
+};
+
+/* workspace_bytes and preflight of a family (same words, any build) */
+int wf_fws_workspace_bytes(const wf_fws_family *fam, const weft_fusion_opts *opts, int world, size_t *bytes);
+int wf_fws_preflight(const wf_fws_family *fam, const weft_fusion_opts *opts, int world, int *ok);
+/* create (collective): a zeroed object of `size` bytes (>= sizeof(wf_fws),
+ * the family's struct) with its workspace ready on every rank; *out NULL on
+ * failure. Without CUDA: the options' check, then the no-device error. */
+int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, size_t size,
+                  wf_fws **out);
+/* destroy: local, bounded (waits for this rank's own last call); NULL is fine */
+void wf_fws_destroy(wf_fws *w);
+/* Whether (tokens, hidden, dtype) fits the workspace for algo (ONESHOT /
+ * TWOSHOT; AUTO: the two-shot's capacity). */
+int wf_fws_fits(const wf_fws *w, int64_t tokens, int64_t hidden, int dtype, int algo);
+/* The kernel of a call of `bytes` asked as `asked` (AUTO, ONESHOT,
+ * TWOSHOT) that fits the workspace's hidden and tokens: *algo and why. */
+int wf_fws_choose(const wf_fws *w, int asked, int64_t tokens, int64_t hidden, int dtype, int64_t bytes,
+                  const char *op, int *algo, const char **why);
+/* check_error / abort of a handle (NULL: an argument error naming fam) */
+int wf_fws_check_error(wf_fws *w, const char *verb);
+int wf_fws_abort(wf_fws *w, const char *verb);
+
+#endif
