@@ -44,7 +44,7 @@ local function in_graph_mode(fn, ...)
   return unpack(r, 2)
 end
 
--- weft.device_backends.choice(g, op, t, opts): the backend a call would get,
+-- weft.backends.device_backends.choice(g, op, t, opts): the backend a call would get,
 -- in the file's terms, running nothing (all_reduce: the "custom_ar" rule's
 -- algorithm or "nccl"; fused: the path and kernel of fused_decision). The
 -- fallback does the same by hand, for a device_backends without choice().

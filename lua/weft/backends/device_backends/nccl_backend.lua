@@ -160,7 +160,7 @@ local function p2p_comm(g, op, t)
   if g._dev == nil and g.world_size > 2 then
     error(fmt("weft: %s: group %s (%d ranks) has no device communicator yet, and a point-to-point "
               .. "call cannot make one (only 2 of its ranks take part): run a device collective on the "
-              .. "group first, or call weft.device_backends.prepare(g) on every rank", op, gname(g),
+              .. "group first, or call weft.backends.device_backends.prepare(g) on every rank", op, gname(g),
               g.world_size), 0)
   end
   return comm(g, op, t)

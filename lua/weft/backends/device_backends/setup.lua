@@ -125,7 +125,7 @@ local function graph_refusal(g, op)
   error(fmt("weft: %s: group %s has not set up its device communicators, and a graph capture "
             .. "cannot (it needs collectives over the cpu group): pass the group to "
             .. "weft.graph.capture(fn, {groups = {...}}) (groups are set up before capture begins), "
-            .. "call weft.device_backends.prepare(g) on every rank first, or run the call once eagerly",
+            .. "call weft.backends.device_backends.prepare(g) on every rank first, or run the call once eagerly",
             op, gname(g)), 0)
 end
 
