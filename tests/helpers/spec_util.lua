@@ -105,4 +105,15 @@ function S.group_standin(o, ar)
   return g
 end
 
+-- weft.policy as it loads, for the policy specs' before_each and teardown:
+-- no policy.set overrides or their error, no policy file, and a new version
+-- (so the groups' cached picks are stale).
+function S.reset_policy()
+  local policy = require "weft.policy"
+  policy.overrides.global, policy.overrides.groups = {}, {}
+  policy.override_error = nil
+  policy.clear_file()
+  policy.version = policy.version + 1
+end
+
 return S
