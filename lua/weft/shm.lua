@@ -52,13 +52,7 @@ M.dtypes, M.ops = DTYPES, OPS
 local Comm = {}
 Comm.__index = Comm
 
-local function handle_of(self, op)
-  local h = self.handle
-  if h == nil then
-    error(("weft: shm %s: communicator of group '%s' was destroyed"):format(op, self.name), 3)
-  end
-  return h
-end
+local handle_of = binding.handle_of("weft: shm %s: communicator of group '%s' was destroyed")
 
 local function code(map, v, op, what)
   if type(v) == "number" then return v end
