@@ -316,6 +316,18 @@ function M.result_bytes(h)
   wffi.check(C.weft_async_result(h._c, rd, rl, rls, rn), h.op, 2)
   return ffi_cast("const uint8_t *", rd[0]), rls[0], rn[0], tonumber(rl[0])
 end
+-- every rank's part of a finished all-gather, as strings (a part too long for
+-- a Lua string is refused, naming `what`)
+function M.result_parts(h, what)
+  local data, lens, n = M.result_bytes(h)
+  local parts, off = {}, 0
+  for i = 0, n - 1 do
+    local l = tonumber(lens[i])
+    parts[i + 1] = lstring(data + off, l, what)
+    off = off + l
+  end
+  return parts
+end
 local function result_string(h)
   wffi.check(C.weft_async_result(h._c, rd, rl, nil, nil), h.op, 2)
   return lstring(rd[0], rl[0], "async result")
