@@ -53,6 +53,15 @@ describe("weft.tensor", function()
     assert.are.equal(0, C.weft_host_convert(d, DT.f64, back2, DT[dt], n))
     return n, f, d, back, back2
   end
+  -- How many of those patterns i fail ok(i, f, d, back, back2).
+  local function bad_patterns16(dt, ok)
+    local n, f, d, back, back2 = round_trips16(dt)
+    local bad = 0
+    for i = 0, n - 1 do
+      if not ok(i, f, d, back, back2) then bad = bad + 1 end
+    end
+    return bad
+  end
 
   describe("dtypes", function()
     it("dtype_info gives codes and sizes agreeing with the C library", function()
@@ -91,39 +100,27 @@ describe("weft.tensor", function()
 
   describe("conversion", function()
     it("f16: every bit pattern survives f16 -> f32 -> f16 and f16 -> f64 -> f16", function()
-      local n, f, d, back, back2 = round_trips16("f16")
       -- NaN-ness is checked on bits: this LuaJIT must not read NaN payloads
-      local fb = ffi.cast("uint32_t*", f)
-      local db = ffi.cast("uint64_t*", d)
-      local bad = 0
-      for i = 0, n - 1 do
+      assert.are.equal(0, bad_patterns16("f16", function(i, f, d, back, back2)
         if bit.band(i, 0x7c00) == 0x7c00 and bit.band(i, 0x3ff) ~= 0 then
           -- NaN stays NaN (quieted, sign kept); f64 NaNs come out canonical
-          local fbits = fb[i]
-          if not (bit.band(fbits, 0x7f800000) == 0x7f800000 and bit.band(fbits, 0x7fffff) ~= 0
-                  and db[i] == 0x7ff8000000000000ULL and bit.band(back[i], 0x7e00) == 0x7e00
-                  and bit.band(back[i], 0x8000) == bit.band(i, 0x8000)) then bad = bad + 1 end
-        elseif back[i] ~= i or back2[i] ~= i or f[i] ~= d[i] then
-          bad = bad + 1
+          local fbits = ffi.cast("uint32_t*", f)[i]
+          return bit.band(fbits, 0x7f800000) == 0x7f800000 and bit.band(fbits, 0x7fffff) ~= 0
+                 and ffi.cast("uint64_t*", d)[i] == 0x7ff8000000000000ULL and bit.band(back[i], 0x7e00) == 0x7e00
+                 and bit.band(back[i], 0x8000) == bit.band(i, 0x8000)
         end
-      end
-      assert.are.equal(0, bad)
+        return back[i] == i and back2[i] == i and f[i] == d[i]
+      end))
     end)
 
     it("bf16: every bit pattern survives bf16 -> f32 -> bf16 and via f64", function()
-      local n, _, d, back, back2 = round_trips16("bf16")
-      local bad = 0
-      for i = 0, n - 1 do
+      assert.are.equal(0, bad_patterns16("bf16", function(i, _, d, back, back2)
         if bit.band(i, 0x7f80) == 0x7f80 and bit.band(i, 0x7f) ~= 0 then
-          if not (ffi.cast("uint64_t*", d)[i] == 0x7ff8000000000000ULL and isnan(value_of(back2[i], "bf16"))
-                  and bit.band(back[i], 0x7fc0) == 0x7fc0) then
-            bad = bad + 1
-          end
-        elseif back[i] ~= i or back2[i] ~= i then
-          bad = bad + 1
+          return ffi.cast("uint64_t*", d)[i] == 0x7ff8000000000000ULL and isnan(value_of(back2[i], "bf16"))
+                 and bit.band(back[i], 0x7fc0) == 0x7fc0
         end
-      end
-      assert.are.equal(0, bad)
+        return back[i] == i and back2[i] == i
+      end))
     end)
 
     it("f8e4m3: every code survives f8 -> f32 -> f8 and via f64", function()
