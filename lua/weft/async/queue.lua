@@ -7,6 +7,7 @@ local ffi = require "ffi"
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.internal.ffi"
 local B = require "weft.async.base"
+local release = require("weft.internal.binding").release   -- q.handle without its finalizer, then nil
 
 local C = wffi.C
 local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
@@ -299,12 +300,8 @@ function M.close(g)
   if not q then return end
   pcall(M.drain, g)
   g._async = nil
-  local h = q.handle
-  if h ~= nil then
-    q.handle = nil
-    ffi_gc(h, nil)
-    C.weft_async_queue_destroy(h)
-  end
+  local h = release(q)
+  if h ~= nil then C.weft_async_queue_destroy(h) end
   for h2 in pairs(q.live) do settle(h2, C.weft_async_test(h2._c)) end
 end
 
