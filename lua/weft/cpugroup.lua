@@ -26,13 +26,7 @@ Group.__index = Group
 local OPS = { sum = C.WEFT_SUM, max = C.WEFT_MAX, min = C.WEFT_MIN, ["and"] = C.WEFT_AND,
               prod = C.WEFT_PROD }
 
-local function handle_of(self, op)
-  local h = self.handle
-  if h == nil then
-    error(("weft: cpugroup %s: destroyed (group '%s' was destroyed)"):format(op, self.name), 3)
-  end
-  return h
-end
+local handle_of = binding.handle_of("weft: cpugroup %s: destroyed (group '%s' was destroyed)")
 
 local check = binding.check
 

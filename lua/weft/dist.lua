@@ -281,7 +281,6 @@ end
 -- "rank 1: tp=4; ranks 0,2,3: tp=2": only the arguments that differ, ranks
 -- grouped by what they passed (a missing argument shows its default).
 function M.describe_disagreement(views, ranks, default)
-  local topology = require "weft.topology"
   local parsed, keys, seen = {}, {}, {}
   for i = 1, #views do
     parsed[i] = parse_args_text(views[i])
@@ -294,20 +293,14 @@ function M.describe_disagreement(views, ranks, default)
       if parsed[i][k] ~= parsed[1][k] then differ[#differ + 1] = k; break end
     end
   end
-  local order, by = {}, {}
+  local texts = {}
   for i = 1, #views do
     local parts = {}
     for j, k in ipairs(differ) do parts[j] = k .. "=" .. (parsed[i][k] or default(k)) end
-    local text = concat(parts, " ")
-    if not by[text] then by[text] = {}; order[#order + 1] = text end
-    local l = by[text]
-    l[#l + 1] = ranks[i]
+    texts[i] = concat(parts, " ")
   end
-  local out = {}
-  for i, text in ipairs(order) do
-    out[i] = ("rank%s %s: %s"):format(#by[text] > 1 and "s" or "", topology.ranks_str(by[text]), text)
-  end
-  return concat(out, "; ")
+  -- grouped as a call mismatch's ranks are
+  return require("weft.group.objects").describe_calls(ranks, texts)
 end
 
 local function mp_default(k)

@@ -58,17 +58,9 @@ function M.new(cpugroup, host)
   }, Comm)
 end
 
-local function handle_of(self, op)
-  local h = self.handle
-  if h == nil then
-    error(("weft: gloo %s: communicator of group '%s' was destroyed"):format(op, self.name), 3)
-  end
-  return h
-end
+local handle_of = binding.handle_of("weft: gloo %s: communicator of group '%s' was destroyed")
 
-local function check(rc)
-  if rc ~= 0 then error("weft: " .. last_error(), 3) end
-end
+local check = binding.check
 
 -- shape, extra (optional): the caller's tensor shape and its call's other
 -- arguments, compared with the peers' with the rest of the call

@@ -38,16 +38,18 @@ M.DEFAULT_CHUNKS = 8
 local Q = {}
 Q.__index = Q
 
-local function handle_of(self, op)
-  local h = self.handle
-  if h == nil then
-    error(("weft: mq %s: the message queue of group '%s' was destroyed"):format(op, self.name), 3)
-  end
-  return h
-end
+local handle_of = binding.handle_of("weft: mq %s: the message queue of group '%s' was destroyed")
 
 local function fail()
   error("weft: " .. last_error(), 3)
+end
+
+-- The message just dequeued on h, copied out (a length no Lua string can
+-- hold is refused, naming op), then released.
+local function take(self, h, op)
+  local s = lstring(self._ptr[0], self._len[0], op)
+  C.weft_mq_release(h)
+  return s
 end
 
 local function int_opt(o, k, dflt, min)
@@ -115,9 +117,7 @@ end
 function Q:recv_bytes(timeout_ms)
   local h = handle_of(self, "recv_bytes")
   if C.weft_mq_dequeue(h, timeout_ms or -1, self._ptr, self._len) ~= 0 then fail() end
-  local s = lstring(self._ptr[0], self._len[0], "mq recv_bytes")
-  C.weft_mq_release(h)
-  return s
+  return take(self, h, "mq recv_bytes")
 end
 
 -- nil when no complete message is there (wait_ms > 0: within wait_ms; by
@@ -135,9 +135,7 @@ function Q:try_recv_bytes(wait_ms)
     if rc == EAGAIN then return nil end
   end
   if rc ~= 0 then fail() end
-  local s = lstring(self._ptr[0], self._len[0], "mq try_recv_bytes")
-  C.weft_mq_release(h)
-  return s
+  return take(self, h, "mq try_recv_bytes")
 end
 
 ---------------------------------------------------------------- objects
@@ -151,9 +149,7 @@ function Q:broadcast_object(obj)
     return obj
   end
   if C.weft_mq_dequeue(h, -1, self._ptr, self._len) ~= 0 then fail() end
-  local s = lstring(self._ptr[0], self._len[0], "mq broadcast_object")
-  C.weft_mq_release(h)
-  return decode(s)
+  return decode(take(self, h, "mq broadcast_object"))
 end
 
 function Q:recv_object(timeout_ms)

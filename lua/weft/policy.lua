@@ -320,10 +320,8 @@ end
 -- deterministic(g) -> on (bool), source: the group's own setting, else the
 -- global one, else WEFT_DETERMINISTIC (false when none)
 function M.deterministic(g)
-  local gs = g ~= nil and M.overrides.groups[g.unique_name] or nil
-  if gs ~= nil and gs.deterministic ~= nil then return gs.deterministic, gs.deterministic_src end
-  local v = M.overrides.global.deterministic
-  if v ~= nil then return v, M.overrides.global.deterministic_src end
+  local v, src = M.override(g, "deterministic")
+  if v ~= nil then return v, src end
   if M.determ_env then return true, "WEFT_DETERMINISTIC=1" end
   return false, "default"
 end
@@ -395,9 +393,10 @@ function M.set(o)
   M.version = M.version + 1
 end
 
--- override(g, key) -> value, source   (nil when none applies)
+-- override(g, key) -> value, source   (nil when none applies; g nil: the
+-- global override only)
 function M.override(g, key)
-  local gs = M.overrides.groups[g.unique_name]
+  local gs = g ~= nil and M.overrides.groups[g.unique_name] or nil
   if gs ~= nil and gs[key] ~= nil then return gs[key], gs[key .. "_src"] end
   local v = M.overrides.global[key]
   if v ~= nil then return v, M.overrides.global[key .. "_src"] end
@@ -424,10 +423,8 @@ end
 
 -- quick(g) -> "int8" | "int4" | "fp8" | "off", source
 function M.quick(g)
-  local gs = g ~= nil and M.overrides.groups[g.unique_name] or nil
-  if gs ~= nil and gs.quick ~= nil then return gs.quick, gs.quick_src end
-  local v = M.overrides.global.quick
-  if v ~= nil then return v, M.overrides.global.quick_src end
+  local v, src = M.override(g, "quick")
+  if v ~= nil then return v, src end
   if M.quick_env then return M.quick_env, "WEFT_QUICK_ALLREDUCE" end
   return "off", "default"
 end

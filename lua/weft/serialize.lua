@@ -251,6 +251,14 @@ local function get_u8(st, what)
   return v
 end
 
+-- 8 raw bytes through box (a one-element double, int64 or uint64 array)
+local function get8(st, box, what)
+  need(st, 8, what)
+  copy_bytes(box, st.p + st.pos, 8)
+  st.pos = st.pos + 8
+  return box[0]
+end
+
 local function get_varint(st, what, max)
   local v, mul = 0, 1
   for _ = 1, 8 do   -- 8 * 7 = 56 bits cover 2^53
@@ -334,11 +342,7 @@ function decode_value(st, depth)
   elseif tag == T_TRUE then return true
   elseif tag == T_UINT then return get_varint(st, "integer", MAX_INT)
   elseif tag == T_NINT then return -get_varint(st, "integer", MAX_INT)
-  elseif tag == T_DOUBLE then
-    need(st, 8, "double")
-    copy_bytes(dbox, st.p + st.pos, 8)
-    st.pos = st.pos + 8
-    return dbox[0]
+  elseif tag == T_DOUBLE then return get8(st, dbox, "double")
   elseif tag == T_STRING then
     local len = get_varint(st, "string length", MAX_INT)
     need(st, len, "string")
@@ -347,16 +351,8 @@ function decode_value(st, depth)
     return s
   elseif tag == T_TABLE then
     return decode_table(st, depth)
-  elseif tag == T_I64 then
-    need(st, 8, "int64")
-    copy_bytes(i64box, st.p + st.pos, 8)
-    st.pos = st.pos + 8
-    return i64box[0]
-  elseif tag == T_U64 then
-    need(st, 8, "uint64")
-    copy_bytes(u64box, st.p + st.pos, 8)
-    st.pos = st.pos + 8
-    return u64box[0]
+  elseif tag == T_I64 then return get8(st, i64box, "int64")
+  elseif tag == T_U64 then return get8(st, u64box, "uint64")
   elseif tag == T_TENSOR then
     return decode_tensor(st)
   end

@@ -33,7 +33,7 @@ local binding = require "weft.internal.binding"
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc
 local type, error = type, error
-local last_error = wffi.last_error
+local check = binding.check
 local shape_word, args_word = binding.shape_word, binding.args_word
 
 local M = {}
@@ -52,13 +52,7 @@ M.dtypes, M.ops = DTYPES, OPS
 local Comm = {}
 Comm.__index = Comm
 
-local function handle_of(self, op)
-  local h = self.handle
-  if h == nil then
-    error(("weft: shm %s: communicator of group '%s' was destroyed"):format(op, self.name), 3)
-  end
-  return h
-end
+local handle_of = binding.handle_of("weft: shm %s: communicator of group '%s' was destroyed")
 
 local function code(map, v, op, what)
   if type(v) == "number" then return v end
@@ -82,7 +76,7 @@ function M.new(cpugroup, bytes_per_rank)
           .. tostring(bytes_per_rank), 2)
   end
   local out = ffi_new("weft_shm *[1]")
-  if C.weft_shm_create(gh, bytes_per_rank, out) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_shm_create(gh, bytes_per_rank, out))
   return setmetatable({
     handle = ffi_gc(out[0], C.weft_shm_destroy),
     cpugroup = cpugroup,          -- keeps the group (and its store) referenced
@@ -99,43 +93,39 @@ end
 function Comm:all_reduce(inp, out, count, dtype, op, shape, extra)
   local h = handle_of(self, "all_reduce")
   C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
-  if C.weft_shm_all_reduce(h, inp, out, count, code(DTYPES, dtype, "all_reduce", "dtype"),
-                           code(OPS, op or 0, "all_reduce", "op")) ~= 0 then
-    error("weft: " .. last_error(), 2)
-  end
+  check(C.weft_shm_all_reduce(h, inp, out, count, code(DTYPES, dtype, "all_reduce", "dtype"),
+                              code(OPS, op or 0, "all_reduce", "op")))
 end
 
 function Comm:all_gather(inp, out, bytes, shape, extra)
   local h = handle_of(self, "all_gather")
   C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
-  if C.weft_shm_all_gather(h, inp, out, bytes) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_shm_all_gather(h, inp, out, bytes))
 end
 
 function Comm:reduce_scatter(inp, out, count_out, dtype, op, shape, extra)
   local h = handle_of(self, "reduce_scatter")
   C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
-  if C.weft_shm_reduce_scatter(h, inp, out, count_out,
-                               code(DTYPES, dtype, "reduce_scatter", "dtype"),
-                               code(OPS, op or 0, "reduce_scatter", "op")) ~= 0 then
-    error("weft: " .. last_error(), 2)
-  end
+  check(C.weft_shm_reduce_scatter(h, inp, out, count_out,
+                                  code(DTYPES, dtype, "reduce_scatter", "dtype"),
+                                  code(OPS, op or 0, "reduce_scatter", "op")))
 end
 
 function Comm:broadcast(ptr, bytes, root, shape, extra)
   local h = handle_of(self, "broadcast")
   C.weft_shm_set_call(h, shape_word(shape), args_word(extra))
-  if C.weft_shm_broadcast(h, ptr, bytes, root or 0) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_shm_broadcast(h, ptr, bytes, root or 0))
 end
 
 -- a barrier whose call is compared with the peers' like a collective's
 function Comm:barrier()
-  if C.weft_shm_barrier(handle_of(self, "barrier")) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_shm_barrier(handle_of(self, "barrier")))
 end
 
 -- the bound of this rank's later waits (the group's timeout at create)
 function Comm:set_timeout(ms)
   local h = handle_of(self, "set_timeout")
-  if C.weft_shm_set_timeout(h, ms) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_shm_set_timeout(h, ms))
 end
 
 -- this rank gives up: every member's calls fail with "aborted by rank R: why"
@@ -148,7 +138,7 @@ local info_buf = ffi_new("weft_shm_info")
 
 function Comm:info()
   local h = handle_of(self, "info")
-  if C.weft_shm_get_info(h, info_buf) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_shm_get_info(h, info_buf))
   return {
     world = info_buf.world,
     zero_copy = info_buf.zero_copy ~= 0,
@@ -176,7 +166,7 @@ function M.same_node(cpugroup, root)
   root = root or 0
   local n = cpugroup.size
   local flags = ffi_new("uint8_t[?]", n)
-  if C.weft_same_node(gh, root, flags) ~= 0 then error("weft: " .. last_error(), 2) end
+  check(C.weft_same_node(gh, root, flags))
   local t = {}
   for i = 1, n do t[i] = flags[i - 1] ~= 0 end
   return t

@@ -271,20 +271,16 @@ local function span_elems(t)
   return s
 end
 
--- Host buffer `dst` (contiguous, same dtype) <- gather of t's elements from `base`.
-local function gather(base, t, dst)
+-- t's elements, laid out by its strides from `base`, gathered into the
+-- contiguous host buffer `dense` of the same dtype (to_dense) or scattered
+-- back from it, run by run.
+local function move_runs(base, t, dense, to_dense)
   local es = t._esize
-  local src, out, pos = ffi_cast("uint8_t*", base), ffi_cast("uint8_t*", dst), 0
+  local b, d, pos = ffi_cast("uint8_t*", base), ffi_cast("uint8_t*", dense), 0
   each_run(t.shape, t.strides, t.numel, function(off, n)
-    copy_bytes(out + pos * es, src + off * es, n * es); pos = pos + n
-  end)
-end
-
-local function scatter(src, t, base)
-  local es = t._esize
-  local inp, out, pos = ffi_cast("uint8_t*", src), ffi_cast("uint8_t*", base), 0
-  each_run(t.shape, t.strides, t.numel, function(off, n)
-    copy_bytes(out + off * es, inp + pos * es, n * es); pos = pos + n
+    if to_dense then copy_bytes(d + pos * es, b + off * es, n * es)
+    else copy_bytes(b + off * es, d + pos * es, n * es) end
+    pos = pos + n
   end)
 end
 
@@ -301,6 +297,18 @@ local function host_empty(shape, numel, info, op)
   return alloc(shape, numel, info, "cpu", nil, op)
 end
 
+-- move_runs for a non-contiguous t anywhere: a device t's span goes through
+-- a host stage (copied back after a scatter, so its gaps keep their values).
+local function move_strided(t, dense, to_dense, op)
+  if t.device_index == nil then return move_runs(t.ptr, t, dense, to_dense) end
+  local span = span_elems(t)
+  local stage = host_empty({ span }, span, t._info, op)
+  raw_copy(stage.ptr, nil, t.ptr, t.device_index, span * t._esize)
+  move_runs(stage.ptr, t, dense, to_dense)
+  if not to_dense then raw_copy(t.ptr, t.device_index, stage.ptr, nil, span * t._esize) end
+  stage:free()
+end
+
 -- A contiguous host tensor with t's values and dtype (t itself when possible).
 local function host_contig(t, op)
   check_live(t, op)
@@ -308,14 +316,8 @@ local function host_contig(t, op)
   local h = host_empty(t.shape, t.numel, t._info, op)
   if t._contig then
     raw_copy(h.ptr, nil, t.ptr, t.device_index, t.nbytes)
-  elseif t.device_index == nil then
-    gather(t.ptr, t, h.ptr)
   else
-    local span = span_elems(t)
-    local stage = host_empty({ span }, span, t._info, op)
-    raw_copy(stage.ptr, nil, t.ptr, t.device_index, span * t._esize)
-    gather(stage.ptr, t, h.ptr)
-    stage:free()
+    move_strided(t, h.ptr, true, op)
   end
   return h
 end
@@ -334,15 +336,8 @@ end
 local function store_from_host(t, h, op)
   if t._contig then
     raw_copy(t.ptr, t.device_index, h.ptr, nil, t.nbytes)
-  elseif t.device_index == nil then
-    scatter(h.ptr, t, t.ptr)
   else
-    local span = span_elems(t)
-    local stage = host_empty({ span }, span, t._info, op)
-    raw_copy(stage.ptr, nil, t.ptr, t.device_index, span * t._esize)
-    scatter(h.ptr, t, stage.ptr)
-    raw_copy(t.ptr, t.device_index, stage.ptr, nil, span * t._esize)
-    stage:free()
+    move_strided(t, h.ptr, false, op)
   end
 end
 

@@ -40,6 +40,24 @@ local function stop_server(pid, log, port, secret)
   os.remove(log)
 end
 
+-- f(port, server_pid) against a server without a secret, started with `env`
+-- ("NAME=value " or "") to serve for serve_ms and killed after limit_s; the
+-- server is stopped whether f fails or not.
+local function with_server(env, serve_ms, limit_s, f)
+  local port = util.free_port()
+  local slog = os.tmpname()
+  local spid = util.spawn(("env -u WEFT_STORE_SECRET %sluajit tests/helpers/store_fault.lua serve %d %d")
+                          :format(env, port, serve_ms), limit_s, slog)
+  local out = wait_for(slog, "SERVING", 10000)
+  local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
+  local ok, err = pcall(function()
+    assert.is_truthy(server, "server did not start: " .. out)
+    f(port, server)
+  end)
+  stop_server(spid, slog, port, nil)
+  if not ok then error(err, 0) end
+end
+
 -- 1100 idle connections that never authenticate (reopened as the server sheds
 -- them) against a server whose fd limit is 1024, soft and hard; an honest
 -- client must get in within 2 s meanwhile.
@@ -210,14 +228,7 @@ end)
 describe("weft.store total memory cap #fault", function()
   it("a server capped at 128 MiB refuses 32 MiB SETs past it, clearly, and its peak RSS stays bounded", function()
     local CAP, VAL, CLIENTS, EACH = 128 * 2^20, 32 * 2^20, 4, 4
-    local port = util.free_port()
-    local slog = os.tmpname()
-    local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
-                             .. "serve %d 60000"):format(CAP, port), 70, slog)
-    local out = wait_for(slog, "SERVING", 10000)
-    local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
-    local ok, err = pcall(function()
-      assert.is_truthy(server, "server did not start: " .. out)
+    with_server(("WEFT_STORE_MAX_TOTAL=%d "):format(CAP), 60000, 70, function(port, server)
       local logs, pids = {}, {}
       for i = 1, CLIENTS do
         logs[i] = os.tmpname()
@@ -249,8 +260,6 @@ describe("weft.store total memory cap #fault", function()
       assert.is_true(hwm * 1024 < CAP + 2 * VAL + 64 * 2^20,
                      ("server peak RSS %d MiB with a %d MiB cap"):format(math.floor(hwm / 1024), CAP / 2^20))
     end)
-    stop_server(spid, slog, port, nil)
-    if not ok then error(err, 0) end
   end)
 
   -- The cap counts what an entry costs, not only its bytes of key and value:
@@ -264,14 +273,8 @@ describe("weft.store total memory cap #fault", function()
   } do
     it("a server capped at 16 MiB refuses " .. case.what .. " past the cap and the reserve; its RSS stays bounded", function()
       local CAP, RESERVE = 16 * 2^20, 64 * 2^20
-      local port = util.free_port()
-      local slog, clog = os.tmpname(), os.tmpname()
-      local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
-                               .. "serve %d 120000"):format(CAP, port), 130, slog)
-      local out = wait_for(slog, "SERVING", 10000)
-      local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
-      local ok, err = pcall(function()
-        assert.is_truthy(server, "server did not start: " .. out)
+      local clog = os.tmpname()
+      local ok, err = pcall(with_server, ("WEFT_STORE_MAX_TOTAL=%d "):format(CAP), 120000, 130, function(port, server)
         local before = tonumber((util.read_file("/proc/" .. server .. "/status") or ""):match("VmRSS:%s+(%d+) kB"))
         local cpid = util.spawn(("luajit tests/helpers/store_fault.lua keys %d %d %d %d")
                                 :format(port, case.klen, case.vlen, case.max), 110, clog)
@@ -290,7 +293,6 @@ describe("weft.store total memory cap #fault", function()
                        :format(math.floor((rss - before) / 1024), n, CAP / 2^20, RESERVE / 2^20))
       end)
       os.remove(clog)
-      stop_server(spid, slog, port, nil)
       if not ok then error(err, 0) end
     end)
   end
@@ -304,20 +306,7 @@ end)
 -- refused "the store is full" beside a 12 MiB header that never came).
 describe("weft.store total memory cap counts connections' buffers #fault", function()
   local CAP = 16 * 2^20
-  local function with_server(f)
-    local port = util.free_port()
-    local slog = os.tmpname()
-    local spid = util.spawn(("env -u WEFT_STORE_SECRET WEFT_STORE_MAX_TOTAL=%d luajit tests/helpers/store_fault.lua "
-                             .. "serve %d 60000"):format(CAP, port), 70, slog)
-    local out = wait_for(slog, "SERVING", 10000)
-    local server = tonumber(out:match("SERVING %d+ nofile %d+ %d+ pid (%d+)"))
-    local ok, err = pcall(function()
-      assert.is_truthy(server, "server did not start: " .. out)
-      f(port, server)
-    end)
-    stop_server(spid, slog, port, nil)
-    if not ok then error(err, 0) end
-  end
+  local function with_capped_server(f) with_server(("WEFT_STORE_MAX_TOTAL=%d "):format(CAP), 60000, 70, f) end
   local function client(args)
     local log = os.tmpname()
     local pid = util.spawn("luajit tests/helpers/store_fault.lua " .. args, 60, log)
@@ -328,7 +317,7 @@ describe("weft.store total memory cap counts connections' buffers #fault", funct
   end
 
   it("parked GETs count: past the cap they are refused, and so is a SET their memory leaves no room for", function()
-    with_server(function(port, server)
+    with_capped_server(function(port, server)
       local text = client(("park %d 30 1024 %d"):format(port, 8 * 2^20))
       local parked = tonumber(text:match("PARKED (%d+)"))
       assert.is_truthy(parked, text)
@@ -347,7 +336,7 @@ describe("weft.store total memory cap counts connections' buffers #fault", funct
   end)
 
   it("a frame's header alone holds nothing: an honest SET fits beside a 12 MiB header whose body never comes", function()
-    with_server(function(port)
+    with_capped_server(function(port)
       local text = client(("partial %d %d %d"):format(port, 12 * 2^20, 8 * 2^20))
       assert.is_truthy(text:find("HONEST ok", 1, true), text)
     end)

@@ -278,6 +278,17 @@ function M.install()
     end
     assert(R.weft_host_convert(acc, F64, dst, dtype, count) == 0)
   end
+  -- the fused kernels' sum: n elements of dtype of every part (rank order)
+  -- added in f64 from 0; returns the sum and a scratch f64 array of n
+  local function f64_sum(parts, dtype, n)
+    local sum = ffi.new("double[?]", n)
+    local tmp = ffi.new("double[?]", n)
+    for r = 1, #parts do
+      assert(R.weft_host_convert(ffi.cast("const uint8_t *", parts[r]), dtype, tmp, F64, n) == 0)
+      for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
+    end
+    return sum, tmp
+  end
   local function bytes_of(p, n) if n == 0 then return "" end return ffi.string(p, n) end
   local function put(dst, off, s) if #s > 0 then ffi.copy(ffi.cast("uint8_t *", dst) + off, s, #s) end end
 
@@ -535,13 +546,8 @@ function M.install()
     end
     return defer(function()
       local parts = raw(s.g, "allgather", bytes_of(inp, n * es))
-      local sum = ffi.new("double[?]", n)
-      local tmp = ffi.new("double[?]", n)
       -- sum in f64 over ranks, + residual, rounded once to dtype
-      for r = 1, #parts do
-        assert(R.weft_host_convert(ffi.cast("const uint8_t *", parts[r]), dtype, tmp, F64, n) == 0)
-        for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
-      end
+      local sum, tmp = f64_sum(parts, dtype, n)
       assert(R.weft_host_convert(res, dtype, tmp, F64, n) == 0)
       for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
       assert(R.weft_host_convert(sum, F64, res_out, dtype, n) == 0)
@@ -641,12 +647,7 @@ function M.install()
         ffi.copy(part, c.input, n * es)
       end
       local parts = raw(s.g, "allgather", bytes_of(part, n * es))
-      local sum = ffi.new("double[?]", n)
-      local tmp = ffi.new("double[?]", n)
-      for r = 1, #parts do
-        assert(R.weft_host_convert(ffi.cast("const uint8_t *", parts[r]), dtype, tmp, F64, n) == 0)
-        for i = 0, n - 1 do sum[i] = sum[i] + tmp[i] end
-      end
+      local sum = f64_sum(parts, dtype, n)
       assert(R.weft_host_convert(sum, F64, part, dtype, n) == 0)   -- the sum, rounded
       local rows_out, off = tokens, 0
       if pat == 4 then rows_out = tokens / W; off = me * rows_out * hidden * es end

@@ -57,6 +57,31 @@ function S.c_test(target, timeout_s)
   end
 end
 
+-- xmllint --noout on the text s: nil when xmllint is not installed, else
+-- whether it passed and what it printed followed by "rc=<exit status>".
+function S.xmllint_ok(s)
+  local r = os.execute("command -v xmllint >/dev/null 2>&1")
+  if r ~= 0 and r ~= true then return nil end
+  local f = os.tmpname()
+  local h = io.open(f, "w")
+  h:write(s)
+  h:close()
+  local p = io.popen("xmllint --noout " .. f .. " 2>&1; echo rc=$?")
+  local out = p:read("*a")
+  p:close()
+  os.remove(f)
+  return out:match("rc=0\n$") ~= nil, out
+end
+
+-- A C test's output (S.c_test) ends well: its "<name>: P passed, F failed"
+-- line with F = 0 and P >= at_least (busted's assert, passed in by the spec).
+function S.assert_c_passed(assert, out, name, at_least)
+  local passed, failed = out:match(name .. ": (%d+) passed, (%d+) failed")
+  assert.is_truthy(passed, out)
+  assert.are.equal("0", failed, out)
+  assert.is_true(tonumber(passed) >= at_least, out)
+end
+
 -- the last report tagged `tag` among lines: { ok = "true"|"false", ms =, msg = }
 function S.report_of(lines, tag)
   local got
@@ -103,6 +128,17 @@ function S.group_standin(o, ar)
                ar_why = "fake workspace", scratch = {}, retired = {}, determ = o.determ }
   end
   return g
+end
+
+-- weft.policy as it loads, for the policy specs' before_each and teardown:
+-- no policy.set overrides or their error, no policy file, and a new version
+-- (so the groups' cached picks are stale).
+function S.reset_policy()
+  local policy = require "weft.policy"
+  policy.overrides.global, policy.overrides.groups = {}, {}
+  policy.override_error = nil
+  policy.clear_file()
+  policy.version = policy.version + 1
 end
 
 return S

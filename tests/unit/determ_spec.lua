@@ -30,10 +30,7 @@ local function group(o) return spec.group_standin(o, fake_ar) end
 local function sel(g, t, op, rop) return (policy.select(g, op or "all_reduce", t, rop)) end
 
 local function reset()
-  policy.overrides.global, policy.overrides.groups = {}, {}
-  policy.override_error = nil
-  policy.clear_file()
-  policy.version = policy.version + 1
+  spec.reset_policy()
   runs = {}
 end
 
@@ -209,18 +206,9 @@ describe("deterministic mode: routing on a device-state stand-in", function()
 end)
 
 describe("deterministic mode on 2 ranks over a pretend GPU", function()
-  local function run(script, n, env)
-    return spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 %s LUA_PATH='%s/tests/?.lua;;' "
-                       .. "timeout -s KILL 400 scripts/weft-run -n %d --timeout 390 %s"):format(ROOT, env or "", ROOT, n, script))
-  end
-  local function passes(out, n, count)
-    assert.is_nil(out:match("FAIL [^\n]*"), out)
-    for r = 0, n - 1 do assert.matches("%[rank" .. r .. "%] DONE 0 failed", out) end
-    assert.matches("rc=0%s*$", out)
-    local k = 0
-    for _ in out:gmatch("%] PASS ") do k = k + 1 end
-    assert.are.equal(n * count, k, out)
-  end
+  local ranks = require "helpers.rank_passes"
+  local function run(script, n, env) return ranks.run(ROOT, script, n, "WEFT_FAKE_DEVICE=1 " .. (env or ""), 400) end
+  local function passes(out, n, count) ranks.assert_passed(assert, out, n, count, true) end
 
   it("agrees at the first device call and through policy.set, refuses and routes", function()
     local t0 = os.time()

@@ -115,17 +115,12 @@ describe("weft fusion_ext C API", function()
 end)
 
 describe("every pattern against f64", function()
+  local ranks = require "helpers.rank_passes"
   local function run(n, env)
-    return spec.shell(("cd %s && WEFT_TIMEOUT_MS=20000 %s LUA_PATH='%s/tests/?.lua;;' "
-                       .. "timeout -s KILL 300 scripts/weft-run -n %d --timeout 290 tests/helpers/fusion_ext_ranks.lua")
-                      :format(ROOT, env or "", ROOT, n))
+    return ranks.run(ROOT, "tests/helpers/fusion_ext_ranks.lua", n, env, 300)
   end
   local function passes(out, n, count)
-    assert.is_nil(out:match("FAIL [^\n]*"), out)
-    for r = 0, n - 1 do assert.matches("%[rank" .. r .. "%] DONE 0 failed", out) end
-    local k = 0
-    for _ in out:gmatch("%] PASS ") do k = k + 1 end
-    assert.are.equal(n * count, k, out)
+    ranks.assert_passed(assert, out, n, count)
   end
   -- 4 patterns x 2 dtypes, the refusals, and host FP8 (host) or graph/explain/deterministic (device)
   for _, n in ipairs { 1, 2, 3, 4 } do

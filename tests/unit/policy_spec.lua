@@ -40,12 +40,7 @@ local function in_graph(fn)
   if not ok then error(err, 0) end
 end
 
-local function reset()
-  policy.overrides.global, policy.overrides.groups = {}, {}
-  policy.override_error = nil
-  policy.clear_file()
-  policy.version = policy.version + 1
-end
+local reset = spec.reset_policy
 
 describe("weft.policy device rules", function()
   setup(function() db._set_cuda_available(true) end)
@@ -584,16 +579,9 @@ end)
 -- checked on the CPU before it reaches a GPU.
 describe("device paths on a pretend GPU (2 ranks)", function()
   it("passes every check of the GPU worker", function()
-    local out = spec.shell(("cd %s && WEFT_FAKE_DEVICE=1 WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' "
-                            .. "timeout -s KILL 200 scripts/weft-run -n 2 --timeout 190 tests/helpers/gpu_group_worker.lua")
-                           :format(ROOT, ROOT))
-    assert.is_nil(out:match("FAIL [^\n]*"), out)
-    assert.matches("%[rank0%] DONE 0 failed", out)
-    assert.matches("%[rank1%] DONE 0 failed", out)
-    assert.matches("rc=0%s*$", out)
-    local n = 0
-    for _ in out:gmatch("%] PASS ") do n = n + 1 end
-    assert.are.equal(2 * 22, n, out)
+    local ranks = require "helpers.rank_passes"
+    local out = ranks.run(ROOT, "tests/helpers/gpu_group_worker.lua", 2, "WEFT_FAKE_DEVICE=1", 200)
+    ranks.assert_passed(assert, out, 2, 22, true)
   end)
 end)
 

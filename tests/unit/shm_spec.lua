@@ -141,18 +141,23 @@ describe("weft.shm across processes", function()
     return got
   end
 
-  it("a late rank: the others fail within the timeout, naming the group, the operation and it", function()
-    local n, tmo = 3, 3000
-    local res = run(n, "late", tmo, 60)
-    local got = failure_lines(res, n, "LATE")
+  -- every rank but the last reported `tag` failed within tmo + 2 s, its
+  -- message holding each of `texts`
+  local function others_failed(res, n, tag, tmo, texts)
+    local got = failure_lines(res, n, tag)
     for r = 0, n - 2 do
       local g = got[r]
       assert.is_truthy(g, ("rank %d reported nothing:\n%s"):format(r, res[r].out))
       assert.are.equal("false", g.ok)
       assert.is_true(g.ms < tmo + 2000, ("rank %d failed after %d ms"):format(r, g.ms))
-      assert.is_truthy(g.msg:find("weft_shm_all_reduce: group 'shmtest'", 1, true), g.msg)
-      assert.is_truthy(g.msg:find("rank 2 (global 2, pid", 1, true), g.msg)
+      for _, text in ipairs(texts) do assert.is_truthy(g.msg:find(text, 1, true), g.msg) end
     end
+  end
+
+  it("a late rank: the others fail within the timeout, naming the group, the operation and it", function()
+    local n, tmo = 3, 3000
+    local res = run(n, "late", tmo, 60)
+    others_failed(res, n, "LATE", tmo, { "weft_shm_all_reduce: group 'shmtest'", "rank 2 (global 2, pid" })
     local self = failure_lines(res, n, "LATE_SELF")[n - 1]
     assert.is_truthy(self and self.msg:find("communicator aborted by rank", 1, true), res[n - 1].out)
   end)
@@ -164,31 +169,15 @@ describe("weft.shm across processes", function()
     local res = util.run_ranks(n, WORKER, { SHM_MODE = "kill", SHM_TIMEOUT_MS = tmo,
                                             SHM_KILL_ZC = zc and "1" or "0" }, 60)
     assert.are_not.equal(0, res[n - 1].rc)
-    local got = failure_lines(res, n, "KILLED")
-    for r = 0, n - 2 do
-      local g = got[r]
-      assert.is_truthy(g, ("rank %d reported nothing:\n%s"):format(r, res[r].out))
-      assert.is_falsy(res[r].out:find("FAIL", 1, true), res[r].out)
-      assert.are.equal("false", g.ok)
-      assert.is_true(g.ms < tmo + 2000, ("rank %d failed after %d ms"):format(r, g.ms))
-      assert.is_truthy(g.msg:find("rank 3 (global 3, pid", 1, true), g.msg)
-      assert.is_truthy(g.msg:find("died", 1, true), g.msg)
-    end
+    for r = 0, n - 2 do assert.is_falsy(res[r].out:find("FAIL", 1, true), res[r].out) end
+    others_failed(res, n, "KILLED", tmo, { "rank 3 (global 3, pid", "died" })
   end)
   end
 
   it("a rank that never creates: the others fail within the timeout, nothing is left behind", function()
     local n, tmo = 3, 3000
     local res = run(n, "absent", tmo, 60)
-    local got = failure_lines(res, n, "ABSENT_CREATE")
-    for r = 0, n - 2 do
-      local g = got[r]
-      assert.is_truthy(g, ("rank %d reported nothing:\n%s"):format(r, res[r].out))
-      assert.are.equal("false", g.ok)
-      assert.is_true(g.ms < tmo + 2000, ("rank %d failed after %d ms"):format(r, g.ms))
-      assert.is_truthy(g.msg:find("weft_shm_create: group 'shmtest'", 1, true), g.msg)
-      assert.is_truthy(g.msg:find("rank 2", 1, true), g.msg)
-    end
+    others_failed(res, n, "ABSENT_CREATE", tmo, { "weft_shm_create: group 'shmtest'", "rank 2" })
     assert.are.equal(before_all, leftovers())
   end)
 

@@ -22,17 +22,20 @@ end
 
 local err_of = require("helpers.spec_util").err_of
 
--- Reads the server greeting of a raw connection.
-local function hello(fd)
+-- Reads a raw connection until n bytes came, ms passed or it closed.
+local function recv_upto(fd, n, ms)
   local got = ""
-  local deadline = util.now_ms() + 3000
-  while #got < 16 + 33 and util.now_ms() < deadline do
+  local deadline = util.now_ms() + ms
+  while #got < n and util.now_ms() < deadline do
     local r = util.recv_some(fd, 500)
     if r == nil then break end
     got = got .. r
   end
   return got
 end
+
+-- Reads the server greeting of a raw connection.
+local function hello(fd) return recv_upto(fd, 16 + 33, 3000) end
 
 describe("weft.store", function()
   local s
@@ -304,13 +307,7 @@ describe("weft.store secret", function()
     local fd = util.accept(lfd, 10000)
     assert.is_truthy(fd and fd >= 0, "client did not connect")
     util.send(fd, frame(OP.HELLO, 0, 33) .. "\1" .. ("n"):rep(32))  -- demands a secret
-    local auth = ""
-    local deadline = util.now_ms() + 5000
-    while #auth < 16 + 64 and util.now_ms() < deadline do
-      local r = util.recv_some(fd, 500)
-      if r == nil then break end
-      auth = auth .. r
-    end
+    local auth = recv_upto(fd, 16 + 64, 5000)
     -- AUTH: nonce and proof (64 bytes), then the claim (who the client says it is)
     assert.are.equal(frame(OP.AUTH, 0, 64):sub(1, 8), auth:sub(1, 8))
     assert.is_true(auth:byte(16) > 64)

@@ -15,25 +15,52 @@ describe("weft.tensor", function()
 
   local function isnan(x) return x ~= x end
 
-  -- Converts one value through C: f64 -> dtype, returns the raw bits.
-  local function bits_of(v, dt)
-    local src = ffi.new("double[1]", v)
-    local dst = ffi.new("uint64_t[1]", 0)
-    assert.are.equal(0, C.weft_host_convert(src, DT.f64, dst, DT[dt], 1))
-    return tonumber(dst[0])
+  -- f(...) raises an error whose message holds `text` (plain); returns it
+  local function refuses(text, f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok)
+    assert.matches(text, err, 1, true)
+    return err
   end
-  -- f32 -> dtype through the fast path, raw bits.
-  local function bits_f32(v, dt)
-    local src = ffi.new("float[1]", v)
-    local dst = ffi.new("uint64_t[1]", 0)
-    assert.are.equal(0, C.weft_host_convert(src, DT.f32, dst, DT[dt], 1))
-    return tonumber(dst[0])
-  end
-  local function value_of(bits, dt)
-    local src = ffi.new("uint64_t[1]", bits)
-    local dst = ffi.new("double[1]")
-    assert.are.equal(0, C.weft_host_convert(src, DT[dt], dst, DT.f64, 1))
+
+  -- Converts one value v through C from dtype `from` (held in a `src_t`) to
+  -- dtype `to` (read back from a zeroed `dst_t`).
+  local function convert1(v, src_t, from, dst_t, to)
+    local src = ffi.new(src_t .. "[1]", v)
+    local dst = ffi.new(dst_t .. "[1]", 0)
+    assert.are.equal(0, C.weft_host_convert(src, DT[from], dst, DT[to], 1))
     return dst[0]
+  end
+  -- f64 -> dtype, the raw bits.
+  local function bits_of(v, dt) return tonumber(convert1(v, "double", "f64", "uint64_t", dt)) end
+  -- f32 -> dtype through the fast path, raw bits.
+  local function bits_f32(v, dt) return tonumber(convert1(v, "float", "f32", "uint64_t", dt)) end
+  local function value_of(bits, dt) return convert1(bits, "uint64_t", dt, "double", "f64") end
+
+  -- Every bit pattern of the 16-bit dtype `dt` through f32 and back and
+  -- through f64 and back: n, the f32 and f64 values, the two round trips.
+  local function round_trips16(dt)
+    local n = 65536
+    local h = ffi.new("uint16_t[?]", n)
+    for i = 0, n - 1 do h[i] = i end
+    local f = ffi.new("float[?]", n)
+    local d = ffi.new("double[?]", n)
+    local back = ffi.new("uint16_t[?]", n)
+    local back2 = ffi.new("uint16_t[?]", n)
+    assert.are.equal(0, C.weft_host_convert(h, DT[dt], f, DT.f32, n))
+    assert.are.equal(0, C.weft_host_convert(f, DT.f32, back, DT[dt], n))
+    assert.are.equal(0, C.weft_host_convert(h, DT[dt], d, DT.f64, n))
+    assert.are.equal(0, C.weft_host_convert(d, DT.f64, back2, DT[dt], n))
+    return n, f, d, back, back2
+  end
+  -- How many of those patterns i fail ok(i, f, d, back, back2).
+  local function bad_patterns16(dt, ok)
+    local n, f, d, back, back2 = round_trips16(dt)
+    local bad = 0
+    for i = 0, n - 1 do
+      if not ok(i, f, d, back, back2) then bad = bad + 1 end
+    end
+    return bad
   end
 
   describe("dtypes", function()
@@ -53,9 +80,7 @@ describe("weft.tensor", function()
 
     it("rejects an unknown dtype by name", function()
       assert.has_error(function() tensor.dtype_info("f99") end)
-      local ok, err = pcall(tensor.empty, { 2 }, "f99")
-      assert.is_false(ok)
-      assert.matches("weft: tensor.empty: unknown dtype 'f99'", err, 1, true)
+      refuses("weft: tensor.empty: unknown dtype 'f99'", tensor.empty, { 2 }, "f99")
     end)
   end)
 
@@ -75,59 +100,27 @@ describe("weft.tensor", function()
 
   describe("conversion", function()
     it("f16: every bit pattern survives f16 -> f32 -> f16 and f16 -> f64 -> f16", function()
-      local n = 65536
-      local h = ffi.new("uint16_t[?]", n)
-      for i = 0, n - 1 do h[i] = i end
-      local f = ffi.new("float[?]", n)
-      local d = ffi.new("double[?]", n)
-      local back = ffi.new("uint16_t[?]", n)
-      local back2 = ffi.new("uint16_t[?]", n)
-      assert.are.equal(0, C.weft_host_convert(h, DT.f16, f, DT.f32, n))
-      assert.are.equal(0, C.weft_host_convert(f, DT.f32, back, DT.f16, n))
-      assert.are.equal(0, C.weft_host_convert(h, DT.f16, d, DT.f64, n))
-      assert.are.equal(0, C.weft_host_convert(d, DT.f64, back2, DT.f16, n))
       -- NaN-ness is checked on bits: this LuaJIT must not read NaN payloads
-      local fb = ffi.cast("uint32_t*", f)
-      local db = ffi.cast("uint64_t*", d)
-      local bad = 0
-      for i = 0, n - 1 do
+      assert.are.equal(0, bad_patterns16("f16", function(i, f, d, back, back2)
         if bit.band(i, 0x7c00) == 0x7c00 and bit.band(i, 0x3ff) ~= 0 then
           -- NaN stays NaN (quieted, sign kept); f64 NaNs come out canonical
-          local fbits = fb[i]
-          if not (bit.band(fbits, 0x7f800000) == 0x7f800000 and bit.band(fbits, 0x7fffff) ~= 0
-                  and db[i] == 0x7ff8000000000000ULL and bit.band(back[i], 0x7e00) == 0x7e00
-                  and bit.band(back[i], 0x8000) == bit.band(i, 0x8000)) then bad = bad + 1 end
-        elseif back[i] ~= i or back2[i] ~= i or f[i] ~= d[i] then
-          bad = bad + 1
+          local fbits = ffi.cast("uint32_t*", f)[i]
+          return bit.band(fbits, 0x7f800000) == 0x7f800000 and bit.band(fbits, 0x7fffff) ~= 0
+                 and ffi.cast("uint64_t*", d)[i] == 0x7ff8000000000000ULL and bit.band(back[i], 0x7e00) == 0x7e00
+                 and bit.band(back[i], 0x8000) == bit.band(i, 0x8000)
         end
-      end
-      assert.are.equal(0, bad)
+        return back[i] == i and back2[i] == i and f[i] == d[i]
+      end))
     end)
 
     it("bf16: every bit pattern survives bf16 -> f32 -> bf16 and via f64", function()
-      local n = 65536
-      local h = ffi.new("uint16_t[?]", n)
-      for i = 0, n - 1 do h[i] = i end
-      local f = ffi.new("float[?]", n)
-      local d = ffi.new("double[?]", n)
-      local back = ffi.new("uint16_t[?]", n)
-      local back2 = ffi.new("uint16_t[?]", n)
-      C.weft_host_convert(h, DT.bf16, f, DT.f32, n)
-      C.weft_host_convert(f, DT.f32, back, DT.bf16, n)
-      C.weft_host_convert(h, DT.bf16, d, DT.f64, n)
-      C.weft_host_convert(d, DT.f64, back2, DT.bf16, n)
-      local bad = 0
-      for i = 0, n - 1 do
+      assert.are.equal(0, bad_patterns16("bf16", function(i, _, d, back, back2)
         if bit.band(i, 0x7f80) == 0x7f80 and bit.band(i, 0x7f) ~= 0 then
-          if not (ffi.cast("uint64_t*", d)[i] == 0x7ff8000000000000ULL and isnan(value_of(back2[i], "bf16"))
-                  and bit.band(back[i], 0x7fc0) == 0x7fc0) then
-            bad = bad + 1
-          end
-        elseif back[i] ~= i or back2[i] ~= i then
-          bad = bad + 1
+          return ffi.cast("uint64_t*", d)[i] == 0x7ff8000000000000ULL and isnan(value_of(back2[i], "bf16"))
+                 and bit.band(back[i], 0x7fc0) == 0x7fc0
         end
-      end
-      assert.are.equal(0, bad)
+        return back[i] == i and back2[i] == i
+      end))
     end)
 
     it("f8e4m3: every code survives f8 -> f32 -> f8 and via f64", function()
@@ -465,9 +458,7 @@ describe("weft.tensor", function()
     end)
 
     it("refuses different element counts", function()
-      local ok, err = pcall(function() tensor.zeros({ 3 }):compare({ 1, 2 }) end)
-      assert.is_false(ok)
-      assert.matches("weft: tensor.compare: element counts differ", err, 1, true)
+      refuses("weft: tensor.compare: element counts differ", function() tensor.zeros({ 3 }):compare({ 1, 2 }) end)
     end)
   end)
 
@@ -547,12 +538,7 @@ describe("weft.tensor", function()
         { function() tensor.from_table({ { 1, 2 }, { 3 } }, "f32") end, "not rectangular" },
         { function() tensor.from_table(5, "f32") end, "values must be a table" },
       }
-      for _, c in ipairs(cases) do
-        local ok, err = pcall(c[1])
-        assert.is_false(ok)
-        assert.matches("weft: tensor.from_table: ", err, 1, true)
-        assert.matches(c[2], err, 1, true)
-      end
+      for _, c in ipairs(cases) do assert.matches(c[2], refuses("weft: tensor.from_table: ", c[1]), 1, true) end
     end)
 
     it("validates shapes and devices with clear errors", function()
@@ -566,11 +552,7 @@ describe("weft.tensor", function()
         { function() tensor.zeros({ 2 }, "i32"):fill_(0.5) end, "weft: tensor.fill_: 0.5 is not an integer" },
         { function() tensor.zeros({ 2 }):size(2) end, "weft: tensor.size: dim 2 out of range" },
       }
-      for _, c in ipairs(cases) do
-        local ok, err = pcall(c[1])
-        assert.is_false(ok)
-        assert.matches(c[2], err, 1, true)
-      end
+      for _, c in ipairs(cases) do refuses(c[2], c[1]) end
     end)
 
     it("refuses shapes whose byte count overflows, naming the op and the shape (issue 37)", function()
@@ -591,20 +573,12 @@ describe("weft.tensor", function()
         { function() tensor.zeros({ 2, "3" }) end, 'size the string "3" at dim 1 is not an integer' },
         { function() tensor.zeros({ -2 ^ 40 }) end, "is negative" },
       }
-      for _, c in ipairs(cases) do
-        local ok, err = pcall(c[1])
-        assert.is_false(ok)
-        assert.matches(c[2], err, 1, true)
-      end
+      for _, c in ipairs(cases) do refuses(c[2], c[1]) end
       -- views: a shape that only fits the byte limit through a wrapped product
       local t = tensor.zeros({ 4 })
-      local ok, err = pcall(t.view, t, { 2 ^ 62, 2 ^ 62, 0 })
-      assert.is_false(ok)
-      assert.matches("weft: tensor.view: shape", err, 1, true)
+      refuses("weft: tensor.view: shape", t.view, t, { 2 ^ 62, 2 ^ 62, 0 })
       -- narrow: start + length rounds above 2^53, so it is not computed
-      ok, err = pcall(t.narrow, t, 0, 2 ^ 53, 1)
-      assert.is_false(ok)
-      assert.matches("weft: tensor.narrow: start 9.007199254741e+15, length 1 out of range", err, 1, true)
+      refuses("weft: tensor.narrow: start 9.007199254741e+15, length 1 out of range", t.narrow, t, 0, 2 ^ 53, 1)
       -- the largest tensors that fit still work (0 elements or small)
       assert.are.equal(0, tensor.empty({ 0, 2 ^ 40 }, "f32").numel)
       -- C: a count whose byte size wraps is refused, not copied as 0 bytes
@@ -619,9 +593,7 @@ describe("weft.tensor", function()
       assert.are.same({ 1.5, -2.25, 3 }, b:to_table())
       local i = tensor.zeros({ 3 }, "i32"):copy_(a)
       assert.are.same({ 2, -2, 3 }, i:to_table())
-      local ok, err = pcall(function() tensor.zeros({ 4 }):copy_(a) end)
-      assert.is_false(ok)
-      assert.matches("weft: tensor.copy_: element counts differ", err, 1, true)
+      refuses("weft: tensor.copy_: element counts differ", function() tensor.zeros({ 4 }):copy_(a) end)
     end)
 
     it("clone is independent; to() converts dtype or returns self", function()
@@ -649,9 +621,7 @@ describe("weft.tensor", function()
       local addr = tonumber(ffi.cast("uintptr_t", buf))
       local t2 = tensor.wrap(addr, { 4 }, "i32")
       assert.are.equal(4, t2.numel)
-      local ok, err = pcall(tensor.wrap, "nope", { 1 }, "f32")
-      assert.is_false(ok)
-      assert.matches("weft: tensor.wrap: ptr must be a cdata pointer", err, 1, true)
+      refuses("weft: tensor.wrap: ptr must be a cdata pointer", tensor.wrap, "nope", { 1 }, "f32")
     end)
 
     it("free is idempotent and invalidates views", function()
@@ -660,9 +630,7 @@ describe("weft.tensor", function()
       a:free()
       a:free()
       assert.is_nil(a.ptr)
-      local ok, err = pcall(function() return v:to_table() end)
-      assert.is_false(ok)
-      assert.matches("storage was freed", err, 1, true)
+      refuses("storage was freed", function() return v:to_table() end)
       assert.matches("<freed>", tostring(v), 1, true)
     end)
 
@@ -706,11 +674,7 @@ describe("weft.tensor", function()
         { function() a:narrow(1, 0, 3):view({ 12 }) end, "is not contiguous" },
         { function() a:transpose(0, 1):reshape({ 24 }) end, "is not contiguous" },
       }
-      for _, c in ipairs(cases) do
-        local ok, err = pcall(c[1])
-        assert.is_false(ok)
-        assert.matches(c[2], err, 1, true)
-      end
+      for _, c in ipairs(cases) do refuses(c[2], c[1]) end
     end)
 
     it("narrow along dim 0 stays contiguous, along a later dim does not", function()
@@ -734,14 +698,10 @@ describe("weft.tensor", function()
     it("narrow checks its range", function()
       local a = iota({ 4, 6 })
       for _, args in ipairs({ { 1, 4, 3 }, { 0, -1, 2 }, { 1, 0, 7 }, { 0, 0, -1 } }) do
-        local ok, err = pcall(a.narrow, a, args[1], args[2], args[3])
-        assert.is_false(ok)
-        assert.matches("weft: tensor.narrow: start", err, 1, true)
+        local err = refuses("weft: tensor.narrow: start", a.narrow, a, args[1], args[2], args[3])
         assert.matches("out of range", err, 1, true)
       end
-      local ok, err = pcall(a.narrow, a, 2, 0, 1)
-      assert.is_false(ok)
-      assert.matches("weft: tensor.narrow: dim 2 out of range for a 2-dim tensor {4, 6}", err, 1, true)
+      refuses("weft: tensor.narrow: dim 2 out of range for a 2-dim tensor {4, 6}", a.narrow, a, 2, 0, 1)
     end)
 
     it("transpose gives a non-contiguous view in transposed order", function()
@@ -854,9 +814,7 @@ describe("weft.tensor", function()
 
     it("reports a missing device cleanly", function()
       mock.available = function() return false end
-      local ok, err = pcall(tensor.zeros, { 2 }, "f32", "cuda")
-      assert.is_false(ok)
-      assert.matches("weft: tensor.zeros: no CUDA device", err, 1, true)
+      refuses("weft: tensor.zeros: no CUDA device", tensor.zeros, { 2 }, "f32", "cuda")
     end)
   end)
 

@@ -79,19 +79,7 @@ describe("weft.tools.topo_svg", function()
     return true
   end
 
-  local function xmllint_ok(s)
-    local r = os.execute("command -v xmllint >/dev/null 2>&1")
-    if r ~= 0 and r ~= true then return nil end
-    local f = os.tmpname()
-    local h = io.open(f, "w")
-    h:write(s)
-    h:close()
-    local p = io.popen("xmllint --noout " .. f .. " 2>&1; echo rc=$?")
-    local out = p:read("*a")
-    p:close()
-    os.remove(f)
-    return out:match("rc=0\n$") ~= nil, out
-  end
+  local xmllint_ok = require("helpers.spec_util").xmllint_ok
 
   -- every cell: {kind, rank, node, group, fill, x, y, w}
   local function cells_of(svg)

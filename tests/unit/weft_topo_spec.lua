@@ -17,6 +17,16 @@ describe("weft-topo", function()
     return out:gsub("rc=%d+\n$", ""), e, rc
   end
 
+  -- weft-topo `args` exits 2, prints nothing on stdout and `text` on stderr;
+  -- returns the stderr
+  local function refused(args, text)
+    local out, err, rc = run(args)
+    assert.are.equal(2, rc, args)
+    assert.are.equal("", out, args)
+    assert.matches(text, err, 1, true)
+    return err
+  end
+
   it("prints the exact JSON for a small case", function()
     local out, err, rc = run("--world 4 --tp 2 --pp 2 --json")
     assert.are.equal(0, rc, err)
@@ -72,13 +82,7 @@ describe("weft-topo", function()
       { "--tp 0", "tp must be a positive integer" },
       { "--tp 2 --rank 7", "rank 7 out of range [0, 2)" },
     }
-    for _, c in ipairs(cases) do
-      local out, err, rc = run(c[1])
-      assert.are.equal(2, rc, c[1])
-      assert.are.equal("", out, c[1])
-      assert.matches("weft-topo: ", err, 1, true)
-      assert.matches(c[2], err, 1, true)
-    end
+    for _, c in ipairs(cases) do assert.matches("weft-topo: ", refused(c[1], c[2]), 1, true) end
   end)
 
   it("--help prints usage and exits 0", function()
@@ -266,18 +270,8 @@ describe("weft-topo", function()
       assert.is_true(#svg < 2 * 1024 * 1024)
       assert.matches("weft topology: world 512 = tp 8 x pp 64", svg, 1, true)
       assert.matches("(512 ranks, 7 panels, ", err, 1, true)
-      local r = os.execute("command -v xmllint >/dev/null 2>&1")
-      if r == 0 or r == true then
-        local f = os.tmpname()
-        local h = io.open(f, "w")
-        h:write(svg)
-        h:close()
-        local p = io.popen("xmllint --noout " .. f .. " 2>&1; echo rc=$?")
-        local lint = p:read("*a")
-        p:close()
-        os.remove(f)
-        assert.are.equal("rc=0\n", lint)
-      end
+      local linted, lint = require("helpers.spec_util").xmllint_ok(svg)
+      if linted ~= nil then assert.are.equal("rc=0\n", lint) end
     end)
 
     it("--svg - writes to stdout; bad uses are refused", function()
@@ -292,12 +286,7 @@ describe("weft-topo", function()
         { "--tp 2 --gpus-per-node 0 --svg /tmp/x.svg", "--gpus-per-node must be at least 1" },
         { "--dry-run --world 8 --tp 3 --svg /tmp/never.svg", "world_size (8) is not equal to tp (3)" },
       }
-      for _, c in ipairs(cases) do
-        local o, err, rc2 = run(c[1])
-        assert.are.equal(2, rc2, c[1])
-        assert.are.equal("", o, c[1])
-        assert.matches(c[2], err, 1, true)
-      end
+      for _, c in ipairs(cases) do refused(c[1], c[2]) end
       assert.is_nil(io.open("/tmp/never.svg"))
     end)
   end)

@@ -4,7 +4,6 @@
 -- agreement, the cpu group's int64 vote, and a message queue's send/recv
 -- ordered with the group's collectives.
 local ffi = require "ffi"
-local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local serialize = require "weft.serialize"
 local B = require "weft.async.base"
 local Q = require "weft.async.queue"
@@ -28,13 +27,7 @@ end
 
 -- every rank's part of a finished all-gather, checked: parts, offsets
 local function gathered_parts(h, g, op, call)
-  local data, lens, n = Q.result_bytes(h)
-  local parts, off = {}, 0
-  for i = 0, n - 1 do
-    local l = tonumber(lens[i])
-    parts[i + 1] = lstring(data + off, l, "async all_gather_object")
-    off = off + l
-  end
+  local parts = Q.result_parts(h, "async all_gather_object")
   return parts, GM().check_calls(g, op, call, parts)
 end
 

@@ -7,6 +7,7 @@ local ffi = require "ffi"
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local wffi = require "weft.internal.ffi"
 local B = require "weft.async.base"
+local release = require("weft.internal.binding").release   -- q.handle without its finalizer, then nil
 
 local C = wffi.C
 local ffi_new, ffi_gc, ffi_cast = ffi.new, ffi.gc, ffi.cast
@@ -299,12 +300,8 @@ function M.close(g)
   if not q then return end
   pcall(M.drain, g)
   g._async = nil
-  local h = q.handle
-  if h ~= nil then
-    q.handle = nil
-    ffi_gc(h, nil)
-    C.weft_async_queue_destroy(h)
-  end
+  local h = release(q)
+  if h ~= nil then C.weft_async_queue_destroy(h) end
   for h2 in pairs(q.live) do settle(h2, C.weft_async_test(h2._c)) end
 end
 
@@ -315,6 +312,18 @@ local rd, rl, rls, rn = ffi_new("const void *[1]"), ffi_new("size_t[1]"), ffi_ne
 function M.result_bytes(h)
   wffi.check(C.weft_async_result(h._c, rd, rl, rls, rn), h.op, 2)
   return ffi_cast("const uint8_t *", rd[0]), rls[0], rn[0], tonumber(rl[0])
+end
+-- every rank's part of a finished all-gather, as strings (a part too long for
+-- a Lua string is refused, naming `what`)
+function M.result_parts(h, what)
+  local data, lens, n = M.result_bytes(h)
+  local parts, off = {}, 0
+  for i = 0, n - 1 do
+    local l = tonumber(lens[i])
+    parts[i + 1] = lstring(data + off, l, what)
+    off = off + l
+  end
+  return parts
 end
 local function result_string(h)
   wffi.check(C.weft_async_result(h._c, rd, rl, nil, nil), h.op, 2)

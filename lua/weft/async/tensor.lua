@@ -116,22 +116,16 @@ local function host_buffer(n)
   return ffi_gc(ffi_cast(u8p, p), C.weft_host_free)
 end
 
--- Gathers nbytes from ptr on every rank into a fresh buffer [world][nbytes]
--- (shm all-gather, or the cpu group's through the store), then
--- finish(buf) -> result. For reductions/gathers without a native path.
 -- every rank's part of a finished store all-gather, each checked against
 -- this rank's call (the blocking store path's frames: weft.group.host)
 local function store_parts(h, g, op, call)
-  local data, lens, n = Q.result_bytes(h)
-  local parts, off = {}, 0
-  for i = 0, n - 1 do
-    local l = tonumber(lens[i])
-    parts[i + 1] = lstring(data + off, l, "async " .. op)
-    off = off + l
-  end
+  local parts = Q.result_parts(h, "async " .. op)
   return parts, GH().store_check(g, op, call, parts)
 end
 
+-- Gathers nbytes from ptr on every rank into a fresh buffer [world][nbytes]
+-- (shm all-gather, or the cpu group's through the store), then
+-- finish(buf) -> result. For reductions/gathers without a native path.
 local function gather_then(g, op, be, ptr, nbytes, anchor, finish, t, extra)
   local W = g.world_size
   local buf = host_buffer(nbytes * W)

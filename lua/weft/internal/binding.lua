@@ -11,6 +11,7 @@
 --   binding.stream(s)            -- a weft.cuda stream's handle, or s as it is
 --   binding.release(obj)         -- obj.handle without its finalizer, obj.handle = nil
 --   binding.destroyer(cfree)     -- a destroy method: release, then cfree(handle)
+--   binding.handle_of(msg)       -- a live-handle check for bindings with their own message
 --   binding.check(rc)            -- raises "weft: <weft_last_error()>" when rc ~= 0
 --   binding.shape_word(shape)    -- a shape table as the word shm / Gloo calls compare (0: nil)
 --   binding.args_word(extra)     -- a call's other arguments (sizes, dim, op) as such a word
@@ -75,6 +76,17 @@ function M.destroyer(free)
   return function(obj)
     local h = M.release(obj)
     if h ~= nil then free(h) end
+  end
+end
+
+-- A handle_of(obj, op) for the bindings whose destroyed-handle message is
+-- their own (weft.cpugroup, weft.mq, weft.shm, weft.gloo): obj.handle, else
+-- raises msg:format(op, obj.name) naming the caller of obj's method.
+function M.handle_of(msg)
+  return function(obj, op)
+    local h = obj.handle
+    if h == nil then error(msg:format(op, obj.name), 3) end
+    return h
   end
 end
 

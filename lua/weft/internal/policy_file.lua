@@ -77,15 +77,23 @@ end
 -- bf16, f16 or "*"; codec int8, int4, fp8; bytes an integer >= 0)
 M.QUICK_CODECS = { int8 = true, int4 = true, fp8 = true }
 M.QUICK_DTYPES = { bf16 = true, f16 = true, ["*"] = true }
+
+-- The path of a section's world-size key (section[world]); raises unless
+-- the key is a world size or "*" and its value a table keyed by dtype.
+local function world_path(name, section, world, by)
+  local wpath = section .. key_str(world)
+  if world ~= "*" and not (type(world) == "number" and world == floor(world) and world >= 2) then
+    fail(name, wpath, "world size must be an integer >= 2 or \"*\"")
+  end
+  if type(by) ~= "table" then fail(name, wpath, "must be a table keyed by dtype") end
+  return wpath
+end
+
 function M.validate_quick_min(q, name)
   if q == nil then return end
   if type(q) ~= "table" then fail(name, "quick_min", "must be a table keyed by world size") end
   for world, by in pairs(q) do
-    local wpath = "quick_min" .. key_str(world)
-    if world ~= "*" and not (type(world) == "number" and world == floor(world) and world >= 2) then
-      fail(name, wpath, "world size must be an integer >= 2 or \"*\"")
-    end
-    if type(by) ~= "table" then fail(name, wpath, "must be a table keyed by dtype") end
+    local wpath = world_path(name, "quick_min", world, by)
     for dtype, codecs in pairs(by) do
       local dpath = wpath .. key_str(dtype)
       if not M.QUICK_DTYPES[dtype] then fail(name, dpath, "unknown dtype (%s)", names(M.QUICK_DTYPES)) end
@@ -120,11 +128,7 @@ function M.validate(t, name)
       local allowed = M.BACKENDS[section]
       if type(s) ~= "table" then fail(name, section, "must be a table keyed by world size") end
       for world, by_dtype in pairs(s) do
-        local wpath = section .. key_str(world)
-        if world ~= "*" and not (type(world) == "number" and world == floor(world) and world >= 2) then
-          fail(name, wpath, "world size must be an integer >= 2 or \"*\"")
-        end
-        if type(by_dtype) ~= "table" then fail(name, wpath, "must be a table keyed by dtype") end
+        local wpath = world_path(name, section, world, by_dtype)
         for dtype, list in pairs(by_dtype) do
           local dpath = wpath .. key_str(dtype)
           if not M.DTYPES[dtype] then fail(name, dpath, "unknown dtype (%s)", names(M.DTYPES)) end
