@@ -171,7 +171,7 @@ M.list = {
     "0 turns off the device kernels' call announcements (a mismatch is then found only at the timeout); "
     .. "for measuring their cost"),
   I("WEFT_FUSION_TIMEOUT_MS", 1, 2147483647, "the group's timeout", "setting",
-    { "src/coll/fusion.c", "src/coll/fusion_ext.c" }, "the bound of the fused kernels' waits, in milliseconds"),
+    { "src/coll/fused_ws.c" }, "the bound of the fused kernels' waits, in milliseconds"),
   I("WEFT_FUSION_ONESHOT_MAX", 1, MAXI, "by world (src/coll/fusion.c)", "setting", { "src/coll/fusion.c" },
     "bytes: the fused all-reduce + RMSNorm takes one-shot up to this size"),
   I("WEFT_FUSION_EXT_ONESHOT_MAX", 1, MAXI, "by world (src/coll/fusion_ext.c)", "setting",
