@@ -21,8 +21,8 @@ local HELPER = "tests/helpers/mismatch_ranks.lua"
 local BOUND_MS = 1000   -- every rank fails well within a second (the timeout is 20 s)
 
 -- A barrier goes where the group's host collectives go (shm, Gloo, the
--- store), also as a fresh group's first call. Not checked, said in
--- docs/faults.md: a barrier against a hierarchical all_reduce (2 x 2).
+-- store, the node hierarchy's three steps), also as a fresh group's first
+-- call.
 -- node_dtype (every rank of node 1 differs) only where there are nodes.
 local CASES = { "dtype_width", "dtype_same_width", "op", "count", "count_large", "shape", "shape_gather",
                 "shape_5d", "gatherv_sizes", "op_u8", "gather_count", "broadcast_root", "broadcast_count", "barrier_first_call", "barrier_vs_all_reduce",
@@ -33,11 +33,7 @@ local function cases_but(skip, extra)
   if extra then t[#t + 1] = extra end
   return t
 end
-local SHM_SKIP, GLOO_SKIP = {}, {}
--- the hierarchy's all_reduce goes through each node's shm engine and the
--- leaders' Gloo, a barrier through the flat Gloo communicator: they meet at
--- the timeout (docs/faults.md)
-local HIER_SKIP = { barrier_vs_all_reduce = true }
+local SHM_SKIP, GLOO_SKIP, HIER_SKIP = {}, {}, {}
 
 local function parse(out)
   local r = {}

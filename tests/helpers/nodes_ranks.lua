@@ -261,6 +261,18 @@ local function suite(g, label)
     check(ffi.string(got.ptr, got.nbytes) == ffi.string(ref.ptr, ref.nbytes), "%s send/recv %s", label, dt)
   end
   g:barrier()
+  -- a barrier holds every rank until the last one arrived: a late leader, a
+  -- late non-leader (the hierarchy's three steps), the group's last rank
+  for _, late in ipairs { 0, g.world_size - 1, 1 } do
+    if late < g.world_size then
+      local t0 = now_ms()
+      if g.rank_in_group == late then os.execute("sleep 0.3") end
+      g:barrier()
+      local waited = now_ms() - t0
+      check(waited >= 250, "%s barrier: left after %.0f ms, before rank %d arrived (at ~300 ms)",
+            label, waited, late)
+    end
+  end
   ok(label .. " send/recv and barrier")
 end
 

@@ -159,9 +159,18 @@ local function recv_host(g, op, into, src)
 end
 
 ---------------------------------------------------------------- backends
+-- a barrier goes where an all_reduce of nothing goes (weft.policy decides)
+local NOTHING = { dtype = "f32", nbytes = 0, numel = 0, shape = { 0 }, device = "cpu" }
+local hier_barrier   -- below
+
 local gloo_backend = {
-  -- on the flat communicator once made (weft.group.host's barrier rule)
+  -- where the policy sends an all_reduce of nothing: the hierarchy's three
+  -- steps once the group made them, else the flat communicator once made,
+  -- else the cpu group (weft.group.host's barrier rule)
   barrier = function(g)
+    if g._hier and require("weft.policy").select(g, "all_reduce", NOTHING, "sum") == "gloo_hier" then
+      return hier_barrier(g)
+    end
     if g._gloo then g._gloo:barrier() else g.cpu_group:barrier() end
   end,
   -- t, extra: the caller's tensor and call, whose words the agreement word carries
@@ -279,13 +288,52 @@ end
 M.HIER_GRACE_MS = 700
 
 -- which exchange the node leaders use for t: Gloo, or the store (above)
-local function leaders_use_gloo(g, t)
-  return not (t.nbytes * g.node_count <= M.LEADERS_STORE_MAX and not gloo().small_path(g.node_count, t.nbytes))
+local function leaders_use_gloo(g, nbytes)
+  return not (nbytes * g.node_count <= M.LEADERS_STORE_MAX and not gloo().small_path(g.node_count, nbytes))
 end
 -- how long a leader whose node refused a call waits for the other leaders'
 -- words in that call's Gloo round (they are there unless their own call
 -- took the store's route)
 M.REFUSE_WAIT_MS = 1000
+
+-- This rank's node failed the call's first step (err): a leader tells the
+-- other leaders why (they wait for it) through the leaders' cpu group, and
+-- when its node's ranks disagreed, in the Gloo round they are in (its word
+-- marked refused: they fail at once, naming it). Raises.
+local function node_failed(g, h, err, round_on_gloo)
+  if h.leaders_gloo and round_on_gloo and tostring(err):find("different collectives", 1, true) then
+    pcall(h.leaders_gloo.refuse, h.leaders_gloo, M.REFUSE_WAIT_MS)
+  end
+  if h.leaders_cpu then
+    local who = tostring(err):match("(rank %d+ %b()) died") or tostring(err):match("(rank %d+ %(global %d+, pid %d+, host [^)]*%)) died")
+    h.leaders_cpu:abort(who and (who .. " died on node " .. g.node_index) or tostring(err):sub(1, 300))
+  end
+  error(with_gone(g, err), 0)
+end
+
+-- The leaders' step failed (err): the node's other ranks wait in the last
+-- step; tell them why, now (the shm abort keeps ~100 bytes: the dead ranks,
+-- else a hint). Raises.
+local function leaders_failed(g, h, err)
+  local msg = with_gone(g, err)
+  if h.local_shm then h.local_shm:abort(leaders_failure(msg)) end
+  error(msg, 0)
+end
+
+-- The last step, on the node's shm engine: f(comm, ...). A non-leader waits
+-- there while its leader is in the leaders' step, which ends at the timeout:
+-- it waits HIER_GRACE_MS longer, for the leader's abort that names the cause.
+local function after_leaders(g, h, f, comm, ...)
+  local T = g.timeout_ms
+  if h.local_index ~= 0 and T and g.node_count > 1 then
+    comm:set_timeout(T + M.HIER_GRACE_MS)
+    local ok, err = pcall(f, comm, ...)
+    comm:set_timeout(T)
+    if not ok then error(err, 0) end
+  else
+    f(comm, ...)
+  end
+end
 
 local hier_backend = setmetatable({
   all_reduce = function(g, _, t, out_ptr, rop, code)
@@ -294,51 +342,44 @@ local hier_backend = setmetatable({
     local src = t.ptr
     if h.local_shm then
       local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code, t.shape)
-      if not ok then
-        -- a leader whose node failed tells the other leaders why (they wait
-        -- for it): through the leaders' cpu group, and when its node's ranks
-        -- disagreed, in the Gloo round they are in (its word marked refused:
-        -- they fail at once, naming it)
-        if h.leaders_gloo and leaders_use_gloo(g, t) and tostring(err):find("different collectives", 1, true) then
-          pcall(h.leaders_gloo.refuse, h.leaders_gloo, M.REFUSE_WAIT_MS)
-        end
-        if h.leaders_cpu then
-          local who = tostring(err):match("(rank %d+ %b()) died") or tostring(err):match("(rank %d+ %(global %d+, pid %d+, host [^)]*%)) died")
-          h.leaders_cpu:abort(who and (who .. " died on node " .. g.node_index) or tostring(err):sub(1, 300))
-        end
-        error(with_gone(g, err), 0)
-      end
+      if not ok then node_failed(g, h, err, leaders_use_gloo(g, t.nbytes)) end
       src = out_ptr
     end
     if h.leaders_gloo then
       local ok, err
-      if not leaders_use_gloo(g, t) then
+      if not leaders_use_gloo(g, t.nbytes) then
         ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code, rop)
       else
         ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code, t.shape)
       end
-      if not ok then
-        local msg = with_gone(g, err)
-        -- the node's other ranks wait in the broadcast below: tell them why,
-        -- now (the shm abort keeps ~100 bytes: the dead ranks, else a hint)
-        if h.local_shm then h.local_shm:abort(leaders_failure(msg)) end
-        error(msg, 0)
-      end
+      if not ok then leaders_failed(g, h, err) end
     end
     if h.local_shm then
-      local T = g.timeout_ms
-      if h.local_index ~= 0 and T and g.node_count > 1 then
-        h.local_shm:set_timeout(T + M.HIER_GRACE_MS)
-        local ok, err = pcall(h.local_shm.broadcast, h.local_shm, out_ptr, t.nbytes, 0, t.shape)
-        h.local_shm:set_timeout(T)
-        if not ok then error(err, 0) end
-      else
-        h.local_shm:broadcast(out_ptr, t.nbytes, 0, t.shape)
-      end
+      after_leaders(g, h, h.local_shm.broadcast, h.local_shm, out_ptr, t.nbytes, 0, t.shape)
     end
   end,
 }, { __index = gloo_backend })
 M.hier_backend = hier_backend
+
+-- The barrier in the hierarchy's all_reduce's three steps, so that it meets
+-- that all_reduce where it goes: each node's shm engine (whose descriptors
+-- tell a barrier from an all_reduce), the leaders' round on the route an
+-- all_reduce of nothing takes there (Gloo's agreed barrier, or the store's),
+-- then the node's shm again, which lets the node's ranks go once their
+-- leader knows every node arrived. Called with g._hier made.
+function hier_barrier(g)
+  local h = g._hier
+  if h.local_shm then
+    local ok, err = pcall(h.local_shm.barrier, h.local_shm)
+    if not ok then node_failed(g, h, err, leaders_use_gloo(g, 0)) end
+  end
+  if h.leaders_gloo then
+    local c = leaders_use_gloo(g, 0) and h.leaders_gloo or h.leaders_cpu
+    local ok, err = pcall(c.barrier, c)
+    if not ok then leaders_failed(g, h, err) end
+  end
+  if h.local_shm then after_leaders(g, h, h.local_shm.barrier, h.local_shm) end
+end
 
 -- group.lua calls this once a group is known to span nodes
 function M.on_new(g)
