@@ -36,6 +36,7 @@ local hostmem = require "weft.internal.hostmem"
 local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error = type, tostring, error
 local concat = table.concat
+local fmt = string.format
 
 local M = {}
 local G = {}
@@ -590,6 +591,59 @@ function G:recv(spec, src, dtype)
   return into
 end
 
+-- The split tables of an uneven all_to_all_single, agreed: every rank's
+-- input splits, output rows and output splits (-1: none given) go through
+-- the group's own transport as one all-gather whose call ("i64 {2W+1}
+-- splits") differs from the even form's, so ranks that split and ranks that
+-- do not fail together; then every rank checks the whole matrix, the same
+-- way on every rank, so a rank whose output cannot take what the others send
+-- fails with all the others, naming it, before any row moves. Returns
+-- all[r][j]: rows rank r-1 sends to rank j-1.
+local function agree_splits(g, op, inp, in_splits, out_splits, out_rows)
+  local W = g.world_size
+  local n = 2 * W + 1
+  local mine = ffi.new("int64_t[?]", n)
+  for i = 1, W do
+    local v = in_splits[i]
+    if type(v) ~= "number" or v < 0 or v % 1 ~= 0 then
+      fail(3, op, "input split %d is %s, expected a row count (group %s)", i - 1, tostring(v), gname(g))
+    end
+    mine[i - 1] = v
+    mine[W + 1 + i - 1] = out_splits and out_splits[i] or -1
+  end
+  mine[W] = out_rows
+  local all_buf = g:_scratch("a2a_splits", n * 8 * W)
+  local be = backend_for(g, op, inp)
+  gather_bytes(g, be, op, mine, n * 8, all_buf, { dtype = "i64", shape = { n } }, "splits")
+  local t = ffi_cast("int64_t *", all_buf)
+  local all, bad = {}, {}
+  for r = 1, W do
+    all[r] = {}
+    for j = 1, W do all[r][j] = tonumber(t[(r - 1) * n + j - 1]) end
+  end
+  for j = 1, W do
+    local base = (j - 1) * n
+    local total = 0
+    for r = 1, W do total = total + all[r][j] end
+    local rows = tonumber(t[base + W])
+    if total ~= rows then
+      bad[#bad + 1] = fmt("rank %d receives %d rows, its output has %d", g.ranks[j], total, rows)
+    end
+    for r = 1, W do
+      local want = tonumber(t[base + W + r])
+      if want >= 0 and want ~= all[r][j] then
+        bad[#bad + 1] = fmt("rank %d's output split %d says %d rows, rank %d sends %d",
+                            g.ranks[j], r - 1, want, g.ranks[r], all[r][j])
+      end
+    end
+  end
+  if #bad > 0 then
+    fail(3, op, "the ranks' split tables do not match on group %s (every rank fails this call; the group "
+         .. "stays usable): %s", gname(g), concat(bad, "; "))
+  end
+  return all
+end
+
 -- all_to_all_single(out, inp [, splits]): rows (dim 0) of inp are split into
 -- world chunks, chunk r goes to rank r; out receives chunk `me` of every rank
 -- in rank order. splits: nil (equal), an array of input row counts per rank,
@@ -663,23 +717,8 @@ function G:all_to_all_single(out, inp, splits)
     for r = 0, W - 1 do copy_bytes(o + r * cb, buf + r * nbytes + me * cb, cb) end
     return out
   end
-  -- uneven: exchange the split tables, then the rows through the cpu group
-  local list = exchange_strings(self, op, op .. " splits", serialize.encode(in_splits))
-  local all = {}
-  for r = 1, W do all[r] = serialize.decode(list[r]) end
-  local total = 0
-  for r = 1, W do total = total + all[r][me + 1] end
-  if out_splits then
-    for r = 1, W do
-      if out_splits[r] ~= all[r][me + 1] then
-        fail(2, op, "output split %d says %d rows, rank %d sends %d (group %s)",
-             r - 1, out_splits[r], self.ranks[r], all[r][me + 1], gname(self))
-      end
-    end
-  end
-  if total ~= out.shape[1] then
-    fail(2, op, "this rank receives %d rows, output has %d (group %s)", total, out.shape[1], gname(self))
-  end
+  -- uneven: the split tables first, then the rows through the cpu group
+  local all = agree_splits(self, op, inp, in_splits, out_splits, out.shape[1])
   local data = exchange_strings(self, op, op .. " rows", hostmem.string(inp.ptr, inp.nbytes, op, 2))
   local o = ffi_cast(u8p, out.ptr)
   local pos = 0

@@ -1,6 +1,6 @@
 -- Every call agreed (issue 36): ranks whose calls differ in dtype (same or
 -- other width), reduction, count, shape, root, kind (a barrier against an
--- all_reduce) or object fail together, at once, on every route, naming
+-- all_reduce), all_to_all splits or object fail together, at once, on every route, naming
 -- every rank's call; no rank dies, and the group works afterwards.
 -- tests/helpers/mismatch_ranks.lua makes rank 1 differ in each case.
 -- Routes: the store (WEFT_HOST_BACKEND=store) at worlds 2, 3 and 4; the shm
@@ -26,7 +26,7 @@ local BOUND_MS = 1000   -- every rank fails well within a second (the timeout is
 -- node_dtype (every rank of node 1 differs) only where there are nodes.
 local CASES = { "dtype_width", "dtype_same_width", "op", "count", "count_large", "shape", "shape_gather",
                 "shape_5d", "gatherv_sizes", "op_u8", "gather_count", "broadcast_root", "broadcast_count", "barrier_first_call", "barrier_vs_all_reduce",
-                "object_unserializable", "object_kind" }
+                "a2a_rows", "a2a_splits", "a2a_splits_vs_even", "object_unserializable", "object_kind" }
 local function cases_but(skip, extra)
   local t = {}
   for _, c in ipairs(CASES) do if not (skip and skip[c]) then t[#t + 1] = c end end
@@ -74,7 +74,8 @@ local function check(out, nranks, skip, loose)
         if key ~= "after" then
           n = n + 1
           assert.are.equal("ERR", x.status, ("%s: %s succeeded:\n%s"):format(name, key, out))
-          assert.is_truthy(x.msg:find("different collectives", 1, true) or x.msg:find("could not serialize", 1, true),
+          assert.is_truthy(x.msg:find("different collectives", 1, true) or x.msg:find("could not serialize", 1, true)
+                           or x.msg:find("split tables do not match", 1, true),
                            ("%s: %s: %s"):format(name, key, x.msg))
           -- (the hierarchy too: a leader whose node disagreed refuses the
           -- leaders' round, weft_gloo_refuse, and its non-leaders learn it
@@ -82,6 +83,7 @@ local function check(out, nranks, skip, loose)
           assert.is_true(x.ms < BOUND_MS, ("%s: %s failed after %.1f ms"):format(name, key, x.ms))
           -- every rank names the same calls
           local calls = x.msg:match("different collectives[^:]*: (.*)$") or x.msg:match("could not serialize (.*)$")
+                        or x.msg:match("split tables do not match[^:]*: (.*)$")
           first = first or calls
           if not loose then
             assert.are.equal(first, calls, ("%s: ranks name different calls:\n%s"):format(name, out))

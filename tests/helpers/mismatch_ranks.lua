@@ -56,6 +56,24 @@ local CASES = {
   { "barrier_vs_all_reduce", function()
       if odd then w:barrier() else w:all_reduce(T.full({ 8 }, 1, "f32")) end
     end },
+  -- all_to_all_single: rows per rank; split tables whose rows do not add up
+  -- (each rank's own table valid); splits against the even form
+  { "a2a_rows", function()
+      local W = w.world_size
+      local n = odd and 2 * W or W
+      w:all_to_all_single(T.zeros({ n, 2 }, "f32"), T.full({ n, 2 }, r, "f32"))
+    end },
+  { "a2a_splits", function()
+      local W, s = w.world_size, {}
+      for i = 1, W do s[i] = 1 end
+      if odd then s[1], s[2] = 2, 0 end
+      w:all_to_all_single(T.zeros({ W, 2 }, "f32"), T.full({ W, 2 }, r, "f32"), s)
+    end },
+  { "a2a_splits_vs_even", function()
+      local W, s = w.world_size, {}
+      for i = 1, W do s[i] = 1 end
+      w:all_to_all_single(T.zeros({ W, 2 }, "f32"), T.full({ W, 2 }, r, "f32"), odd and s or nil)
+    end },
   { "object_unserializable", function()
       w:all_gather_object(odd and { f = function() end } or { 1 })
     end },
