@@ -190,11 +190,14 @@ M.rules = {
 
 local rules = M.rules
 
--- select(group, op, tensor [, reduce_op]) -> backend name, reason, cacheable
--- (cacheable: every rule consulted said cacheable = true, or a function of
--- (group, op, tensor, reduce_op) that returned true: its answer does not
--- depend on the size for this call's group; device rules do not count for
--- host tensors)
+-- select(group, op, tensor [, reduce_op]) -> backend name, reason, cacheable,
+-- choice (cacheable: every rule consulted said cacheable = true, or a
+-- function of (group, op, tensor, reduce_op) that returned true: its answer
+-- does not depend on the size for this call's group; device rules do not
+-- count for host tensors). choice: the matching rule's second value, what
+-- it chose inside its backend (the "custom_ar" rule: the algorithm, or the
+-- error the call raises), handed to the backend with the call; a rule's
+-- `when` returns it beside true.
 function M.select(g, op, t, rop)
   local cacheable = true
   for i = 1, #rules do
@@ -206,7 +209,8 @@ function M.select(g, op, t, rop)
       if c ~= true and not (r.device and not is_device(t)) and not (c and c(g, op, t, rop)) then
         cacheable = false
       end
-      if r.when(g, op, t, rop) then return r.backend, r.why, cacheable end
+      local hit, choice = r.when(g, op, t, rop)
+      if hit then return r.backend, r.why, cacheable, choice end
     end
   end
   return nil, "no rule matched", false

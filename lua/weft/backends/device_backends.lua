@@ -54,14 +54,15 @@ M.custom_ar_checks, M.fused_checks, M.fused_decision = K.custom_ar_checks, K.fus
 
 ---------------------------------------------------------------- custom all-reduce backend
 local car = {}
-function car.all_reduce(g, op, t, out_ptr, rop, code)
-  local perr = g._ar_pick_error
-  if perr then
-    g._ar_pick_error = nil
-    error("weft: all_reduce: " .. perr, 0)
+-- choice: the "custom_ar" rule's (checks.lua ar_rule), handed over by the
+-- policy with the rule; nil (a caller that named this backend itself): auto
+function car.all_reduce(g, op, t, out_ptr, rop, code, choice)
+  local det, algo = false, 0
+  if choice ~= nil then
+    if choice.err then error("weft: all_reduce: " .. choice.err, 0) end
+    det, algo = choice.det, choice.pick
   end
-  local det = g._ar_det
-  local algo = (g._ar_pick or 0) + (det and DETERMINISTIC or 0)
+  if det then algo = algo + DETERMINISTIC end
   local d = dev_of(g, op, t)
   if d.ar_state == nil then d = M.ensure_ar(g) end
   if d.ar_state == "broken" then
@@ -351,7 +352,10 @@ M.rules = {
     why = function() return tostring(policy.override_error) end,
     why_not = "no invalid override" },
   { name = "custom all-reduce (should_custom_ar)", device = true, backend = "custom_ar", ops = { all_reduce = true },
-    when = function(g, _, t, rop) return is_device(t) and ar_rule(g, t, rop) end,
+    when = function(g, _, t, rop)
+      if not is_device(t) then return false end
+      return ar_rule(g, t, rop)
+    end,
     why = ar_why, why_not = ar_why_not,
     detail = function(g, _, t, rop) if is_device(t) then return ar_lines(g, t, rop) end end },
   { name = "fused kernel", device = true, backend = "fused", cacheable = true, ops = { fused_allreduce_rmsnorm = true },
@@ -393,10 +397,10 @@ local AR_NAME = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag",
 -- "fused_oneshot" | "fused_twoshot" | "fused_auto" | "unfused". Second value:
 -- why. Runs nothing (scripts/weft-tune compares policies with it).
 function M.choice(g, op, t, opts)
-  local be, why = policy.select(g, op, t)
+  local be, why, _, choice = policy.select(g, op, t)
   if op == "all_reduce" and be == "custom_ar" then
-    if g._ar_pick_error then return nil, g._ar_pick_error end
-    return AR_NAME[g._ar_pick or 0], why
+    if choice and choice.err then return nil, choice.err end
+    return AR_NAME[choice and choice.pick or 0], why
   end
   if op == "fused_allreduce_rmsnorm" and be == "fused" then
     local path, fwhy, algo, _, quick = M.fused_decision(g, t, nil, nil, opts or {})

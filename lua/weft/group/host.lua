@@ -193,7 +193,7 @@ M.register_backend("no_device_backend", setmetatable({}, { __index = function(_,
 end }))
 
 local function select_backend(g, op, t, rop)
-  local name, why, cacheable = policy.select(g, op, t, rop)
+  local name, why, cacheable, choice = policy.select(g, op, t, rop)
   local be = name and M.backends[name]
   if name == "store" and not g.same_node and not require("weft.backends.host_nodes").built then
     require("weft.backends.host_nodes").warn_store(g)
@@ -202,7 +202,7 @@ local function select_backend(g, op, t, rop)
     error(("weft: %s: policy chose backend %q for group %s but it is not registered (%s)")
           :format(op, tostring(name), gname(g), tostring(why)), 0)
   end
-  return be, name, cacheable
+  return be, name, cacheable, choice
 end
 
 -- Deterministic mode routes a float host reduction across nodes (the store
@@ -262,23 +262,23 @@ local function backend_for(g, op, t, rop)
   local b = a and a[dt]
   local c = b and b[dev]
   local e = c and c[rop or ""]
-  if e then return e[1], e[2] end
+  if e then return e[1], e[2], e[3] end
   local sized = M.sized_memo
   if sized ~= nil then
-    local sbe, sname = sized.lookup(memo, g, op, t, rop)
-    if sbe ~= nil then return sbe, sname end
+    local sbe, sname, schoice = sized.lookup(memo, g, op, t, rop)
+    if sbe ~= nil then return sbe, sname, schoice end
   end
   if policy.det_host_routed(g, op, t, rop) and g.world_size > 1 then host_determ_check(g, op) end
-  local be, name, cacheable = select_backend(g, op, t, rop)
+  local be, name, cacheable, choice = select_backend(g, op, t, rop)
   if cacheable then
     if not a then a = {}; memo[op] = a end
     if not b then b = {}; a[dt] = b end
     if not c then c = {}; b[dev] = c end
-    c[rop or ""] = { be, name }
+    c[rop or ""] = { be, name, choice }
   elseif sized ~= nil then
-    sized.store(memo, g, op, t, rop, be, name)
+    sized.store(memo, g, op, t, rop, be, name, choice)
   end
-  return be, name
+  return be, name, choice
 end
 
 -- Re-raise a failure of the layer below as "weft: <op>: group <name>: <cause>"

@@ -46,33 +46,15 @@ end
 
 -- weft.backends.device_backends.choice(g, op, t, opts): the backend a call would get,
 -- in the file's terms, running nothing (all_reduce: the "custom_ar" rule's
--- algorithm or "nccl"; fused: the path and kernel of fused_decision). The
--- fallback does the same by hand, for a device_backends without choice().
-local AR_PICK = { [0] = "auto", [1] = "oneshot", [2] = "twoshot", [3] = "oneshot_flag" }
+-- algorithm or "nccl"; fused: the path and kernel of fused_decision)
 local db = require "weft.backends.device_backends"
-
-local function choice_by_hand(g, op, t, o)
-  if op == "all_reduce" then
-    local name = policy.select(g, "all_reduce", t, "sum")
-    if name == "custom_ar" then
-      if g._ar_pick_error then return nil, g._ar_pick_error end
-      return AR_PICK[g._ar_pick or 0] or "auto"
-    end
-    return name
-  end
-  local name = policy.select(g, op, t)
-  if name ~= "fused" then return name end
-  local path, why, algo = db.fused_decision(g, t, nil, nil, o)
-  if path ~= "fused" then return "unfused", why end
-  return "fused_" .. (algo or "auto")
-end
 
 Choice.select = function(g, op, t)
   local o = { max_tokens = Choice.max_tokens }
   local pop = op == "all_reduce" and "all_reduce" or "fused_allreduce_rmsnorm"
   return in_graph_mode(function()
     local be, why
-    if db.choice then be, why = db.choice(g, pop, t, o) else be, why = choice_by_hand(g, pop, t, o) end
+    be, why = db.choice(g, pop, t, o)
     if be == nil then error(tostring(why), 0) end
     return be
   end)

@@ -104,8 +104,11 @@ M.custom_ar_checks = {
     end },
 }
 
--- The rule's predicate: records the algorithm (g._ar_pick) or, under an
--- override the group cannot serve, the error the call raises (g._ar_pick_error).
+-- The rule's predicate: true and the call's choice, which the policy hands
+-- to the backend with the rule (weft.policy.select's fourth value): { pick =
+-- the algorithm's code (custom_ar.ALGO), det = deterministic }, or, under an
+-- override the group cannot serve, { err = the error the call raises }. The
+-- choice is made here once; the backend runs it.
 -- Deterministic mode (weft.backends.device_backends.setup determ_state): every f32/f16/bf16
 -- sum takes the kernels, with their bit-identical variant; whatever stops
 -- them (the size, the workspace, alignment, a shared GPU, an nccl override)
@@ -149,21 +152,27 @@ local function quick_pick(g, t, det)
 end
 M.quick_pick = quick_pick
 
+-- one table per (algorithm, mode): the hot path allocates nothing
+local PICKS = { [false] = {}, [true] = {} }
+local function picked(pick, det)
+  local c = PICKS[det][pick]
+  if c == nil then c = { pick = pick, det = det }; PICKS[det][pick] = c end
+  return c
+end
+local function refused(msg) return { err = msg } end
+
 local function ar_rule(g, t, rop)
-  g._ar_pick_error = nil
-  g._ar_det = false
   local d = g._dev
   local mode = policy.mode()
   local det, derr = S.determ_state(g)
-  if derr then g._ar_pick_error = derr; return true end
-  det = det and det_sum(t, rop)
+  if derr then return true, refused(derr) end
+  det = det and det_sum(t, rop) or false
   local ov, src = policy.override(g, "all_reduce")
   if ov == "nccl" then
     if det then
-      g._ar_pick_error = fmt("deterministic mode: all_reduce=nccl (%s) on group %s: NCCL's summation order "
-                             .. "changes with the size (NCCL never sums in this mode: drop the override or "
-                             .. "the mode)", tostring(src), gname(g))
-      return true
+      return true, refused(fmt("deterministic mode: all_reduce=nccl (%s) on group %s: NCCL's summation order "
+                               .. "changes with the size (NCCL never sums in this mode: drop the override or "
+                               .. "the mode)", tostring(src), gname(g)))
     end
     return false
   end
@@ -175,35 +184,28 @@ local function ar_rule(g, t, rop)
         if (ov ~= nil or det) and c.kind ~= "type" then
           local _, why = c.check(g, t, rop, d, mode, true)
           if det then
-            g._ar_pick_error = fmt("deterministic mode: all_reduce of %s %s on group %s cannot take weft's "
-                                   .. "kernels: %s: %s (NCCL never sums in this mode)", tostring(t.dtype),
-                                   policy.human_bytes(tonumber(t.nbytes) or 0), gname(g), c.name, tostring(why))
-          else
-            g._ar_pick_error = fmt("all_reduce=%s (%s) cannot be served on group %s: %s: %s",
-                                   ov, tostring(src), gname(g), c.name, tostring(why))
+            return true, refused(fmt("deterministic mode: all_reduce of %s %s on group %s cannot take weft's "
+                                     .. "kernels: %s: %s (NCCL never sums in this mode)", tostring(t.dtype),
+                                     policy.human_bytes(tonumber(t.nbytes) or 0), gname(g), c.name, tostring(why)))
           end
-          return true
+          return true, refused(fmt("all_reduce=%s (%s) cannot be served on group %s: %s: %s",
+                                   ov, tostring(src), gname(g), c.name, tostring(why)))
         end
         return false
       end
     end
   end
+  local ALGO = mod("weft.backends.custom_ar").ALGO
   local algo = ov
   if algo == nil then
     local qa, qerr = quick_pick(g, t, det)
-    if qerr then g._ar_pick_error = qerr; return true end
-    if qa then
-      g._ar_pick = mod("weft.backends.custom_ar").ALGO[qa]
-      g._ar_det = det
-      return true
-    end
+    if qerr then return true, refused(qerr) end
+    if qa then return true, picked(ALGO[qa], det) end
     local be = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes))
     if be == "nccl" and not det then return false end
     algo = (be ~= "nccl" and be) or "auto"
   end
-  g._ar_pick = mod("weft.backends.custom_ar").ALGO[algo] or 0
-  g._ar_det = det
-  return true
+  return true, picked(ALGO[algo] or 0, det)
 end
 
 -- explain: every check, and the table / override step
@@ -266,15 +268,17 @@ function M.quick_line(g, t, det, ov)
 end
 
 local function ar_why(g, _, t, rop)
-  local e = g._ar_pick_error
+  local _, choice = ar_rule(g, t, rop)
+  choice = choice or picked(0, false)
+  local e = choice.err
   if e then return (e:find("^deterministic") and "error: " or "override error: ") .. e end
-  local pick = g._ar_pick or 0
+  local pick, det = choice.pick, choice.det
   if pick >= 4 then
     local qv, src = policy.quick(g)
     local min, msrc = Q.min_bytes(t.dtype, g.world_size, qv)
     return fmt("weft quick all-reduce, codec %s (%s)%s: two-shot, wire = %s; every rank gets the same bits; "
                .. "error bound: %s", qv, tostring(src),
-               g._ar_det and ", deterministic mode: every size" or fmt(", from %s (%s)", policy.human_bytes(min), msrc),
+               det and ", deterministic mode: every size" or fmt(", from %s (%s)", policy.human_bytes(min), msrc),
                qv == "fp8" and "fp8 e4m3 + one f32 scale per 32 elements"
                  or (qv .. " + one f32 scale per 32 elements"), Q.bound_text(qv))
   end
@@ -294,7 +298,7 @@ local function ar_why(g, _, t, rop)
   end
   return fmt("weft custom all-reduce, %s (%s)%s%s; in place, reads the input inside the kernel "
              .. "(graph-safe without registration)", algo, how, kernel,
-             g._ar_det and ", deterministic (bit-identical kernels)" or "")
+             det and ", deterministic (bit-identical kernels)" or "")
 end
 
 local function ar_why_not(g, _, t, rop)

@@ -39,7 +39,7 @@ local function gm_current()
   return gm ~= nil and gm.current() ~= nil
 end
 
--- lookup(memo, g, op, t, rop) -> backend, name | nil
+-- lookup(memo, g, op, t, rop) -> backend, name, choice | nil
 function M.lookup(memo, g, op, t, rop)
   if op ~= "all_reduce" then return nil end
   local s = memo._sized
@@ -53,18 +53,18 @@ function M.lookup(memo, g, op, t, rop)
      or gm_current() then
     return nil
   end
-  g._ar_pick_error, g._ar_pick, g._ar_det = nil, e.pick, e.det
-  return e.be, e.name
+  return e.be, e.name, e.choice
 end
 
--- store(memo, g, op, t, rop, be, name): after the rules chose `name` for this call
-function M.store(memo, g, op, t, rop, be, name)
+-- store(memo, g, op, t, rop, be, name, choice): after the rules chose `name`
+-- (and, inside it, `choice`) for this call
+function M.store(memo, g, op, t, rop, be, name, choice)
   if op ~= "all_reduce" or g._dispatch ~= memo or not is_device(t) then return end
   if name ~= "custom_ar" and name ~= "nccl" then return end
   local d = g._dev
   -- only once the workspace is settled (its size bounds the choice) and the
   -- call raised nothing through the rule
-  if d == nil or d.ar_state ~= "ready" or g._ar_pick_error ~= nil then return end
+  if d == nil or d.ar_state ~= "ready" or (choice ~= nil and choice.err ~= nil) then return end
   if not aligned(t.ptr) or gm_current() then return end
   local s = memo._sized
   if s == nil then s = {}; memo._sized = s end
@@ -74,7 +74,7 @@ function M.store(memo, g, op, t, rop, be, name)
   local b = a[key]
   if b == nil then b = {}; a[key] = b end
   b[t.nbytes] = {
-    be = be, name = name, pick = g._ar_pick, det = g._ar_det,
+    be = be, name = name, choice = choice,
     use = g.use_custom_allreduce, by_kind = by_kind[g._kind or ""], no_quick = g._no_quick,
     tuned = policy.tuned, row = row_length(t), dev = t.device,
   }
