@@ -141,4 +141,14 @@ function S.reset_policy()
   policy.version = policy.version + 1
 end
 
+-- The backend policy.select picks for g and t (op: all_reduce); S.last: the
+-- choice it handed with it (the "custom_ar" rule's { pick, det } or { err };
+-- {} for rules that choose nothing inside their backend).
+S.last = {}
+function S.select_backend(g, t, op, rop)
+  local name, _, _, choice = require("weft.policy").select(g, op or "all_reduce", t, rop)
+  S.last = choice or {}
+  return name
+end
+
 return S

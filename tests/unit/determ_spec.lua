@@ -27,14 +27,7 @@ local fake_ar = {
 
 local function group(o) return spec.group_standin(o, fake_ar) end
 
--- the backend the policy picks; `last`: the choice it handed with it
--- (the "custom_ar" rule's algorithm code, deterministic flag or error)
-local last = {}
-local function sel(g, t, op, rop)
-  local name, _, _, choice = policy.select(g, op or "all_reduce", t, rop)
-  last = choice or {}
-  return name
-end
+local sel = spec.select_backend   -- spec.last: the choice handed with the backend
 
 local function reset()
   spec.reset_policy()
@@ -84,7 +77,7 @@ describe("deterministic mode: routing on a device-state stand-in", function()
   it("leaves the default policy as it was", function()
     local g = group()
     assert.are.equal("custom_ar", sel(g, dev({ 8, 4096 })))
-    assert.is_false(last.det)
+    assert.is_false(spec.last.det)
     assert.are.equal("nccl", sel(g, dev({ 64 * MIB })))               -- 128 MiB: above the workspace
     assert.are.equal("nccl", sel(g, dev({ 8, 4096 }), "reduce_scatter"))
     assert.are.equal("nccl", sel(g, dev({ 8, 64 }, "f64")))
@@ -96,11 +89,11 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     local x = dev({ 8, 4096 })
     local g = group()
     assert.are.equal("custom_ar", sel(g, x))
-    assert.is_true(last.det); assert.is_nil(last.err)
+    assert.is_true(spec.last.det); assert.is_nil(spec.last.err)
     local function refused(gg, t, pattern)
       assert.are.equal("custom_ar", sel(gg, t))
-      assert.matches(pattern, tostring(last.err))
-      assert.matches("^deterministic mode: .*NCCL never sums in this mode", last.err)
+      assert.matches(pattern, tostring(spec.last.err))
+      assert.matches("^deterministic mode: .*NCCL never sums in this mode", spec.last.err)
     end
     refused(group(), dev({ 64 * MIB }), "cannot take weft's kernels: size: 128 MiB > 64 MiB")
     refused(group { world = 3 }, x, "world size: 3 ranks")
@@ -113,12 +106,12 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     refused(group(), flat:narrow(0, 1, 4096), "16%-byte aligned")
     -- the seed's per-kind table does not apply: NCCL is no option here
     local pp = group { name = "pp.0" }
-    assert.are.equal("custom_ar", sel(pp, x)); assert.is_nil(last.err)
+    assert.are.equal("custom_ar", sel(pp, x)); assert.is_nil(spec.last.err)
     -- an nccl override conflicts; the kernel overrides are all the same bits
     policy.set { all_reduce = "nccl" }
     refused(group(), x, "all_reduce=nccl")
     policy.set { all_reduce = "twoshot" }
-    assert.are.equal("custom_ar", sel(g, x)); assert.is_nil(last.err)
+    assert.are.equal("custom_ar", sel(g, x)); assert.is_nil(spec.last.err)
     policy.set { all_reduce = "default" }
     -- exact in any order: as usual
     assert.are.equal("nccl", sel(g, x, nil, "max"))
@@ -161,7 +154,7 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     local g, x = group(), dev({ 8, 4096 })
     assert.are.equal("nccl", sel(g, x))
     policy.set { deterministic = true }
-    assert.are.equal("custom_ar", sel(g, x)); assert.is_nil(last.err)
+    assert.are.equal("custom_ar", sel(g, x)); assert.is_nil(spec.last.err)
     os.remove(path)
   end)
 
@@ -169,21 +162,21 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     policy.set { deterministic = true }
     local g, x = group(), dev({ 8, 4096 })
     assert.are.equal("custom_ar", sel(g, x))
-    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, last)
+    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, spec.last)
     assert.are.equal(512, runs[1])                                     -- auto | WEFT_AR_DETERMINISTIC
     policy.set { all_reduce = "twoshot" }
     sel(g, x)
-    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, last)
+    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, spec.last)
     assert.are.equal(512 + 2, runs[2])
     local out = dev({ 4097 }):narrow(0, 1, 4096)                        -- an unaligned output
     local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", x:view({ 8 * 4096 }):narrow(0, 0, 4096),
-                          out.ptr, "sum", 0, last)
+                          out.ptr, "sum", 0, spec.last)
     assert.is_false(ok)
     assert.matches("deterministic mode: group tp.0 cannot take weft's kernels for this call: output not 16%-byte aligned", err)
     assert.are.equal(2, #runs)
     policy.set { deterministic = false, all_reduce = "default" }
     sel(g, x)
-    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, last)
+    db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, spec.last)
     assert.are.equal(0, runs[3])
   end)
 
@@ -202,13 +195,13 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     local g = group { determ = false }                                  -- agreed: off
     policy.set { deterministic = true }                                -- local, later
     assert.are.equal("custom_ar", sel(g, dev({ 8, 4096 })))
-    assert.matches("deterministic mode is on on this rank %(policy.set%) but group tp.0 agreed on off", last.err)
-    assert.matches("policy.set{deterministic = true, group = g} on every rank", last.err)
+    assert.matches("deterministic mode is on on this rank %(policy.set%) but group tp.0 agreed on off", spec.last.err)
+    assert.matches("policy.set{deterministic = true, group = g} on every rank", spec.last.err)
     assert.are.equal("determ_refused", sel(g, dev({ 8, 4096 }), "reduce_scatter"))
     assert.matches("x deterministic mode: deterministic mode is on", policy.explain(g, dev({ 8, 4096 })))
     local y = dev({ 8 })
     sel(g, y)                                                          -- the rule's choice: the error
-    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", y, nil, "sum", 0, last)
+    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", y, nil, "sum", 0, spec.last)
     assert.is_false(ok); assert.matches("agreed on off", err)
     assert.are.equal(0, #runs)                                         -- nothing launched
   end)

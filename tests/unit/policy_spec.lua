@@ -29,14 +29,7 @@ local fake_ar = {
 -- a group stand-in; dev_state: the device state after set-up (nil: not set up)
 local function group(o) return spec.group_standin(o, fake_ar) end
 
--- the backend the policy picks; `last`: the choice it handed with it
--- (the "custom_ar" rule's algorithm code, deterministic flag or error)
-local last = {}
-local function sel(g, t, op, rop)
-  local name, _, _, choice = policy.select(g, op or "all_reduce", t, rop)
-  last = choice or {}
-  return name
-end
+local sel = spec.select_backend   -- spec.last: the choice handed with the backend
 
 -- graph mode without a GPU: weft.policy reads weft.graph.current()
 local function in_graph(fn)
@@ -222,21 +215,21 @@ describe("weft.policy device rules", function()
       assert.matches("overrides: all_reduce=nccl %(policy.set%)", policy.explain(g, x))
       policy.set { all_reduce = "twoshot", group = g }        -- the group's own wins
       assert.are.equal("custom_ar", sel(g, x))
-      assert.are.equal(2, last.pick)
+      assert.are.equal(2, spec.last.pick)
       assert.are.equal("twoshot", (db.choice(g, "all_reduce", x)))
       assert.are.equal("nccl", sel(group { name = "tp.1" }, x))
       policy.set { all_reduce = "default", group = g }
       assert.are.equal("nccl", sel(g, x))
       policy.set { all_reduce = "default" }
       assert.are.equal("custom_ar", sel(g, x))
-      assert.are.equal(0, last.pick)
+      assert.are.equal(0, spec.last.pick)
     end)
 
     it("overrides the seed's per-kind table but not the kernels' dtypes", function()
       local g = group { name = "pp.0" }
       policy.set { all_reduce = "oneshot", group = "pp.0" }
       assert.are.equal("custom_ar", sel(g, dev({ 8, 4096 })))
-      assert.are.equal(1, last.pick)
+      assert.are.equal(1, spec.last.pick)
       assert.are.equal("nccl", sel(g, dev({ 8, 64 }, "i32")))   -- kernels cannot: NCCL
     end)
 
@@ -264,14 +257,14 @@ describe("weft.policy device rules", function()
       local g = group { world = 3 }
       policy.set { all_reduce = "oneshot", group = "tp.0" }
       assert.are.equal("custom_ar", sel(g, dev({ 8, 4096 })))
-      assert.matches("all_reduce=oneshot %(policy.set{group=...}%) cannot be served on group tp.0: world size", last.err)
-      local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", dev({ 8, 4096 }), nil, "sum", 0, last)
+      assert.matches("all_reduce=oneshot %(policy.set{group=...}%) cannot be served on group tp.0: world size", spec.last.err)
+      local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", dev({ 8, 4096 }), nil, "sum", 0, spec.last)
       assert.is_false(ok)
       assert.matches("^weft: all_reduce: all_reduce=oneshot .*world size: 3 ranks", err)
       -- too large for the workspace
       g = group()
       assert.are.equal("custom_ar", sel(g, dev({ 64 * MIB })))
-      assert.matches("size: 128 MiB > 64 MiB", last.err)
+      assert.matches("size: 128 MiB > 64 MiB", spec.last.err)
       assert.matches("override error", policy.explain(g, dev({ 64 * MIB })))
     end)
 
@@ -381,9 +374,9 @@ describe("weft.policy device rules", function()
       assert.are.equal(good, policy.tuned_path)
       local g = group()
       assert.are.equal("custom_ar", sel(g, dev({ 1024 })))
-      assert.are.equal(1, last.pick)                                    -- oneshot up to 1 MiB
+      assert.are.equal(1, spec.last.pick)                                    -- oneshot up to 1 MiB
       assert.are.equal("custom_ar", sel(g, dev({ 4 * MIB })))
-      assert.are.equal(2, last.pick)                                    -- twoshot to 64 MiB
+      assert.are.equal(2, spec.last.pick)                                    -- twoshot to 64 MiB
       local g4 = group { world = 4 }                                    -- world "*": nccl above 64 KiB
       assert.are.equal("custom_ar", sel(g4, dev({ 1024 })))
       assert.are.equal("nccl", sel(g4, dev({ MIB })))
@@ -407,7 +400,7 @@ describe("weft.policy device rules", function()
       assert.is_nil(policy.tuned)
       assert.matches("policy file ignored: .*unknown backend", policy.explain(g, dev({ 1024 })))
       assert.are.equal("custom_ar", sel(g, dev({ 4 * MIB })))
-      assert.are.equal(0, last.pick)                                    -- built-in auto
+      assert.are.equal(0, spec.last.pick)                                    -- built-in auto
       os.remove(good); os.remove(bad)
     end)
 

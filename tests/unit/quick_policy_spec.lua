@@ -22,14 +22,7 @@ local fake_ar = {
   run = function() end,
 }
 local function group(o) return spec.group_standin(o, fake_ar) end
--- the backend the policy picks; `last`: the choice it handed with it
--- (the "custom_ar" rule's algorithm code, deterministic flag or error)
-local last = {}
-local function sel(g, t, op, rop)
-  local name, _, _, choice = policy.select(g, op or "all_reduce", t, rop)
-  last = choice or {}
-  return name
-end
+local sel = spec.select_backend   -- spec.last: the choice handed with the backend
 
 local reset = spec.reset_policy
 
@@ -94,18 +87,18 @@ describe("quick all-reduce: routing on a device-state stand-in", function()
     local g = group()
     local x16 = dev({ 8 * MIB })            -- bf16 16 MiB: above the seed's 8 MiB (int8, 2 ranks)
     assert.are.equal("custom_ar", sel(g, x16))
-    assert.is_true((last.pick or 0) < 4)
+    assert.is_true((spec.last.pick or 0) < 4)
     policy.set { quick = "int8" }
     assert.are.equal("custom_ar", sel(g, x16))
-    assert.are.equal(5, last.pick)        -- WEFT_AR_QUICK_INT8
+    assert.are.equal(5, spec.last.pick)        -- WEFT_AR_QUICK_INT8
     assert.are.equal("quick_int8", (db.choice(g, "all_reduce", x16)))
     sel(g, dev({ 2 * MIB }))                -- 4 MiB: below 8 MiB
-    assert.is_true(last.pick < 4)
+    assert.is_true(spec.last.pick < 4)
     sel(g, dev({ 4 * MIB }, "f32"))
-    assert.is_true(last.pick < 4)
+    assert.is_true(spec.last.pick < 4)
     policy.set { quick = "int4" }
     sel(g, dev({ 4 * MIB }, "f16"))         -- f16, 2 ranks: int4 from 1 MiB
-    assert.are.equal(6, last.pick)
+    assert.are.equal(6, spec.last.pick)
     local e = policy.explain(g, dev({ 4 * MIB }, "f16"))
     assert.matches("weft quick all%-reduce, codec int4 %(policy.set%), from 1 MiB %(the seed's table", e)
     assert.matches("h = block max/7", e)
@@ -116,9 +109,9 @@ describe("quick all-reduce: routing on a device-state stand-in", function()
     policy.set { quick = "fp8", deterministic = true }
     local g = group()
     sel(g, dev({ 1, 64 }))
-    assert.are.equal(7, last.pick); assert.is_true(last.det); assert.is_nil(last.err)
+    assert.are.equal(7, spec.last.pick); assert.is_true(spec.last.det); assert.is_nil(spec.last.err)
     sel(g, dev({ 4, 48 }))
-    assert.matches("rows of 48 elements are not a multiple of the codec's 32%-element block", tostring(last.err))
+    assert.matches("rows of 48 elements are not a multiple of the codec's 32%-element block", tostring(spec.last.err))
   end)
 end)
 
