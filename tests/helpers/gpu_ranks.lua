@@ -166,6 +166,70 @@ function G.harness_checks(bt, o)
   end)
 end
 
+-- Inside a spec's describe: a rank script run once per world under MPS
+-- (scripts/weft-mps: ranks sharing this machine's GPUs, each world in its own
+-- daemon), one test per (world, name in o.checks) and "every rank exits
+-- cleanly" per world; then o.kill = { world =, rank =, env = } (a rank that
+-- leaves: every survivor prints "PASS killed", within 120 s). o.worker: the
+-- rank script; o.log: the prefix of the logs kept in $OUT (<log>-w<W>.log);
+-- o.timeout: the launcher's bound in s; o.skip_kill: an env variable that
+-- makes the kill case pending when "1". bt: as for G.rank_checks.
+function G.mps_worlds(bt, o)
+  local it, pending, assert = bt.it, bt.pending, bt.assert
+  local spec = require "helpers.spec_util"
+  local runs = {}
+  local function run(w, env, log)
+    local key = w .. (env or "")
+    if runs[key] then return runs[key][1], runs[key][2] end
+    local out, rc = spec.shell(("%s timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d %s")
+                               :format(env or "WEFT_TIMEOUT_MS=60000", o.timeout + 300, w, w, o.timeout, o.worker))
+    local dir = os.getenv("OUT")
+    if dir and dir ~= "" then
+      local f = io.open(dir .. "/" .. log, "w")
+      if f then f:write(out); f:close() end
+    end
+    runs[key] = { out, rc }
+    return out, rc
+  end
+  local function usable(w)
+    if not G.need_gpus(1, pending) then return false end
+    local out, rc = run(w, nil, ("%s-w%d.log"):format(o.log, w))
+    if rc == 77 then pending(out:match("weft%-mps: ([^\n]*)") or "MPS cannot start here"); return false end
+    return true, out, rc
+  end
+  for _, w in ipairs(o.worlds) do
+    for _, name in ipairs(o.checks) do
+      it(("world %d: %s"):format(w, name), function()
+        local ok, out = usable(w)
+        if not ok then return end
+        G.assert_ranks_passed(assert, out, name, w)
+      end)
+    end
+    it(("world %d: every rank exits cleanly"):format(w), function()
+      local ok, out, rc = usable(w)
+      if not ok then return end
+      assert.are.equal(0, rc, out:sub(-4000))
+    end)
+  end
+  local k = o.kill
+  if not k then return end
+  it(("world %d: a rank that leaves is named by every survivor, nothing hangs"):format(k.world), function()
+    if not G.need_gpus(1, pending) then return end
+    if o.skip_kill and os.getenv(o.skip_kill) == "1" then pending(o.skip_kill .. "=1"); return end
+    local t0 = os.time()
+    local out, rc = run(k.world, k.env, ("%s-w%d-kill.log"):format(o.log, k.world))
+    if rc == 77 then pending("MPS cannot start here"); return end
+    assert.is_truthy(out:find(("[rank%d] LEAVING"):format(k.rank), 1, true), out:sub(-4000))
+    for r = 0, k.world - 1 do
+      if r ~= k.rank then
+        assert.is_truthy(out:find("[rank" .. r .. "] PASS killed", 1, true),
+                         ("rank %d did not report the leaver:\n%s"):format(r, out:sub(-4000)))
+      end
+    end
+    assert.is_true(os.time() - t0 < 120, "took " .. (os.time() - t0) .. " s")
+  end)
+end
+
 -- ---------------------------------------------------------------- rank side
 
 -- Soft checks of one rank. S.want(cond, fmt, ...) inside S.run records a
