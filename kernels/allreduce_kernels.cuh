@@ -351,98 +351,78 @@ __global__ void __launch_bounds__(WF_AR_FLAG_THREADS, W <= 2 ? 2 : 1) ar_twoshot
 
   lamport_maintain<W>(a, a, E, 0);
 
-  bool ok = true;
-  for (uint64_t r = 0; r <= R + 1; r++) {
-    if (r < R) { /* A: push part q of chunk to rank q */
-      const uint64_t c = b + r * G;
+  twoshot_rounds<W>(
+      a, E, R, WF_AR_SITE_RS, WF_AR_SITE_AG,
+      [&](uint64_t c) { /* A: push part q of chunk c to rank q */
 #pragma unroll(W > 4 ? 1 : W)
-      for (int k = 1; k < W; k++) {
-        const int q = (me + k) % W;
-        char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot;
-        uint4 x[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
-          if (v < nvec) x[u] = load_term<T, D>(a, v);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
-          if (v < nvec) st_vec(dst + (c * PV + l) * 16, x[u]);
-        }
-      }
-      __syncthreads();
-      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
-    }
-    if (r >= 1 && r <= R) { /* B: reduce my part of chunk r-1, push the result */
-      const uint64_t rr = r - 1, c = b + rr * G;
-      if (t < W && t != me) {
-        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
-        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_RS, E) == SPIN_OK;
-        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
-      }
-      if (!__syncthreads_and(ok)) break;
-#pragma unroll(W > 4 ? 1 : U) /* keeps W = 6, 8 under the 128-register cap */
-      for (int u = 0; u < U; u++) {
-        const uint64_t l = u * blockDim.x + t, v = c * CW + me * PV + l, sv = c * PV + l;
-        if (v >= nvec) continue;
-        /* loads in batches of up to 4 ranks: in flight, yet under the register cap */
-        constexpr int CH = W > 4 ? 4 : W;
-        float acc[Pack<T>::N];
-#pragma unroll
-        for (int p0 = 0; p0 < W; p0 += CH) {
-          uint4 x[CH];
-#pragma unroll
-          for (int j = 0; j < CH; j++) {
-            const int p = p0 + j;
-            if (p < W)
-              x[j] = p == me ? load_term<T, D>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + sv * 16);
-          }
-#pragma unroll
-          for (int j = 0; j < CH; j++) {
-            if (p0 + j >= W) continue;
-            if (p0 + j == 0) acc_set<T>(acc, x[j]);
-            else acc_add<T>(acc, x[j]);
-          }
-        }
-        const uint4 res = Pack<T>::from_f32(acc);
-#pragma unroll
         for (int k = 1; k < W; k++) {
           const int q = (me + k) % W;
-          st_vec(a.ws[q] + a.off_data + par * a.data_par + (W - 1 + pslot(me, q)) * slot + sv * 16,
-                 res);
+          char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot;
+          uint4 x[U];
+#pragma unroll
+          for (int u = 0; u < U; u++) {
+            const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
+            if (v < nvec) x[u] = load_term<T, D>(a, v);
+          }
+#pragma unroll
+          for (int u = 0; u < U; u++) {
+            const uint64_t l = u * blockDim.x + t, v = c * CW + q * PV + l;
+            if (v < nvec) st_vec(dst + (c * PV + l) * 16, x[u]);
+          }
         }
-        store_out<T>(a, v, res);
-      }
-      __syncthreads();
-      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 1, b, me), flag_value(E, rr + 1));
-    }
-    if (r >= 2) { /* C: copy the peers' results of chunk r-2 out */
-      const uint64_t rr = r - 2, c = b + rr * G;
-      if (t < W && t != me) {
-        uint64_t *f = flag_ptr(a, me, par, 1, b, t);
-        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_AG, E) == SPIN_OK;
-        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
-      }
-      if (!__syncthreads_and(ok)) break;
+      },
+      [&](uint64_t c) { /* B: reduce my part of chunk c, push the result */
+#pragma unroll(W > 4 ? 1 : U) /* keeps W = 6, 8 under the 128-register cap */
+        for (int u = 0; u < U; u++) {
+          const uint64_t l = u * blockDim.x + t, v = c * CW + me * PV + l, sv = c * PV + l;
+          if (v >= nvec) continue;
+          /* loads in batches of up to 4 ranks: in flight, yet under the register cap */
+          constexpr int CH = W > 4 ? 4 : W;
+          float acc[Pack<T>::N];
+#pragma unroll
+          for (int p0 = 0; p0 < W; p0 += CH) {
+            uint4 x[CH];
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+              const int p = p0 + j;
+              if (p < W)
+                x[j] = p == me ? load_term<T, D>(a, v) : ld_vec_cg(region_me + pslot(p, me) * slot + sv * 16);
+            }
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+              if (p0 + j >= W) continue;
+              if (p0 + j == 0) acc_set<T>(acc, x[j]);
+              else acc_add<T>(acc, x[j]);
+            }
+          }
+          const uint4 res = Pack<T>::from_f32(acc);
+#pragma unroll
+          for (int k = 1; k < W; k++) {
+            const int q = (me + k) % W;
+            st_vec(a.ws[q] + a.off_data + par * a.data_par + (W - 1 + pslot(me, q)) * slot + sv * 16,
+                   res);
+          }
+          store_out<T>(a, v, res);
+        }
+      },
+      [&](uint64_t c) { /* C: copy the peers' results of chunk c out */
 #pragma unroll(W > 4 ? 1 : W)
-      for (int k = 1; k < W; k++) {
-        const int p = (me + k) % W;
-        const char *src = region_me + (W - 1 + pslot(p, me)) * slot;
-        uint4 x[U];
+        for (int k = 1; k < W; k++) {
+          const int p = (me + k) % W;
+          const char *src = region_me + (W - 1 + pslot(p, me)) * slot;
+          uint4 x[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-          const uint64_t l = u * blockDim.x + t, v = c * CW + p * PV + l;
-          if (v < nvec) x[u] = ld_vec_cg(src + (c * PV + l) * 16);
-        }
+          for (int u = 0; u < U; u++) {
+            const uint64_t l = u * blockDim.x + t, v = c * CW + p * PV + l;
+            if (v < nvec) x[u] = ld_vec_cg(src + (c * PV + l) * 16);
+          }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-          const uint64_t l = u * blockDim.x + t, v = c * CW + p * PV + l;
-          if (v < nvec) store_out<T>(a, v, x[u]);
+          for (int u = 0; u < U; u++) {
+            const uint64_t l = u * blockDim.x + t, v = c * CW + p * PV + l;
+            if (v < nvec) store_out<T>(a, v, x[u]);
+          }
         }
-      }
-    }
-  }
+      });
   __syncthreads();
   agree_verify(a.env, WF_AR_SITE_AGREE);
   epoch_advance(epochs_of(a), E);

@@ -58,4 +58,54 @@ __device__ __forceinline__ void lamport_maintain(const A &a, const L &lay, uint3
   if (tid == 0) lb[E % 3] = used_bytes;
 }
 
+/* The two-shot's schedule, the same for every wire (the exact kernel's
+ * vectors, the quick kernel's codec): a three-stage software pipeline over
+ * this block's rounds of chunks (chunk c = block + r x grid), one flag per
+ * (phase, block, sender) and round number in the flag's step:
+ *   A  push(c): part q of chunk c to rank q; then flag phase 0 to each peer
+ *   B  once every peer's phase-0 flag of chunk c-1 is here: reduce(c-1),
+ *      my part in rank order, pushed to every peer; then flag phase 1
+ *   C  once every peer's phase-1 flag of chunk c-2 is here: pull(c-2), the
+ *      owners' results out
+ * A chunk's flags are cleared by its last wait (the next call's epoch would
+ * not pass them anyway).  A failed wait (bounded_spin: a peer late past the
+ * timeout, gone, or making another call; reported) ends the rounds of the
+ * whole block; the kernel then only verifies and advances its epoch. */
+template <int W, typename A, typename Push, typename Reduce, typename Pull>
+__device__ __forceinline__ void twoshot_rounds(const A &a, uint32_t E, uint64_t R, uint32_t site_rs,
+                                               uint32_t site_ag, Push push, Reduce reduce, Pull pull) {
+  const uint32_t par = E & 1;
+  const int me = a.rank, t = threadIdx.x, b = blockIdx.x, G = gridDim.x;
+  bool ok = true;
+  for (uint64_t r = 0; r <= R + 1; r++) {
+    if (r < R) { /* A */
+      push(b + r * G);
+      __syncthreads();
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
+    }
+    if (r >= 1 && r <= R) { /* B */
+      const uint64_t rr = r - 1;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, site_rs, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
+      }
+      if (!__syncthreads_and(ok)) break;
+      reduce(b + rr * G);
+      __syncthreads();
+      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 1, b, me), flag_value(E, rr + 1));
+    }
+    if (r >= 2) { /* C */
+      const uint64_t rr = r - 2;
+      if (t < W && t != me) {
+        uint64_t *f = flag_ptr(a, me, par, 1, b, t);
+        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, site_ag, E) == SPIN_OK;
+        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
+      }
+      if (!__syncthreads_and(ok)) break;
+      pull(b + rr * G);
+    }
+  }
+}
+
 }  // namespace wf

@@ -17,7 +17,8 @@
  * ends with the same bits.  An element's result depends only on its
  * 32-element block of every rank's input (blocks are aligned to the buffer
  * start, whoever owns them), which is what deterministic mode needs.
- * A three-stage software pipeline over rounds, as in ar_twoshot; one 16-byte
+ * The schedule is ar_twoshot's (ar_layout.cuh twoshot_rounds: one pipeline of
+ * rounds and flags for every wire), with this wire in its steps; one 16-byte
  * vector per thread and part (a block of 32 elements = 4 adjacent threads,
  * its max found with two shuffles).
  *
@@ -92,98 +93,78 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
 
   lamport_maintain<W>(a, lam, E, 0); /* it uses none of them */
 
-  bool ok = true;
-  for (uint64_t r = 0; r <= R + 1; r++) {
-    if (r < R) { /* A: encode part q of the chunk, push it to rank q */
-      const uint64_t c = b + r * G;
-      uint4 raws[W - 1]; /* every part's input loaded first: W-1 loads in flight */
+  twoshot_rounds<W>(
+      a, E, R, WF_AR_SITE_QRS, WF_AR_SITE_QAG,
+      [&](uint64_t c) { /* A: encode part q of chunk c, push it to rank q */
+        uint4 raws[W - 1]; /* every part's input loaded first: W-1 loads in flight */
 #pragma unroll
-      for (int k = 1; k < W; k++) raws[k - 1] = load_term<T, D>(a, c * CW + ((me + k) % W) * PV + t);
+        for (int k = 1; k < W; k++) raws[k - 1] = load_term<T, D>(a, c * CW + ((me + k) % W) * PV + t);
 #pragma unroll
-      for (int k = 1; k < W; k++) {
-        const int q = (me + k) % W;
-        const uint4 raw = raws[k - 1];
-        char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot + c * K::PB;
-        if (C == WF_QR_FP) {
-          put<C>(dst, t, raw, 0.f);
-        } else {
-          float x[8], s;
-          Pack<T>::to_f32(raw, x);
-          const uint4 cq = encode<C>(x, s);
-          put<C>(dst, t, cq, s);
+        for (int k = 1; k < W; k++) {
+          const int q = (me + k) % W;
+          const uint4 raw = raws[k - 1];
+          char *dst = a.ws[q] + a.off_data + par * a.data_par + pslot(me, q) * slot + c * K::PB;
+          if (C == WF_QR_FP) {
+            put<C>(dst, t, raw, 0.f);
+          } else {
+            float x[8], s;
+            Pack<T>::to_f32(raw, x);
+            const uint4 cq = encode<C>(x, s);
+            put<C>(dst, t, cq, s);
+          }
         }
-      }
-      __syncthreads();
-      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 0, b, me), flag_value(E, r + 1));
-    }
-    if (r >= 1 && r <= R) { /* B: sum my part in rank order, encode once, push */
-      const uint64_t rr = r - 1, c = b + rr * G;
-      if (t < W && t != me) {
-        uint64_t *f = flag_ptr(a, me, par, 0, b, t);
-        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_QRS, E) == SPIN_OK;
-        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
-      }
-      if (!__syncthreads_and(ok)) break;
-      const uint64_t v = c * CW + me * PV + t;
-      float acc[8];
+      },
+      [&](uint64_t c) { /* B: sum my part of chunk c in rank order, encode once, push */
+        const uint64_t v = c * CW + me * PV + t;
+        float acc[8];
 #pragma unroll 1
-      for (int p = 0; p < W; p++) {
-        float y[8];
-        if (p == me) {
-          through_wire<T, C>(load_term<T, D>(a, v), y);
-        } else {
-          float s = 0.f;
-          const uint4 cq = get<C>(region_me + pslot(p, me) * slot + c * K::PB, t, s);
-          if (C == WF_QR_FP) Pack<T>::to_f32(cq, y);
-          else decode<C>(cq, s, y);
-        }
+        for (int p = 0; p < W; p++) {
+          float y[8];
+          if (p == me) {
+            through_wire<T, C>(load_term<T, D>(a, v), y);
+          } else {
+            float s = 0.f;
+            const uint4 cq = get<C>(region_me + pslot(p, me) * slot + c * K::PB, t, s);
+            if (C == WF_QR_FP) Pack<T>::to_f32(cq, y);
+            else decode<C>(cq, s, y);
+          }
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
-      }
-      uint4 wire, res;
-      float s = 0.f;
-      if (C == WF_QR_FP) {
-        wire = res = Pack<T>::from_f32(acc);
-      } else {
-        float y[8];
-        wire = encode<C>(acc, s);
-        decode<C>(wire, s, y); /* my output: the bytes I push, decoded */
-        res = Pack<T>::from_f32(y);
-      }
-#pragma unroll 1
-      for (int k = 1; k < W; k++) {
-        const int q = (me + k) % W;
-        put<C>(a.ws[q] + a.off_data + par * a.data_par + (W - 1 + pslot(me, q)) * slot + c * K::PB, t, wire, s);
-      }
-      store_out<T>(a, v, res);
-      __syncthreads();
-      if (t < W && t != me) st_release_sys(flag_ptr(a, t, par, 1, b, me), flag_value(E, rr + 1));
-    }
-    if (r >= 2) { /* C: decode the owners' results of chunk r-2 */
-      const uint64_t rr = r - 2, c = b + rr * G;
-      if (t < W && t != me) {
-        uint64_t *f = flag_ptr(a, me, par, 1, b, t);
-        ok = wait_flag_geq(f, flag_value(E, rr + 1), a.env, t, WF_AR_SITE_QAG, E) == SPIN_OK;
-        if (rr + 1 == R) st_relaxed_sys(f, 0ull);
-      }
-      if (!__syncthreads_and(ok)) break;
-#pragma unroll 1
-      for (int k = 1; k < W; k++) {
-        const int p = (me + k) % W;
-        const uint64_t v = c * CW + p * PV + t;
-        if (v >= nvec) continue;
+          for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
+        }
+        uint4 wire, res;
         float s = 0.f;
-        const uint4 cq = get<C>(region_me + (W - 1 + pslot(p, me)) * slot + c * K::PB, t, s);
         if (C == WF_QR_FP) {
-          store_out<T>(a, v, cq);
+          wire = res = Pack<T>::from_f32(acc);
         } else {
           float y[8];
-          decode<C>(cq, s, y);
-          store_out<T>(a, v, Pack<T>::from_f32(y));
+          wire = encode<C>(acc, s);
+          decode<C>(wire, s, y); /* my output: the bytes I push, decoded */
+          res = Pack<T>::from_f32(y);
         }
-      }
-    }
-  }
+#pragma unroll 1
+        for (int k = 1; k < W; k++) {
+          const int q = (me + k) % W;
+          put<C>(a.ws[q] + a.off_data + par * a.data_par + (W - 1 + pslot(me, q)) * slot + c * K::PB, t, wire, s);
+        }
+        store_out<T>(a, v, res);
+      },
+      [&](uint64_t c) { /* C: decode the owners' results of chunk c */
+#pragma unroll 1
+        for (int k = 1; k < W; k++) {
+          const int p = (me + k) % W;
+          const uint64_t v = c * CW + p * PV + t;
+          if (v >= nvec) continue;
+          float s = 0.f;
+          const uint4 cq = get<C>(region_me + (W - 1 + pslot(p, me)) * slot + c * K::PB, t, s);
+          if (C == WF_QR_FP) {
+            store_out<T>(a, v, cq);
+          } else {
+            float y[8];
+            decode<C>(cq, s, y);
+            store_out<T>(a, v, Pack<T>::from_f32(y));
+          }
+        }
+      });
   __syncthreads();
   agree_verify(a.env, WF_AR_SITE_AGREE);
   epoch_advance(epochs_of(a), E);
