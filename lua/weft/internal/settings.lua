@@ -254,6 +254,8 @@ M.list = {
   S("WEFT_QUICK_ENV_ONLY", "unset", "test", { "tests/helpers/quick_ranks.lua" }, "quick policy worker mode"),
   S("WEFT_MISMATCH_CASES", "unset", "test", { "tests/helpers/gpu_mismatch_worker.lua" },
     "comma-separated cases the device mismatch spec's worker runs (all when unset)"),
+  S("WEFT_MISMATCH_WARM", "unset", "test", { "tests/helpers/gpu_mismatch_worker.lua" },
+    "1: each device mismatch case after a matching warm-up call (the mismatch's time alone)"),
   S("WEFT_QUICK_KILL", "unset", "test", { "tests/helpers/gpu_quick_worker.lua" }, "the rank a quick spec kills"),
   S("WEFT_QUICK_NO_KILL", "unset", "test", { "tests/gpu/gpu_quick_spec.lua" }, "1 skips the quick spec's kill test"),
   S("WEFT_QUICK_WORLDS", "2 4 6 8", "test", { "tests/gpu/gpu_quick_spec.lua" }, "worlds of the quick GPU spec"),
