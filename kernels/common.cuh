@@ -625,4 +625,10 @@ inline cudaError_t launch_pdl(void (*kernel)(KP...), dim3 grid, dim3 block, cuda
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<AP &&>(args)...);
 }
 
+/* The first token of rank p's range when `tokens` rows are split over W
+ * ranks as evenly as they go (the fused two-shots' reduce-scatter split). */
+__device__ __forceinline__ int range_start(int p, int tokens, int W) {
+  return (int)((int64_t)p * tokens / W);
+}
+
 }  // namespace wf

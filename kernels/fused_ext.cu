@@ -61,8 +61,6 @@ __device__ __forceinline__ uint64_t *flag_at(void *base, uint64_t off, int par, 
          ((((size_t)par * 2 + phase) * WF_MAX_GRID + (size_t)block) * 8 + (size_t)sender);
 }
 
-__device__ __forceinline__ int range_start(int p, int T, int W) { return (int)((int64_t)p * T / W); }
-
 /* This rank's contribution to vector j of token t (rounded to T). */
 template <typename T>
 __device__ __forceinline__ uint4 contribution(const wfx_args &a, const MoeIn &m, bool moe, int t,

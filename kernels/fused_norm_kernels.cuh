@@ -629,10 +629,6 @@ __global__ void __launch_bounds__(OneGeo<T, W>::MAXT, 1) oneshot_kernel(const wf
 
 /* ------------------------------------------------------------- two-shot */
 
-__device__ __forceinline__ int range_start(int p, int tokens, int W) {
-  return (int)((int64_t)p * tokens / W);
-}
-
 template <typename T, int W, bool DET>
 __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused_args a) {
   constexpr int EPV = Geo<T>::EPV, VMAX = Geo<T>::VMAX, YK = Geo<T>::YK, NCM = Geo<T>::NCMAX;

@@ -57,10 +57,6 @@ __host__ __device__ __forceinline__ uint64_t enc_row_bytes(int code_bytes, int n
   return (b + 15u) / 16u * 16u;
 }
 
-__device__ __forceinline__ int range_start(int p, int tokens, int W) {
-  return (int)((int64_t)p * tokens / W);
-}
-
 /* y = dtype(a + r) of the decoded all-reduced value (already rounded to the
  * dtype, as the quick all-reduce returns it) and the residual. */
 template <typename T>
