@@ -25,8 +25,7 @@ template <typename A> __device__ __forceinline__ uint32_t *epochs_of(const A &a)
 template <typename A>
 __device__ __forceinline__ uint64_t *flag_ptr(const A &a, int owner, uint32_t par, int phase, int block,
                                               int sender) {
-  return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) +
-         (((size_t)(par * 2 + phase) * WF_MAX_GRID + block) * WF_MAX_WORLD + sender);
+  return reinterpret_cast<uint64_t *>(a.ws[owner] + WF_AR_OFF_FLAGS) + WF_FLAG_INDEX(par, phase, block, sender);
 }
 
 /* The byte counts of the three Lamport buffers' last use. */

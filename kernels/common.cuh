@@ -625,6 +625,16 @@ inline cudaError_t launch_pdl(void (*kernel)(KP...), dim3 grid, dim3 block, cuda
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<AP &&>(args)...);
 }
 
+/* The flag rows every workspace keeps (the all-reduce's, the fused
+ * kernels'): one 64-bit flag per (call parity, phase, block, sender), in the
+ * receiver's workspace from `rows` on. */
+#define WF_FLAG_INDEX(par, phase, block, sender) \
+  (((size_t)((par) * 2 + (phase)) * WF_MAX_GRID + (block)) * WF_MAX_WORLD + (sender))
+template <typename B>   /* int, or blockIdx.x's unsigned as it is */
+__device__ __forceinline__ uint64_t *flag_in(char *rows, uint32_t par, int phase, B block, int sender) {
+  return reinterpret_cast<uint64_t *>(rows) + WF_FLAG_INDEX(par, phase, block, sender);
+}
+
 /* The first token of rank p's range when `tokens` rows are split over W
  * ranks as evenly as they go (the fused two-shots' reduce-scatter split). */
 __device__ __forceinline__ int range_start(int p, int tokens, int W) {

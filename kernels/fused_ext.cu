@@ -57,8 +57,7 @@ constexpr int VM = 2;
 
 __device__ __forceinline__ uint64_t *flag_at(void *base, uint64_t off, int par, int phase, int block,
                                              int sender) {
-  return (uint64_t *)((char *)base + off) +
-         ((((size_t)par * 2 + phase) * WF_MAX_GRID + (size_t)block) * 8 + (size_t)sender);
+  return flag_in((char *)base + off, (uint32_t)par, phase, block, sender);
 }
 
 /* This rank's contribution to vector j of token t (rounded to T). */

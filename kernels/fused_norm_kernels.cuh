@@ -663,8 +663,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
   const char *const in = (const char *)a.in;
   /* flags[par][phase][block][sender] in the receiver's workspace */
   auto flag = [&](const void *base, int phase, int sender) {
-    return (uint64_t *)((char *)base + a.off_flags) +
-           (((size_t)(par * 2 + phase) * WF_MAX_GRID + blockIdx.x) * 8 + sender);
+    return flag_in((char *)base + a.off_flags, par, phase, blockIdx.x, sender);
   };
 
   /* 1. reduce-scatter push: my rows of range p into p's RS inbox slot [rank] */

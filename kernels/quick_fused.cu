@@ -89,8 +89,7 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
   const size_t slot = (size_t)rows_per * ERB;
   const char *const in = (const char *)a.in;
   auto flag = [&](const void *base, int phase, int sender) {
-    return (uint64_t *)((char *)base + a.off_flags) +
-           (((size_t)(par * 2 + phase) * WF_MAX_GRID + blockIdx.x) * 8 + sender);
+    return flag_in((char *)base + a.off_flags, par, phase, blockIdx.x, sender);
   };
 
   /* 1. reduce-scatter push: my rows of range p, encoded, into p's RS inbox slot [rank] */
