@@ -25,9 +25,11 @@ local AR_DTYPES = { f32 = true, f16 = true, bf16 = true }
 -- ok, text (text formatted only when `v`, for explain). The `mode` argument
 -- is the column of the seed's eager/graph table: in graph mode the workspace
 -- must exist already (a capture cannot make it).
+-- the one alignment test of the device all-reduce's Lua side (the rule's
+-- check, the backend's output check, the sized memo): 16 bytes
+local uptr = ffi.typeof("uintptr_t")
 local function ptr_aligned(p)
-  if p == nil then return false end
-  return tonumber(ffi.cast("uintptr_t", p) % 16) == 0
+  return p ~= nil and ffi.cast(uptr, p) % 16 == 0
 end
 
 local function ar_limit(d)

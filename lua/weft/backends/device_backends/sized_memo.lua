@@ -21,9 +21,7 @@ local is_device = S.is_device
 
 local M = {}
 
-local ffi = require "ffi"
-local cast, uptr = ffi.cast, ffi.typeof("uintptr_t")
-local function aligned(p) return p ~= nil and cast(uptr, p) % 16 == 0 end
+local aligned = require("weft.backends.device_backends.checks").ptr_aligned
 
 local function row_length(t)
   local sh = t.shape
