@@ -616,31 +616,19 @@ local function agree_splits(g, op, inp, in_splits, out_splits, out_rows)
   local be = backend_for(g, op, inp)
   gather_bytes(g, be, op, mine, n * 8, all_buf, { dtype = "i64", shape = { n } }, "splits")
   local t = ffi_cast("int64_t *", all_buf)
-  local all, bad = {}, {}
+  local tables, all = {}, {}
   for r = 1, W do
-    all[r] = {}
-    for j = 1, W do all[r][j] = tonumber(t[(r - 1) * n + j - 1]) end
-  end
-  for j = 1, W do
-    local base = (j - 1) * n
-    local total = 0
-    for r = 1, W do total = total + all[r][j] end
-    local rows = tonumber(t[base + W])
-    if total ~= rows then
-      bad[#bad + 1] = fmt("rank %d receives %d rows, its output has %d", g.ranks[j], total, rows)
+    local base = (r - 1) * n
+    local input, output = {}, nil
+    for j = 1, W do input[j] = tonumber(t[base + j - 1]) end
+    if tonumber(t[base + W + 1]) >= 0 then
+      output = {}
+      for j = 1, W do output[j] = tonumber(t[base + W + j]) end
     end
-    for r = 1, W do
-      local want = tonumber(t[base + W + r])
-      if want >= 0 and want ~= all[r][j] then
-        bad[#bad + 1] = fmt("rank %d's output split %d says %d rows, rank %d sends %d",
-                            g.ranks[j], r - 1, want, g.ranks[r], all[r][j])
-      end
-    end
+    tables[r] = { input = input, rows = tonumber(t[base + W]), output = output }
+    all[r] = input
   end
-  if #bad > 0 then
-    fail(3, op, "the ranks' split tables do not match on group %s (every rank fails this call; the group "
-         .. "stays usable): %s", gname(g), concat(bad, "; "))
-  end
+  K.check_split_tables(g, op, tables, 4)
   return all
 end
 

@@ -172,4 +172,33 @@ M.check_overlap, M.check_fused_outputs = check_overlap, check_fused_outputs
 M.check_group, M.check_tensor, M.check_place, M.check_peer = check_group, check_tensor, check_place, check_peer
 M.check_reduce, M.norm_dim, M.same_shape, M.outer_inner = check_reduce, norm_dim, same_shape, outer_inner
 
+-- The split tables of an uneven all_to_all_single, every rank's as it came
+-- (all[r] = { input = rows rank r-1 sends to each rank, rows = its output's
+-- rows, output = its output splits or nil }), checked whole, the same way on
+-- every rank: every receiver's rows add up to its output and match its
+-- output splits. Raises the same error on every rank (level: fail's).
+function M.check_split_tables(g, op, all, level)
+  local W, bad = g.world_size, {}
+  for j = 1, W do
+    local total = 0
+    for r = 1, W do total = total + all[r].input[j] end
+    if total ~= all[j].rows then
+      bad[#bad + 1] = ("rank %d receives %d rows, its output has %d"):format(g.ranks[j], total, all[j].rows)
+    end
+    local want = all[j].output
+    if want then
+      for r = 1, W do
+        if want[r] ~= all[r].input[j] then
+          bad[#bad + 1] = ("rank %d's output split %d says %d rows, rank %d sends %d")
+                          :format(g.ranks[j], r - 1, want[r], g.ranks[r], all[r].input[j])
+        end
+      end
+    end
+  end
+  if #bad > 0 then
+    fail(level, op, "the ranks' split tables do not match on group %s (every rank fails this call; the group "
+         .. "stays usable): %s", gname(g), concat(bad, "; "))
+  end
+end
+
 return M

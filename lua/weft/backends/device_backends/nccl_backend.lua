@@ -278,28 +278,50 @@ local function row_bytes(t)
   return rb
 end
 
+-- The split tables of an uneven all_to_all_single, agreed over the cpu
+-- group (eager, or under WEFT_NCCL_CHECK): every rank's input splits, output
+-- rows and output splits, framed as the store route frames a call ("splits"
+-- and the shape past dim 0: the even form's frame differs), then checked
+-- whole on every rank (weft.group.checks.check_split_tables) before NCCL
+-- moves a row. Returns the rows this rank receives from each rank.
+local function agree_splits(g, op, inp, out, in_splits, out_splits)
+  local H, K, ser = require "weft.group.host", require "weft.group.checks", mod("weft.serialize")
+  local shape = { "rows" }
+  for i = 2, #inp.shape do shape[i] = inp.shape[i] end
+  local part, call = H.store_part(op, ser.encode({ input = in_splits, rows = out.shape[1], output = out_splits }),
+                                  { dtype = inp.dtype, shape = shape }, "splits")
+  local list = g.cpu_group:allgather(part)
+  local offs = H.store_check(g, op, call, list)
+  local all = {}
+  for r = 1, g.world_size do all[r] = ser.decode(list[r]:sub(offs[r] + 1)) end
+  K.check_split_tables(g, op, all, 0)
+  local recv, me = {}, g.rank_in_group
+  for r = 1, g.world_size do recv[r] = all[r].input[me + 1] end
+  return recv
+end
+
 -- all_to_all_single: rows of inp split per peer (equal, or in_splits); the
 -- receive sizes are out_splits when given on every rank, else exchanged over
--- the cpu group (eager only)
+-- the cpu group (eager only) and checked whole on every rank. Under
+-- WEFT_NCCL_CHECK the tables are exchanged and checked even when given, and
+-- the even form is agreed like the other collectives.
 function nccl_be.all_to_all_single(g, op, out, inp, in_splits, out_splits)
   local c = comm(g, op, inp, out)
   if c == nil then return stage.all_to_all_single(g, op, out, inp, in_splits, out_splits) end
-  local W, me = g.world_size, g.rank_in_group
+  local W = g.world_size
   if in_splits == nil then
+    if M.CHECK then M.agree_call(g, op, inp) end
     if inp.nbytes == 0 then return end
     return c:all_to_all(inp.ptr, out.ptr, inp.nbytes, U8)
   end
   local rb = row_bytes(inp)
   local recv = out_splits
-  if recv == nil then
-    if stream_capturing() then
+  if recv == nil or M.CHECK then
+    if recv == nil and stream_capturing() then
       error(fmt("weft: %s: uneven splits inside a graph capture need the output splits too "
                 .. "({input = ..., output = ...}) on group %s", op, gname(g)), 0)
     end
-    local ser = mod("weft.serialize")
-    local list = g.cpu_group:allgather(ser.encode(in_splits))
-    recv = {}
-    for r = 1, W do recv[r] = ser.decode(list[r])[me + 1] end
+    recv = agree_splits(g, op, inp, out, in_splits, out_splits)
   end
   local total = 0
   for r = 1, W do total = total + recv[r] end
@@ -345,7 +367,8 @@ end
 -- ranks whose calls differ all fail at once naming every rank's call. Off
 -- by default (it costs a host round trip per call; under capture, once per
 -- captured call). Not for send/recv (the two ends make different calls)
--- or all_to_all_single (each rank's splits differ by design).
+-- or all_to_all_single, which checks its own split tables (above).
+M.CHECK = os.getenv("WEFT_NCCL_CHECK") == "1"
 local CHECKED = { "all_reduce", "all_gather", "reduce_scatter", "broadcast_tensor", "gather", "all_gatherv",
                   "reduce_scatterv" }
 
@@ -382,6 +405,6 @@ function M.checked(be)
   return c
 end
 
-M.nccl_backend = os.getenv("WEFT_NCCL_CHECK") == "1" and M.checked(nccl_be) or nccl_be
+M.nccl_backend = M.CHECK and M.checked(nccl_be) or nccl_be
 
 return M
