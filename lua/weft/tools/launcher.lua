@@ -553,18 +553,7 @@ local function finish_stream(s, cut)
   s.partial = nil
 end
 
--- "0-3", "0,2,5-7"
-local function ranks_text(list)
-  local t, i = {}, 1
-  while i <= #list do
-    local j = i
-    while list[j + 1] == list[j] + 1 do j = j + 1 end
-    t[#t + 1] = j > i + 1 and (list[i] .. "-" .. list[j]) or
-                (j == i + 1 and (list[i] .. "," .. list[j]) or tostring(list[i]))
-    i = j + 1
-  end
-  return concat(t, ",")
-end
+local ranks_text = require("weft.internal.show").ranks   -- "0-3", "0,2,5-7"
 M.ranks_text = ranks_text
 
 -- The held error reports: ranks whose message (the lines before "stack

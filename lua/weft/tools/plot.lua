@@ -17,7 +17,7 @@
 -- MAX_SERIES of them); the rest is counted in a note. Lines are coloured by backend name,
 -- the same colour in every chart of a file.
 local svg = require "weft.tools.svg"
-local bench = require "weft.tools.bench"
+local json = require "weft.internal.json"
 
 local M = {}
 
@@ -321,7 +321,7 @@ function M.write_for(path, doc)
     if not f then error("weft: plot: cannot read " .. tostring(err), 2) end
     local text = f:read("*a")
     f:close()
-    local ok, d = pcall(bench.json_decode, text)
+    local ok, d = pcall(json.decode, text, "plot")
     if not ok then error(fmt("weft: plot: %s is not JSON: %s", path, tostring(d)), 2) end
     doc = d
   end

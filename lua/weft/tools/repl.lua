@@ -92,7 +92,7 @@ M.open_link = repl_link.open_link
 
 ---------------------------------------------------------------- ranks as text
 -- "0-3", "0,2,5-7" (weft-run's form; loaded on first use)
-function M.ranks_str(list) return require("weft.tools.launcher").ranks_text(list) end
+M.ranks_str = require("weft.internal.show").ranks
 
 -- "0,2,5-7" -> {0,2,5,6,7} (sorted, unique) or nil, message
 function M.parse_ranks(s, world)
