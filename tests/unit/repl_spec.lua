@@ -451,6 +451,40 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     assert.is_nil(last:find("SIGKILL", 1, true), last)
   end)
 
+  it("with its input on a pipe too: SIGINT to weft-run is Ctrl-C, SIGTERM stops every rank (143, no SIGKILL)", function()
+    local d = U.tmpdir()
+    -- a FIFO kept open by the driver; each step waits (bounded) for the last one's mark
+    local script = table.concat({
+      "set -u; cd " .. U.q(U.ROOT),
+      "mkfifo " .. d .. "/in",
+      ("(timeout -k 5 60 scripts/weft-run -n 2 --repl %s %s <%s/in >%s/out 2>%s/err; echo $? >%s/rc) &")
+        :format(U.INIT, U.TOKEN, d, d, d, d),
+      "exec 7>" .. d .. "/in",
+      "upto() { for i in $(seq 300); do grep -q \"$1\" " .. d .. "/out 2>/dev/null && return 0; sleep 0.1; done; return 1; }",
+      "pid() { pgrep -f '^luajit scripts/weft[-]run -n 2 --repl .*" .. U.TOKEN .. "' | head -1; }",
+      "upto 'init 1'",
+      "echo 'while true do end' >&7; sleep 1",
+      "kill -INT $(pid); upto 'interrupted (Ctrl-C)'",
+      "kill -INT $(pid); sleep 0.5",                 -- at the prompt: clears the line
+      "echo \"'after ' .. rank\" >&7; upto 'after 1'",
+      "kill -TERM $(pid)",
+      "for i in $(seq 300); do [ -s " .. d .. "/rc ] && break; sleep 0.1; done",
+      "exec 7>&-",
+    }, "\n")
+    U.spit(d .. "/drive.sh", script .. "\n")
+    os.execute("bash " .. d .. "/drive.sh")
+    local out, err = U.slurp(d .. "/out") or "", U.slurp(d .. "/err") or ""
+    local rc = tonumber(U.slurp(d .. "/rc") or "")
+    U.rmdir(d)
+    assert.truthy(out:find("[ranks 0,1] error: stdin:1: interrupted (Ctrl-C)", 1, true), out .. err)
+    assert.truthy(out:find("[rank 0] after 0", 1, true) and out:find("[rank 1] after 1", 1, true), out .. err)
+    assert.are.equal(143, rc, out .. err)
+    assert.truthy(err:find("received SIGTERM: stopped all 2 ranks", 1, true), out .. err)
+    assert.is_nil((out .. err):find("SIGKILL", 1, true), out .. err)
+    assert.is_nil((out .. err):find("did not stop", 1, true), out .. err)
+    assert.are.equal("", U.reap(10))
+  end)
+
   it("SIGTERM sent to weft-run at the prompt: every rank stops at once, 143, the terminal given back as it was", function()
     if not has_tmux() then pending("tmux not installed"); return end
     local P = require "helpers.procs"

@@ -265,7 +265,7 @@ function M.usage()
     "(128+N for signal N). SIGINT/SIGTERM are forwarded to every rank's process",
     "group, SIGKILL follows after " .. M.GRACE_SIGNAL .. " s (or at a second signal, other than the",
     "same one again within " .. M.REPEAT_SIGNAL .. " s); weft-run then exits 128+signal.",
-    "With --repl on a terminal, SIGINT goes to rank 0 alone, as Ctrl-C there does; after",
+    "With --repl, SIGINT goes to rank 0 alone, as Ctrl-C at its terminal does; after",
     "SIGTERM (or any end) the terminal's modes and foreground are given back as found.",
     "Exit 124: --timeout reached; 127: command not found; 2: bad usage.",
   } do lines[#lines + 1] = l end
@@ -761,10 +761,10 @@ function M.launch(spec)
           say("received %s again: sending SIGKILL", SIGNAMES[sig] or ("signal " .. sig))
           signal_all(SIGKILL)
           kill_at = nil
-        elseif sig == SIGINT and spec.interactive and not stopping and ranks[1] and not ranks[1].status
-               and C.weft_run_isatty(0) == 1 then
-          -- an interactive rank 0 (the REPL on a terminal) owns Ctrl-C: a
-          -- SIGINT sent to weft-run (kill -INT, a job runner) is that Ctrl-C
+        elseif sig == SIGINT and spec.interactive and not stopping and ranks[1] and not ranks[1].status then
+          -- an interactive rank 0 (the REPL, on a terminal or reading a pipe)
+          -- owns Ctrl-C: a SIGINT sent to weft-run (kill -INT, a job runner)
+          -- is that Ctrl-C
           C.kill(-ranks[1].pid, SIGINT)
         else
           signal_at = signal_at or now()

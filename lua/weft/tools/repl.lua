@@ -222,11 +222,15 @@ function Session:run(code, chunkname)
           sent[#sent + 1] = k
         end
       end
-      -- the terminal echoed "^C"
-      self:say(#sent > 0 and (": interrupting rank" .. (#sent > 1 and "s " or " ") .. M.ranks_str(sent)) or "")
+      -- on a terminal after the "^C" it echoed
+      if #sent > 0 then
+        self:say((self.input.tty and ": " or "") .. "interrupting rank" .. (#sent > 1 and "s " or " ") .. M.ranks_str(sent))
+      elseif self.input.tty then
+        self:say("")
+      end
       deadline = math.min(deadline, interrupted_at + M.GRACE_MS)
     end
-    if self.ctx.interrupted and self.input.tty then interrupt() end
+    if self.ctx.interrupted then interrupt() end
     for _, k in ipairs(targets) do
       while k ~= 0 and not answers[k] do
         -- past the deadline each rank still gets one look (its answer may be there)
@@ -536,7 +540,10 @@ function M.main(argv)
     self.run = function(s, code, name)
       local rec = M.execute(s.ctx, code, name, s.timeout_ms > 0 and s.timeout_ms or nil)
       io.stdout:flush()
-      if s.ctx.interrupted and s.input.tty then s.ctx.interrupted = false; s:say("") end
+      if s.ctx.interrupted then
+        s.ctx.interrupted = false
+        if s.input.tty then s:say("") end
+      end
       s:print_answer(rec)
     end
   end

@@ -194,12 +194,15 @@ end
 local NAME = "weft"
 local BREAKS = " \t\n\"\\'`@$><=;|&{(+-*/%^~#,)}[]"
 
--- opts: { env = (for completion), sigint = bool (Ctrl-C handling on a tty) }
+-- opts: { env = (for completion), sigint = bool (Ctrl-C / SIGINT handling) }
 function M.open_input(opts)
   opts = opts or {}
   local self = setmetatable({ fd = 0, buf = "", eof = false }, Input)
   self.tty = C.weft_repl_isatty(0) == 1
   self.out = 1
+  -- Ctrl-C, or a SIGINT sent to weft-run (which passes it to rank 0 alone,
+  -- on a terminal or not): read here, never LuaJIT's "interrupted!" anywhere
+  if opts.sigint ~= false then self.sigfd = signal_fd(SIGINT) end
   if self.tty then
     local fd = C.weft_repl_open("/dev/tty", O_RDWR + O_CLOEXEC, ffi.cast("int", 0))
     if fd >= 0 then self.out = fd end
@@ -213,7 +216,6 @@ function M.open_input(opts)
         C.weft_repl_signal(SIGTSTP, ffi.cast("void *", 1))
       end
     end
-    if opts.sigint ~= false then self.sigfd = signal_fd(SIGINT) end
     local rl = load_readline()
     if rl then
       self.rl = rl
