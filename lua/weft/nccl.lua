@@ -66,9 +66,14 @@ local Comm = {}
 Comm.__index = Comm
 M.Comm = Comm
 
--- A finalizer must not wait on peers: abort (local), then free.
+-- A communicator nobody destroyed (dropped, or the process ends on an
+-- error): destroyed as weft_nccl_destroy does, its finalize flushing what it
+-- still runs (bounded by the group's timeout, after which it aborts). Not
+-- an abort first: on an H100 (NCCL 2.28.3) a communicator ended by
+-- ncclCommAbort alone left the process to die of SIGSEGV at its exit, in
+-- 6 of 6 runs, with or without work in flight; the destroy path, 4 of 4
+-- clean (tests/helpers/graph_exit_error.lua nccl).
 local function finalize(h)
-  C.weft_nccl_abort(h)
   C.weft_nccl_destroy(h)
 end
 
