@@ -71,8 +71,8 @@ M.Comm = Comm
 -- still runs (bounded by the group's timeout, after which it aborts). Not
 -- an abort first: on an H100 (NCCL 2.28.3) a communicator ended by
 -- ncclCommAbort alone left the process to die of SIGSEGV at its exit, in
--- 6 of 6 runs, with or without work in flight; the destroy path, 4 of 4
--- clean (tests/helpers/graph_exit_error.lua nccl).
+-- 20 of 20 runs, with or without work in flight; the destroy path 11 of 11
+-- clean (bench/results/gpu-tests-nvidia-h100-2026-12-07.md).
 local function finalize(h)
   C.weft_nccl_destroy(h)
 end
