@@ -33,10 +33,10 @@ local C = wffi.C
 local floor = math.floor
 local ffi_cast = ffi.cast
 local hostmem = require "weft.internal.hostmem"
+local show = require("weft.internal.show").value -- names a refused value's type
 local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error = type, tostring, error
 local concat = table.concat
-local fmt = string.format
 
 local M = {}
 local G = {}
@@ -603,12 +603,18 @@ local function agree_splits(g, op, inp, in_splits, out_splits, out_rows)
   local W = g.world_size
   local n = 2 * W + 1
   local mine = ffi.new("int64_t[?]", n)
+  if out_splits ~= nil and (type(out_splits) ~= "table" or #out_splits ~= W) then
+    fail(3, op, "output splits must be a table of %d row counts (group %s)", W, gname(g))
+  end
   for i = 1, W do
-    local v = in_splits[i]
-    if type(v) ~= "number" or v < 0 or v % 1 ~= 0 then
-      fail(3, op, "input split %d is %s, expected a row count (group %s)", i - 1, tostring(v), gname(g))
+    for _, side in ipairs { "input", "output" } do
+      local list = side == "input" and in_splits or out_splits
+      local v = list and list[i]
+      if list and (type(v) ~= "number" or v < 0 or v % 1 ~= 0) then
+        fail(3, op, "%s split %d is %s, expected a row count (group %s)", side, i - 1, show(v), gname(g))
+      end
     end
-    mine[i - 1] = v
+    mine[i - 1] = in_splits[i]
     mine[W + 1 + i - 1] = out_splits and out_splits[i] or -1
   end
   mine[W] = out_rows
