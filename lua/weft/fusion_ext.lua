@@ -714,13 +714,11 @@ M.rule = {
 }
 
 local installed = false
--- install(group_module): the methods, the policy rule, the destroy and
--- graph hooks. Idempotent.
+-- install(group_module): the policy rule, the destroy and graph hooks (the
+-- methods are declared in weft.group, which calls these). Idempotent.
 function M.install(gm)
   if installed then return M end
   installed = true
-  local G = gm.GroupCoordinator
-  for k, f in pairs(methods) do G[k] = f end
   local pos
   for i, r in ipairs(policy.rules) do
     if r.name == "deterministic mode" or r.name == "host staging (no NCCL)" or r.name == "NCCL" then pos = i; break end

@@ -850,10 +850,18 @@ end
 require("weft.backends.device_backends").install(M)
 -- Host tensors of groups across nodes (Gloo; weft.backends.host_nodes).
 require("weft.backends.host_nodes").install(M)
--- The fusion patterns beyond all-reduce + RMSNorm: g:fused_moe_allreduce_rmsnorm,
--- g:fused_moe_finalize_allreduce_rmsnorm, g:fused_allreduce_prepost_rmsnorm,
--- g:fused_reduce_scatter_rmsnorm, g:prepare_fusion_ext (weft.fusion_ext).
-require("weft.fusion_ext").install(M)
+-- The fusion patterns beyond all-reduce + RMSNorm, declared with the class and
+-- served by weft.fusion_ext (its policy rule and hooks come with install);
+-- tail calls, so its errors still point at the caller's line.
+local FX = require("weft.fusion_ext").install(M)
+local fx = FX.methods
+function G:fused_moe_allreduce_rmsnorm(a) return fx.fused_moe_allreduce_rmsnorm(self, a) end
+function G:fused_moe_finalize_allreduce_rmsnorm(a) return fx.fused_moe_finalize_allreduce_rmsnorm(self, a) end
+function G:fused_allreduce_prepost_rmsnorm(...) return fx.fused_allreduce_prepost_rmsnorm(self, ...) end
+function G:fused_reduce_scatter_rmsnorm(...) return fx.fused_reduce_scatter_rmsnorm(self, ...) end
+function G:prepare_fusion_ext(opts) return fx.prepare_fusion_ext(self, opts) end
+-- the last fused call's path ("fused" | "unfused" | "host") and why
+function G:fusion_ext_last() return fx.fusion_ext_last(self) end
 
 return M
 
