@@ -35,10 +35,10 @@ static const char *kind_name(int kind) {
 /* create's refusals of bad input, the same with and without CUDA (a
  * host-only build answers a bad world size as a CUDA build does, before
  * "no CUDA device"); gi is filled for the caller. */
-static int check_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out, wf_dc_group *gi) {
+static int check_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out, wf_dev_group *gi) {
   WF_CHECK_ARG(out, "allreduce create: NULL out-parameter");
   *out = NULL;
-  int rc = wf_dc_group_info(g, "allreduce create", gi);
+  int rc = wf_dev_group_info(g, "allreduce create", gi);
   if (rc) return rc;
   const char *op = gi->op;
   const int n = gi->n;
@@ -53,7 +53,7 @@ static int qr_step_check(int step, int codec, int dtype, int world, const void *
   WF_CHECK_ARG(step >= 0 && step <= 3, "quick codec step: step %d is not 0 (quantize), 1 (reduce), 2 or 3", step);
   WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick codec step: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)", codec);
   WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick codec step: dtype %s is not bf16 or f16",
-               wf_dc_dtype_name(dtype));
+               wf_dev_dtype_name(dtype));
   WF_CHECK_ARG(step % 2 == 0 || world == 2 || world == 4 || world == 6 || world == 8,
                "quick codec step: world %d is not 2, 4, 6 or 8", world);
   WF_CHECK_ARG(count > 0 && in && wire && (step % 2 == 0 || out), "quick codec step: empty call or NULL buffer");
@@ -64,9 +64,9 @@ static int qr_step_check(int step, int codec, int dtype, int world, const void *
 
 #if !WEFT_HAVE_CUDA
 
-#define nodev wf_dc_nodev
+#define nodev wf_dev_nodev
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
-  wf_dc_group gi;
+  wf_dev_group gi;
   int rc = check_create(g, max_bytes, out, &gi);
   return rc ? rc : nodev("allreduce create");
 }
@@ -106,8 +106,8 @@ int weft_qr_codec_step(int step, int codec, int dtype, int world, const void *in
 
 #else
 
-#define esize wf_dc_esize
-#define dtype_name wf_dc_dtype_name
+#define esize wf_dev_esize
+#define dtype_name wf_dev_dtype_name
 
 static const char *site_name(unsigned site) {
   switch (site) {
@@ -136,13 +136,13 @@ static void describe(uint64_t d0, uint64_t d1, char *buf, size_t n) {
            (unsigned long long)d1, grid, thr, bits & 32 ? ", deterministic" : "");
 }
 
-static const wf_dc_names AR_NAMES = {
+static const wf_dev_names AR_NAMES = {
   .what = "allreduce", .unit = "handle", .refuse_hint = "destroy it and fall back to NCCL",
   .timeout_hint = "destroy it and fall back to NCCL", .site = site_name, .describe = describe,
 };
 
 struct weft_ar {
-  wf_dc dc;                     /* group, workspace, host words, in-flight state */
+  wf_dev dc;                     /* group, workspace, host words, in-flight state */
   size_t ws_bytes, max_bytes, oneshot_max;
   size_t twoshot_min;           /* auto, 2 ranks, above oneshot_max: two-shot from here */
   wf_ar_args base;              /* launch arguments without the call's part */
@@ -157,7 +157,7 @@ static size_t env_bytes(const char *name, size_t dflt) {
 /* Release everything local (never collective). */
 static void ar_free(weft_ar *ar) {
   if (!ar) return;
-  wf_dc_release(&ar->dc, "allreduce destroy");
+  wf_dev_release(&ar->dc, "allreduce destroy");
   free(ar);
 }
 
@@ -171,14 +171,14 @@ static int init_workspace(weft_ar *ar) {
   if (e == cudaSuccess) e = (cudaError_t)wf_ar_fill_empty(mine + ar->base.off_lamport, lam, s);
   int rc = e == cudaSuccess ? wf_cuda_wait_stream(s, ar->dc.timeout_ms, "allreduce create: init")
                             : wf_cuda_err(__FILE__, __LINE__, "workspace init", e);
-  if (!rc) rc = wf_dc_agree_init(&ar->dc, WF_AR_OFF_AGREE, s);
-  if (!rc) ar->base.agree = wf_dc_agreement(&ar->dc);
+  if (!rc) rc = wf_dev_agree_init(&ar->dc, WF_AR_OFF_AGREE, s);
+  if (!rc) ar->base.agree = wf_dev_agreement(&ar->dc);
   cudaStreamDestroy(s);
   return rc;
 }
 
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
-  wf_dc_group gi;
+  wf_dev_group gi;
   int rc = check_create(g, max_bytes, out, &gi);
   if (rc) return rc;
   const char *op = gi.op;
@@ -186,19 +186,19 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
 
   weft_ar *ar = calloc(1, sizeof *ar);
   if (!ar) return wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  wf_dc_setup(&ar->dc, &AR_NAMES, &gi, wf_dc_timeout(0, "WEFT_AR_TIMEOUT_MS", tmo));
+  wf_dev_setup(&ar->dc, &AR_NAMES, &gi, wf_dev_timeout(0, "WEFT_AR_TIMEOUT_MS", tmo));
   ar->pdl = wf_env_long("WEFT_AR_PDL", 1) != 0;
 
   /* Local facts, then agreement (a rank without CUDA votes 0 SMs). */
-  wf_dc_local local;
-  const int sms = wf_dc_sm_count(&local);
+  wf_dev_local local;
+  const int sms = wf_dev_sm_count(&local);
   size_t mb = align_up(max_bytes, 16);
   int64_t v[4] = {sms, wf_env_long("WEFT_AR_BLOCKS_PER_SM", 2),
                   (int64_t)align_up(env_bytes("WEFT_AR_LAMPORT_MAX", 16 * MIB), 16), (int64_t)mb};
   if (v[1] < 1) v[1] = 1;
   if (v[1] > 8) v[1] = 8;
   if ((size_t)v[2] > mb) v[2] = (int64_t)mb;
-  rc = wf_dc_agree(g, &local, v, 4, NULL, 0, op);
+  rc = wf_dev_agree(g, &local, v, 4, NULL, 0, op);
   if (rc) { ar_free(ar); return rc; }
   ar->max_bytes = (size_t)v[3];
   const uint64_t mvec = ar->max_bytes / 16;
@@ -230,17 +230,17 @@ int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out) {
   if (ar->oneshot_max > a->lamport_slot) ar->oneshot_max = a->lamport_slot;
   ar->twoshot_min = env_bytes("WEFT_AR_TWOSHOT_MIN", 0); /* 0: two-shot right above oneshot_max */
 
-  rc = wf_dc_workspace(&ar->dc, g, ar->ws_bytes, op);
+  rc = wf_dev_workspace(&ar->dc, g, ar->ws_bytes, op);
   if (rc) { ar_free(ar); return rc; }
-  for (int i = 0; i < n; i++) a->ws[i] = wf_dc_peer(&ar->dc, i);
+  for (int i = 0; i < n; i++) a->ws[i] = wf_dev_peer(&ar->dc, i);
 
   /* Host-mapped abort/error words, workspace init; then a vote, so that no
    * peer pushes into a workspace before its owner initialised it. */
-  int local_rc = wf_dc_map_host(&ar->dc);
+  int local_rc = wf_dev_map_host(&ar->dc);
   a->abort_host = ar->dc.abort_dev;
   a->err_host = ar->dc.err_dev;
   if (!local_rc) local_rc = init_workspace(ar);
-  rc = wf_dc_vote_ready(g, local_rc, op);
+  rc = wf_dev_vote_ready(g, local_rc, op);
   if (rc) {
     ar_free(ar);
     return rc;
@@ -401,7 +401,7 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
 int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype, int algo,
                 void *stream) {
   WF_CHECK_ARG(ar, "allreduce run: handle is NULL");
-  int rc = wf_dc_usable(&ar->dc, "allreduce");
+  int rc = wf_dev_usable(&ar->dc, "allreduce");
   if (rc) return rc;
   WF_CHECK_ARG(in && out, OPFMT ": NULL buffer", OPARGS);
   WF_CHECK_ARG(((uintptr_t)in & 15) == 0 && ((uintptr_t)out & 15) == 0,
@@ -412,7 +412,7 @@ int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype,
   rc = resolve(ar, count, dtype, algo & ~(WEFT_AR_NO_PDL | WEFT_AR_DETERMINISTIC), &kind, &why);
   if (rc) return rc;
   cudaStream_t s = stream ? (cudaStream_t)stream : wf_cuda_current_stream();
-  rc = wf_dc_begin(&ar->dc, s, "allreduce");
+  rc = wf_dev_begin(&ar->dc, s, "allreduce");
   if (rc) return rc;
   wf_ar_args a = ar->base;
   a.in = in;
@@ -425,19 +425,19 @@ int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype,
   a.determ = (algo & WEFT_AR_DETERMINISTIC) != 0;
   int e = kind >= WF_AR_QUICK_FP ? wf_qr_launch(&a, s) : wf_ar_launch(&a, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "allreduce kernel launch", (cudaError_t)e);
-  wf_dc_end(&ar->dc, s, !e);
+  wf_dev_end(&ar->dc, s, !e);
   if (rc) wf_error_context(rc, OPFMT ": %s, %zu x %s", OPARGS, kind_name(kind), count, dtype_name(dtype));
   return rc;
 }
 
 int weft_ar_check_error(weft_ar *ar) {
   WF_CHECK_ARG(ar, "allreduce check_error: handle is NULL");
-  return wf_dc_check_error(&ar->dc);
+  return wf_dev_check_error(&ar->dc);
 }
 
 int weft_ar_abort(weft_ar *ar) {
   WF_CHECK_ARG(ar, "allreduce abort: handle is NULL");
-  wf_dc_abort(&ar->dc);
+  wf_dev_abort(&ar->dc);
   return 0;
 }
 

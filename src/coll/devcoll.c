@@ -11,7 +11,7 @@
 
 enum { SPIN_STATUS_TIMEOUT = 2 }; /* kernels/common.cuh SPIN_TIMEOUT */
 
-const char *wf_dc_dtype_name(int dtype) {
+const char *wf_dev_dtype_name(int dtype) {
   switch (dtype) {
     case WEFT_F32: return "f32"; case WEFT_F16: return "f16"; case WEFT_BF16: return "bf16";
     case WEFT_I32: return "i32"; case WEFT_I64: return "i64"; case WEFT_U8: return "u8";
@@ -20,11 +20,11 @@ const char *wf_dc_dtype_name(int dtype) {
   }
 }
 
-int wf_dc_nodev(const char *op) {
+int wf_dev_nodev(const char *op) {
   return wf_error(WEFT_ENODEV, "%s: no CUDA device (weft built without CUDA)", op);
 }
 
-int wf_dc_group_info(weft_cpugroup *g, const char *verb, wf_dc_group *gi) {
+int wf_dev_group_info(weft_cpugroup *g, const char *verb, wf_dev_group *gi) {
   int rc = wf_cpugroup_info(g, &gi->name, &gi->n, &gi->me, &gi->ranks, &gi->timeout_ms);
   if (rc) return rc;
   snprintf(gi->op, sizeof gi->op, "%s (group '%s', rank %d of %d)", verb, gi->name, gi->me, gi->n);
@@ -37,7 +37,7 @@ int wf_dc_group_info(weft_cpugroup *g, const char *verb, wf_dc_group *gi) {
  * the device (src/cuda/cuda.c, nccl synchronize) reads their error words, so a
  * kernel that gave up is reported where its wrong output would be read. */
 static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
-static wf_dc *g_live;
+static wf_dev *g_live;
 
 /* weft destroys stream s (src/cuda/cuda.c): a handle whose last call ran on
  * it lets that call finish now and forgets the stream, so that no later
@@ -49,7 +49,7 @@ static void forget_stream(void *stream) {
   const cudaStream_t s = (cudaStream_t)stream;
   int used = 0, timeout_ms = 0;
   pthread_mutex_lock(&g_live_mu);
-  for (wf_dc *d = g_live; d; d = d->next_live)
+  for (wf_dev *d = g_live; d; d = d->next_live)
     if (d->have_last && d->last == s) {
       used = 1;
       d->have_last = 0;
@@ -64,8 +64,8 @@ static void forget_stream(void *stream) {
   wf_clear_error();
 }
 
-static void live_add(wf_dc *d) {
-  wf_cuda_set_wait_checks(NULL, wf_dc_poll_all);   /* every host wait reads the error words */
+static void live_add(wf_dev *d) {
+  wf_cuda_set_wait_checks(NULL, wf_dev_poll_all);   /* every host wait reads the error words */
   wf_cuda_set_stream_destroy_hook(forget_stream);
   pthread_mutex_lock(&g_live_mu);
   d->next_live = g_live;
@@ -74,9 +74,9 @@ static void live_add(wf_dc *d) {
   pthread_mutex_unlock(&g_live_mu);
 }
 
-static void live_remove(wf_dc *d) {
+static void live_remove(wf_dev *d) {
   pthread_mutex_lock(&g_live_mu);
-  for (wf_dc **pp = &g_live; *pp; pp = &(*pp)->next_live)
+  for (wf_dev **pp = &g_live; *pp; pp = &(*pp)->next_live)
     if (*pp == d) {
       *pp = d->next_live;
       break;
@@ -88,12 +88,12 @@ static void live_remove(wf_dc *d) {
 /* Sticky: a failed handle is reported at every host wait until it is
  * destroyed (its output, and the ranks' agreement, are gone; a report
  * consumed by one thread's wait must not let another read quietly). */
-int wf_dc_poll_all(const char *op) {
+int wf_dev_poll_all(const char *op) {
   int rc = 0;
   pthread_mutex_lock(&g_live_mu);
-  for (wf_dc *d = g_live; d && !rc; d = d->next_live) {
+  for (wf_dev *d = g_live; d && !rc; d = d->next_live) {
     if (!d->host || !d->host->err) continue;
-    rc = wf_dc_check_error(d);
+    rc = wf_dev_check_error(d);
     if (rc)
       wf_error_context(rc, "%s: a weft %s kernel on this device failed, so the data it wrote is wrong",
                        op, d->names->what);
@@ -102,7 +102,7 @@ int wf_dc_poll_all(const char *op) {
   return rc;
 }
 
-void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int timeout_ms) {
+void wf_dev_setup(wf_dev *d, const wf_dev_names *names, const wf_dev_group *gi, int timeout_ms) {
   d->names = names;
   snprintf(d->group, sizeof d->group, "%s", gi->name);
   d->n = gi->n;
@@ -111,7 +111,7 @@ void wf_dc_setup(wf_dc *d, const wf_dc_names *names, const wf_dc_group *gi, int 
   d->timeout_ms = timeout_ms;
 }
 
-int wf_dc_sm_count(wf_dc_local *l) {
+int wf_dev_sm_count(wf_dev_local *l) {
   int dev = -1, sms = 0;
   l->rc = wf_cuda_device(&dev);
   l->msg[0] = 0;
@@ -123,25 +123,25 @@ int wf_dc_sm_count(wf_dc_local *l) {
   return sms;
 }
 
-int wf_dc_no_device(const wf_dc_local *l, const char *op) {
+int wf_dev_no_device(const wf_dev_local *l, const char *op) {
   return l->rc ? wf_error(l->rc, "%s: %s", op, l->msg)
                : wf_error(WEFT_ENODEV, "%s: another rank has no usable CUDA device", op);
 }
 
-int wf_dc_timeout(long asked_ms, const char *env, int group_ms) {
+int wf_dev_timeout(long asked_ms, const char *env, int group_ms) {
   const long t = asked_ms > 0 ? asked_ms : wf_env_long(env, group_ms > 0 ? group_ms : 300000);
   return t > 0 && t <= INT_MAX ? (int)t : 300000;
 }
 
-int wf_dc_agree(weft_cpugroup *g, const wf_dc_local *l, int64_t *vmin, int nmin, int64_t *vmax,
+int wf_dev_agree(weft_cpugroup *g, const wf_dev_local *l, int64_t *vmin, int nmin, int64_t *vmax,
                 int nmax, const char *op) {
   int rc = weft_cpugroup_allreduce_i64(g, vmin, nmin, WEFT_MIN);
   if (!rc && nmax > 0) rc = weft_cpugroup_allreduce_i64(g, vmax, nmax, WEFT_MAX);
   if (rc) return wf_error_context(rc, "%s: agreement", op), rc;
-  return vmin[0] <= 0 ? wf_dc_no_device(l, op) : 0;
+  return vmin[0] <= 0 ? wf_dev_no_device(l, op) : 0;
 }
 
-void wf_dc_fits_free_memory(int64_t bytes, int *ok) {
+void wf_dev_fits_free_memory(int64_t bytes, int *ok) {
   size_t free_b = 0, total_b = 0;
   *ok = 0;
   if (wf_cuda_init()) { wf_clear_error(); return; }
@@ -149,39 +149,39 @@ void wf_dc_fits_free_memory(int64_t bytes, int *ok) {
   *ok = (int64_t)free_b > bytes;
 }
 
-int wf_dc_workspace(wf_dc *d, weft_cpugroup *g, size_t bytes, const char *op) {
+int wf_dev_workspace(wf_dev *d, weft_cpugroup *g, size_t bytes, const char *op) {
   int rc = weft_vmm_create(g, bytes, 0, &d->vmm);
   if (rc) wf_error_context(rc, "%s", op);
   return rc;
 }
 
-void *wf_dc_peer(const wf_dc *d, int i) {
+void *wf_dev_peer(const wf_dev *d, int i) {
   void *p = NULL;
   weft_vmm_ptr(d->vmm, i, &p);
   return p;
 }
 
-int wf_dc_map_host(wf_dc *d) {
+int wf_dev_map_host(wf_dev *d) {
   void *hp = NULL;
-  cudaError_t e = cudaHostAlloc(&hp, sizeof(wf_dc_host), cudaHostAllocMapped | cudaHostAllocPortable);
+  cudaError_t e = cudaHostAlloc(&hp, sizeof(wf_dev_host), cudaHostAllocMapped | cudaHostAllocPortable);
   if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "cudaHostAlloc(mapped)", e);
   d->host = hp;
-  memset(hp, 0, sizeof(wf_dc_host));
+  memset(hp, 0, sizeof(wf_dev_host));
   void *dp = NULL;
   e = cudaHostGetDevicePointer(&dp, hp, 0);
   if (e != cudaSuccess) return wf_cuda_err(__FILE__, __LINE__, "cudaHostGetDevicePointer", e);
-  d->abort_dev = (const uint32_t *)&((wf_dc_host *)dp)->abort;
-  d->err_dev = (unsigned long long *)&((wf_dc_host *)dp)->err;
+  d->abort_dev = (const uint32_t *)&((wf_dev_host *)dp)->abort;
+  d->err_dev = (unsigned long long *)&((wf_dev_host *)dp)->err;
   live_add(d);
   return 0;
 }
 
-int wf_dc_agree_init(wf_dc *d, uint64_t off, cudaStream_t s) {
+int wf_dev_agree_init(wf_dev *d, uint64_t off, cudaStream_t s) {
   /* WEFT_DEVICE_AGREE=0: no announcements (to measure what they cost, and
    * to show what the checks find without them); the area stays zero */
   if (wf_env_long("WEFT_DEVICE_AGREE", 1) == 0) return 0;
   uint64_t rows[WF_MAX_WORLD] = {0};
-  for (int i = 0; i < d->n; i++) rows[i] = (uint64_t)(uintptr_t)((char *)wf_dc_peer(d, i) + off);
+  for (int i = 0; i < d->n; i++) rows[i] = (uint64_t)(uintptr_t)((char *)wf_dev_peer(d, i) + off);
   wf_agree_area *mine = (wf_agree_area *)(uintptr_t)rows[d->me];
   cudaError_t e = cudaMemcpyAsync(mine->peer_row, rows, sizeof rows, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
@@ -190,7 +190,7 @@ int wf_dc_agree_init(wf_dc *d, uint64_t off, cudaStream_t s) {
   return 0;
 }
 
-wf_agree wf_dc_agreement(const wf_dc *d) {
+wf_agree wf_dev_agreement(const wf_dev *d) {
   wf_agree a;
   memset(&a, 0, sizeof a);
   a.area = d->agree;
@@ -199,7 +199,7 @@ wf_agree wf_dc_agreement(const wf_dc *d) {
   return a;
 }
 
-int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op) {
+int wf_dev_vote_ready(weft_cpugroup *g, int local_rc, const char *op) {
   char local_msg[512] = "";
   if (local_rc) snprintf(local_msg, sizeof local_msg, "%s", weft_last_error());
   int64_t ok = local_rc == 0;
@@ -210,7 +210,7 @@ int wf_dc_vote_ready(weft_cpugroup *g, int local_rc, const char *op) {
   return wf_error(WEFT_ECUDA, "%s: workspace init failed on another rank", op);
 }
 
-void wf_dc_release(wf_dc *d, const char *op) {
+void wf_dev_release(wf_dev *d, const char *op) {
   if (d->live) live_remove(d);   /* first: its host words go below */
   pthread_mutex_lock(&g_live_mu);   /* a stream going away (forget_stream) clears last */
   const int have_last = d->have_last;
@@ -229,19 +229,19 @@ void wf_dc_release(wf_dc *d, const char *op) {
   d->host = NULL;
 }
 
-int wf_dc_usable(wf_dc *d, const char *verb) {
+int wf_dev_usable(wf_dev *d, const char *verb) {
   if (!d->failed && !d->host->err) return 0;
   /* Name the first failure (which peer, where, which call) when the kernel
    * left it in the error word: "a peer did not arrive" alone does not say
    * which rank is gone. */
   char first[384] = "";
-  if (d->host->err && wf_dc_check_error(d)) snprintf(first, sizeof first, ": %s", weft_last_error());
+  if (d->host->err && wf_dev_check_error(d)) snprintf(first, sizeof first, ": %s", weft_last_error());
   else snprintf(first, sizeof first, " (%s)", d->failed == WEFT_EABORT ? "aborted" : "a peer did not arrive");
   return wf_error(WEFT_ESTATE, "%s (group '%s', rank %d): this %s failed earlier%s; %s", verb,
                   d->group, d->me, d->names->unit, first, d->names->refuse_hint);
 }
 
-int wf_dc_begin(wf_dc *d, cudaStream_t s, const char *verb) {
+int wf_dev_begin(wf_dev *d, cudaStream_t s, const char *verb) {
   if (__atomic_exchange_n(&d->busy, 1, __ATOMIC_ACQUIRE))
     return wf_error(WEFT_ESTATE, "%s (group '%s', rank %d): used by another thread at the same time "
                     "(one operation in flight)", verb, d->group, d->me);
@@ -269,7 +269,7 @@ int wf_dc_begin(wf_dc *d, cudaStream_t s, const char *verb) {
   return 0;
 }
 
-void wf_dc_end(wf_dc *d, cudaStream_t s, int launched) {
+void wf_dev_end(wf_dev *d, cudaStream_t s, int launched) {
   if (launched) {
     d->last = s;
     d->have_last = 1;
@@ -277,8 +277,8 @@ void wf_dc_end(wf_dc *d, cudaStream_t s, int launched) {
   __atomic_store_n(&d->busy, 0, __ATOMIC_RELEASE);
 }
 
-int wf_dc_check_error(wf_dc *d) {
-  const wf_dc_names *nm = d->names;
+int wf_dev_check_error(wf_dev *d) {
+  const wf_dev_names *nm = d->names;
   const unsigned long long e = d->host->err;
   if (!e) {
     if (d->failed == WEFT_EABORT)
@@ -332,7 +332,7 @@ int wf_dc_check_error(wf_dc *d) {
                   nm->site(site), epoch, nm->unit, nm->timeout_hint);
 }
 
-void wf_dc_abort(wf_dc *d) {
+void wf_dev_abort(wf_dev *d) {
   d->host->abort = 1;
   __sync_synchronize();
   if (!d->failed) d->failed = WEFT_EABORT;

@@ -34,14 +34,14 @@ int wf_fws_preflight(const wf_fws_family *fam, const weft_fusion_opts *opts, int
   int rc = fam->check_opts(opts, world, op);
   if (rc) return rc;
 #if WEFT_HAVE_CUDA
-  wf_dc_fits_free_memory(fam->workspace_bytes(opts, world), ok);
+  wf_dev_fits_free_memory(fam->workspace_bytes(opts, world), ok);
 #endif
   return 0;
 }
 
 int wf_fws_fits(const wf_fws *w, int64_t tokens, int64_t hidden, int dtype, int algo) {
   if (tokens < 0 || tokens > w->opts.max_tokens || hidden > w->opts.hidden ||
-      wf_dc_esize(dtype) > wf_dc_esize(w->opts.dtype))
+      wf_dev_esize(dtype) > wf_dev_esize(w->opts.dtype))
     return 0;
   return algo != WEFT_FUSION_ONESHOT || tokens <= w->os_tokens;
 }
@@ -75,12 +75,12 @@ int wf_fws_choose(const wf_fws *w, int asked, int64_t tokens, int64_t hidden, in
 
 /* create's checks before anything is allocated: the group's facts (gi), the options */
 static int create_checks(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, wf_fws **out,
-                         wf_dc_group *gi) {
+                         wf_dev_group *gi) {
   char verb[64];
   snprintf(verb, sizeof verb, "%s create", fam->what);
   WF_CHECK_ARG(out, "%s: NULL out-parameter", verb);
   *out = NULL;
-  int rc = wf_dc_group_info(g, verb, gi);
+  int rc = wf_dev_group_info(g, verb, gi);
   return rc ? rc : fam->check_opts(opts, gi->n, gi->op);
 }
 
@@ -89,13 +89,13 @@ static int create_checks(const wf_fws_family *fam, weft_cpugroup *g, const weft_
 int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, size_t size,
                   wf_fws **out) {
   (void)size;
-  wf_dc_group gi;
+  wf_dev_group gi;
   const int rc = create_checks(fam, g, opts, out, &gi);
-  return rc ? rc : wf_dc_nodev(gi.op);
+  return rc ? rc : wf_dev_nodev(gi.op);
 }
 void wf_fws_destroy(wf_fws *w) { (void)w; }
-int wf_fws_check_error(wf_fws *w, const char *verb) { (void)w; return wf_dc_nodev(verb); }
-int wf_fws_abort(wf_fws *w, const char *verb) { (void)w; return wf_dc_nodev(verb); }
+int wf_fws_check_error(wf_fws *w, const char *verb) { (void)w; return wf_dev_nodev(verb); }
+int wf_fws_abort(wf_fws *w, const char *verb) { (void)w; return wf_dev_nodev(verb); }
 
 #else
 
@@ -103,7 +103,7 @@ void wf_fws_destroy(wf_fws *w) {
   if (!w) return;
   char verb[64];
   snprintf(verb, sizeof verb, "%s destroy", w->fam->what);
-  wf_dc_release(&w->dc, verb); /* waits (bounded) for our own last call first */
+  wf_dev_release(&w->dc, verb); /* waits (bounded) for our own last call first */
   free(w);
 }
 
@@ -115,14 +115,14 @@ static int init_workspace(wf_fws *w, const char *op) {
     return wf_cuda_err(__FILE__, __LINE__, op, cudaGetLastError());
   const int e = w->fam->clear(w, s);
   int rc = e == 0 ? wf_cuda_wait_stream(s, w->dc.timeout_ms, op) : wf_cuda_err(__FILE__, __LINE__, op, (cudaError_t)e);
-  if (!rc) rc = wf_dc_agree_init(&w->dc, w->fam->agree_offset, s);
+  if (!rc) rc = wf_dev_agree_init(&w->dc, w->fam->agree_offset, s);
   cudaStreamDestroy(s);
   return rc;
 }
 
 int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_opts *opts, size_t size,
                   wf_fws **out) {
-  wf_dc_group gi;
+  wf_dev_group gi;
   int rc = create_checks(fam, g, opts, out, &gi);
   if (rc) return rc;
   const char *op = gi.op;
@@ -133,37 +133,37 @@ int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_
   w->fam = fam;
   w->me = gi.me;
   w->world = n;
-  wf_dc_setup(&w->dc, fam->names, &gi, wf_dc_timeout(opts->timeout_ms, "WEFT_FUSION_TIMEOUT_MS", gi.timeout_ms));
+  wf_dev_setup(&w->dc, fam->names, &gi, wf_dev_timeout(opts->timeout_ms, "WEFT_FUSION_TIMEOUT_MS", gi.timeout_ms));
 
   /* Local facts, then agreement: the smallest SM count (same grid
    * everywhere), the largest sizes (every rank sizes for the largest
    * request: the grow-only manager asks the same everywhere, this keeps the
    * offsets equal even if it did not) and the smallest one-shot limit. A
    * rank without CUDA votes 0 SMs. */
-  wf_dc_local local;
-  const int sms = wf_dc_sm_count(&local);
+  wf_dev_local local;
+  const int sms = wf_dev_sm_count(&local);
   const int64_t os_env = wf_env_long(fam->oneshot_env, -1);
   int64_t vmin[2] = {sms, os_env > 0 ? os_env : fam->default_oneshot_max(n)};
-  int64_t vmax[4] = {opts->max_tokens, opts->hidden, wf_dc_esize(opts->dtype), wf_fws_os_tokens(opts)};
-  rc = wf_dc_agree(g, &local, vmin, 2, vmax, 4, op);
+  int64_t vmax[4] = {opts->max_tokens, opts->hidden, wf_dev_esize(opts->dtype), wf_fws_os_tokens(opts)};
+  rc = wf_dev_agree(g, &local, vmin, 2, vmax, 4, op);
   if (rc) { wf_fws_destroy(w); return rc; }
   w->opts = *opts;
   w->opts.max_tokens = vmax[0];
   w->opts.hidden = vmax[1];
-  w->opts.dtype = vmax[2] == 4 ? WEFT_F32 : (wf_dc_esize(opts->dtype) == 2 ? opts->dtype : WEFT_BF16);
+  w->opts.dtype = vmax[2] == 4 ? WEFT_F32 : (wf_dev_esize(opts->dtype) == 2 ? opts->dtype : WEFT_BF16);
   w->opts.oneshot_max_tokens = vmax[3] > 0 ? vmax[3] : -1;
   w->os_tokens = wf_fws_os_tokens(&w->opts);
   w->oneshot_max_bytes = vmin[1];
   w->num_sms = (int)vmin[0];
   w->ws_bytes = (size_t)fam->workspace_bytes(&w->opts, n);
 
-  rc = wf_dc_workspace(&w->dc, g, w->ws_bytes, op);
+  rc = wf_dev_workspace(&w->dc, g, w->ws_bytes, op);
   if (rc) { wf_fws_destroy(w); return rc; }
   /* host-mapped words, workspace init; then a vote, so that no peer pushes
    * into a workspace before its owner initialised it */
-  int local_rc = wf_dc_map_host(&w->dc);
+  int local_rc = wf_dev_map_host(&w->dc);
   if (!local_rc) local_rc = init_workspace(w, op);
-  rc = wf_dc_vote_ready(g, local_rc, op);
+  rc = wf_dev_vote_ready(g, local_rc, op);
   if (rc) { wf_fws_destroy(w); return rc; }
   fam->bind(w);
   char lim[40] = "any size";
@@ -171,19 +171,19 @@ int wf_fws_create(const wf_fws_family *fam, weft_cpugroup *g, const weft_fusion_
     snprintf(lim, sizeof lim, "<= %lld bytes", (long long)w->oneshot_max_bytes);
   wf_log(1, "%s: %zu bytes per rank (max %lld tokens x %lld %s, one-shot up to %lld tokens, "
          "auto one-shot at %s), %d SMs", op, w->ws_bytes, (long long)w->opts.max_tokens,
-         (long long)w->opts.hidden, wf_dc_dtype_name(w->opts.dtype), (long long)w->os_tokens, lim, w->num_sms);
+         (long long)w->opts.hidden, wf_dev_dtype_name(w->opts.dtype), (long long)w->os_tokens, lim, w->num_sms);
   *out = w;
   return 0;
 }
 
 int wf_fws_check_error(wf_fws *w, const char *verb) {
   WF_CHECK_ARG(w, "%s: handle is NULL", verb);
-  return wf_dc_check_error(&w->dc);
+  return wf_dev_check_error(&w->dc);
 }
 
 int wf_fws_abort(wf_fws *w, const char *verb) {
   WF_CHECK_ARG(w, "%s: handle is NULL", verb);
-  wf_dc_abort(&w->dc);
+  wf_dev_abort(&w->dc);
   return 0;
 }
 

@@ -42,7 +42,7 @@ typedef struct wf_fws_family {
   int (*check_opts)(const weft_fusion_opts *o, int world, const char *op);
   int64_t (*workspace_bytes)(const weft_fusion_opts *o, int world); /* the layout's total */
 #if WEFT_HAVE_CUDA
-  const wf_dc_names *names;               /* the words of its error reports */
+  const wf_dev_names *names;               /* the words of its error reports */
   /* this rank's workspace init, enqueued on s (a cudaError_t), and where
    * its agreement area lies in every workspace */
   int (*clear)(wf_fws *w, cudaStream_t s);
@@ -62,7 +62,7 @@ struct wf_fws {
   int num_sms;                    /* the smallest of the group's */
   int me, world;                  /* this rank's index in the group, the group's size */
 #if WEFT_HAVE_CUDA
-  wf_dc dc;                       /* group, workspace, host words, in-flight state */
+  wf_dev dc;                       /* group, workspace, host words, in-flight state */
 #endif
 };
 

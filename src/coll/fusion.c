@@ -17,8 +17,8 @@
 #define KIB WF_FWS_KIB
 #define align_up wf_fws_align
 
-#define esize wf_dc_esize
-#define dtype_name wf_dc_dtype_name
+#define esize wf_dev_esize
+#define dtype_name wf_dev_dtype_name
 
 static const char *algo_name(int algo) {
   return algo == WEFT_FUSION_ONESHOT ? "one-shot" : algo == WEFT_FUSION_TWOSHOT ? "two-shot" : "auto";
@@ -108,12 +108,12 @@ static void describe(uint64_t d0, uint64_t d1, char *buf, size_t n) {
   }
   char shape[40] = "";
   if (grid) snprintf(shape, sizeof shape, ", grid %u x %u", grid, thr);
-  snprintf(buf, n, "%s %s %s, %u tokens x %u%s%s%s%s", pat < 3 ? pattern[pat] : "?", how, wf_dc_dtype_name((int)dt),
+  snprintf(buf, n, "%s %s %s, %u tokens x %u%s%s%s%s", pat < 3 ? pattern[pat] : "?", how, wf_dev_dtype_name((int)dt),
            (unsigned)(d1 >> 32), (unsigned)d1, shape, fl & WF_FUSED_GEMMA ? ", gemma" : "",
            fl & WF_FUSED_FP32_ACC ? ", fp32 accumulation" : "", fl & WF_FUSED_DETERMINISTIC ? ", deterministic" : "");
 }
 
-static const wf_dc_names FUSION_NAMES = {
+static const wf_dev_names FUSION_NAMES = {
   .what = "fusion", .unit = "workspace",
   .refuse_hint = "destroy it and recreate it (or use the unfused path)",
   .timeout_hint = "destroy and recreate it", .site = site_name, .describe = describe,
@@ -122,7 +122,7 @@ static const wf_dc_names FUSION_NAMES = {
 /* State and flags zeroed, Lamport buffers filled with the sentinel. */
 static int clear(wf_fws *w, cudaStream_t s) {
   const layout l = layout_of(&w->opts, w->world);
-  return wf_fused_init(wf_dc_peer(&w->dc, w->me), (uint64_t)l.off_lamport, 3u * (uint64_t)l.lamport_buf,
+  return wf_fused_init(wf_dev_peer(&w->dc, w->me), (uint64_t)l.off_lamport, 3u * (uint64_t)l.lamport_buf,
                        (uint64_t)l.off_rs, w->opts.dtype, s);
 }
 
@@ -139,11 +139,11 @@ static void bind(wf_fws *w) {
   a->off_ag = (uint64_t)l.off_ag;
   a->off_lamport = (uint64_t)l.off_lamport;
   a->lamport_buf_bytes = (uint64_t)l.lamport_buf;
-  for (int i = 0; i < w->world; i++) a->peer[i] = wf_dc_peer(&w->dc, i);
+  for (int i = 0; i < w->world; i++) a->peer[i] = wf_dev_peer(&w->dc, i);
   a->err_dev = &((wf_fused_state *)((char *)a->peer[w->me] + l.off_state))->err_dev;
   a->abort_host = w->dc.abort_dev;
   a->err_host = w->dc.err_dev;
-  a->agree = wf_dc_agreement(&w->dc);
+  a->agree = wf_dev_agreement(&w->dc);
 }
 
 #endif
@@ -199,16 +199,16 @@ int weft_fusion_get_info(weft_fusion *f, weft_fusion_info *info) {
 
 int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   (void)f; (void)p; (void)algo_name;
-  return wf_dc_nodev("fusion run");
+  return wf_dev_nodev("fusion run");
 }
 int weft_fusion_resolve(weft_fusion *f, const weft_fusion_params *p, int *algo, const char **why) {
   (void)f; (void)p; (void)algo; (void)why;
-  return wf_dc_nodev("fusion resolve");
+  return wf_dev_nodev("fusion resolve");
 }
 int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, int *blocks,
                        int *threads, int *cluster) {
   (void)f; (void)p; (void)algo; (void)blocks; (void)threads; (void)cluster;
-  return wf_dc_nodev("fusion geometry");
+  return wf_dev_nodev("fusion geometry");
 }
 
 #else
@@ -327,7 +327,7 @@ int wf_fusion_geometry(weft_fusion *f, const weft_fusion_params *p, int *algo, i
 
 int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   WF_CHECK_ARG(f, "fusion run: handle is NULL");
-  int rc = wf_dc_usable(&f->ws.dc, "fusion run");
+  int rc = wf_dev_usable(&f->ws.dc, "fusion run");
   if (rc) return rc;
   char op[128];
   snprintf(op, sizeof op, "fusion run (group '%s', rank %d)", f->ws.dc.group, f->ws.dc.me);
@@ -337,7 +337,7 @@ int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   if (rc) return rc;
   if (p->tokens == 0) return 0; /* same on every rank: nothing launched anywhere */
   cudaStream_t s = p->stream ? (cudaStream_t)p->stream : wf_cuda_current_stream();
-  rc = wf_dc_begin(&f->ws.dc, s, "fusion run");
+  rc = wf_dev_begin(&f->ws.dc, s, "fusion run");
   if (rc) return rc;
   wf_fused_args a = f->base;
   a.in = p->input;
@@ -357,7 +357,7 @@ int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   a.timeout_ns = (uint64_t)f->ws.dc.timeout_ms * 1000000u;
   int e = p->quick ? wf_qr_fused_launch(&a, p->quick, s) : wf_fused_launch(&a, algo, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fused kernel launch", (cudaError_t)e);
-  wf_dc_end(&f->ws.dc, s, !e);
+  wf_dev_end(&f->ws.dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s%s, %lld x %lld %s", op, p->quick ? "quick " : "", algo_name(algo),
                            (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
   return rc;

@@ -17,8 +17,8 @@
 #define KIB WF_FWS_KIB
 #define align_up wf_fws_align
 
-#define esize wf_dc_esize
-#define dtype_name wf_dc_dtype_name
+#define esize wf_dev_esize
+#define dtype_name wf_dev_dtype_name
 
 typedef struct layout {
   int64_t off_flags, off_os, off_rs, off_ag, os_slot, rs_slot, total;
@@ -180,11 +180,11 @@ static void describe(uint64_t d0, uint64_t d1, char *buf, size_t n) {
     return;
   }
   snprintf(buf, n, "%s %s %s, %u tokens x %u, grid %u x %u", pat < 5 ? pattern[pat] : "?",
-           algo == WFX_ONESHOT ? "one-shot" : algo == WFX_TWOSHOT ? "two-shot" : "?", wf_dc_dtype_name((int)dt),
+           algo == WFX_ONESHOT ? "one-shot" : algo == WFX_TWOSHOT ? "two-shot" : "?", wf_dev_dtype_name((int)dt),
            (unsigned)(d1 >> 32), (unsigned)d1, grid, thr);
 }
 
-static const wf_dc_names NAMES = {
+static const wf_dev_names NAMES = {
   .what = "fusion_ext", .unit = "workspace",
   .refuse_hint = "destroy it and recreate it (or use the unfused path)",
   .timeout_hint = "destroy and recreate it", .site = site_name, .describe = describe,
@@ -192,7 +192,7 @@ static const wf_dc_names NAMES = {
 
 /* state and flags zeroed (the inboxes need nothing: flags say when they hold data) */
 static int clear(wf_fws *w, cudaStream_t s) {
-  return (int)cudaMemsetAsync(wf_dc_peer(&w->dc, w->me), 0, (size_t)layout_of(&w->opts, w->world).off_os, s);
+  return (int)cudaMemsetAsync(wf_dev_peer(&w->dc, w->me), 0, (size_t)layout_of(&w->opts, w->world).off_os, s);
 }
 
 static void bind(wf_fws *w) {
@@ -210,11 +210,11 @@ static void bind(wf_fws *w) {
   a->off_ag = (uint64_t)l.off_ag;
   a->os_slot = (uint64_t)l.os_slot;
   a->rs_slot = (uint64_t)l.rs_slot;
-  for (int i = 0; i < w->world; i++) a->peer[i] = wf_dc_peer(&w->dc, i);
+  for (int i = 0; i < w->world; i++) a->peer[i] = wf_dev_peer(&w->dc, i);
   a->err_dev = &((wfx_state *)a->peer[w->me])->err_dev;
   a->abort_host = w->dc.abort_dev;
   a->err_host = w->dc.err_dev;
-  a->agree = wf_dc_agreement(&w->dc);
+  a->agree = wf_dev_agreement(&w->dc);
 }
 
 #endif
@@ -260,12 +260,12 @@ int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidde
 
 int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   (void)f; (void)p; (void)pattern_name; (void)check_call;
-  return wf_dc_nodev("fusion_ext run");
+  return wf_dev_nodev("fusion_ext run");
 }
 int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p, int *algo,
                             const char **why) {
   (void)f; (void)p; (void)algo; (void)why;
-  return wf_dc_nodev("fusion_ext resolve");
+  return wf_dev_nodev("fusion_ext resolve");
 }
 
 #else
@@ -300,7 +300,7 @@ int weft_fusion_ext_resolve(weft_fusion_ext *f, const weft_fusion_ext_params *p,
 
 int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   WF_CHECK_ARG(f, "fusion_ext run: handle is NULL");
-  int rc = wf_dc_usable(&f->ws.dc, "fusion_ext run");
+  int rc = wf_dev_usable(&f->ws.dc, "fusion_ext run");
   if (rc) return rc;
   char op[160];
   snprintf(op, sizeof op, "fusion_ext run (group '%s', rank %d, %s)", f->ws.dc.group, f->ws.dc.me,
@@ -311,7 +311,7 @@ int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   if (rc) return rc;
   if (p->tokens == 0) return 0; /* the same on every rank: nothing launched anywhere */
   cudaStream_t s = p->stream ? (cudaStream_t)p->stream : wf_cuda_current_stream();
-  rc = wf_dc_begin(&f->ws.dc, s, "fusion_ext run");
+  rc = wf_dev_begin(&f->ws.dc, s, "fusion_ext run");
   if (rc) return rc;
   wfx_args a = f->base;
   a.input = p->input;
@@ -337,7 +337,7 @@ int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   a.timeout_ns = (uint64_t)f->ws.dc.timeout_ms * 1000000u;
   int e = wfx_launch(&a, algo, s);
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fusion_ext kernel launch", (cudaError_t)e);
-  wf_dc_end(&f->ws.dc, s, !e);
+  wf_dev_end(&f->ws.dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s, %lld x %lld %s", op, algo == WEFT_FUSION_ONESHOT ? "one-shot" : "two-shot",
                            (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
   return rc;
