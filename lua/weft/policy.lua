@@ -15,8 +15,10 @@
 -- (`r.test`), so select() makes no lookup per call. A rule whose key has no
 -- registered function (its backend module not loaded) is skipped: it
 -- matches nothing, select() passes over it, and explain shows it as skipped,
--- naming the key. (weft.group loads both modules, so weft never runs so;
--- policy.lua alone answers device tensors with "no CUDA"'s default, below.)
+-- naming the key. In weft every key has its function (weft.group loads both
+-- modules, in a host-only build too); policy.lua loaded alone refuses every
+-- device tensor through its own default for "no_cuda" (below), so a device
+-- tensor never reaches the host rules.
 -- The group module maps the chosen name to an implementation registered
 -- with group.register_backend(name, impl).
 --
