@@ -702,29 +702,19 @@ local function lines_for(g, op, t)
   return lines
 end
 
-M.rule = {
-  name = "fused kernel (MoE, pre/post norm, reduce-scatter)", device = true, backend = "fused_ext", cacheable = true,
-  ops = { fused_moe_allreduce_rmsnorm = true, fused_moe_finalize_allreduce_rmsnorm = true,
-          fused_allreduce_prepost_rmsnorm = true, fused_reduce_scatter_rmsnorm = true },
-  when = function(_, _, t) return is_device(t) end,
-  why = "device tensors: the fused kernel (kernels/fused_ext.cu) where it applies, else the same steps as "
-        .. "separate device calls (checks below)",
-  why_not = "host tensors: the local steps and the group's host collectives (weft.fusion_ext host path)",
-  detail = function(g, op, t) if is_device(t) then return lines_for(g, op, t) end end,
-}
+-- the predicate of weft.policy's "fused kernel (MoE, pre/post norm,
+-- reduce-scatter)" rule (when = "fused_ext") and its checks for explain;
+-- the rule itself is written in policy.lua's table
+policy.predicate("fused_ext", function(_, _, t) return is_device(t) end,
+  { detail = function(g, op, t) if is_device(t) then return lines_for(g, op, t) end end })
 
 local installed = false
--- install(group_module): the policy rule, the destroy and graph hooks (the
--- methods are declared in weft.group, which calls these). Idempotent.
+-- install(group_module): the destroy and graph hooks (the methods are
+-- declared in weft.group, which calls these; the rule's predicate is
+-- registered when this module loads). Idempotent.
 function M.install(gm)
   if installed then return M end
   installed = true
-  local pos
-  for i, r in ipairs(policy.rules) do
-    if r.name == "deterministic mode" or r.name == "host staging (no NCCL)" or r.name == "NCCL" then pos = i; break end
-  end
-  if pos then table.insert(policy.rules, pos, M.rule) else table.insert(policy.rules, 2, M.rule) end
-  policy.version = policy.version + 1
   gm.destroy_hooks[#gm.destroy_hooks + 1] = function(g)
     local m = g._fusion_ext
     if m then pcall(m.cleanup, m); g._fusion_ext = nil end

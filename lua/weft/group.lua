@@ -845,13 +845,13 @@ function M.host_quantize_fp8(g, op, norm, scale, quant)
 end
 
 ---------------------------------------------------------------- device
--- Device backends, their policy rules and hooks (weft.backends.device_backends; loads
+-- Device backends, their policy rules' predicates and hooks (weft.backends.device_backends; loads
 -- nothing of CUDA until a device tensor arrives).
 require("weft.backends.device_backends").install(M)
 -- Host tensors of groups across nodes (Gloo; weft.backends.host_nodes).
 require("weft.backends.host_nodes").install(M)
 -- The fusion patterns beyond all-reduce + RMSNorm, declared with the class and
--- served by weft.fusion_ext (its policy rule and hooks come with install);
+-- served by weft.fusion_ext (its rule's predicate registered when it loads, hooks with install);
 -- tail calls, so its errors still point at the caller's line.
 local FX = require("weft.fusion_ext").install(M)
 local fx = FX.methods

@@ -1,10 +1,26 @@
 -- weft.policy — which backend serves a collective, as a readable table of rules.
 --
--- Rules are tried in order; the first whose `when(group, op, tensor)` is true
--- serves the call. A rule may list the `ops` it serves (nil: every op). Device
--- backends (NCCL, one-shot, two-shot, ...) are inserted by their modules with
--- policy.add_rule{...}; the group module maps the chosen name to an
--- implementation registered with group.register_backend(name, impl).
+-- Rules are tried in order; the first whose predicate holds for (group, op,
+-- tensor, reduce_op) serves the call. A rule may list the `ops` it serves
+-- (nil: every op). Every rule weft has is written in M.rules below, in the
+-- order it is tried: host and device and the fusion patterns'. Nothing
+-- inserts rules by position at load time (policy.add_rule is for users).
+--
+-- A rule's `when` is a function (the host rules: this file owns their
+-- predicates) or a key naming a predicate a backend module registers when it
+-- loads: policy.predicate("custom_ar", fn [, text]) (weft.backends.
+-- device_backends: the device rules; weft.fusion_ext: "fused_ext"); `text`
+-- gives the why / why_not / detail the backend computes. Registering
+-- resolves the key once: the function is stored on every rule naming it
+-- (`r.test`), so select() makes no lookup per call. A rule whose key has no
+-- registered function (its backend module not loaded) is skipped: it
+-- matches nothing, select() passes over it, and explain shows it as skipped,
+-- naming the key. In weft every key has its function (weft.group loads both
+-- modules, in a host-only build too); policy.lua loaded alone refuses every
+-- device tensor through its own default for "no_cuda" (below), so a device
+-- tensor never reaches the host rules.
+-- The group module maps the chosen name to an implementation registered
+-- with group.register_backend(name, impl).
 --
 -- select() walks this table and returns constants (no tables or strings are
 -- built per call). A rule whose answer depends only on the group, the op, the
@@ -132,9 +148,46 @@ M.rules = {
   { name = "single rank", backend = "bypass", cacheable = true,
     when = function(g) return g.world_size == 1 end,
     why = "group of one rank: nothing to exchange (the seed's bypass)" },
-  { name = "device tensor", backend = "no_device_backend", cacheable = true,
-    when = function(_, _, t) return is_device(t) end,
-    why = "device tensor, and no device backend is registered yet" },
+  -- device rules (device = true; explain folds them for host tensors): the
+  -- seed's all_reduce order and its eager/graph table. Predicates, and the
+  -- texts computed from the device state, from weft.backends.device_backends
+  -- (the "fused_ext" rule's from weft.fusion_ext).
+  { name = "no CUDA", device = true, backend = "no_device_backend", cacheable = true,
+    when = "no_cuda",
+    why = "device tensor, but this process has no CUDA device (or libweft was built without CUDA)" },
+  { name = "invalid WEFT_ALLREDUCE", device = true, backend = "invalid_override", cacheable = true,
+    ops = { all_reduce = true },
+    when = "invalid_override",
+    why = function() return tostring(M.override_error) end,
+    why_not = "no invalid override" },
+  { name = "custom all-reduce (should_custom_ar)", device = true, backend = "custom_ar",
+    ops = { all_reduce = true },
+    when = "custom_ar" },
+  { name = "fused kernel", device = true, backend = "fused", cacheable = true,
+    ops = { fused_allreduce_rmsnorm = true },
+    when = "fused",
+    why = "device tensors: the fused all-reduce + residual + RMSNorm kernel where it applies, "
+          .. "else all_reduce + the norm kernel (checks below)",
+    why_not = "host tensors: all-reduce, then weft_host_rmsnorm" },
+  { name = "fused kernel (MoE, pre/post norm, reduce-scatter)", device = true, backend = "fused_ext",
+    cacheable = true,
+    ops = { fused_moe_allreduce_rmsnorm = true, fused_moe_finalize_allreduce_rmsnorm = true,
+            fused_allreduce_prepost_rmsnorm = true, fused_reduce_scatter_rmsnorm = true },
+    when = "fused_ext",
+    why = "device tensors: the fused kernel (kernels/fused_ext.cu) where it applies, else the same steps as "
+          .. "separate device calls (checks below)",
+    why_not = "host tensors: the local steps and the group's host collectives (weft.fusion_ext host path)" },
+  { name = "deterministic mode", device = true, backend = "determ_refused", cacheable = true,
+    ops = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true },
+    when = "deterministic" },
+  { name = "host staging (no NCCL)", device = true, backend = "device_host", cacheable = true,
+    when = "host_staging" },
+  { name = "NCCL", device = true, backend = "nccl", cacheable = true,
+    when = "nccl",
+    why = "device tensor: NCCL (one communicator per group, made on first device use; the seed's PyNccl "
+          .. "in graphs and torch.distributed when eager are both this)",
+    why_not = "host tensor" },
+  -- host rules
   { name = "forced store", backend = "store", cacheable = true,
     when = function(g) return host_forced(g) == "store" end,
     why = "host tensor, store backend forced (weft.init{backend=\"store\"} or WEFT_HOST_BACKEND)" },
@@ -190,6 +243,56 @@ M.rules = {
 
 local rules = M.rules
 
+---------------------------------------------------------------- predicates
+-- M.predicates[key] = { when = fn, text = {why=, why_not=, detail=} | nil }:
+-- what the backends registered. A rule naming `key` gets `r.test = fn` (the
+-- function select() calls: resolved here once, not per call) and the texts
+-- given; texts not given are the ones written in the table.
+M.predicates = {}
+local TEXTS = { "why", "why_not", "detail" }
+local written = setmetatable({}, { __mode = "k" })   -- rule -> the texts the table wrote
+
+local function resolve(r)
+  local w = r.when
+  if type(w) == "function" then r.test = w; return end
+  if written[r] == nil then written[r] = { why = r.why, why_not = r.why_not, detail = r.detail } end
+  local p = M.predicates[w]
+  local text = p and p.text or {}
+  r.test = p and p.when or nil
+  for _, f in ipairs(TEXTS) do
+    local v = text[f]
+    if v == nil then v = written[r][f] end
+    r[f] = v
+  end
+end
+
+-- predicate(key, fn [, text]): fn(g, op, t, rop) -> matched [, choice] for
+-- every rule whose `when` is key; text: {why=, why_not=, detail=} (strings
+-- or functions of (g, op, t, rop)) for the texts the backend computes. A
+-- second call for the same key replaces the first.
+function M.predicate(key, fn, text)
+  if type(key) ~= "string" or key == "" then
+    error("weft: policy.predicate: key must be a non-empty string, got " .. type(key), 2)
+  end
+  if type(fn) ~= "function" then
+    error(("weft: policy.predicate: %q: expected a function, got %s"):format(key, type(fn)), 2)
+  end
+  if text ~= nil and type(text) ~= "table" then
+    error(("weft: policy.predicate: %q: text must be a table {why=, why_not=, detail=}"):format(key), 2)
+  end
+  M.predicates[key] = { when = fn, text = text }
+  for i = 1, #rules do
+    if rules[i].when == key then resolve(rules[i]) end
+  end
+  M.version = M.version + 1
+end
+
+-- "no CUDA" before weft.backends.device_backends registers its own: every
+-- device tensor is refused (as weft.policy alone, without weft.group)
+M.predicate("no_cuda", function(_, _, t) return is_device(t) end,
+  { why = "device tensor, and no device backend is registered (weft.backends.device_backends not loaded)" })
+for _, r in ipairs(rules) do resolve(r) end
+
 -- select(group, op, tensor [, reduce_op]) -> backend name, reason, cacheable,
 -- choice (cacheable: every rule consulted said cacheable = true, or a
 -- function of (group, op, tensor, reduce_op) that returned true: its answer
@@ -197,19 +300,20 @@ local rules = M.rules
 -- count for host tensors). choice: the matching rule's second value, what
 -- it chose inside its backend (the "custom_ar" rule: the algorithm, or the
 -- error the call raises), handed to the backend with the call; a rule's
--- `when` returns it beside true.
+-- predicate returns it beside true. Rules with no predicate (test == nil)
+-- are passed over.
 function M.select(g, op, t, rop)
   local cacheable = true
   for i = 1, #rules do
     local r = rules[i]
-    local ops = r.ops
-    if ops == nil or ops[op] then
+    local test, ops = r.test, r.ops
+    if test ~= nil and (ops == nil or ops[op]) then
       local c = r.cacheable
       -- a device rule (device = true) decides nothing for a host tensor
       if c ~= true and not (r.device and not is_device(t)) and not (c and c(g, op, t, rop)) then
         cacheable = false
       end
-      local hit, choice = r.when(g, op, t, rop)
+      local hit, choice = test(g, op, t, rop)
       if hit then return r.backend, r.why, cacheable, choice end
     end
   end
@@ -223,11 +327,14 @@ local function index_of(name)
 end
 
 -- add_rule{name=, backend=, when=, why=, ops=} [, {before = name_or_backend}]
--- Without `before`, the rule goes just after the device-tensor guard's
--- predecessor, i.e. ahead of everything but "single rank".
+-- For users: a rule of their own (when: a function, or a predicate key).
+-- Without `before`, the rule goes second, just after "single rank". (A
+-- rule's predicate is resolved here and by policy.predicate: assigning
+-- r.when later changes nothing; remove the rule and add it again.)
 function M.add_rule(rule, where)
-  assert(type(rule) == "table" and type(rule.backend) == "string" and type(rule.when) == "function",
-         "weft: policy.add_rule: need {backend=string, when=function, why=string}")
+  assert(type(rule) == "table" and type(rule.backend) == "string"
+         and (type(rule.when) == "function" or type(rule.when) == "string"),
+         "weft: policy.add_rule: need {backend=string, when=function or predicate key, why=string}")
   rule.name = rule.name or rule.backend
   rule.why = rule.why or rule.backend
   local pos = 2
@@ -235,6 +342,7 @@ function M.add_rule(rule, where)
     pos = index_of(where.before)
     if not pos then error("weft: policy.add_rule: no rule named " .. tostring(where.before), 2) end
   end
+  resolve(rule)
   table.insert(rules, pos, rule)
   M.version = M.version + 1
   return rule
@@ -485,9 +593,11 @@ function M.tuned_backend(section, world, dtype, bytes)
 end
 
 ---------------------------------------------------------------- decisions
--- decide(g, op, t [, rop]) -> { op=, backend=, why=, mode=, chain = { {name=,
---   backend=, applies=, reason=, detail = {lines}} ... } }: every rule tried,
--- in order, and why it did or did not apply. Rules may carry `why_not`
+-- decide(g, op, t [, rop]) -> { op=, backend=, why=, mode=, chain = { {index=,
+--   name=, backend=, applies=, reason=, detail = {lines}, skipped=} ... } }:
+-- every rule serving op up to the one that applied, in order, and why it did
+-- or did not apply (index: its place in M.rules; skipped: no predicate
+-- registered for its key). Rules may carry `why_not`
 -- (string or function(g, op, t, rop)) and `detail` (function -> list of
 -- lines: the sub-checks, e.g. should_custom_ar's).
 local function text_of(v, g, op, t, rop)
@@ -501,12 +611,19 @@ function M.decide(g, op, t, rop)
   for i = 1, #rules do
     local r = rules[i]
     if r.ops == nil or r.ops[op] then
-      local hit = r.when(g, op, t, rop) and true or false
-      local e = { name = r.name, backend = r.backend, applies = hit, device = r.device }
-      e.reason = hit and text_of(r.why, g, op, t, rop) or text_of(r.why_not, g, op, t, rop)
-      if r.detail then e.detail = r.detail(g, op, t, rop) end
+      local e = { index = i, name = r.name, backend = r.backend, device = r.device, applies = false }
+      local test = r.test
+      if test == nil then
+        e.skipped = true
+        e.reason = ("skipped: no predicate registered for when = %q (its backend module is not loaded)")
+          :format(tostring(r.when))
+      else
+        e.applies = test(g, op, t, rop) and true or false
+        e.reason = e.applies and text_of(r.why, g, op, t, rop) or text_of(r.why_not, g, op, t, rop)
+        if r.detail then e.detail = r.detail(g, op, t, rop) end
+      end
       res.chain[#res.chain + 1] = e
-      if hit then
+      if e.applies then
         res.backend, res.why = r.backend, e.reason
         return res
       end
@@ -538,27 +655,26 @@ function M.explain(g, t, op, rop)
   out[#out + 1] = "  mode: " .. d.mode
   out[#out + 1] = "  rules, in order:"
   local host = not (type(t) == "table" and t.device ~= nil and t.device ~= "cpu")
-  -- rules are numbered in the order tried; device rules a host tensor
-  -- passes over show as one line where they stand ("2-7. (6 device rules ...")
-  local skip_from, skipped = nil, 0
+  -- rules are numbered by their place in M.rules (those that do not serve
+  -- op are left out, so the numbers may jump); device rules a host tensor
+  -- passes over show as one line where they stand ("2-9. (6 device rules ...")
+  local skip_from, skip_to, skipped = nil, nil, 0
   local function flush_skipped()
     if skipped == 0 then return end
-    local at = skipped == 1 and tostring(skip_from) or ("%d-%d"):format(skip_from, skip_from + skipped - 1)
+    local at = skip_from == skip_to and tostring(skip_from) or ("%d-%d"):format(skip_from, skip_to)
     out[#out + 1] = ("    %s. (%d device rule%s passed over: host tensor)"):format(at, skipped,
                                                                             skipped == 1 and "" or "s")
-    skip_from, skipped = nil, 0
+    skip_from, skip_to, skipped = nil, nil, 0
   end
-  for i, e in ipairs(d.chain) do
+  for _, e in ipairs(d.chain) do
     if e.device and host and not e.applies then
-      skip_from = skip_from or i
+      skip_from, skip_to = skip_from or e.index, e.index
       skipped = skipped + 1
     else
       flush_skipped()
-      do
-        out[#out + 1] = ("    %d. %s: %s%s"):format(i, e.name, e.applies and ("yes -> " .. e.backend) or "no",
-                                                   e.reason and (" (" .. tostring(e.reason) .. ")") or "")
-        for _, line in ipairs(e.detail or {}) do out[#out + 1] = "         " .. line end
-      end
+      out[#out + 1] = ("    %d. %s: %s%s"):format(e.index, e.name, e.applies and ("yes -> " .. e.backend) or "no",
+                                                 e.reason and (" (" .. tostring(e.reason) .. ")") or "")
+      for _, line in ipairs(e.detail or {}) do out[#out + 1] = "         " .. line end
     end
   end
   flush_skipped()

@@ -54,9 +54,11 @@ describe("weft.policy device rules", function()
     assert.matches("^single rank | no CUDA | invalid WEFT_ALLREDUCE | custom all%-reduce %(should_custom_ar%) | "
                    .. "fused kernel | fused kernel %(MoE, pre/post norm, reduce%-scatter%) | deterministic mode | "
                    .. "host staging %(no NCCL%) | NCCL | forced store |", order)
-    -- every rule is data: a backend, a predicate, a reason
+    -- every rule is data: a backend, a predicate (a function, or a key a
+    -- backend registered), a reason
     for _, r in ipairs(policy.rules) do
-      assert.is_string(r.backend); assert.is_function(r.when); assert.is_truthy(r.why)
+      assert.is_string(r.backend); assert.is_function(r.test); assert.is_truthy(r.why)
+      assert.is_true(type(r.when) == "function" or type(r.when) == "string")
     end
   end)
 
@@ -162,7 +164,13 @@ describe("weft.policy device rules", function()
       if b ~= "" then for k = a + 1, tonumber(b) do nums[#nums + 1] = k end end
     end
     assert.is_true(#nums > 5, e)
-    for k = 1, #nums do assert.are.equal(k, nums[k], e) end     -- 1, 2-7, 8, 9, ...: no jump
+    for k = 1, #nums do assert.are.equal(k, nums[k], e) end     -- 1, 2-9, 10, 11, ...: no jump
+    -- numbered as the table: each numbered line names policy.rules[n]
+    for n, name in e:gmatch("\n    (%d+)%. ([^:\n]+):") do
+      assert.are.equal(policy.rules[tonumber(n)].name, name, e)
+    end
+    local a, b, k = e:match("\n    (%d+)%-(%d+)%. %((%d+) device rules passed over")
+    for n = tonumber(a), tonumber(b) do assert.is_true(policy.rules[n].device, e) end
     assert.matches("\n    2%-%d+%. %(%d+ device rules passed over: host tensor%)\n    %d+%. forced store", e)
     -- other ops
     assert.matches("all_gather .* nccl", policy.explain(group(), dev({ 4, 8 }), "all_gather"))

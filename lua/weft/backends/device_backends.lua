@@ -14,8 +14,9 @@
 --                it applies, else all_reduce + the norm kernel
 --   invalid_override  raises the WEFT_ALLREDUCE error for the calls it steers
 --
--- This module holds the custom_ar and fused backends, the rules, choice and
--- install; the rest lives in its folder, lua/weft/backends/device_backends/ (and is
+-- This module holds the custom_ar and fused backends, the device rules'
+-- predicates (policy.predicate; the rules themselves are in weft.policy's
+-- table), choice and install; the rest lives in its folder, lua/weft/backends/device_backends/ (and is
 -- re-exported from here):
 --   weft.backends.device_backends.setup         configuration, per-group device state
 --                                               (lazy, collective set-up), prepare, info, destroy
@@ -341,51 +342,41 @@ local function stage_why(g)
          .. "through host memory and the host path (eager only)"
 end
 
--- Inserted into weft.policy's table where its "device tensor" placeholder was.
-M.rules = {
-  { name = "no CUDA", device = true, backend = "no_device_backend", cacheable = true,
-    when = function(_, _, t) return is_device(t) and not cuda_ok() end,
-    why = "device tensor, but this process has no CUDA device (or libweft was built without CUDA)",
-    why_not = function(_, _, t) return is_device(t) and "CUDA is available" or "host tensor" end },
-  { name = "invalid WEFT_ALLREDUCE", device = true, backend = "invalid_override", cacheable = true, ops = { all_reduce = true },
-    when = function(_, _, t) return is_device(t) and policy.override_error ~= nil end,
-    why = function() return tostring(policy.override_error) end,
-    why_not = "no invalid override" },
-  { name = "custom all-reduce (should_custom_ar)", device = true, backend = "custom_ar", ops = { all_reduce = true },
-    when = function(g, _, t, rop)
-      if not is_device(t) then return false end
-      return ar_rule(g, t, rop)
-    end,
-    why = ar_why, why_not = ar_why_not,
-    detail = function(g, _, t, rop) if is_device(t) then return ar_lines(g, t, rop) end end },
-  { name = "fused kernel", device = true, backend = "fused", cacheable = true, ops = { fused_allreduce_rmsnorm = true },
-    when = function(_, _, t) return is_device(t) end,
-    why = "device tensors: the fused all-reduce + residual + RMSNorm kernel where it applies, "
-          .. "else all_reduce + the norm kernel (checks below)",
-    why_not = "host tensors: all-reduce, then weft_host_rmsnorm",
-    detail = function(g, op, t) if is_device(t) then return fused_lines(g, op, t) end end },
-  { name = "deterministic mode", device = true, backend = "determ_refused", cacheable = true,
-    ops = { all_reduce = true, reduce_scatter = true, reduce_scatterv = true },
-    when = K.det_refused, why = K.det_refused_why,
-    why_not = function(g, _, t)
-      if not is_device(t) then return "host tensor (every host backend reduces in rank order)" end
-      return policy.deterministic(g) and "not a float sum: exact in any order" or "off"
-    end },
-  { name = "host staging (no NCCL)", device = true, backend = "device_host", cacheable = true,
-    when = function(g, _, t) local d = g._dev; return is_device(t) and d ~= nil and d.nccl == nil end,
-    why = stage_why,
-    why_not = function(g, _, t)
-      if not is_device(t) then return "host tensor" end
-      if g._dev == nil then return "NCCL set up on first device use" end
-      return "NCCL communicator ready"
-    end },
-  { name = "NCCL", device = true, backend = "nccl", cacheable = true,
-    when = function(_, _, t) return is_device(t) end,
-    why = "device tensor: NCCL (one communicator per group, made on first device use; the seed's PyNccl "
-          .. "in graphs and torch.distributed when eager are both this)",
-    why_not = "host tensor",
-    detail = function(_, op, t, rop) if is_device(t) then return nan_lines(op, t, rop) end end },
-}
+-- The predicates of the device rules written in weft.policy's table (their
+-- `when` keys), with the texts computed from the device state; registered
+-- when this module loads. The rules' order, names, backends and fixed texts
+-- are policy.lua's.
+policy.predicate("no_cuda", function(_, _, t) return is_device(t) and not cuda_ok() end,
+  { why_not = function(_, _, t) return is_device(t) and "CUDA is available" or "host tensor" end })
+policy.predicate("invalid_override", function(_, _, t) return is_device(t) and policy.override_error ~= nil end)
+policy.predicate("custom_ar", function(g, _, t, rop)
+  if not is_device(t) then return false end
+  return ar_rule(g, t, rop)
+end, { why = ar_why, why_not = ar_why_not,
+       detail = function(g, _, t, rop) if is_device(t) then return ar_lines(g, t, rop) end end })
+policy.predicate("fused", function(_, _, t) return is_device(t) end,
+  { detail = function(g, op, t) if is_device(t) then return fused_lines(g, op, t) end end })
+policy.predicate("deterministic", K.det_refused, {
+  why = K.det_refused_why,
+  why_not = function(g, _, t)
+    if not is_device(t) then return "host tensor (every host backend reduces in rank order)" end
+    return policy.deterministic(g) and "not a float sum: exact in any order" or "off"
+  end })
+policy.predicate("host_staging", function(g, _, t) local d = g._dev; return is_device(t) and d ~= nil and d.nccl == nil end, {
+  why = stage_why,
+  why_not = function(g, _, t)
+    if not is_device(t) then return "host tensor" end
+    if g._dev == nil then return "NCCL set up on first device use" end
+    return "NCCL communicator ready"
+  end })
+policy.predicate("nccl", function(_, _, t) return is_device(t) end,
+  { detail = function(_, op, t, rop) if is_device(t) then return nan_lines(op, t, rop) end end })
+
+-- the device rules of weft.policy's table (the same tables), for reading
+M.rules = {}
+for _, r in ipairs(policy.rules) do
+  if r.device then M.rules[#M.rules + 1] = r end
+end
 
 ---------------------------------------------------------------- choice
 local AR_NAME = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag",
@@ -414,9 +405,9 @@ end
 
 local installed = false
 
--- install(group_module): registers the backends, the rules (replacing
--- weft.policy's "device tensor" placeholder), the override checkers, and the
--- destroy / graph hooks. Idempotent.
+-- install(group_module): registers the backends, the override checkers, and
+-- the destroy / graph hooks (the rules' predicates are registered when this
+-- module loads, above). Idempotent.
 function M.install(gm)
   if installed then return M end
   installed = true
@@ -438,18 +429,6 @@ function M.install(gm)
   gm.register_backend("invalid_override", setmetatable({}, { __index = function()
     return function(_, op) error(fmt("weft: %s: %s", op, tostring(policy.override_error)), 0) end
   end }))
-  local pos
-  for i, r in ipairs(policy.rules) do
-    if r.name == "device tensor" then pos = i; break end
-  end
-  if pos then
-    table.remove(policy.rules, pos)
-  else
-    pos = 2
-    for i, r in ipairs(policy.rules) do if r.name == "single rank" then pos = i + 1 end end
-  end
-  for i, r in ipairs(M.rules) do table.insert(policy.rules, pos + i - 1, r) end
-  policy.version = policy.version + 1
   policy.checkers.all_reduce = K.check_all_reduce
   policy.checkers.fused = K.check_fused
   gm.destroy_hooks[#gm.destroy_hooks + 1] = S.destroy_hook
