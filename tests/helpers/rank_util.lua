@@ -23,6 +23,25 @@ function W.env()
          assert(tonumber(os.getenv("MASTER_PORT")), "MASTER_PORT")
 end
 
+-- A worker's rank, world size, store port (W.env) and its scenario from the
+-- environment: <PREFIX>_MODE (default `mode`) and <PREFIX>_TIMEOUT_MS
+-- (default `timeout_ms`): rank, n, port, mode, timeout_ms.
+function W.start(prefix, mode, timeout_ms)
+  local rank, n, port = W.env()
+  return rank, n, port, os.getenv(prefix .. "_MODE") or mode,
+         tonumber(os.getenv(prefix .. "_TIMEOUT_MS") or "") or timeout_ms
+end
+
+-- The store of a worker's world, served by rank 0 on 127.0.0.1:port, and the
+-- list of the world's ranks {0, ..., n - 1}: s, all.
+function W.world_store(rank, n, port, timeout_ms)
+  local s = require("weft.store").open { host = "127.0.0.1", port = port, server = rank == 0,
+                                         timeout_ms = timeout_ms }
+  local all = {}
+  for r = 0, n - 1 do all[r + 1] = r end
+  return s, all
+end
+
 function W.say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
 local say = W.say
 
