@@ -71,6 +71,26 @@ function W.checker(rank)
   return K
 end
 
+-- The checks of the helpers that print "OK <name>" per check and raise on a
+-- failed one (a non-zero exit): W.ok(name) prints the line; W.must(cond, msg)
+-- raises "check failed: <msg>" naming its caller's line; W.expect_error(fn,
+-- wants, what) runs fn, which must raise an error containing every string of
+-- `wants`, and returns that error.
+function W.ok(name) io.stdout:write("OK ", name, "\n"); io.stdout:flush() end
+
+function W.must(cond, msg) if not cond then error("check failed: " .. msg, 2) end end
+local must = W.must
+
+function W.expect_error(fn, wants, what)
+  local good, err = pcall(fn)
+  must(not good, what .. ": expected an error")
+  err = tostring(err)
+  for _, w in ipairs(wants) do
+    must(err:find(w, 1, true) ~= nil, ("%s: error %q lacks %q"):format(what, err, w))
+  end
+  return err
+end
+
 -- SIGKILL this process (a rank that dies without cleaning up)
 function W.kill_self() C.wrk_kill(C.wrk_getpid(), 9) end
 
