@@ -284,31 +284,20 @@ int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks,
     m.chunk = chunk_bytes;
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
-  const void *bv;
-  size_t blen;
-  rc = weft_cpugroup_broadcast(g, 0, &m, sizeof m, &bv, &blen);
+  rc = wf_shm_announce(g, index, &m, sizeof m, m.name, sizeof m.name, &m.ok, &my_rc, op, gname);
   if (rc) {
     if (q) { wf_shm_unlink(m.name); mq_close(q); }
-    return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+    return rc;
   }
   if (index != 0) {
-    if (blen != sizeof m) {
-      my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
-    } else {
-      memcpy(&m, bv, sizeof m);
-      m.name[sizeof m.name - 1] = '\0';
-      if (!m.ok)
-        my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the segment",
-                         op, gname);
-      else if (m.writer != writer || m.chunks != (uint32_t)chunks || m.chunk != chunk_bytes)
-        my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on the queue (index 0: "
-                         "writer %d, %u chunks of %llu bytes; this rank: writer %d, %d chunks "
-                         "of %zu bytes)", op, gname, m.writer, m.chunks,
-                         (unsigned long long)m.chunk, writer, chunks, chunk_bytes);
-      else
-        my_rc = mq_attach(m.name, 0, index, size, writer, chunk_bytes, (uint32_t)chunks, tmo,
-                          gname, granks, &q);
-    }
+    if (my_rc == 0 && (m.writer != writer || m.chunks != (uint32_t)chunks || m.chunk != chunk_bytes))
+      my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on the queue (index 0: "
+                       "writer %d, %u chunks of %llu bytes; this rank: writer %d, %d chunks "
+                       "of %zu bytes)", op, gname, m.writer, m.chunks,
+                       (unsigned long long)m.chunk, writer, chunks, chunk_bytes);
+    else if (my_rc == 0)
+      my_rc = mq_attach(m.name, 0, index, size, writer, chunk_bytes, (uint32_t)chunks, tmo,
+                        gname, granks, &q);
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
 

@@ -74,30 +74,19 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
     m.slot = slot;
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
-  const void *bv;
-  size_t blen;
-  rc = weft_cpugroup_broadcast(g, 0, &m, sizeof m, &bv, &blen);
+  rc = wf_shm_announce(g, gi.index, &m, sizeof m, m.name, sizeof m.name, &m.ok, &my_rc, op, gname);
   if (rc) {
     if (c) { wf_shm_unlink(m.name); wf_shm_close(c); }
-    return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+    return rc;
   }
   if (gi.index != 0) {
-    if (blen != sizeof m) {
-      my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
-    } else {
-      memcpy(&m, bv, sizeof m);
-      m.name[sizeof m.name - 1] = '\0';
-      if (!m.ok)
-        my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the "
-                         "segment", op, gname);
-      else if (m.slot != slot)
-        my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on bytes_per_rank "
-                         "(index 0: %llu after rounding, this rank: %zu)", op, gname,
-                         (unsigned long long)m.slot, slot);
-      else
-        my_rc = wf_shm_attach(m.name, 0, gi.index, gi.size, slot, gi.timeout_ms, gname,
-                              gi.ranks, &c);
-    }
+    if (my_rc == 0 && m.slot != slot)
+      my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on bytes_per_rank "
+                       "(index 0: %llu after rounding, this rank: %zu)", op, gname,
+                       (unsigned long long)m.slot, slot);
+    else if (my_rc == 0)
+      my_rc = wf_shm_attach(m.name, 0, gi.index, gi.size, slot, gi.timeout_ms, gname,
+                            gi.ranks, &c);
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
 

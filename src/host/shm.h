@@ -127,6 +127,14 @@ int wf_shm_unlink(const char *name);
  * On failure an object it created is unlinked. shm_seg.c and mq.c. */
 int wf_shm_map(const char *name, int create, int reserve, size_t total, const char *who,
                const char *gname, const char *attach_hint, const char *size_hint, uint8_t **base);
+/* Step 1 of creating a segment shared by a group: group index 0's
+ * announcement m (len bytes: whether it created the segment, *ok, its name,
+ * name_cap bytes at `name`, and the geometry the caller checks) goes to every
+ * rank. On the others m becomes index 0's and a bad announcement or index 0's
+ * failure is set in *my_rc. The broadcast's failure is returned (the caller
+ * cleans up). shm.c and mq.c. */
+int wf_shm_announce(weft_cpugroup *g, int index, void *m, size_t len, char *name, size_t name_cap,
+                    const int32_t *ok, int *my_rc, const char *op, const char *gname);
 /* Step 2 of creating a segment shared by a group: every rank reports how its
  * attach went (my_rc, and my_err when it failed); group index 0 then unlinks
  * name (NULL: nothing was created) whatever happened, so nothing is left in

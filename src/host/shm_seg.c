@@ -100,6 +100,25 @@ typedef struct {
   char err[200];
 } attach_status;
 
+int wf_shm_announce(weft_cpugroup *g, int index, void *m, size_t len, char *name, size_t name_cap,
+                    const int32_t *ok, int *my_rc, const char *op, const char *gname) {
+  const void *bv;
+  size_t blen;
+  int rc = weft_cpugroup_broadcast(g, 0, m, len, &bv, &blen);
+  if (rc) return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+  if (index == 0) return 0;
+  if (blen != len) {
+    *my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
+  } else {
+    memcpy(m, bv, len);
+    name[name_cap - 1] = '\0';
+    if (!*ok)
+      *my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the segment",
+                        op, gname);
+  }
+  return 0;
+}
+
 int wf_shm_confirm_attach(weft_cpugroup *g, int index, int size, const int *granks, int my_rc,
                           const char *my_err, const char *name, const char *op,
                           const char *gname) {
