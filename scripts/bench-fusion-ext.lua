@@ -13,8 +13,7 @@
 --     sharing one GPU (MPS) mean nothing: --smoke only checks that it runs.
 --     Writes fusion-ext-ranks-<machine>-<date>.{json,md} (rank 0).
 local ffi = require "ffi"
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 -- WEFT_FAKE_DEVICE=1: a CPU rehearsal of the script's logic on the pretend GPU
 -- (tests/helpers/fake_device.lua; its times mean nothing)
 if os.getenv("WEFT_FAKE_DEVICE") == "1" then
@@ -35,7 +34,7 @@ for i = 2, #arg do rest[#rest + 1] = arg[i] end
 local o = bench.parse_args(rest, {
   tokens = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192", hidden = "4096,7168", top_k = 8,
   reps = 20, iters = 15, out = os.getenv("OUT") or "bench/results", patterns = "moe,finalize,prepost,rs",
-}, { ["--smoke"] = function(x) x.smoke = true end }, "bench-fusion-ext")
+}, { ["--smoke"] = "smoke" }, "bench-fusion-ext")
 local function nums(s)
   local t = {}
   for v in tostring(s):gmatch("[^,]+") do t[#t + 1] = tonumber(v) or v end

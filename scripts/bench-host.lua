@@ -39,8 +39,7 @@
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
 local ffi = require "ffi"
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 local bench = require "weft.tools.bench"
 
 local opts = bench.parse_args(arg or {}, {
@@ -48,13 +47,8 @@ local opts = bench.parse_args(arg or {}, {
   load_max = 1048576, bf16_max = 1048576, factor = 4, iters = 1000, warmup = 3, ["repeat"] = 2,
   mpi = "build/mpi_allreduce", out = "bench/results", dtype = "f32",
 }, {
-  ["--no-mpi"] = function(o) o.no_mpi = true end,
-  ["--worker"] = function(o) o.worker = true end,
-  ["--callpath"] = function(o) o.callpath = true end,
-  ["--no-callpath"] = function(o) o.no_callpath = true end,
-  ["--settle"] = function(o) o.settle = true end,
-  ["-q"] = function(o) o.quiet = true end,
-  ["--quiet"] = function(o) o.quiet = true end,
+  ["--no-mpi"] = "no_mpi", ["--worker"] = "worker", ["--callpath"] = "callpath",
+  ["--no-callpath"] = "no_callpath", ["--settle"] = "settle", ["-q"] = "quiet", ["--quiet"] = "quiet",
 }, "bench-host")
 
 local function iters_for(bytes)

@@ -28,8 +28,7 @@
 --
 -- Under weft-run (RANK set, --worker) this file is the worker; otherwise the driver.
 local ffi = require "ffi"
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 local bench = require "weft.tools.bench"
 
 local function help(o) o.help = true end
@@ -37,7 +36,7 @@ local opts = bench.parse_args(arg or {}, {
   worlds = "2,4,8", sizes = "64,1024,65536,1048576", iters = 200, stream = 1000, reps = 3,
   out = "bench/results", chunk_bytes = 1048576, chunks = 8, pace_us = 500,
 }, {
-  ["--worker"] = function(o) o.worker = true end,
+  ["--worker"] = "worker",
   ["--quick"] = function(o) o.iters, o.stream, o.reps = 30, 100, 1 end,
   ["-h"] = help, ["--help"] = help,
 }, "bench-mq")

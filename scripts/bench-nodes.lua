@@ -19,13 +19,12 @@
 -- (tcp,vader,self: like weft's hierarchy); --bind-to none and
 -- mpi_yield_when_idle, as 4 ranks share 2 CPUs here. Writes
 -- bench/results/host-allreduce-nodes-<machine>-<date>.{json,md}.
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 local bench = require "weft.tools.bench"
 local opts = bench.parse_args(arg or {}, {
   nodes = 2, per_node = 2, min = 1024, max = 64 * 1048576, factor = 4, iters = 200,
   store_iters = 10, ["repeat"] = 3, mpi = "build/mpi_allreduce", out = "bench/results", warmup = 3,
-}, { ["--no-mpi"] = function(o) o.no_mpi = true end }, "bench-nodes")
+}, { ["--no-mpi"] = "no_mpi" }, "bench-nodes")
 opts.store_max = opts.store_max or opts.max
 local sh, parse_lines, human = bench.sh, bench.tagged_records, bench.human_bytes
 

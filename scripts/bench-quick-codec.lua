@@ -19,8 +19,7 @@
 --
 -- Writes <out>/quick-codec-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and .md.
 local ffi = require "ffi"
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 local weft = require "weft"
 local cuda = require "weft.cuda"
 local T = weft.tensor

@@ -22,15 +22,13 @@
 -- last. Writes bench/results/soak-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and
 -- .md. Under weft-run (RANK set) this file is the rank.
 local ffi = require "ffi"
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 local bench = require "weft.tools.bench"
 
 local opts = bench.parse_args(arg or {}, {
   ranks = 4, small = 200000, big = 2000, small_bytes = 1024, big_bytes = 4 * 1048576, samples = 20,
   out = "bench/results",
-}, { ["--quick"] = function(o) o.quick = true end, ["-q"] = function(o) o.quiet = true end,
-     ["--quiet"] = function(o) o.quiet = true end }, "bench-soak",
+}, { ["--quick"] = "quick", ["-q"] = "quiet", ["--quiet"] = "quiet" }, "bench-soak",
    " (see the header of scripts/bench-soak.lua)")
 if opts.quick then opts.small, opts.big = math.min(opts.small, 20000), math.min(opts.big, 200) end
 

@@ -15,7 +15,6 @@
 #include "host/cpugroup.h"
 #include "store/store_share.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,14 +299,9 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Caller holds q->mu. Every signal blocked while the thread is made, so
- * it inherits an all-blocked mask. */
+/* Caller holds q->mu. The worker takes no signals (wf_thread_start). */
 static int start_worker(weft_async_queue *q) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int e = pthread_create(&q->th, NULL, worker_main, q);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int e = wf_thread_start(&q->th, worker_main, q);
   if (e) {
     errno = e;
     return wf_error_errno(WEFT_ESYS, "async queue '%s': cannot start the progress worker", q->name);

@@ -21,7 +21,7 @@ local wffi = require "weft.internal.ffi"
 local binding = require "weft.internal.binding"
 
 local C = wffi.C
-local ffi_new, ffi_gc = ffi.new, ffi.gc
+local ffi_new = ffi.new
 local error = error
 local last_error = wffi.last_error
 local shape_word, args_word = binding.shape_word, binding.args_word
@@ -49,13 +49,7 @@ function M.new(cpugroup, host)
   if host == "" then host = nil end
   local out = ffi_new("weft_gloo *[1]")
   if C.weft_gloo_create(cpugroup.handle, host, out) ~= 0 then error("weft: " .. last_error(), 2) end
-  return setmetatable({
-    handle = ffi_gc(out[0], C.weft_gloo_destroy),
-    cpugroup = cpugroup,      -- keeps the group (and its store) referenced
-    name = cpugroup.name,
-    size = cpugroup.size,
-    rank_in_group = cpugroup.my_index,
-  }, Comm)
+  return binding.group_comm(cpugroup, out[0], C.weft_gloo_destroy, Comm)
 end
 
 local handle_of = binding.handle_of("weft: gloo %s: communicator of group '%s' was destroyed")

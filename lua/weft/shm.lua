@@ -31,7 +31,7 @@ local wffi = require "weft.internal.ffi"
 local binding = require "weft.internal.binding"
 
 local C = wffi.C
-local ffi_new, ffi_gc = ffi.new, ffi.gc
+local ffi_new = ffi.new
 local type, error = type, error
 local check = binding.check
 local shape_word, args_word = binding.shape_word, binding.args_word
@@ -77,14 +77,9 @@ function M.new(cpugroup, bytes_per_rank)
   end
   local out = ffi_new("weft_shm *[1]")
   check(C.weft_shm_create(gh, bytes_per_rank, out))
-  return setmetatable({
-    handle = ffi_gc(out[0], C.weft_shm_destroy),
-    cpugroup = cpugroup,          -- keeps the group (and its store) referenced
-    name = cpugroup.name,
-    size = cpugroup.size,
-    rank_in_group = cpugroup.my_index,
-    bytes_per_rank = bytes_per_rank,
-  }, Comm)
+  local c = binding.group_comm(cpugroup, out[0], C.weft_shm_destroy, Comm)
+  c.bytes_per_rank = bytes_per_rank
+  return c
 end
 
 -- shape, extra (optional, every method): the caller's tensor shape and its

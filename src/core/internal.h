@@ -5,6 +5,7 @@
 
 #include "weft.h"
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 
 /* Record a thread-local error message and return code (code < 0). */
@@ -47,6 +48,11 @@ void wf_backoff(int *us, int max_us);
  * a blocking wait should give up now, with the reason in why. */
 int wf_interrupted(char *why, size_t n);
 int wf_interrupt_armed(void);
+/* pthread_create with every signal blocked while the thread is made, so it
+ * inherits an all-blocked mask and signals stay with the application's
+ * threads (src/core/interrupt.c; the store server, the async workers).
+ * pthread_create's result: 0 or an errno value. */
+int wf_thread_start(pthread_t *th, void *(*fn)(void *), void *arg);
 
 /* Graph-capture nesting depth of the calling thread (src/core/capture.c;
  * src/cuda/graph.c counts it): wf_capture_active() is 1 while the thread

@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 
 static int armed_fd = -1;          /* atomic */
@@ -42,4 +43,13 @@ int wf_interrupted(char *why, size_t n) {
     return 1;
   }
   return 0;
+}
+
+int wf_thread_start(pthread_t *th, void *(*fn)(void *), void *arg) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int e = pthread_create(th, NULL, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return e;
 }

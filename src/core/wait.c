@@ -148,12 +148,30 @@ int wf_wait_spin_more(wf_wait *w, _Atomic uint32_t *word, uint32_t target) {
   return w->end && !w->slept ? spin_to(w, word, target) : 0;
 }
 
-int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic uint32_t *stop) {
+/* The start of a yield phase (wf_wait_yield, wf_wait_yield_on): marks the
+ * wait as one that blocks next, and says whether it yields at all now (a
+ * phase configured, the CPUs crowded or the phase fixed, and no hold-off
+ * after a slice fed to a stranger); if so *now is the time and *end the
+ * phase's end. */
+static inline int yield_begins(wf_wait *w, int64_t *now, int64_t *end) {
   w->slept = 1;
   if (w->yield_ns <= 0 || !(w->crowded || w->fixed_yield)) return 0;
-  int64_t now = wf_now_ns();
-  if (now < w->no_yield_until) return 0;
-  const int64_t end = now + w->yield_ns;
+  *now = wf_now_ns();
+  if (*now < w->no_yield_until) return 0;
+  *end = *now + w->yield_ns;
+  return 1;
+}
+
+/* A yield from `before` to `after` long enough to have fed a thread that is
+ * not a peer (unless the phase is fixed): when no peer moved meanwhile, the
+ * caller holds yields off for WF_YIELD_HOLD_NS. */
+static inline int yield_was_long(const wf_wait *w, int64_t before, int64_t after) {
+  return after - before > WF_YIELD_LONG_NS && !w->fixed_yield;
+}
+
+int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic uint32_t *stop) {
+  int64_t now, end;
+  if (!yield_begins(w, &now, &end)) return 0;
   do {
     uint32_t v = atomic_load_explicit(word, memory_order_acquire);
     /* looked at before yielding: the last to arrive never yields */
@@ -161,7 +179,7 @@ int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic u
     if (stop && atomic_load(stop)) return 0;
     sched_yield();
     int64_t t = wf_now_ns();
-    if (t - now > WF_YIELD_LONG_NS && !w->fixed_yield && atomic_load(word) == v) {
+    if (yield_was_long(w, now, t) && atomic_load(word) == v) {
       /* the core went to a thread that is not a peer (or to a peer's long
        * work): sleeping costs less than waiting out its slices */
       w->no_yield_until = t + WF_YIELD_HOLD_NS;
@@ -173,16 +191,13 @@ int wf_wait_yield(wf_wait *w, _Atomic uint32_t *word, uint32_t target, _Atomic u
 }
 
 int wf_wait_yield_on(wf_wait *w, int (*ready)(void *), void *arg) {
-  w->slept = 1;
-  if (w->yield_ns <= 0 || !(w->crowded || w->fixed_yield)) return 0;
-  int64_t now = wf_now_ns();
-  if (now < w->no_yield_until) return 0;
-  const int64_t end = now + w->yield_ns;
+  int64_t now, end;
+  if (!yield_begins(w, &now, &end)) return 0;
   do {
     if (ready(arg)) return 1; /* looked at before yielding */
     sched_yield();
     int64_t t = wf_now_ns();
-    if (t - now > WF_YIELD_LONG_NS && !w->fixed_yield && !ready(arg)) {
+    if (yield_was_long(w, now, t) && !ready(arg)) {
       w->no_yield_until = t + WF_YIELD_HOLD_NS; /* fed a stranger's slice, as in wf_wait_yield */
       return 0;
     }

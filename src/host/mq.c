@@ -193,43 +193,13 @@ static int mq_attach(const char *name, int create, int index, int world, int wri
   /* crowded until every rank's CPU note is known (weft_mq_create) */
   wf_wait_init(&q->wait, "WEFT_MQ_SPIN_US", NULL, sysconf(_SC_NPROCESSORS_ONLN) < world);
 
-  int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
-  if (fd < 0) {
-    int rc = wf_error_errno(WEFT_ESYS, "weft_mq_create: group '%s': shm_open(%s)%s", group, name,
-                            create ? "" : " (is this rank on the writer's node?)");
-    mq_close(q);
-    return rc;
-  }
-  int rc = 0;
-  if (create) {
-    if (ftruncate(fd, (off_t)total) != 0)
-      rc = wf_error_errno(WEFT_ESYS, "weft_mq_create: group '%s': sizing %s to %zu bytes", group,
-                          name, total);
-  } else {
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-      rc = wf_error_errno(WEFT_ESYS, "weft_mq_create: group '%s': fstat(%s)", group, name);
-    else if ((size_t)st.st_size != total)
-      rc = wf_error(WEFT_EPROTO, "weft_mq_create: group '%s': segment %s has %lld bytes, "
-                    "expected %zu", group, name, (long long)st.st_size, total);
-  }
-  if (rc == 0) {
-    /* MAP_POPULATE: page faults happen here, not inside the first message. */
-    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED)
-      rc = wf_error_errno(WEFT_ESYS, "weft_mq_create: group '%s': mapping %zu bytes of %s",
-                          group, total, name);
-    else {
-      q->base = p;
-      q->map_len = total;
-    }
-  }
-  close(fd);
+  int rc = wf_shm_map(name, create, 0, total, "weft_mq_create", group,
+                      " (is this rank on the writer's node?)", "", &q->base);
   if (rc) {
-    if (create) wf_shm_unlink(name);
     mq_close(q);
     return rc;
   }
+  q->map_len = total;
   q->hdr = (wf_mq_hdr *)q->base;
   q->rk = (wf_mq_rank *)(q->base + WF_MQ_HDR);
   q->ctl = q->base + ctl_off;
@@ -314,31 +284,20 @@ int weft_mq_create(weft_cpugroup *g, int writer, size_t chunk_bytes, int chunks,
     m.chunk = chunk_bytes;
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
-  const void *bv;
-  size_t blen;
-  rc = weft_cpugroup_broadcast(g, 0, &m, sizeof m, &bv, &blen);
+  rc = wf_shm_announce(g, index, &m, sizeof m, m.name, sizeof m.name, &m.ok, &my_rc, op, gname);
   if (rc) {
     if (q) { wf_shm_unlink(m.name); mq_close(q); }
-    return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+    return rc;
   }
   if (index != 0) {
-    if (blen != sizeof m) {
-      my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
-    } else {
-      memcpy(&m, bv, sizeof m);
-      m.name[sizeof m.name - 1] = '\0';
-      if (!m.ok)
-        my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the segment",
-                         op, gname);
-      else if (m.writer != writer || m.chunks != (uint32_t)chunks || m.chunk != chunk_bytes)
-        my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on the queue (index 0: "
-                         "writer %d, %u chunks of %llu bytes; this rank: writer %d, %d chunks "
-                         "of %zu bytes)", op, gname, m.writer, m.chunks,
-                         (unsigned long long)m.chunk, writer, chunks, chunk_bytes);
-      else
-        my_rc = mq_attach(m.name, 0, index, size, writer, chunk_bytes, (uint32_t)chunks, tmo,
-                          gname, granks, &q);
-    }
+    if (my_rc == 0 && (m.writer != writer || m.chunks != (uint32_t)chunks || m.chunk != chunk_bytes))
+      my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on the queue (index 0: "
+                       "writer %d, %u chunks of %llu bytes; this rank: writer %d, %d chunks "
+                       "of %zu bytes)", op, gname, m.writer, m.chunks,
+                       (unsigned long long)m.chunk, writer, chunks, chunk_bytes);
+    else if (my_rc == 0)
+      my_rc = mq_attach(m.name, 0, index, size, writer, chunk_bytes, (uint32_t)chunks, tmo,
+                        gname, granks, &q);
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
 

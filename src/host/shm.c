@@ -74,30 +74,19 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
     m.slot = slot;
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
-  const void *bv;
-  size_t blen;
-  rc = weft_cpugroup_broadcast(g, 0, &m, sizeof m, &bv, &blen);
+  rc = wf_shm_announce(g, gi.index, &m, sizeof m, m.name, sizeof m.name, &m.ok, &my_rc, op, gname);
   if (rc) {
     if (c) { wf_shm_unlink(m.name); wf_shm_close(c); }
-    return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+    return rc;
   }
   if (gi.index != 0) {
-    if (blen != sizeof m) {
-      my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
-    } else {
-      memcpy(&m, bv, sizeof m);
-      m.name[sizeof m.name - 1] = '\0';
-      if (!m.ok)
-        my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the "
-                         "segment", op, gname);
-      else if (m.slot != slot)
-        my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on bytes_per_rank "
-                         "(index 0: %llu after rounding, this rank: %zu)", op, gname,
-                         (unsigned long long)m.slot, slot);
-      else
-        my_rc = wf_shm_attach(m.name, 0, gi.index, gi.size, slot, gi.timeout_ms, gname,
-                              gi.ranks, &c);
-    }
+    if (my_rc == 0 && m.slot != slot)
+      my_rc = wf_error(WEFT_EINVAL, "%s: group '%s': ranks disagree on bytes_per_rank "
+                       "(index 0: %llu after rounding, this rank: %zu)", op, gname,
+                       (unsigned long long)m.slot, slot);
+    else if (my_rc == 0)
+      my_rc = wf_shm_attach(m.name, 0, gi.index, gi.size, slot, gi.timeout_ms, gname,
+                            gi.ranks, &c);
     if (my_rc) snprintf(my_err, sizeof my_err, "%s", weft_last_error());
   }
 
@@ -184,6 +173,21 @@ static int refuse(weft_shm *c, wf_shm_desc *d, const char *op, int code, const c
   return done(c, wf_error(code, "%s: group '%s': %s", op, c->group, msg));
 }
 
+/* The checks a reducing collective (all_reduce, reduce_scatter) starts
+ * with: a dtype and op the engine reduces, buffers for a call that moves
+ * something, and count * parts elements (parts: the input's pieces per
+ * count) that fit in a size_t. 0, or the refusal's status. */
+static int check_reduce(weft_shm *c, wf_shm_desc *d, const char *OP, int dtype, int op,
+                        size_t count, size_t parts, const void *in, const void *out) {
+  if (!engine_reduces(dtype, op))
+    return refuse(c, d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
+                  "i64 with sum, max, min)");
+  if (count && (!in || !out)) return refuse(c, d, OP, WEFT_EINVAL, "NULL buffer");
+  if (count > SIZE_MAX / weft_dtype_size(dtype) / parts)
+    return refuse(c, d, OP, WEFT_EINVAL, "count too large");
+  return 0;
+}
+
 /* The zero-copy decision (shm_zc.c), taken at the call's first barrier:
  * with eligible (same on every rank: the communicator can and the call is
  * large enough), every rank offers its buffers (in/out, NULL: not arena
@@ -212,12 +216,8 @@ int weft_shm_all_reduce(weft_shm *c, const void *in, void *out, size_t count, in
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
   wf_shm_desc d = call_desc(c, WF_OP_ALL_REDUCE, dtype, op, 0, count);
-  if (!engine_reduces(dtype, op))
-    return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
-                  "i64 with sum, max, min)");
+  if ((rc = check_reduce(c, &d, OP, dtype, op, count, 1, in, out))) return rc;
   const size_t es = weft_dtype_size(dtype), world = (size_t)c->world;
-  if (count && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
-  if (count > SIZE_MAX / es) return refuse(c, &d, OP, WEFT_EINVAL, "count too large");
   const uint8_t *src = in;
   uint8_t *dst = out;
   const size_t per = c->slot / es, align = 64 / es;
@@ -342,13 +342,8 @@ int weft_shm_reduce_scatter(weft_shm *c, const void *in, void *out, size_t count
   int rc = wf_shm_enter(c, OP);
   if (rc) return rc;
   wf_shm_desc d = call_desc(c, WF_OP_REDUCE_SCATTER, dtype, op, 0, count_out);
-  if (!engine_reduces(dtype, op))
-    return refuse(c, &d, OP, WEFT_EINVAL, "unsupported dtype/op (f32, f16, bf16, f64, i32, "
-                  "i64 with sum, max, min)");
+  if ((rc = check_reduce(c, &d, OP, dtype, op, count_out, (size_t)c->world, in, out))) return rc;
   const size_t es = weft_dtype_size(dtype), world = (size_t)c->world;
-  if (count_out && (!in || !out)) return refuse(c, &d, OP, WEFT_EINVAL, "NULL buffer");
-  if (count_out > SIZE_MAX / es / world)
-    return refuse(c, &d, OP, WEFT_EINVAL, "count too large");
   const uint8_t *src = in;
   uint8_t *dst = out;
   /* zero-copy: every rank's input is arena memory (shm_zc.c) */

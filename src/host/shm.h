@@ -119,6 +119,22 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
 /* Creator side without a cpu group: wait until every rank attached. */
 int wf_shm_wait_attached(weft_shm *c);
 int wf_shm_unlink(const char *name);
+/* Opens the POSIX shared-memory object `name` (create: makes it, O_EXCL,
+ * 0600, and sizes it to `total` bytes, reserving the pages when `reserve`;
+ * else it must have `total` bytes already) and maps it whole, pages faulted
+ * in now, at *base. Errors read "<who>: group '<gname>': ...", attach_hint
+ * after a failed attach's shm_open and size_hint after a size that differs.
+ * On failure an object it created is unlinked. shm_seg.c and mq.c. */
+int wf_shm_map(const char *name, int create, int reserve, size_t total, const char *who,
+               const char *gname, const char *attach_hint, const char *size_hint, uint8_t **base);
+/* Step 1 of creating a segment shared by a group: group index 0's
+ * announcement m (len bytes: whether it created the segment, *ok, its name,
+ * name_cap bytes at `name`, and the geometry the caller checks) goes to every
+ * rank. On the others m becomes index 0's and a bad announcement or index 0's
+ * failure is set in *my_rc. The broadcast's failure is returned (the caller
+ * cleans up). shm.c and mq.c. */
+int wf_shm_announce(weft_cpugroup *g, int index, void *m, size_t len, char *name, size_t name_cap,
+                    const int32_t *ok, int *my_rc, const char *op, const char *gname);
 /* Step 2 of creating a segment shared by a group: every rank reports how its
  * attach went (my_rc, and my_err when it failed); group index 0 then unlinks
  * name (NULL: nothing was created) whatever happened, so nothing is left in

@@ -100,6 +100,25 @@ typedef struct {
   char err[200];
 } attach_status;
 
+int wf_shm_announce(weft_cpugroup *g, int index, void *m, size_t len, char *name, size_t name_cap,
+                    const int32_t *ok, int *my_rc, const char *op, const char *gname) {
+  const void *bv;
+  size_t blen;
+  int rc = weft_cpugroup_broadcast(g, 0, m, len, &bv, &blen);
+  if (rc) return wf_error_context(rc, "%s: group '%s': sharing the segment name", op, gname);
+  if (index == 0) return 0;
+  if (blen != len) {
+    *my_rc = wf_error(WEFT_EPROTO, "%s: group '%s': bad announcement", op, gname);
+  } else {
+    memcpy(m, bv, len);
+    name[name_cap - 1] = '\0';
+    if (!*ok)
+      *my_rc = wf_error(WEFT_ESYS, "%s: group '%s': group index 0 could not create the segment",
+                        op, gname);
+  }
+  return 0;
+}
+
 int wf_shm_confirm_attach(weft_cpugroup *g, int index, int size, const int *granks, int my_rc,
                           const char *my_err, const char *name, const char *op,
                           const char *gname) {
@@ -152,6 +171,51 @@ void wf_shm_close(weft_shm *c) {
   free(c);
 }
 
+int wf_shm_map(const char *name, int create, int reserve, size_t total, const char *who,
+               const char *gname, const char *attach_hint, const char *size_hint, uint8_t **base) {
+  int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600)
+                  : shm_open(name, O_RDWR, 0);
+  if (fd < 0)
+    return wf_error_errno(WEFT_ESYS, "%s: group '%s': shm_open(%s)%s", who, gname, name,
+                          create ? "" : attach_hint);
+  int rc = 0;
+  if (create && reserve) {
+    /* Reserve the pages now: on a full /dev/shm (containers often give it
+     * 64 MiB) this fails cleanly here instead of SIGBUS on first touch. */
+    int e = posix_fallocate(fd, 0, (off_t)total);
+    if (e == EINTR) e = posix_fallocate(fd, 0, (off_t)total);
+    if (e == EOPNOTSUPP || e == EINVAL) e = ftruncate(fd, (off_t)total) == 0 ? 0 : errno;
+    if (e) {
+      errno = e;
+      rc = wf_error_errno(WEFT_ESYS, "%s: group '%s': reserving %zu bytes for %s (is /dev/shm "
+                          "large enough? containers: --shm-size)", who, gname, total, name);
+    }
+  } else if (create) {
+    if (ftruncate(fd, (off_t)total) != 0)
+      rc = wf_error_errno(WEFT_ESYS, "%s: group '%s': sizing %s to %zu bytes", who, gname, name,
+                          total);
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+      rc = wf_error_errno(WEFT_ESYS, "%s: group '%s': fstat(%s)", who, gname, name);
+    else if ((size_t)st.st_size != total)
+      rc = wf_error(WEFT_EPROTO, "%s: group '%s': segment %s has %lld bytes, expected %zu%s", who,
+                    gname, name, (long long)st.st_size, total, size_hint);
+  }
+  if (rc == 0) {
+    /* MAP_POPULATE: page faults happen here, not inside the first call. */
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED)
+      rc = wf_error_errno(WEFT_ESYS, "%s: group '%s': mapping %zu bytes of %s", who, gname,
+                          total, name);
+    else
+      *base = p;
+  }
+  close(fd);
+  if (rc && create) shm_unlink(name);
+  return rc;
+}
+
 int wf_shm_attach(const char *name, int create, int index, int world, size_t slot,
                   int timeout_ms, const char *group, const int *ranks, weft_shm **out) {
   *out = NULL;
@@ -185,51 +249,13 @@ int wf_shm_attach(const char *name, int create, int index, int world, size_t slo
   long os = wf_env_long("WEFT_SHM_ONESHOT_MAX", -1);
   c->oneshot_max = os >= 0 ? (size_t)os : 32 * 1024;
 
-  int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600)
-                  : shm_open(name, O_RDWR, 0);
-  if (fd < 0) {
-    int rc = wf_error_errno(WEFT_ESYS, "shm: group '%s': shm_open(%s)", gname, name);
-    wf_shm_close(c);
-    return rc;
-  }
-  int rc = 0;
-  if (create) {
-    /* Reserve the pages now: on a full /dev/shm (containers often give it
-     * 64 MiB) this fails cleanly here instead of SIGBUS on first touch. */
-    int e = posix_fallocate(fd, 0, (off_t)total);
-    if (e == EINTR) e = posix_fallocate(fd, 0, (off_t)total);
-    if (e == EOPNOTSUPP || e == EINVAL) e = ftruncate(fd, (off_t)total) == 0 ? 0 : errno;
-    if (e) {
-      errno = e;
-      rc = wf_error_errno(WEFT_ESYS, "shm: group '%s': reserving %zu bytes for %s (is /dev/shm "
-                          "large enough? containers: --shm-size)", gname, total, name);
-    }
-  } else {
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-      rc = wf_error_errno(WEFT_ESYS, "shm: group '%s': fstat(%s)", gname, name);
-    else if ((size_t)st.st_size != total)
-      rc = wf_error(WEFT_EPROTO, "shm: group '%s': segment %s has %lld bytes, expected %zu "
-                    "(ranks disagree on the size per rank or the group size)",
-                    gname, name, (long long)st.st_size, total);
-  }
-  if (rc == 0) {
-    /* MAP_POPULATE: page faults happen here, not inside the first collective. */
-    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED)
-      rc = wf_error_errno(WEFT_ESYS, "shm: group '%s': mapping %zu bytes of %s", gname,
-                          total, name);
-    else {
-      c->base = p;
-      c->map_len = total;
-    }
-  }
-  close(fd);
+  int rc = wf_shm_map(name, create, 1, total, "shm", gname, "",
+                      " (ranks disagree on the size per rank or the group size)", &c->base);
   if (rc != 0) {
-    if (create) shm_unlink(name);
     wf_shm_close(c);
     return rc;
   }
+  c->map_len = total;
   c->hdr = (wf_shm_hdr *)c->base;
   c->rk = (wf_shm_rank *)(c->base + WF_SHM_HDR);
   c->data = c->base + (wf_shm_segment_bytes(world, slot) - 2 * (size_t)world * slot);

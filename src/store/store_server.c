@@ -15,7 +15,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -639,11 +638,7 @@ int wf_store_srv_start(const char *bind_host, int port, const char *secret, wf_s
     return wf_error_errno(WEFT_ESYS, "store open: self-pipe for the server");
   }
   /* The server thread takes no signals: they stay with the application. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int pe = pthread_create(&v->th, NULL, srv_main, v);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int pe = wf_thread_start(&v->th, srv_main, v);
   if (pe) {
     srv_free(v);
     errno = pe;

@@ -8,10 +8,10 @@
 -- rank's one store connection and the ranks timed out naming live ranks.
 local ROOT = os.getenv("PWD") or "."
 local U = require "helpers.spec_util"
+local P = require "helpers.rank_passes"
 
 local function run(env)
-  return U.shell(("%s WEFT_TIMEOUT_MS=5000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 200 %s/scripts/weft-run -n 4 --timeout 180 %s/tests/helpers/async_cross_ranks.lua")
-                 :format(env, ROOT, ROOT, ROOT))
+  return P.run(ROOT, "tests/helpers/async_cross_ranks.lua", 4, env .. " WEFT_TIMEOUT_MS=5000", 200)
 end
 
 local function check(out, rc)
@@ -61,8 +61,7 @@ describe("async on one group x blocking on another #fault", function()
   -- rank with no error, object all-gathers paired each other's keys, and
   -- initialize_model_parallel's agreement met the pending all_gather_object.
   local function same(env)
-    return U.shell(("%s WEFT_TIMEOUT_MS=5000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 100 %s/scripts/weft-run -n 4 --timeout 90 %s/tests/helpers/async_same_ranks.lua loop")
-                   :format(env, ROOT, ROOT, ROOT))
+    return P.run(ROOT, "tests/helpers/async_same_ranks.lua loop", 4, env .. " WEFT_TIMEOUT_MS=5000", 100)
   end
   for _, env in ipairs { "WEFT_HOST_BACKEND=store", "" } do
     it("async and blocking on the same group, program order, 0 wrong" .. (env ~= "" and " (" .. env .. ")" or " (policy routes)"), function()
@@ -76,8 +75,7 @@ describe("async on one group x blocking on another #fault", function()
   end
 
   it("the cpu group refuses a second thread: a raw call while the worker waits in it fails at once", function()
-    local out, rc = U.shell(("WEFT_TIMEOUT_MS=5000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 60 %s/scripts/weft-run -n 4 --timeout 50 %s/tests/helpers/async_same_ranks.lua raw")
-                            :format(ROOT, ROOT, ROOT))
+    local out, rc = P.run(ROOT, "tests/helpers/async_same_ranks.lua raw", 4, "WEFT_TIMEOUT_MS=5000", 60)
     assert.are.equal(0, rc, out)
     assert.are.equal(4, U.count_ok(out), out)
     local ms, msg = out:match("RAW (%d+) ([^\n]*)")

@@ -6,11 +6,9 @@
 -- pinned storage outlives every reference to it (the GC finalizer path).
 local ROOT = os.getenv("PWD") or "."
 local U = require "helpers.spec_util"
+local P = require "helpers.rank_passes"
 
-local function run(n)
-  return U.shell(("WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;;' timeout -s KILL 100 %s/scripts/weft-run -n %d --timeout 90 %s/tests/helpers/fault_buffers_ranks.lua")
-                 :format(ROOT, ROOT, n, ROOT))
-end
+local function run(n) return P.run(ROOT, "tests/helpers/fault_buffers_ranks.lua", n, nil, 100) end
 
 local count_ok = U.count_ok
 

@@ -194,18 +194,24 @@ describe("faults across simulated nodes #fault", function()
     assert.is_falsy(msg:find(":%s*$") or msg:find("(gloo: )", 1, true) or msg:find("no message was recorded", 1, true),
                     ("rank %d: empty cause: %s"):format(r, msg))
   end
-
-  it("deterministic mode on one rank only: every rank fails at once naming who is on and who is off", function()
-    local out, rc, wall = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "5000" },
-                                        args = { "tests/helpers/nodes_ranks.lua", "determ_one", "3" } }
-    if not out then return end
+  -- every one of the 4 ranks printed a FAIL line with a cause; check(msg) for each
+  local function every_rank_failed(out, check)
     local fails = fail_lines(out)
     for r = 0, 3 do
       local msg = fails[r]
       assert.is_truthy(msg, ("rank %d did not fail:\n%s"):format(r, out))
       no_empty_cause(r, msg)
-      assert.is_truthy(msg:find("deterministic mode is on for rank 3 and off for ranks 0, 1, 2", 1, true), msg)
+      check(msg)
     end
+  end
+
+  it("deterministic mode on one rank only: every rank fails at once naming who is on and who is off", function()
+    local out, rc, wall = run_or_skip { nodes = 2, per_node = 2, timeout = 60, env = { WEFT_TIMEOUT_MS = "5000" },
+                                        args = { "tests/helpers/nodes_ranks.lua", "determ_one", "3" } }
+    if not out then return end
+    every_rank_failed(out, function(msg)
+      assert.is_truthy(msg:find("deterministic mode is on for rank 3 and off for ranks 0, 1, 2", 1, true), msg)
+    end)
     assert.are_not.equal(0, rc, out)
     assert.is_true(wall < 5, ("took %.1f s: the disagreement must not wait for the timeout"):format(wall))
   end)
@@ -216,17 +222,13 @@ describe("faults across simulated nodes #fault", function()
                                   node_env = { "1:WEFT_HOST_BACKEND=store" },
                                   args = { "tests/helpers/nodes_ranks.lua", "determ_one", "-1" } }
     if not out then return end
-    local fails = fail_lines(out)
-    for r = 0, 3 do
-      local msg = fails[r]
-      assert.is_truthy(msg, ("rank %d did not fail:\n%s"):format(r, out))
-      no_empty_cause(r, msg)
+    every_rank_failed(out, function(msg)
       -- node 0 agrees on a rendezvous name (a broadcast) while node 1 starts
       -- its all_reduce on the store (an all-gather): the same collective
       -- number, different calls, told to every rank by the agreement word
       assert.is_truthy(msg:find("called different collectives", 1, true), msg)
       assert.is_truthy(msg:find("ranks 0, 1: broadcast", 1, true) and msg:find("ranks 2, 3: allgather", 1, true), msg)
-    end
+    end)
     assert.are_not.equal(0, rc, out)
   end)
 

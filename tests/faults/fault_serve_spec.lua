@@ -8,16 +8,13 @@
 -- and nothing is left in /dev/shm. Real nginx on loopback, as in
 -- tests/unit/serve_spec.lua (pending without nginx + its Lua module, failing so
 -- under CI=true).
-local ROOT = os.getenv("PWD") or "."
-package.path = ROOT .. "/scripts/serve/?.lua;" .. ROOT .. "/tests/?.lua;" .. package.path
+local server = require "helpers.serve_server" -- first: it puts scripts/serve/ on the path
 
 local ffi = require "ffi"
 local http = require "helpers.serve_http"
--- lua-cjson may be missing: then have_nginx() says so (scripts/serve/ensure-nginx)
-local json = select(2, pcall(require, "serve_json"))
+local json = server.json
 local S = require "helpers.spec_util"
 local shm_names = require "weft.internal.shm_names"
-local server = require "helpers.serve_server"
 
 local have_nginx, alive, sleep_ms = server.have_nginx, server.alive, server.sleep_ms
 local function start(n) return server.start(n, { tag = "fault-serve", hidden = 64 }) end

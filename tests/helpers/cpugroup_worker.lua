@@ -2,18 +2,15 @@
 -- MASTER_PORT; CPG_MODE=normal|absent; CPG_ABSENT="3,5" (ranks that never
 -- come, absent mode); CPG_TIMEOUT_MS (absent mode). Prints result lines; the
 -- last line is "OK rank N" on success. Exit status 0 only on success.
-local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local bit = require "bit"
 local ffi = require "ffi"
-local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local util = require "helpers.store_util"
 local W = require "helpers.rank_util"
 
-local rank, n, port = W.env()
-local mode = os.getenv("CPG_MODE") or "normal"
+local rank, n, port, mode = W.start("CPG", "normal")
 local absent = {}
 for r in (os.getenv("CPG_ABSENT") or ""):gmatch("%d+") do absent[tonumber(r)] = true end
 
@@ -24,9 +21,7 @@ end
 
 if absent[rank] then say("ABSENT rank " .. rank); os.exit(0) end
 
-local s = store.open { host = "127.0.0.1", port = port, server = rank == 0, timeout_ms = 20000 }
-local all = {}
-for r = 0, n - 1 do all[r + 1] = r end
+local s, all = W.world_store(rank, n, port, 20000)
 
 local function normal()
   local world = cpugroup.new(s, "world", all, rank, 10000)

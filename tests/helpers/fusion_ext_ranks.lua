@@ -370,30 +370,27 @@ if victim then
 end
 
 ---------------------------------------------------------------- the checks
+-- the MoE patterns' cases of one dtype and hidden size: every token count,
+-- top_k 1, 2, 8 (the scales in the data's dtype at 2), with and without the
+-- shared expert
+local function moe_cases(pattern, dt, H)
+  return function()
+    for _, Tn in ipairs(TOKENS) do
+      for _, k in ipairs { 1, 2, 8 } do
+        for _, sh in ipairs { false, true } do
+          run_case({ pattern = pattern, dtype = dt, tokens = Tn, hidden = H, top_k = k, shared = sh,
+                     scales_dtype = k == 2 and dt or "f32" },
+                   ("%s %s T%d H%d k%d%s"):format(pattern, dt, Tn, H, k, sh and " shared" or ""))
+        end
+      end
+    end
+  end
+end
+
 for _, dt in ipairs(DTYPES) do
   for _, H in ipairs(HIDDEN) do
-    check(("moe %s hidden %d"):format(dt, H), function()
-      for _, Tn in ipairs(TOKENS) do
-        for _, k in ipairs { 1, 2, 8 } do
-          for _, sh in ipairs { false, true } do
-            run_case({ pattern = "moe", dtype = dt, tokens = Tn, hidden = H, top_k = k, shared = sh,
-                       scales_dtype = k == 2 and dt or "f32" },
-                     ("moe %s T%d H%d k%d%s"):format(dt, Tn, H, k, sh and " shared" or ""))
-          end
-        end
-      end
-    end)
-    check(("moe finalize %s hidden %d"):format(dt, H), function()
-      for _, Tn in ipairs(TOKENS) do
-        for _, k in ipairs { 1, 2, 8 } do
-          for _, sh in ipairs { false, true } do
-            run_case({ pattern = "finalize", dtype = dt, tokens = Tn, hidden = H, top_k = k, shared = sh,
-                       scales_dtype = k == 2 and dt or "f32" },
-                     ("finalize %s T%d H%d k%d%s"):format(dt, Tn, H, k, sh and " shared" or ""))
-          end
-        end
-      end
-    end)
+    check(("moe %s hidden %d"):format(dt, H), moe_cases("moe", dt, H))
+    check(("moe finalize %s hidden %d"):format(dt, H), moe_cases("finalize", dt, H))
     check(("pre/post norm %s hidden %d"):format(dt, H), function()
       for _, Tn in ipairs(TOKENS) do
         for _, gm in ipairs { false, true } do

@@ -14,8 +14,8 @@ local rank = world.rank
 weft.initialize_model_parallel { tp = 2 }
 local tp = weft.tp()
 
-local function ok(name) io.stdout:write("OK ", name, "\n"); io.stdout:flush() end
-local function check(cond, msg) if not cond then error("check failed: " .. msg, 2) end end
+local W = require "helpers.rank_util"
+local ok, check = W.ok, W.must
 
 local H, SIZES = 4096, { 1, 2, 4, 8, 16 }
 

@@ -9,18 +9,8 @@ local fake = require "helpers.graph_runner_fake"
 local world = weft.init()
 local rank = world.rank
 
-local function ok(name) io.stdout:write("OK ", name, "\n"); io.stdout:flush() end
-local function check(cond, msg) if not cond then error("check failed: " .. msg, 2) end end
-
-local function expect(fn, wants, what)
-  local good, err = pcall(fn)
-  check(not good, what .. ": expected an error")
-  err = tostring(err)
-  for _, w in ipairs(wants) do
-    check(err:find(w, 1, true) ~= nil, ("%s: error %q lacks %q"):format(what, err, w))
-  end
-  return err
-end
+local W = require "helpers.rank_util"
+local ok, check, expect = W.ok, W.must, W.expect_error
 
 -- a stand-in tensor-parallel group: its collectives are recorded, not run
 local tp = { unique_name = "tp.0", world_size = 2, rank_in_group = rank,

@@ -21,18 +21,8 @@ assert(world.world_size == 4, "run with 4 ranks")
 weft.initialize_model_parallel { tp = 2, pp = 2 }
 local tp = weft.tp()
 
-local function ok(name) io.stdout:write("OK ", name, "\n"); io.stdout:flush() end
-local function check(cond, msg) if not cond then error("check failed: " .. msg, 2) end end
-
-local function expect(fn, wants, what)
-  local good, err = pcall(fn)
-  check(not good, what .. ": expected an error")
-  err = tostring(err)
-  for _, w in ipairs(wants) do
-    check(err:find(w, 1, true) ~= nil, ("%s: error %q lacks %q"):format(what, err, w))
-  end
-  return err
-end
+local W = require "helpers.rank_util"
+local ok, check, expect = W.ok, W.must, W.expect_error
 
 local H = 16
 local SIZES = { 1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 224, 240, 256 }

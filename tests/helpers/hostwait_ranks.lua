@@ -11,8 +11,7 @@
 --   late       the last rank never joins a call: the others time out
 --   dead       the last rank dies HW_LATE_MS after the others started waiting
 -- Lines: "<WHAT> ok=<bool> ms=<n> msg=<text>", "OK rank N checks=K" last.
-local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local ffi = require "ffi"
 local weft = require "weft"

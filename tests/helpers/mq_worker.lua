@@ -6,19 +6,15 @@
 --        dead_reader | dead_writer | mismatch
 -- Prints "FAIL ..." for failed checks, "<WHAT> ok=<bool> ms=<n> msg=<text>"
 -- for the failure scenarios, and "OK rank N checks=K" last on success.
-local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local ffi = require "ffi"
-local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local mq = require "weft.mq"
 local util = require "helpers.store_util"
 local W = require "helpers.rank_util"
 
-local rank, n, port = W.env()
-local mode = os.getenv("MQ_MODE") or "order"
-local tmo = tonumber(os.getenv("MQ_TIMEOUT_MS") or "") or 30000
+local rank, n, port, mode, tmo = W.start("MQ", "order", 30000)
 local CHUNK = tonumber(os.getenv("MQ_CHUNK") or "") or 4096
 local CHUNKS = tonumber(os.getenv("MQ_CHUNKS") or "") or 4
 local COUNT = tonumber(os.getenv("MQ_COUNT") or "") or 500
@@ -27,9 +23,7 @@ local say, report = W.say, W.report
 local K = W.checker(rank)
 local check = K.check
 
-local s = store.open { host = "127.0.0.1", port = port, server = rank == 0, timeout_ms = 30000 }
-local all = {}
-for r = 0, n - 1 do all[r + 1] = r end
+local s, all = W.world_store(rank, n, port, 30000)
 local g = cpugroup.new(s, "mqtest", all, rank, math.max(tmo, 30000))
 
 ---------------------------------------------------------------- data

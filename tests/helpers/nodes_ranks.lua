@@ -315,30 +315,32 @@ local function reduce_until_failure(world, x, step)
   os.exit(1)
 end
 
-local function kill(victim)
+-- The fault scenarios' rank: reports only its own failure, joins the world,
+-- and all-reduces <numel_env> (default `numel`) f32 ones until a call fails;
+-- fault() runs on rank `who` before call `at`.
+local function fault_run(numel_env, numel, who, at, fault)
   own_failure_only()
   local world = weft.init()
-  -- NODES_KILL_NUMEL: 4096 (flat Gloo) or 262144+ (hierarchical from 1 MiB: shm + leaders)
-  local x = T.ones({ tonumber(os.getenv("NODES_KILL_NUMEL")) or 4096 }, "f32")
+  local x = T.ones({ tonumber(os.getenv(numel_env)) or numel }, "f32")
   reduce_until_failure(world, x, function(i)
-    if world.rank == victim and i == 20 then
-      W.say(("DEATH %d"):format(now_ms()))
-      W.kill_self()
-    end
+    if world.rank == who and i == at then fault() end
+  end)
+end
+
+-- NODES_KILL_NUMEL: 4096 (flat Gloo) or 262144+ (hierarchical from 1 MiB: shm + leaders)
+local function kill(victim)
+  fault_run("NODES_KILL_NUMEL", 4096, victim, 20, function()
+    W.say(("DEATH %d"):format(now_ms()))
+    W.kill_self()
   end)
 end
 
 ---------------------------------------------------------------- stall
+-- NODES_STALL_NUMEL: f32 elements per call (tests/faults/fault_nodes_spec.lua picks the route with it)
 local function stall(victim)
-  own_failure_only()
-  local world = weft.init()
-  -- NODES_STALL_NUMEL: f32 elements per call (tests/faults/fault_nodes_spec.lua picks the route with it)
-  local x = T.ones({ tonumber(os.getenv("NODES_STALL_NUMEL")) or 65536 }, "f32")
-  reduce_until_failure(world, x, function(i)
-    if world.rank == victim and i == 5 then
-      W.say(("STALL %d"):format(now_ms()))
-      os.execute("sleep " .. (tonumber(os.getenv("WEFT_TIMEOUT_MS")) / 1000 + 2))
-    end
+  fault_run("NODES_STALL_NUMEL", 65536, victim, 5, function()
+    W.say(("STALL %d"):format(now_ms()))
+    os.execute("sleep " .. (tonumber(os.getenv("WEFT_TIMEOUT_MS")) / 1000 + 2))
   end)
 end
 
@@ -346,15 +348,10 @@ end
 -- NODES_PART_NUMEL: f32 elements per call (the route); NODES_PART_BACKEND:
 -- WEFT_HOST_BACKEND's value, when the spec pins one
 local function partition(cut)
-  own_failure_only()
-  local world = weft.init()
-  local x = T.ones({ tonumber(os.getenv("NODES_PART_NUMEL")) or 4096 }, "f32")
-  reduce_until_failure(world, x, function(i)
-    if world.rank == 0 and i == 10 then
-      local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
-      check(os.execute(("ip -n %s link set n%d nomaster"):format(hub, cut)) == 0, "cutting node %d", cut)
-      W.say(("CUT %d"):format(now_ms()))
-    end
+  fault_run("NODES_PART_NUMEL", 4096, 0, 10, function()
+    local hub = assert(os.getenv("WEFT_SIM_HUB"), "WEFT_SIM_HUB (run under scripts/weft-sim-nodes)")
+    check(os.execute(("ip -n %s link set n%d nomaster"):format(hub, cut)) == 0, "cutting node %d", cut)
+    W.say(("CUT %d"):format(now_ms()))
   end)
 end
 

@@ -2,7 +2,12 @@
 -- tests/faults/fault_serve_spec.lua): whether nginx with its Lua module is here
 -- (scripts/serve/ensure-nginx installs it from Debian when running as root),
 -- and scripts/serve/start in its own session on a free loopback port, up
--- once /health says ok, stopped with the whole session.
+-- once /health says ok, stopped with the whole session. Loading it puts the
+-- demo's modules (scripts/serve/: serve_json, serve_model, ...) on
+-- package.path; M.json is serve_json, or why it did not load.
+local ROOT = os.getenv("PWD") or "."
+package.path = ROOT .. "/scripts/serve/?.lua;" .. package.path
+
 local ffi = require "ffi"
 local http = require "helpers.serve_http"
 local S = require "helpers.spec_util"
@@ -12,7 +17,9 @@ pcall(ffi.cdef, "int kill(int pid, int sig);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 
 local M = {}
-local ROOT = os.getenv("PWD") or "."
+
+-- lua-cjson may be missing: then have_nginx() says so (scripts/serve/ensure-nginx)
+M.json = select(2, pcall(require, "serve_json"))
 
 function M.alive(pid) return ffi.C.kill(pid, 0) == 0 end
 function M.sleep_ms(ms) ffi.C.poll(nil, 0, ms) end

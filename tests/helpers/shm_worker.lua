@@ -2,11 +2,9 @@
 -- SHM_MODE = correct | mismatch | late | kill | absent | same_node | zerocopy, SHM_TIMEOUT_MS.
 -- Prints "FAIL ..." lines for failed checks, "<WHAT> ok=<bool> ms=<n> msg=<text>"
 -- lines for the failure scenarios, and "OK rank N checks=K" last on success.
-local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local ffi = require "ffi"
-local store = require "weft.store"
 local cpugroup = require "weft.cpugroup"
 local shm = require "weft.shm"
 local wffi = require "weft.internal.ffi"
@@ -15,17 +13,13 @@ local W = require "helpers.rank_util"
 
 local C = wffi.C
 
-local rank, n, port = W.env()
-local mode = os.getenv("SHM_MODE") or "correct"
-local tmo = tonumber(os.getenv("SHM_TIMEOUT_MS") or "") or 30000
+local rank, n, port, mode, tmo = W.start("SHM", "correct", 30000)
 
 local say = W.say
 local K = W.checker(rank)
 local check = K.check
 
-local s = store.open { host = "127.0.0.1", port = port, server = rank == 0, timeout_ms = 30000 }
-local all = {}
-for r = 0, n - 1 do all[r + 1] = r end
+local s, all = W.world_store(rank, n, port, 30000)
 local g = cpugroup.new(s, "shmtest", all, rank, tmo)
 
 ---------------------------------------------------------------- data

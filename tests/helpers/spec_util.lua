@@ -24,6 +24,14 @@ function S.shell(cmd)
   return out, tonumber(out:match("rc=(%d+)%s*$"))
 end
 
+-- Runs Lua `code` (no double quotes in it) in a fresh luajit from the
+-- repository root (the specs' working directory) with the tree's lua/ first on
+-- package.path, after `env` ("NAME=value ...", optional): S.shell's output and status.
+function S.luajit(code, env)
+  return S.shell(("cd '%s' && env %s luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path %s\"")
+                 :format(os.getenv("PWD") or ".", env or "", code))
+end
+
 -- A test that needs an optional tool: true when `ok`; otherwise the test is
 -- marked pending with `why` (what is missing, how to install it), except in
 -- CI (CI=true), where a missing tool is CI's own mistake and the test fails.

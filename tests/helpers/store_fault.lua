@@ -22,8 +22,7 @@
 --                                            "HONEST ok" or "HONEST refused <message>"
 --   store_fault.lua rank                      a rank of a 2-rank run: rank 1 has a wrong secret;
 --                                            prints "INIT OK" or "ERR <ms> <message>"
-local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local ffi = require "ffi"
 local bit = require "bit"

@@ -6,8 +6,7 @@
 --   store_proc.lua set PORT KEY VALUE DELAY_MS   set a key after DELAY_MS
 --   store_proc.lua open PORT SECRET              print "OPENED" or "ERR <message>"
 --   store_proc.lua relay TARGET PORTFILE CAPFILE TCP relay to TARGET recording both directions
-local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
-package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/tests/?.lua;" .. package.path
+dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local ffi = require "ffi"
 local util = require "helpers.store_util"

@@ -64,13 +64,15 @@ local function tensor(shape, dtype, device, contiguous)
            ptr = "p" .. tostring(n), is_contiguous = function() return contiguous ~= false end }
 end
 
+-- each test's fake backend, a fusion context on it and a TP coordinator (rank 0 of 2)
+local function fresh()
+  local B = fake()
+  return B, fusion.new { backend = B }, coord(2, 0)
+end
+
 describe("weft.fusion manager", function()
   local B, ctx, tp
-  before_each(function()
-    B = fake()
-    ctx = fusion.new { backend = B }
-    tp = coord(2, 0)
-  end)
+  before_each(function() B, ctx, tp = fresh() end)
 
   it("creates once and reuses a workspace that covers the request", function()
     assert.is_true(ctx:ensure_workspace_initialized { coord = tp, max_tokens = 2048, hidden = 4096 })
@@ -200,11 +202,7 @@ end)
 
 describe("weft.fusion fused entry point", function()
   local B, ctx, tp
-  before_each(function()
-    B = fake()
-    ctx = fusion.new { backend = B }
-    tp = coord(2, 0)
-  end)
+  before_each(function() B, ctx, tp = fresh() end)
 
   local function args(tokens, hidden, dt)
     return tensor({ tokens, hidden }, dt), tensor({ tokens, hidden }, dt), tensor({ hidden }, dt)

@@ -403,9 +403,7 @@ end)
 -- ---------------------------------------------------------------- 2 ranks
 
 local function run_ranks(n, script, timeout)
-  return spec.shell(("WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/tests/?.lua;%s/lua/?.lua;;' timeout -s KILL %d "
-                     .. "%s/scripts/weft-run -n %d --timeout %d %s/tests/helpers/%s")
-                    :format(ROOT, ROOT, timeout + 10, ROOT, n, timeout, ROOT, script))
+  return require("helpers.rank_passes").run(ROOT, "tests/helpers/" .. script, n, nil, timeout + 10)
 end
 
 -- one it() per check name: every rank (2, or `world`) printed "OK <name>"
@@ -419,6 +417,21 @@ local function both_ok(once, names, world)
       assert.are.equal(world, n, "expected 'OK " .. name .. "' from " .. world .. " ranks:\n" .. o)
     end)
   end
+end
+
+-- A describe's body for a helper run on n ranks (run_ranks): one it() per
+-- check name (both_ok), then one that every rank exited cleanly.
+local function ranks_checks(n, script, timeout, names, exit_title)
+  local out, rc
+  local function once()
+    if not out then out, rc = run_ranks(n, script, timeout) end
+    return out
+  end
+  both_ok(once, names, n)
+  it(exit_title, function()
+    once()
+    assert.are.equal(0, rc, out)
+  end)
 end
 
 -- The GPU spec's helper (device all_reduce and fused path through a TP
@@ -443,44 +456,26 @@ describe("graph_runner over device groups on a simulated machine", function()
 end)
 
 describe("graph_runner across 2 ranks (cpu group)", function()
-  local out, rc
-  local function once()
-    if not out then out, rc = run_ranks(2, "graph_runner_ranks.lua", 90) end
-    return out
-  end
-  both_ok(once, {
+  ranks_checks(2, "graph_runner_ranks.lua", 90, {
     "same captures agree", "verify agrees across ranks",
     "an extra collective on rank 1 is detected", "a note that differs is detected",
     "different size lists are refused before any capture", "a capture failing on one rank fails all",
     "the runner is usable after a refused one",
-  })
-  it("both ranks exit cleanly", function()
-    once()
-    assert.are.equal(0, rc, out)
-  end)
+  }, "both ranks exit cleanly")
 end)
 
 -- issue 37 item 2: TP 2 x PP 2, the same step on every rank, default check
 -- group (the world): tp.0 and tp.1 are different groups and their captures
 -- must not be compared with each other; a difference inside one of them is.
 describe("graph_runner at TP 2 x PP 2 across 4 ranks (cpu groups)", function()
-  local out, rc
-  local function once()
-    if not out then out, rc = run_ranks(4, "graph_runner_tpp_ranks.lua", 120) end
-    return out
-  end
-  both_ok(once, {
+  ranks_checks(4, "graph_runner_tpp_ranks.lua", 120, {
     "tp x pp captures agree with the default check group",
     "both tp groups replay random sizes at once, right",
     "an extra collective inside tp.1 is named at every rank",
     "another element count inside tp.0 is named at every rank",
     "a capture failing on one rank fails every rank",
     "check_group = tp works",
-  }, 4)
-  it("all 4 ranks exit cleanly", function()
-    once()
-    assert.are.equal(0, rc, out)
-  end)
+  }, "all 4 ranks exit cleanly")
 end)
 
 -- The GPU spec's TP 2 x PP 2 worker (tests/helpers/graph_runner_tpp_gpu.lua)

@@ -76,6 +76,19 @@ local function tree_modules()
   return t
 end
 
+-- The weft-run of an installed tree (<root>/bin/weft-run) runs README's script
+-- from `dir`, outside the repository, on that tree's weft: its module and its
+-- library (lib_pat: a pattern of the library's path below <root>).
+local function runs_outside(root, dir, lib_pat)
+  os.execute("mkdir -p " .. q(dir))
+  local out, rc, probe = run_outside(root .. "/bin/weft-run", dir)
+  assert.are.equal(0, rc, out)
+  assert.matches("%[rank0%] all_reduce bf16 {8,4096} %(64 KiB, cpu%) on tp%.0 %(2 ranks%): shm", out)
+  local r = root:gsub("%p", "%%%0")
+  assert.matches("lib=" .. r .. "/share/lua/5%.1/%.%./%.%./%.%./" .. lib_pat, probe)
+  assert.matches("mod=" .. r .. "/share/lua/5%.1/weft/init%.lua", probe)
+end
+
 describe("make install", function()
   local tmp, prefix
   local built, build_out
@@ -108,13 +121,7 @@ describe("make install", function()
 
   it("runs README's script at world 4 from outside the repository on the installed weft", function()
     assert.are.equal(0, built, build_out)
-    local dir = tmp .. "/elsewhere"
-    os.execute("mkdir -p " .. q(dir))
-    local out, rc, probe = run_outside(prefix .. "/bin/weft-run", dir)
-    assert.are.equal(0, rc, out)
-    assert.matches("%[rank0%] all_reduce bf16 {8,4096} %(64 KiB, cpu%) on tp%.0 %(2 ranks%): shm", out)
-    assert.matches("lib=" .. prefix:gsub("%p", "%%%0") .. "/share/lua/5%.1/%.%./%.%./%.%./lib/libweft%.so", probe)
-    assert.matches("mod=" .. prefix:gsub("%p", "%%%0") .. "/share/lua/5%.1/weft/init%.lua", probe)
+    runs_outside(prefix, tmp .. "/elsewhere", "lib/libweft%.so")
   end)
 
   it("installs weft-topo, weft-repl, weft-tune and weft-plot that start from anywhere", function()
@@ -204,13 +211,6 @@ describe("luarocks make", function()
     local out, rc = sh(("cd %s && %s timeout -s KILL 600 luarocks --lua-version 5.1 make --tree %s "
                         .. "weft-dev-1.rockspec CFLAGS=-O2"):format(q(ROOT), MAKE_VARS, q(tree)))
     assert.are.equal(0, rc, out)
-    local dir = tmp .. "/elsewhere"
-    os.execute("mkdir -p " .. q(dir))
-    local run_out, run_rc, probe = run_outside(tree .. "/bin/weft-run", dir)
-    assert.are.equal(0, run_rc, run_out)
-    assert.matches("%[rank0%] all_reduce bf16 {8,4096} %(64 KiB, cpu%) on tp%.0 %(2 ranks%): shm", run_out)
-    local t = tree:gsub("%p", "%%%0")
-    assert.matches("lib=" .. t .. "/share/lua/5%.1/%.%./%.%./%.%./lib/lua/5%.1/libweft%.so", probe)
-    assert.matches("mod=" .. t .. "/share/lua/5%.1/weft/init%.lua", probe)
+    runs_outside(tree, tmp .. "/elsewhere", "lib/lua/5%.1/libweft%.so")
   end)
 end)

@@ -49,18 +49,18 @@ describe("quick all-reduce: the switch", function()
   end)
 
   it("weft.quick is there after require \"weft\" (docs/quick-allreduce.md: weft.quick.reference)", function()
-    local out = spec.shell(("cd %s && luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path "
-                            .. "local w = require 'weft' print(type(w.quick), type(w.quick.reference), type(w.settings))\" 2>&1")
-                           :format(ROOT))
+    local out = spec.luajit("local w = require 'weft' print(type(w.quick), type(w.quick.reference), type(w.settings))")
     assert.matches("^table\tfunction\ttable", out)
   end)
 
   it("reads WEFT_QUICK_ALLREDUCE at load, and names a bad value", function()
-    local cmd = "cd %s && WEFT_QUICK_ALLREDUCE=%s luajit -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path "
-                .. "local p = require 'weft.policy' local v, s = p.quick(nil) print(v, s, p.quick_env_error)\" 2>&1"
-    assert.matches("^fp8\tWEFT_QUICK_ALLREDUCE\tnil", spec.shell(cmd:format(ROOT, "fp8")))
-    assert.matches("^off\tWEFT_QUICK_ALLREDUCE\tnil", spec.shell(cmd:format(ROOT, "off")))
-    assert.matches("^off\tdefault\tWEFT_QUICK_ALLREDUCE=\"INT8\" is not one of", spec.shell(cmd:format(ROOT, "INT8")))
+    local function with(v)
+      return spec.luajit("local p = require 'weft.policy' local v, s = p.quick(nil) print(v, s, p.quick_env_error)",
+                         "WEFT_QUICK_ALLREDUCE=" .. v)
+    end
+    assert.matches("^fp8\tWEFT_QUICK_ALLREDUCE\tnil", with("fp8"))
+    assert.matches("^off\tWEFT_QUICK_ALLREDUCE\tnil", with("off"))
+    assert.matches("^off\tdefault\tWEFT_QUICK_ALLREDUCE=\"INT8\" is not one of", with("INT8"))
   end)
 
   it("the policy file's quick_min section is validated, naming the entry", function()

@@ -13,9 +13,8 @@ local S = require "helpers.spec_util"
 local doc = require "helpers.doc_commands"
 local checked = require "helpers.checked_shell"
 local http = require "helpers.serve_http"
+local server = require "helpers.serve_server" -- declares kill and poll
 local ffi = require "ffi"
-pcall(ffi.cdef, "int kill(int pid, int sig);")
-pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 
 -- { Lua pattern on the command, reason }: first match wins
 local SKIP = {
@@ -61,13 +60,12 @@ local function tmpdir()
   return S.shell("mktemp -d /tmp/weft-readme.XXXXXX"):match("^(%S+)")
 end
 
-local function alive(pid) return ffi.C.kill(pid, 0) == 0 end
+local alive = server.alive
 
 -- a server command (scripts/serve/start): started in its own session, must
 -- print its address and answer /health with status ok, then stops on SIGTERM
 local function run_server(cmd, timeout_s)
   -- nginx is optional: without it the command is skipped, saying why (under CI=true it fails)
-  local server = require "helpers.serve_server"
   if not S.needs(server.have_nginx(), server.no_nginx()) then return end
   local dir = tmpdir()
   local log = dir .. "/log"

@@ -4,15 +4,13 @@
 -- Debian when running as root (scripts/serve/ensure-nginx, with lua-cjson),
 -- else pending (failing under CI=true: CI must run them).
 local ROOT = os.getenv("PWD") or "."
-package.path = ROOT .. "/scripts/serve/?.lua;" .. ROOT .. "/tests/?.lua;" .. package.path
+local server = require "helpers.serve_server" -- first: it puts scripts/serve/ on the path
 
 local ffi = require "ffi"
 local http = require "helpers.serve_http"
--- lua-cjson may be missing: then have_nginx() says so (scripts/serve/ensure-nginx)
-local json = select(2, pcall(require, "serve_json"))
+local json = server.json
 local S = require "helpers.spec_util"
 local model = require "serve_model"
-local server = require "helpers.serve_server"
 
 -- (kill and poll are declared by helpers.serve_server)
 

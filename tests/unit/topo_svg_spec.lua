@@ -81,12 +81,21 @@ describe("weft.tools.topo_svg", function()
 
   local xmllint_ok = require("helpers.spec_util").xmllint_ok
 
+  -- each line of the svg with the panel it stands in (the last
+  -- <g id="panel-K"> at or before it; nil before the first)
+  local function panel_lines(svg)
+    local next_line, panel = svg:gmatch("[^\n]+"), nil
+    return function()
+      local line = next_line()
+      if line then panel = line:match('^<g id="panel%-([%w_]+)">') or panel end
+      return line, panel
+    end
+  end
+
   -- every cell: {kind, rank, node, group, fill, x, y, w}
   local function cells_of(svg)
-    local cells, panel = {}, nil
-    for line in svg:gmatch("[^\n]+") do
-      local k = line:match('^<g id="panel%-([%w_]+)">')
-      if k then panel = k end
+    local cells = {}
+    for line, panel in panel_lines(svg) do
       local x, y, w, fill, rank, node, gname, g =
         line:match('^<rect x="(%d+)" y="(%d+)" width="(%d+)" height="%d+"[^>]*fill="(#%x+)"><title>rank (%d+), '
                    .. 'node (%d+): ([%w_]+)%.(%d+) = ')
@@ -101,10 +110,9 @@ describe("weft.tools.topo_svg", function()
 
   -- node frames per panel: frames[kind][node + 1] = {x, y, w, h}
   local function frames_of(svg)
-    local frames, panel = {}, nil
-    for line in svg:gmatch("[^\n]+") do
-      local k = line:match('^<g id="panel%-([%w_]+)">')
-      if k then panel = k; frames[k] = {} end
+    local frames = {}
+    for line, panel in panel_lines(svg) do
+      if panel and not frames[panel] then frames[panel] = {} end
       local x, y, w, h = line:match('^<rect class="n[^"]*" x="(%d+)" y="(%d+)" width="(%d+)" height="(%d+)"')
       if x then
         local f = frames[panel]

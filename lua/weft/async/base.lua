@@ -48,6 +48,11 @@ function M.check_peer(g, op, idx, what)
   if idx ~= floor(idx) or idx < 0 or idx >= g.world_size then
     fail(3, op, "%s %s is out of range for group %s of %d ranks", what, show(idx), gname(g), g.world_size)
   end
+  return idx
 end
+
+-- a rooted call's src (default 0), checked as check_peer does; a tail call,
+-- so the error still names the method's caller
+function M.check_src(g, op, src) return M.check_peer(g, op, src or 0, "src") end
 
 return M

@@ -11,7 +11,7 @@ local Q = require "weft.async.queue"
 local ffi_new = ffi.new
 local type, tostring, tonumber, require = type, tostring, tonumber, require
 local fail, gname = B.fail, B.gname
-local check_group, check_peer = B.check_group, B.check_peer
+local check_group, check_peer, check_src = B.check_group, B.check_peer, B.check_src
 local desc, submit, finished, result_string, K = Q.desc, Q.submit, Q.finished, Q.result_string, Q.KINDS
 
 local M = {}
@@ -35,8 +35,7 @@ end
 function M.broadcast_object(g, obj, src)
   local op = "broadcast_object"
   check_group(g, op)
-  src = src or 0
-  check_peer(g, op, src, "src")
+  src = check_src(g, op, src)
   if g.world_size == 1 then return finished(op, gname(g), obj) end
   local call = op .. " src=" .. src
   local me = g.rank_in_group

@@ -19,7 +19,7 @@ local copy_bytes = require("weft.internal.hostmem").copy -- any size (ffi.copy s
 local type, tostring, error, pcall, tonumber = type, tostring, error, pcall, tonumber
 local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
-local check_group, check_tensor, check_peer = B.check_group, B.check_tensor, B.check_peer
+local check_group, check_tensor, check_src = B.check_group, B.check_tensor, B.check_src
 local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
 local B = require "weft.internal.binding"
 local shape_word, args_word = B.shape_word, B.args_word
@@ -290,8 +290,7 @@ end
 function M.broadcast(g, t, src)
   local op = "broadcast"
   check_group(g, op)
-  src = src or 0
-  check_peer(g, op, src, "src")
+  src = check_src(g, op, src)
   check_tensor(g, op, t)
   if g.world_size == 1 or t.numel == 0 then return finished(op, gname(g), t) end
   local be, dg = backend(g, op, t)

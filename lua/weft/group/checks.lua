@@ -80,7 +80,12 @@ local function check_peer(g, op, idx, what)
     fail(3, op, "%s %s is out of range for group %s of %d ranks (valid: 0..%d)",
          what, show(idx), gname(g), g.world_size, g.world_size - 1)
   end
+  return idx
 end
+
+-- a rooted call's src (default 0), checked as check_peer does; a tail call,
+-- so the error still names the method's caller
+local function check_src(g, op, src) return check_peer(g, op, src or 0, "src") end
 
 local function check_reduce(g, op, t, rop)
   local code = REDUCE_OPS[rop]
@@ -170,6 +175,7 @@ end
 M.fail, M.shape_str, M.gname = fail, shape_str, gname
 M.check_overlap, M.check_fused_outputs = check_overlap, check_fused_outputs
 M.check_group, M.check_tensor, M.check_place, M.check_peer = check_group, check_tensor, check_place, check_peer
+M.check_src = check_src
 M.check_reduce, M.norm_dim, M.same_shape, M.outer_inner = check_reduce, norm_dim, same_shape, outer_inner
 
 -- The split tables of an uneven all_to_all_single, every rank's as it came

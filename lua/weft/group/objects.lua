@@ -13,6 +13,7 @@ local ffi_cast = ffi.cast
 local type, tostring, error, pcall, ipairs, pairs, require = type, tostring, error, pcall, ipairs, pairs, require
 local concat = table.concat
 local fail, gname, check_group, check_peer, T = K.fail, K.gname, K.check_group, K.check_peer, K.T
+local check_src = K.check_src
 local rethrow, cpu = H.rethrow, H.cpu
 
 local M = {}
@@ -163,8 +164,7 @@ end
 
 function M.broadcast_object(self, obj, src)
   check_group(self, "broadcast_object")
-  src = src or 0
-  check_peer(self, "broadcast_object", src, "src")
+  src = check_src(self, "broadcast_object", src)
   if self.world_size == 1 then return obj end
   return broadcast_obj(self, "broadcast_object", obj, src)
 end
@@ -249,8 +249,7 @@ end
 function M.broadcast_tensor_dict(self, dict, src)
   local op = "broadcast_tensor_dict"
   check_group(self, op)
-  src = src or 0
-  check_peer(self, op, src, "src")
+  src = check_src(self, op, src)
   if self.world_size == 1 then return dict end
   if self.rank_in_group == src then
     local meta, tensors = split_dict(self, op, dict)

@@ -15,13 +15,14 @@
 --   binding.check(rc)            -- raises "weft: <weft_last_error()>" when rc ~= 0
 --   binding.shape_word(shape)    -- a shape table as the word shm / Gloo calls compare (0: nil)
 --   binding.args_word(extra)     -- a call's other arguments (sizes, dim, op) as such a word
+--   binding.group_comm(g, h, free, mt) -- a communicator object over cpu group g (shm, gloo)
 -- Error levels name the caller of the binding's method (the functions here
 -- are called straight from the method).
 local ffi = require "ffi"
 local wffi = require "weft.internal.ffi"
 local C = wffi.C
 
-local type, error, tostring = type, error, tostring
+local type, error, tostring, setmetatable = type, error, tostring, setmetatable
 local ffi_gc, ffi_string = ffi.gc, ffi.string
 local fmt = string.format
 
@@ -117,6 +118,19 @@ function M.args_word(extra)
   if extra == nil then return 0ULL end
   local s = extra_str(extra)
   return C.weft_args_word(s, #s)
+end
+
+-- A communicator over a weft.cpugroup (weft.shm, weft.gloo): its handle h,
+-- freed by `free` when collected; the group, kept referenced (and its store
+-- with it); the group's name and size and this rank's index in it; metatable mt.
+function M.group_comm(cpugroup, h, free, mt)
+  return setmetatable({
+    handle = ffi_gc(h, free),
+    cpugroup = cpugroup,
+    name = cpugroup.name,
+    size = cpugroup.size,
+    rank_in_group = cpugroup.my_index,
+  }, mt)
 end
 
 -- For messages that name the operation already (the C library's do).

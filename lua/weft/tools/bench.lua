@@ -8,14 +8,16 @@ local M = {}
 local fmt, concat = string.format, table.concat
 
 -- A benchmark script's command line into o (its defaults): "--some-key v"
--- sets o.some_key (a number when v reads as one); flags[a](o) handles the
--- options that take no value; anything else raises "<name>: unknown
--- argument a<hint>".
+-- sets o.some_key (a number when v reads as one); flags[a] handles the
+-- options that take no value: a key (o[key] = true) or a function (flags[a](o));
+-- anything else raises "<name>: unknown argument a<hint>".
 function M.parse_args(argv, o, flags, name, hint)
   local i = 1
   while i <= #argv do
     local a = argv[i]
-    if flags[a] then flags[a](o)
+    local f = flags[a]
+    if type(f) == "string" then o[f] = true
+    elseif f then f(o)
     elseif a:match("^%-%-") and argv[i + 1] then
       local k = a:sub(3):gsub("-", "_")
       local v = argv[i + 1]
