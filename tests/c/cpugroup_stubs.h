@@ -31,5 +31,11 @@ int weft_cpugroup_allreduce_i64(weft_cpugroup *g, int64_t *vals, int n, int op) 
   (void)g; (void)vals; (void)n; (void)op;
   return WF_NO_GROUP();
 }
+/* no group, so no store: shm.c asks whether rank 0 of the group serves it */
+weft_store *wf_cpugroup_store(weft_cpugroup *g) {
+  (void)g;
+  return NULL;
+}
+int wf_store_live_registered(weft_store *s) { return s != NULL; }
 
 #endif

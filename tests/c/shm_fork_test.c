@@ -343,7 +343,7 @@ static void body_late(weft_shm *c, void *arg) {
   int rc = weft_shm_all_reduce(c, x, x, 16, WEFT_F32, WEFT_SUM);
   int64_t dt = wf_now_ms() - t0;
   char want[64];
-  snprintf(want, sizeof want, "rank %d (global %d)", c->world - 1, c->world - 1);
+  snprintf(want, sizeof want, "rank %d (global %d", c->world - 1, c->world - 1);   /* then ", pid P, host H)" */
   const char *msg = weft_last_error();
   note("late rank", rc, msg);
   /* the first to time out aborts the rest: ETIMEOUT there, EABORT elsewhere */

@@ -50,16 +50,16 @@ function S.count_ok(out)
 end
 
 -- A function that, on its first call, builds the C test binary `target` (a
--- make target under BUILD) into a fresh temporary folder, runs it with a time
--- limit and removes the folder; every call returns what it printed followed
+-- make target under BUILD) into a fresh temporary folder, runs it (with the
+-- words args, if given) with a time limit and removes the folder; every call returns what it printed followed
 -- by "rc=<exit status>" (one run shared by a describe block's checks).
-function S.c_test(target, timeout_s)
+function S.c_test(target, timeout_s, args)
   local out
   return function()
     if not out then
       local dir = os.tmpname(); os.remove(dir)
-      out = S.shell(("(make -s BUILD=%s %s/%s && timeout %d %s/%s; r=$?; rm -rf %s; exit $r)")
-                    :format(dir, dir, target, timeout_s, dir, target, dir))
+      out = S.shell(("(make -s BUILD=%s %s/%s && timeout %d %s/%s %s; r=$?; rm -rf %s; exit $r)")
+                    :format(dir, dir, target, timeout_s, dir, target, args or "", dir))
     end
     return out
   end

@@ -3,7 +3,7 @@
 -- (1, 2, 3, 4, 8 ranks: every collective, dtype and op against an f64
 -- reference, mismatched calls, a late rank, a killed rank, same_node), and
 -- nothing left behind in /dev/shm. The fork()-based C test of the same engine
--- (tests/c/shm_fork_test.c) runs with `make shm-test-c`.
+-- (tests/c/shm_fork_test.c, `make shm-test-c`) runs here too, its quick form.
 local ffi = require "ffi"
 local shm = require "weft.shm"
 local util = require "helpers.store_util"
@@ -183,5 +183,15 @@ describe("weft.shm across processes", function()
 
   it("leaves nothing in /dev/shm", function()
     assert.are.equal(before_all, leftovers())
+  end)
+end)
+
+-- The engine without the cpu group or Lua: fork()ed ranks attach by name,
+-- every collective against its reference, then the failure paths (it had
+-- stopped linking unnoticed while it ran only by hand).
+describe("the fork()ed C test of the engine (tests/c/shm_fork_test.c --quick)", function()
+  local run_c = spec.c_test("shm_fork_test", 240, "--quick")
+  it("links, and every check passes", function()
+    spec.assert_c_passed(assert, run_c(), "shm_fork", 1000)
   end)
 end)
