@@ -277,7 +277,10 @@ local NORM_DTYPES = { f32 = 0, f16 = 1, bf16 = 2 }
 -- with WEFT_RMSNORM_DETERMINISTIC). residual may be nil (plain RMSNorm). Returns out, residual_out.
 function M.rmsnorm(x, residual, weight, eps, opts)
   opts = opts or {}
-  local tensor = require "weft.tensor"
+  -- weft.tensor is loaded wherever a tensor exists: taken from there, not
+  -- required (weft.tensor requires this module for device memory)
+  local tensor = package.loaded["weft.tensor"]
+  if tensor == nil then fail("rmsnorm", "input must be a device tensor (weft.tensor is not loaded)") end
   local function want(t, what)
     if not tensor.is_tensor(t) then fail("rmsnorm", what .. " must be a weft tensor") end
     if t.device_index ~= x.device_index then

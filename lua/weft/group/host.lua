@@ -9,6 +9,7 @@ local ffi = require "ffi"
 local wffi = require "weft.internal.ffi"
 local policy = require "weft.policy"
 local K = require "weft.group.checks"
+local calls = require "weft.group.calls"
 
 local C = wffi.C
 local ffi_cast = ffi.cast
@@ -83,7 +84,10 @@ local function shm_comm(g)
   if c then return c end
   local shm = require "weft.shm"
   -- chunk per rank: WEFT_SHM_BYTES, else weft.group.SHM_BYTES, else weft.shm's default
-  local per_rank = tonumber(os.getenv("WEFT_SHM_BYTES")) or require("weft.group").SHM_BYTES
+  -- (the setting lives on weft.group, loaded wherever a group exists: read
+  -- there, not required, since weft.group requires this module)
+  local wg = package.loaded["weft.group"]
+  local per_rank = tonumber(os.getenv("WEFT_SHM_BYTES")) or (wg and wg.SHM_BYTES)
   c = shm.new(g.cpu_group, per_rank)
   g._shm = c
   return c
@@ -103,14 +107,12 @@ end
 -- usable. t, extra: what the call is (K.call_desc); nil for a raw exchange.
 -- weft.async's store path frames its parts the same way (store_part,
 -- store_check), so blocking and async calls meet.
-local objects
 local function store_part(op, payload, t, extra)
-  objects = objects or require "weft.group.objects"
   local call = t and K.call_desc(op, t, extra) or op
-  return objects.frame(call, payload), call
+  return calls.frame(call, payload), call
 end
 local function store_check(g, op, call, list)
-  return objects.check_calls(g, op, call, list)
+  return calls.check_calls(g, op, call, list)
 end
 M.store_part, M.store_check = store_part, store_check
 
@@ -195,9 +197,9 @@ end }))
 local function select_backend(g, op, t, rop)
   local name, why, cacheable, choice = policy.select(g, op, t, rop)
   local be = name and M.backends[name]
-  if name == "store" and not g.same_node and not require("weft.backends.host_nodes").built then
-    require("weft.backends.host_nodes").warn_store(g)
-  end
+  -- weft.backends.host_nodes is installed by weft.group (it requires this module)
+  local hn = package.loaded["weft.backends.host_nodes"]
+  if name == "store" and not g.same_node and hn and not hn.built then hn.warn_store(g) end
   if not be then
     error(("weft: %s: policy chose backend %q for group %s but it is not registered (%s)")
           :format(op, tostring(name), gname(g), tostring(why)), 0)
