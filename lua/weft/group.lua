@@ -180,7 +180,7 @@ local sizes_ct = ffi.typeof("int64_t[8]") -- one 64-byte block per rank
 
 -- Reduce t across the group into out_ptr (t.ptr for in place); t validated.
 local function reduce_into(g, t, out_ptr, rop, code)
-  local be, _, choice = backend_for(g, "all_reduce", t, rop)
+  local be, _, choice = backend_for(g, "all_reduce", t, rop, out_ptr ~= t.ptr and out_ptr or nil)
   local f = be.all_reduce
   if f then return call_be(g, "all_reduce", f, t, out_ptr, rop, code, choice) end
   -- generic: gather everything, reduce locally in rank order

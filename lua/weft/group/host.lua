@@ -192,8 +192,8 @@ M.register_backend("no_device_backend", setmetatable({}, { __index = function(_,
   end
 end }))
 
-local function select_backend(g, op, t, rop)
-  local name, why, cacheable, choice = policy.select(g, op, t, rop)
+local function select_backend(g, op, t, rop, out)
+  local name, why, cacheable, choice = policy.select(g, op, t, rop, out)
   local be = name and M.backends[name]
   if name == "store" and not g.same_node and not require("weft.backends.host_nodes").built then
     require("weft.backends.host_nodes").warn_store(g)
@@ -250,8 +250,10 @@ end
 -- state (g._dispatch = nil). Decisions that depend on the size (the device
 -- all_reduce's kernels-or-NCCL) go to M.sized_memo where one is installed
 -- (weft.backends.device_backends.sized_memo), kept inside the same memo.
+-- out: the output pointer of an all_reduce into another buffer (nil: in
+-- place); the device all_reduce's choice reads its alignment.
 M.sized_memo = nil
-local function backend_for(g, op, t, rop)
+local function backend_for(g, op, t, rop, out)
   local memo = g._dispatch
   if memo == nil or memo.version ~= policy.version then
     memo = { version = policy.version }
@@ -265,18 +267,18 @@ local function backend_for(g, op, t, rop)
   if e then return e[1], e[2], e[3] end
   local sized = M.sized_memo
   if sized ~= nil then
-    local sbe, sname, schoice = sized.lookup(memo, g, op, t, rop)
+    local sbe, sname, schoice = sized.lookup(memo, g, op, t, rop, out)
     if sbe ~= nil then return sbe, sname, schoice end
   end
   if policy.det_host_routed(g, op, t, rop) and g.world_size > 1 then host_determ_check(g, op) end
-  local be, name, cacheable, choice = select_backend(g, op, t, rop)
+  local be, name, cacheable, choice = select_backend(g, op, t, rop, out)
   if cacheable then
     if not a then a = {}; memo[op] = a end
     if not b then b = {}; a[dt] = b end
     if not c then c = {}; b[dev] = c end
     c[rop or ""] = { be, name, choice }
   elseif sized ~= nil then
-    sized.store(memo, g, op, t, rop, be, name, choice)
+    sized.store(memo, g, op, t, rop, be, name, choice, out)
   end
   return be, name, choice
 end
