@@ -265,9 +265,10 @@ local function backend_for(g, op, t, rop, out)
   local c = b and b[dev]
   local e = c and c[rop or ""]
   if e then return e[1], e[2], e[3] end
-  local sized = M.sized_memo
+  local sized, fileable = M.sized_memo, nil
   if sized ~= nil then
-    local sbe, sname, schoice = sized.lookup(memo, g, op, t, rop, out)
+    local sbe, sname, schoice
+    sbe, sname, schoice, fileable = sized.lookup(memo, g, op, t, rop, out)
     if sbe ~= nil then return sbe, sname, schoice end
   end
   if policy.det_host_routed(g, op, t, rop) and g.world_size > 1 then host_determ_check(g, op) end
@@ -278,7 +279,7 @@ local function backend_for(g, op, t, rop, out)
     if not c then c = {}; b[dev] = c end
     c[rop or ""] = { be, name, choice }
   elseif sized ~= nil then
-    sized.store(memo, g, op, t, rop, be, name, choice, out)
+    sized.store(memo, g, op, t, rop, be, name, choice, fileable)
   end
   return be, name, choice
 end
