@@ -319,6 +319,18 @@ local function call_be(g, op, f, ...)
   return rethrow(g, op, pcall(f, g, op, ...))
 end
 
+-- all_reduce of t into out_ptr (t.ptr: in place) through the backend the
+-- policy chooses for it: one step down from weft.group, so the output pointer
+-- goes from here to the backend without coming back up. Returns nothing when
+-- the backend ran it, or the backend when it has no all_reduce (weft.group
+-- then reduces through its gather).
+local function reduce_by_backend(g, t, out_ptr, rop, code)
+  local be, _, choice = backend_for(g, "all_reduce", t, rop, out_ptr ~= t.ptr and out_ptr or nil)
+  local f = be.all_reduce
+  if f == nil then return be end
+  call_be(g, "all_reduce", f, t, out_ptr, rop, code, choice)
+end
+
 local function cpu(g, op, method, ...)
   settle(g)
   local c = g.cpu_group
@@ -334,7 +346,7 @@ local function gather_bytes(g, be, op, src, nbytes, dst, t, extra)
   call_be(g, op, be.gather_bytes, src, nbytes, dst, t, extra)
 end
 
-M.shm_comm, M.backend_for, M.rethrow, M.call_be, M.cpu, M.gather_bytes =
-  shm_comm, backend_for, rethrow, call_be, cpu, gather_bytes
+M.shm_comm, M.backend_for, M.rethrow, M.call_be, M.cpu, M.gather_bytes, M.reduce_by_backend =
+  shm_comm, backend_for, rethrow, call_be, cpu, gather_bytes, reduce_by_backend
 
 return M
