@@ -491,14 +491,22 @@ enum { WEFT_AR_AUTO = 0, WEFT_AR_ONESHOT = 1, WEFT_AR_TWOSHOT = 2, WEFT_AR_ONESH
                                       one-shot, flag one-shot and two-shot agree bit for bit */ };
 int weft_ar_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out);
 int weft_ar_destroy(weft_ar *ar);
+/* run: checks the contract (a usable handle, buffers 16-byte aligned, dtype,
+ * count, the workspace's size), then runs `algo`: WEFT_AR_AUTO is resolved
+ * here as weft_ar_resolve does (for C callers); a named kernel is only checked
+ * to fit. weft's Lua path always names the kernel, which its custom_ar rule
+ * got from weft_ar_resolve: the algorithm is chosen once. */
 int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype, int algo,
                 void *stream);
 /* 0, or the first kernel failure (reads a host-mapped word; no sync). */
 int weft_ar_check_error(weft_ar *ar);
 int weft_ar_abort(weft_ar *ar);            /* in-flight kernels return; handle unusable */
 int weft_ar_set_timeout(weft_ar *ar, int timeout_ms);  /* for calls launched later */
-/* The kernel a call would use (WEFT_AR_ONESHOT / _TWOSHOT / _ONESHOT_FLAG),
- * after the same validation as run; why: a short static reason. */
+/* The kernel a call would use (WEFT_AR_ONESHOT / _TWOSHOT / _ONESHOT_FLAG,
+ * or the quick kind asked), after the same validation as run (less the
+ * buffers'); why (may be NULL): a short static reason. The one place "auto"
+ * becomes a kernel: by size and what fits the workspace. Passing the kind it
+ * returns back to run or resolve gives the same kind. */
 int weft_ar_resolve(weft_ar *ar, size_t count, int dtype, int algo, int *kind, const char **why);
 int weft_ar_info(weft_ar *ar, int *rank, int *world, size_t *max_bytes, size_t *lamport_bytes,
                  size_t *oneshot_max);

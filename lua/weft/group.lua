@@ -61,6 +61,7 @@ local DT_CODE, DT_SIZE = H.DT_CODE, H.DT_SIZE
 M.backends, M.register_backend = H.backends, H.register_backend
 M.SHM_BYTES = nil   -- chunk per rank of the shm engine (WEFT_SHM_BYTES wins); nil: weft.shm's default
 local backend_for, call_be, cpu, gather_bytes = H.backend_for, H.call_be, H.cpu, H.gather_bytes
+local reduce_by_backend = H.reduce_by_backend
 
 -- call agreement and object collectives (weft.group.objects)
 M.CALL_MARK, M.split_call, M.describe_calls, M.frame = O.CALL_MARK, O.split_call, O.describe_calls, O.frame
@@ -180,10 +181,10 @@ local sizes_ct = ffi.typeof("int64_t[8]") -- one 64-byte block per rank
 
 -- Reduce t across the group into out_ptr (t.ptr for in place); t validated.
 local function reduce_into(g, t, out_ptr, rop, code)
-  local be, _, choice = backend_for(g, "all_reduce", t, rop)
-  local f = be.all_reduce
-  if f then return call_be(g, "all_reduce", f, t, out_ptr, rop, code, choice) end
-  -- generic: gather everything, reduce locally in rank order
+  local be = reduce_by_backend(g, t, out_ptr, rop, code)
+  if be == nil then return end
+  -- generic (the backend has no all_reduce): gather everything, reduce
+  -- locally in rank order
   local nbytes, W = t.nbytes, g.world_size
   local step = floor(GENERIC_AR_STAGE / W / 64) * 64 -- per rank and round, whole elements
   if step < 4096 then step = 4096 end

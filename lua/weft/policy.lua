@@ -266,7 +266,7 @@ local function resolve(r)
   end
 end
 
--- predicate(key, fn [, text]): fn(g, op, t, rop) -> matched [, choice] for
+-- predicate(key, fn [, text]): fn(g, op, t, rop [, out]) -> matched [, choice] for
 -- every rule whose `when` is key; text: {why=, why_not=, detail=} (strings
 -- or functions of (g, op, t, rop)) for the texts the backend computes. A
 -- second call for the same key replaces the first.
@@ -293,16 +293,19 @@ M.predicate("no_cuda", function(_, _, t) return is_device(t) end,
   { why = "device tensor, and no device backend is registered (weft.backends.device_backends not loaded)" })
 for _, r in ipairs(rules) do resolve(r) end
 
--- select(group, op, tensor [, reduce_op]) -> backend name, reason, cacheable,
--- choice (cacheable: every rule consulted said cacheable = true, or a
+-- select(group, op, tensor [, reduce_op [, out]]) -> backend name, reason,
+-- cacheable, choice (cacheable: every rule consulted said cacheable = true, or a
 -- function of (group, op, tensor, reduce_op) that returned true: its answer
 -- does not depend on the size for this call's group; device rules do not
 -- count for host tensors). choice: the matching rule's second value, what
--- it chose inside its backend (the "custom_ar" rule: the algorithm, or the
--- error the call raises), handed to the backend with the call; a rule's
--- predicate returns it beside true. Rules with no predicate (test == nil)
--- are passed over.
-function M.select(g, op, t, rop)
+-- it chose inside its backend (the "custom_ar" rule: the algorithm and the
+-- kernel, or the error the call raises), handed to the backend with the
+-- call; a rule's predicate returns it beside true. out: the call's output
+-- pointer where it is not the input's (all_reduce with `out`), handed to the
+-- predicates as their fifth argument (the custom all-reduce checks its
+-- alignment); nil: in place, or a question about the input alone (explain).
+-- Rules with no predicate (test == nil) are passed over.
+function M.select(g, op, t, rop, out)
   local cacheable = true
   for i = 1, #rules do
     local r = rules[i]
@@ -313,7 +316,7 @@ function M.select(g, op, t, rop)
       if c ~= true and not (r.device and not is_device(t)) and not (c and c(g, op, t, rop)) then
         cacheable = false
       end
-      local hit, choice = test(g, op, t, rop)
+      local hit, choice = test(g, op, t, rop, out)
       if hit then return r.backend, r.why, cacheable, choice end
     end
   end

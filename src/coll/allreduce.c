@@ -276,7 +276,10 @@ int weft_ar_set_timeout(weft_ar *ar, int timeout_ms) {
   return 0;
 }
 
-/* Validation and algorithm choice shared by run and resolve. */
+/* Validation and algorithm choice shared by run and resolve: the one place
+ * "auto" becomes a kernel (weft_ar_resolve's answer, which the Lua rule asks
+ * for and hands back named); a named kernel is only checked to fit, and a
+ * kernel this returns maps to itself when passed back. */
 #define OPFMT "allreduce (group '%s', rank %d)"
 #define OPARGS ar->dc.group, ar->dc.me
 
@@ -404,6 +407,8 @@ int weft_ar_run(weft_ar *ar, const void *in, void *out, size_t count, int dtype,
   int rc = wf_dev_usable(&ar->dc, "allreduce");
   if (rc) return rc;
   WF_CHECK_ARG(in && out, OPFMT ": NULL buffer", OPARGS);
+  /* the contract's own check, for C callers (and a last guard): weft's Lua
+   * path sent a misaligned buffer to NCCL in its custom_ar rule already */
   WF_CHECK_ARG(((uintptr_t)in & 15) == 0 && ((uintptr_t)out & 15) == 0,
                OPFMT ": buffers must be 16-byte aligned (in %p, out %p)", OPARGS, in, out);
   int kind;

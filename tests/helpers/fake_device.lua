@@ -458,10 +458,15 @@ function M.install()
     if algo % 256 >= 4 and dtype == 0 then return fail(EINVAL, "allreduce: the quick all-reduce takes bf16 or f16, not f32") end
     return 0, es
   end
+  -- C's choice in miniature (src/coll/allreduce.c resolve): "auto" is the
+  -- one-shot up to the one-shot limit (weft_ar_info's 8 MiB), else the
+  -- two-shot; a named kernel is itself
   F.weft_ar_resolve = function(h, count, dtype, algo, kind, why)
-    local rc = ar_check(ar_of(h), tonumber(count), dtype, algo)
+    count = tonumber(count)
+    local rc, es = ar_check(ar_of(h), count, dtype, algo)
     if rc ~= 0 then return rc end
-    local k = algo % 256 == 0 and 1 or algo % 256
+    local k = algo % 256
+    if k == 0 then k = count * es <= 8 * 1048576 and 1 or 2 end
     kind[0] = k
     if why ~= nil then why[0] = why_text[k] end
     return 0
@@ -473,6 +478,7 @@ function M.install()
     if rc ~= 0 then return rc end
     if addr(inp) % 16 ~= 0 or addr(out) % 16 ~= 0 then return fail(EINVAL, "allreduce: buffers must be 16-byte aligned") end
     s.calls = s.calls + 1
+    M.ar_algos[#M.ar_algos + 1] = algo   -- the code as handed (kernel | flags): 0 would be "auto"
     if algo >= 512 then DC.ar = DC.ar + 1 else DC.ar_plain = DC.ar_plain + 1 end
     local q = algo % 256
     if q >= 4 then DC.quick[q - 4] = (DC.quick[q - 4] or 0) + 1 end
@@ -490,6 +496,7 @@ function M.install()
   F.weft_ar_check_error = function() return 0 end
   F.weft_ar_abort = function() return 0 end
   F.weft_ar_set_timeout = function() return 0 end
+  M.ar_algos = {}   -- the algorithm code of every weft_ar_run, in order
   M.ar_calls = function() local n = 0; for _, s in pairs(ars) do n = n + s.calls end; return n end
 
   ---------------------------------------------------------------- fusion

@@ -5,7 +5,8 @@
 -- Prints "PASS <name>" / "FAIL <name>: why"; exits 1 on a failure.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-require("helpers.fake_device").install()
+local fake = require "helpers.fake_device"
+fake.install()
 local weft = require "weft"
 local policy = require "weft.policy"
 local db = require "weft.backends.device_backends"
@@ -77,6 +78,41 @@ local over = weft.tensor.randn({ d.ar.max_bytes / 2 + 8 }, "bf16", DEV)
 calls(2, over)
 check("a size over the workspace goes to NCCL (twice)", runs == 0, ("%d launches"):format(runs))
 over:free()
+
+-- the output's alignment is the rule's check (per call): an unaligned `out`
+-- of a memoised size goes to NCCL, an aligned one takes the kernels, memoised
+local ubuf = weft.tensor.empty({ 4097 }, "bf16", DEV)
+local uout, aout = ubuf:narrow(0, 1, 4096), weft.tensor.empty({ 4096 }, "bf16", DEV)
+runs, walks = 0, 0
+for _ = 1, 3 do world:all_reduce(x, "sum", uout) end
+check("an unaligned output goes to NCCL, asked of the rules each call", runs == 0 and walks == 3,
+      ("launches %d, walks %d"):format(runs, walks))
+runs, walks = 0, 0
+for _ = 1, 3 do world:all_reduce(x, "sum", aout) end
+check("an aligned output takes the kernels, memoised", runs == 3 and walks == 0,
+      ("launches %d, walks %d"):format(runs, walks))
+
+-- The algorithm is chosen once, by the rule (C's choice through
+-- weft_ar_resolve): every weft_ar_run from the Lua path got a kernel, never
+-- "auto" (0), and the kernel explain names is the one that ran
+local KIND = require("weft.backends.custom_ar").KIND_NAME
+local autos = 0
+for _, a in ipairs(fake.ar_algos) do if a % 256 == 0 then autos = autos + 1 end end
+local function ran_as_explained(t)
+  local n = #fake.ar_algos
+  world:all_reduce(t)
+  local k = KIND[(fake.ar_algos[#fake.ar_algos] or 0) % 256]
+  local e = policy.explain(world, t)
+  return #fake.ar_algos == n + 1 and k ~= nil and e:find("-> " .. k .. " kernel", 1, true) ~= nil, k, e
+end
+local ok1, k1, e1 = ran_as_explained(x)
+local mid = weft.tensor.randn({ 5 * 1048576 }, "bf16", DEV)   -- 10 MiB: above the one-shot limit
+local ok2, k2, e2 = ran_as_explained(mid)
+mid:free()
+check("the algorithm is chosen once: weft_ar_run never gets auto, and runs the kernel explain names",
+      #fake.ar_algos > 0 and autos == 0 and ok1 and ok2 and k1 == "oneshot" and k2 == "twoshot",
+      ("%d runs, %d with auto; 8 KiB ran %s (%s); 10 MiB ran %s (%s)"):format(#fake.ar_algos, autos,
+        tostring(k1), ok1 and "as explained" or e1, tostring(k2), ok2 and "as explained" or e2))
 
 -- a failed kernel breaks the group's workspace: the memo must not outlive it
 C.weft_ar_run = function() runs = runs + 1; return -5 end

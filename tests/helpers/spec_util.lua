@@ -122,6 +122,36 @@ function S.dev_standin(shape, dtype)
   return T.wrap(h.ptr, shape, dtype or "bf16", "cuda:0", h)
 end
 
+-- A custom all-reduce stand-in for the policy specs (o: fields added or
+-- replaced, e.g. run): a 64 MiB workspace whose kernel choice is C's rule in
+-- miniature, one function for both of weft.backends.custom_ar's questions:
+-- kernel(count, dtype, algo) -> code (auto: one-shot up to oneshot_max bytes,
+-- else two-shot; a named one itself; nil above the workspace or for an
+-- unknown dtype) and resolve(count, dtype, algo) -> name, "fake resolve <algo>".
+local AR_NAMES = { [0] = "auto", "oneshot", "twoshot", "oneshot_flag", "quick_fp", "quick_int8", "quick_int4",
+                   "quick_fp8" }
+local AR_CODES = {}
+for c, n in pairs(AR_NAMES) do AR_CODES[n] = c end
+local ESIZE = { f32 = 4, f16 = 2, bf16 = 2 }
+function S.fake_ar(o)
+  local MIB = 1048576
+  local ar = { max_bytes = 64 * MIB, oneshot_max = 8 * MIB }
+  function ar.kernel(self, count, dtype, algo)
+    local es = ESIZE[dtype]
+    if type(algo) == "string" then algo = AR_CODES[algo] end
+    if es == nil or algo == nil or count * es > self.max_bytes then return nil end
+    if algo ~= 0 then return algo end
+    return count * es <= self.oneshot_max and 1 or 2
+  end
+  function ar.resolve(self, count, dtype, algo)
+    local k = self:kernel(count, dtype, algo)
+    if k == nil then return nil, "fake: refused" end
+    return AR_NAMES[k], "fake resolve " .. tostring(algo)
+  end
+  for k, v in pairs(o or {}) do ar[k] = v end
+  return ar
+end
+
 -- A group stand-in with a prepared device state (o.setup == false: none yet)
 -- whose custom all-reduce is `ar`: o.world (2), o.same_node (true), o.name
 -- ("tp.0"), o.determ (the agreed deterministic flag).
@@ -150,11 +180,11 @@ function S.reset_policy()
 end
 
 -- The backend policy.select picks for g and t (op: all_reduce); S.last: the
--- choice it handed with it (the "custom_ar" rule's { pick, det } or { err };
+-- choice it handed with it (the "custom_ar" rule's { pick, kernel, det } or { err };
 -- {} for rules that choose nothing inside their backend).
 S.last = {}
-function S.select_backend(g, t, op, rop)
-  local name, _, _, choice = require("weft.policy").select(g, op or "all_reduce", t, rop)
+function S.select_backend(g, t, op, rop, out)
+  local name, _, _, choice = require("weft.policy").select(g, op or "all_reduce", t, rop, out)
   S.last = choice or {}
   return name
 end

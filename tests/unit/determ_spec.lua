@@ -19,11 +19,7 @@ local MIB = 1048576
 local dev = spec.dev_standin
 
 local runs = {}
-local fake_ar = {
-  max_bytes = 64 * MIB, oneshot_max = 8 * MIB,
-  resolve = function(_, _, _, algo) return algo == "twoshot" and "twoshot" or "oneshot", "fake" end,
-  run = function(_, _, _, _, _, algo) runs[#runs + 1] = algo end,
-}
+local fake_ar = spec.fake_ar { run = function(_, _, _, _, _, algo) runs[#runs + 1] = algo end }
 
 local function group(o) return spec.group_standin(o, fake_ar) end
 
@@ -165,21 +161,23 @@ describe("deterministic mode: routing on a device-state stand-in", function()
     local g, x = group(), dev({ 8, 4096 })
     assert.are.equal("custom_ar", sel(g, x))
     db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, spec.last)
-    assert.are.equal(512, runs[1])                                     -- auto | WEFT_AR_DETERMINISTIC
+    assert.are.equal(512 + 1, runs[1])         -- auto, resolved by the rule (one-shot) | WEFT_AR_DETERMINISTIC
     policy.set { all_reduce = "twoshot" }
     sel(g, x)
     db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, spec.last)
     assert.are.equal(512 + 2, runs[2])
-    local out = dev({ 4097 }):narrow(0, 1, 4096)                        -- an unaligned output
-    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", x:view({ 8 * 4096 }):narrow(0, 0, 4096),
-                          out.ptr, "sum", 0, spec.last)
+    -- an unaligned output: the rule refuses it (its output check), the backend raises the refusal
+    local out = dev({ 4097 }):narrow(0, 1, 4096)
+    local x1 = x:view({ 8 * 4096 }):narrow(0, 0, 4096)
+    assert.are.equal("custom_ar", sel(g, x1, "all_reduce", "sum", out.ptr))
+    local ok, err = pcall(db.custom_ar_backend.all_reduce, g, "all_reduce", x1, out.ptr, "sum", 0, spec.last)
     assert.is_false(ok)
     assert.matches("deterministic mode: group tp.0 cannot take weft's kernels for this call: output not 16%-byte aligned", err)
     assert.are.equal(2, #runs)
     policy.set { deterministic = false, all_reduce = "default" }
     sel(g, x)
     db.custom_ar_backend.all_reduce(g, "all_reduce", x, x.ptr, "sum", 0, spec.last)
-    assert.are.equal(0, runs[3])
+    assert.are.equal(1, runs[3])                                       -- auto: the one-shot, chosen by the rule
   end)
 
   it("explains the mode, the rule and the skipped check", function()

@@ -19,12 +19,7 @@ local MIB = 1048576
 
 local dev = spec.dev_standin   -- host storage labelled cuda:0
 
-local fake_ar = {
-  max_bytes = 64 * MIB, oneshot_max = 8 * MIB,
-  resolve = function(_, n, dt, algo)
-    return algo == "twoshot" and "twoshot" or "oneshot", "fake resolve " .. tostring(algo)
-  end,
-}
+local fake_ar = spec.fake_ar()
 
 -- a group stand-in; dev_state: the device state after set-up (nil: not set up)
 local function group(o) return spec.group_standin(o, fake_ar) end

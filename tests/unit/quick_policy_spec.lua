@@ -16,11 +16,7 @@ local ROOT = os.getenv("PWD") or "."
 local MIB = 1048576
 local dev = spec.dev_standin
 
-local fake_ar = {
-  max_bytes = 64 * MIB, oneshot_max = 8 * MIB,
-  resolve = function(_, _, _, algo) return tostring(algo), "fake" end,
-  run = function() end,
-}
+local fake_ar = spec.fake_ar { run = function() end }
 local function group(o) return spec.group_standin(o, fake_ar) end
 local sel = spec.select_backend   -- spec.last: the choice handed with the backend
 

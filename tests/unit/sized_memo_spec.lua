@@ -2,8 +2,9 @@
 -- (lua/weft/backends/device_backends/sized_memo.lua) on 2 ranks over a pretend GPU
 -- (tests/helpers/sized_memo_ranks.lua): the rules are walked once per size,
 -- and every input the choice reads (policy.set, g.use_custom_allreduce, the
--- per-kind table, alignment, the workspace's size, a broken workspace)
--- still steers the next call.
+-- per-kind table, alignment of input and output, the workspace's size, a
+-- broken workspace) still steers the next call; the kernel that runs is the
+-- one the rule chose, never "auto" (the algorithm chosen once)
 local spec = require "helpers.spec_util"
 local ROOT = os.getenv("PWD") or "."
 
@@ -23,6 +24,9 @@ describe("eager device all_reduce: the memoised choice", function()
     "an unaligned input of a memoised size goes to NCCL",
     "the aligned one still takes the kernels",
     "a size over the workspace goes to NCCL (twice)",
+    "an unaligned output goes to NCCL, asked of the rules each call",
+    "an aligned output takes the kernels, memoised",
+    "the algorithm is chosen once: weft_ar_run never gets auto, and runs the kernel explain names",
     "after a failed kernel the next call raises (no stale choice)",
   }) do
     it(name, function()

@@ -5,6 +5,8 @@
 --   local ar = custom_ar.new(cpugroup, max_bytes)   -- collective (votes inside)
 --   ar:run(in_ptr, out_ptr, count, "bf16", "auto" [, stream])   -- in == out: in place
 --   ar:resolve(count, "bf16", "auto") -> "oneshot"|"twoshot"|"oneshot_flag", why
+--   ar:kernel(count, "bf16", "auto") -> the kernel's code (ALGO), or nil: the
+--     same answer without the strings (the custom_ar rule's, per call)
 --   ar:check_error() -> nil | message (a kernel that timed out or was aborted)
 --   ar.max_bytes ar.rank ar.world ar.lamport_bytes ar.oneshot_max
 --   ar:set_timeout(ms)  ar:set_param(name, value)  ar:abort()  ar:destroy()
@@ -93,6 +95,18 @@ function AR:resolve(count, dtype, algo)
   return M.KIND_NAME[tonumber(kind1[0])] or "?", ffi_string(why1[0])
 end
 
+-- kernel(count, dtype, algo) -> the code (1-7) of the kernel weft_ar_resolve
+-- picks for the call, or nil when it would refuse it (the run then raises
+-- C's message). No strings made: the custom_ar rule asks it per call it
+-- walks (weft.backends.device_backends.checks).
+function AR:kernel(count, dtype, algo)
+  local h = self.handle
+  if h == nil then return nil end
+  local d = DTYPES[dtype]
+  if d == nil or C.weft_ar_resolve(h, count, d, algo, kind1, nil) ~= 0 then return nil end
+  return tonumber(kind1[0])
+end
+
 -- nil, or the message of the first kernel failure (no synchronization)
 function AR:check_error()
   local h = self.handle
@@ -108,6 +122,9 @@ end
 function AR:set_param(name, value)
   if C.weft_ar_set_param(live(self, "set_param"), name, value) ~= 0 then raise("set_param") end
   if name == "oneshot_max" then self.oneshot_max = value end
+  -- the kernels already chosen for this handle's calls (memoised by the
+  -- group that owns it) may change: its owner's hook drops them
+  if self.on_param ~= nil then self.on_param() end
 end
 
 function AR:abort()

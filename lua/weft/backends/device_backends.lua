@@ -37,7 +37,7 @@ local fmt = string.format
 local T, CUDA, gname, is_device, cuda_ok = S.T, S.CUDA, S.gname, S.is_device, S.cuda_ok
 local dev_of, wrong_device, stream_capturing = S.dev_of, S.wrong_device, S.stream_capturing
 local nccl_be, stage = N.nccl_backend, N.stage
-local ptr_aligned, fused_tokens_cap, FUSED_DTYPES = K.ptr_aligned, K.fused_tokens_cap, K.AR_DTYPES
+local fused_tokens_cap, FUSED_DTYPES = K.fused_tokens_cap, K.AR_DTYPES
 local ar_rule, ar_why, ar_why_not, ar_lines, fused_lines = K.ar_rule, K.ar_why, K.ar_why_not, K.ar_lines, K.fused_lines
 
 local M = {}
@@ -55,38 +55,38 @@ M.custom_ar_checks, M.fused_checks, M.fused_decision = K.custom_ar_checks, K.fus
 
 ---------------------------------------------------------------- custom all-reduce backend
 local car = {}
+local backend_for   -- weft.group.host's, for a first call (below)
 -- choice: the "custom_ar" rule's (checks.lua ar_rule), handed over by the
--- policy with the rule; nil (a caller that named this backend itself): auto
+-- policy with the rule: the kernel to run (C's choice, made by the rule
+-- through weft_ar_resolve), or the error the call raises. This backend picks
+-- nothing: whether the call takes the kernels (size, alignment of input and
+-- output, the workspace) is the rule's. On a group's first call the rule ran
+-- before the workspace existed: it is made here (collective) and the call
+-- asks the policy again, now with it. nil (a caller that named this backend
+-- itself, e.g. a rule of policy.add_rule): "auto", which weft_ar_run resolves.
 function car.all_reduce(g, op, t, out_ptr, rop, code, choice)
   local det, algo = false, 0
   if choice ~= nil then
     if choice.err then error("weft: all_reduce: " .. choice.err, 0) end
-    det, algo = choice.det, choice.pick
+    det, algo = choice.det, choice.kernel or choice.pick
   end
-  if det then algo = algo + DETERMINISTIC end
   local d = dev_of(g, op, t)
-  if d.ar_state == nil then d = M.ensure_ar(g) end
+  if d.ar_state == nil then
+    M.ensure_ar(g)
+    backend_for = backend_for or require("weft.group.host").backend_for
+    local be, _, again = backend_for(g, op, t, rop, out_ptr ~= t.ptr and out_ptr or nil)
+    return be.all_reduce(g, op, t, out_ptr, rop, code, again)
+  end
   if d.ar_state == "broken" then
     error(fmt("weft: all_reduce: the custom all-reduce of group %s failed earlier (%s); its ranks may "
               .. "now disagree on the backend, so the calls it would serve raise rather than go to NCCL "
               .. "on this rank alone: destroy and re-create the group", gname(g), tostring(d.ar_why)), 0)
   end
   local ar = d.ar
-  local forced = policy.override(g, "all_reduce")
-  local why
-  if ar == nil then why = d.ar_why
-  elseif t.nbytes > ar.max_bytes then why = fmt("%d bytes exceed the workspace's %d", t.nbytes, ar.max_bytes)
-  elseif not ptr_aligned(out_ptr) then why = "output not 16-byte aligned" end
-  if why then
-    if det then
-      error(fmt("weft: all_reduce: deterministic mode: group %s cannot take weft's kernels for this call: %s "
-                .. "(NCCL never sums in this mode; WEFT_CUSTOM_AR_MAX_BYTES sizes the workspace)", gname(g), why), 0)
-    end
-    if forced then
-      error(fmt("weft: all_reduce: all_reduce=%s cannot be served on group %s: %s", forced, gname(g), why), 0)
-    end
-    return nccl_be.all_reduce(g, op, t, out_ptr, rop, code)
+  if ar == nil then   -- only a caller that named this backend itself: the rule checks the workspace
+    error(fmt("weft: all_reduce: group %s has no custom all-reduce workspace: %s", gname(g), tostring(d.ar_why)), 0)
   end
+  if det then algo = algo + DETERMINISTIC end
   local ok, err = pcall(ar.run, ar, t.ptr, out_ptr, t.numel, t.dtype, algo)
   if not ok and ar.refused then error(err, 0) end   -- refused before launch: state unchanged
   if not ok then
@@ -349,9 +349,9 @@ end
 policy.predicate("no_cuda", function(_, _, t) return is_device(t) and not cuda_ok() end,
   { why_not = function(_, _, t) return is_device(t) and "CUDA is available" or "host tensor" end })
 policy.predicate("invalid_override", function(_, _, t) return is_device(t) and policy.override_error ~= nil end)
-policy.predicate("custom_ar", function(g, _, t, rop)
+policy.predicate("custom_ar", function(g, _, t, rop, out)
   if not is_device(t) then return false end
-  return ar_rule(g, t, rop)
+  return ar_rule(g, t, rop, out)
 end, { why = ar_why, why_not = ar_why_not,
        detail = function(g, _, t, rop) if is_device(t) then return ar_lines(g, t, rop) end end })
 policy.predicate("fused", function(_, _, t) return is_device(t) end,

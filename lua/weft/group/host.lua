@@ -194,8 +194,8 @@ M.register_backend("no_device_backend", setmetatable({}, { __index = function(_,
   end
 end }))
 
-local function select_backend(g, op, t, rop)
-  local name, why, cacheable, choice = policy.select(g, op, t, rop)
+local function select_backend(g, op, t, rop, out)
+  local name, why, cacheable, choice = policy.select(g, op, t, rop, out)
   local be = name and M.backends[name]
   -- weft.backends.host_nodes is installed by weft.group (it requires this module)
   local hn = package.loaded["weft.backends.host_nodes"]
@@ -252,8 +252,10 @@ end
 -- state (g._dispatch = nil). Decisions that depend on the size (the device
 -- all_reduce's kernels-or-NCCL) go to M.sized_memo where one is installed
 -- (weft.backends.device_backends.sized_memo), kept inside the same memo.
+-- out: the output pointer of an all_reduce into another buffer (nil: in
+-- place); the device all_reduce's choice reads its alignment.
 M.sized_memo = nil
-local function backend_for(g, op, t, rop)
+local function backend_for(g, op, t, rop, out)
   local memo = g._dispatch
   if memo == nil or memo.version ~= policy.version then
     memo = { version = policy.version }
@@ -265,20 +267,21 @@ local function backend_for(g, op, t, rop)
   local c = b and b[dev]
   local e = c and c[rop or ""]
   if e then return e[1], e[2], e[3] end
-  local sized = M.sized_memo
+  local sized, fileable = M.sized_memo, nil
   if sized ~= nil then
-    local sbe, sname, schoice = sized.lookup(memo, g, op, t, rop)
+    local sbe, sname, schoice
+    sbe, sname, schoice, fileable = sized.lookup(memo, g, op, t, rop, out)
     if sbe ~= nil then return sbe, sname, schoice end
   end
   if policy.det_host_routed(g, op, t, rop) and g.world_size > 1 then host_determ_check(g, op) end
-  local be, name, cacheable, choice = select_backend(g, op, t, rop)
+  local be, name, cacheable, choice = select_backend(g, op, t, rop, out)
   if cacheable then
     if not a then a = {}; memo[op] = a end
     if not b then b = {}; a[dt] = b end
     if not c then c = {}; b[dev] = c end
     c[rop or ""] = { be, name, choice }
   elseif sized ~= nil then
-    sized.store(memo, g, op, t, rop, be, name, choice)
+    sized.store(memo, g, op, t, rop, be, name, choice, fileable)
   end
   return be, name, choice
 end
@@ -318,6 +321,18 @@ local function call_be(g, op, f, ...)
   return rethrow(g, op, pcall(f, g, op, ...))
 end
 
+-- all_reduce of t into out_ptr (t.ptr: in place) through the backend the
+-- policy chooses for it: one step down from weft.group, so the output pointer
+-- goes from here to the backend without coming back up. Returns nothing when
+-- the backend ran it, or the backend when it has no all_reduce (weft.group
+-- then reduces through its gather).
+local function reduce_by_backend(g, t, out_ptr, rop, code)
+  local be, _, choice = backend_for(g, "all_reduce", t, rop, out_ptr ~= t.ptr and out_ptr or nil)
+  local f = be.all_reduce
+  if f == nil then return be end
+  call_be(g, "all_reduce", f, t, out_ptr, rop, code, choice)
+end
+
 local function cpu(g, op, method, ...)
   settle(g)
   local c = g.cpu_group
@@ -333,7 +348,7 @@ local function gather_bytes(g, be, op, src, nbytes, dst, t, extra)
   call_be(g, op, be.gather_bytes, src, nbytes, dst, t, extra)
 end
 
-M.shm_comm, M.backend_for, M.rethrow, M.call_be, M.cpu, M.gather_bytes =
-  shm_comm, backend_for, rethrow, call_be, cpu, gather_bytes
+M.shm_comm, M.backend_for, M.rethrow, M.call_be, M.cpu, M.gather_bytes, M.reduce_by_backend =
+  shm_comm, backend_for, rethrow, call_be, cpu, gather_bytes, reduce_by_backend
 
 return M

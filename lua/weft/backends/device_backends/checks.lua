@@ -108,9 +108,15 @@ M.custom_ar_checks = {
 
 -- The rule's predicate: true and the call's choice, which the policy hands
 -- to the backend with the rule (weft.policy.select's fourth value): { pick =
--- the algorithm's code (custom_ar.ALGO), det = deterministic }, or, under an
--- override the group cannot serve, { err = the error the call raises }. The
--- choice is made here once; the backend runs it.
+-- the algorithm asked (custom_ar.ALGO: an override, the quick codec, the
+-- policy file, or 0 = auto), kernel = the kernel that runs it (1-7, C's own
+-- answer through weft_ar_resolve once the workspace exists: "auto" by size
+-- and what fits, a named one checked to fit), det = deterministic }, or,
+-- under an override the group cannot serve, { err = the error the call
+-- raises }. The choice is made here once; the backend runs `kernel`, and
+-- weft_ar_run only checks that it fits. kernel is nil before the workspace
+-- exists (the backend makes it and asks this rule again) and where C would
+-- refuse the call (the run then raises C's message).
 -- Deterministic mode (weft.backends.device_backends.setup determ_state): every f32/f16/bf16
 -- sum takes the kernels, with their bit-identical variant; whatever stops
 -- them (the size, the workspace, alignment, a shared GPU, an nccl override)
@@ -154,16 +160,28 @@ local function quick_pick(g, t, det)
 end
 M.quick_pick = quick_pick
 
--- one table per (algorithm, mode): the hot path allocates nothing
+-- one table per (algorithm, kernel, mode): the hot path allocates nothing
 local PICKS = { [false] = {}, [true] = {} }
-local function picked(pick, det)
-  local c = PICKS[det][pick]
-  if c == nil then c = { pick = pick, det = det }; PICKS[det][pick] = c end
+local function picked(pick, det, kernel)
+  local p = PICKS[det][pick]
+  if p == nil then p = {}; PICKS[det][pick] = p end
+  local k = kernel or false
+  local c = p[k]
+  if c == nil then c = { pick = pick, det = det, kernel = kernel }; p[k] = c end
   return c
 end
 local function refused(msg) return { err = msg } end
 
-local function ar_rule(g, t, rop)
+-- the kernel for the call: C's choice (weft_ar_resolve), once the workspace
+-- exists; nil before, or where C refuses the call
+local function kernel_of(d, t, pick)
+  local ar = d and d.ar_state == "ready" and d.ar
+  if not ar then return nil end
+  return ar:kernel(t.numel, t.dtype, pick)
+end
+
+-- out: the output pointer where it is not the input's (nil: in place)
+local function ar_rule(g, t, rop, out)
   local d = g._dev
   local mode = policy.mode()
   local det, derr = S.determ_state(g)
@@ -197,17 +215,34 @@ local function ar_rule(g, t, rop)
       end
     end
   end
+  -- the output's alignment (per call: an all_reduce into `out`), the texts
+  -- the backend raised when it checked it
+  if out ~= nil and not ptr_aligned(out) then
+    if det then
+      return true, refused(fmt("deterministic mode: group %s cannot take weft's kernels for this call: output "
+                               .. "not 16-byte aligned (NCCL never sums in this mode; WEFT_CUSTOM_AR_MAX_BYTES "
+                               .. "sizes the workspace)", gname(g)))
+    end
+    if ov ~= nil then
+      return true, refused(fmt("all_reduce=%s cannot be served on group %s: output not 16-byte aligned", ov, gname(g)))
+    end
+    return false
+  end
   local ALGO = mod("weft.backends.custom_ar").ALGO
   local algo = ov
   if algo == nil then
     local qa, qerr = quick_pick(g, t, det)
     if qerr then return true, refused(qerr) end
-    if qa then return true, picked(ALGO[qa], det) end
+    if qa then
+      local p = ALGO[qa]
+      return true, picked(p, det, kernel_of(d, t, p))
+    end
     local be = policy.tuned_backend("all_reduce", g.world_size, t.dtype, tonumber(t.nbytes))
     if be == "nccl" and not det then return false end
     algo = (be ~= "nccl" and be) or "auto"
   end
-  return true, picked(ALGO[algo] or 0, det)
+  local p = ALGO[algo] or 0
+  return true, picked(p, det, kernel_of(d, t, p))
 end
 
 -- explain: every check, and the table / override step
@@ -292,11 +327,14 @@ local function ar_why(g, _, t, rop)
     algo = be or "auto"
     how = be and ("policy file " .. tostring(policy.tuned_path)) or "built-in"
   end
+  -- the kernel the rule chose (C's, through weft_ar_resolve); the reason
+  -- asked of C for the same algorithm
   local kernel = ""
-  local d = g._dev
-  if d and d.ar then
-    local k, w = d.ar:resolve(t.numel, t.dtype, algo)
-    if k then kernel = fmt(" -> %s kernel (%s)", k, w) end
+  local k = choice.kernel
+  if k ~= nil then
+    local name = mod("weft.backends.custom_ar").KIND_NAME[k] or "?"
+    local _, w = g._dev.ar:resolve(t.numel, t.dtype, algo)
+    kernel = fmt(" -> %s kernel (%s)", name, tostring(w))
   end
   return fmt("weft custom all-reduce, %s (%s)%s%s; in place, reads the input inside the kernel "
              .. "(graph-safe without registration)", algo, how, kernel,

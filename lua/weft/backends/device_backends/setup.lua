@@ -370,6 +370,9 @@ function M.ensure_ar(g)
   local agreed = g.cpu_group:allreduce_i64({ ok and 1 or 0 }, "and")[1]
   if ok and agreed == 1 then
     d.ar, d.ar_state = h, "ready"
+    -- a parameter set on it (oneshot_max, twoshot_min) changes the kernel
+    -- the rule resolves: the memoised choices go
+    h.on_param = function() g._dispatch = nil end
     d.ar_why = fmt("workspace for calls up to %s (auto: one-shot up to %s)",
                    policy.human_bytes(h.max_bytes), policy.human_bytes(h.oneshot_max))
   else

@@ -9,9 +9,12 @@
 -- without either (g.use_custom_allreduce, the seed's per-kind table, the
 -- fused path's exact-only flag, a policy file assigned directly, the row
 -- length deterministic mode looks at) and is used only when all of them are
--- still the same, in eager mode, for a 16-byte-aligned input; anything else
--- walks the rules as before. Every argument check still runs per call
--- (weft.group.checks before the lookup; the backend and the C layer after).
+-- still the same, in eager mode, for a 16-byte-aligned input and output (the
+-- rule's alignment checks, which the entry does not record); anything else
+-- walks the rules as before. The choice filed holds the kernel the rule
+-- resolved (weft_ar_resolve), so a hit makes no FFI call before the run.
+-- Every argument check still runs per call (weft.group.checks before the
+-- lookup; weft_ar_run's contract checks after).
 local policy = require "weft.policy"
 local S = require "weft.backends.device_backends.setup"
 
@@ -37,33 +40,37 @@ local function gm_current()
   return gm ~= nil and gm.current() ~= nil
 end
 
--- lookup(memo, g, op, t, rop) -> backend, name, choice | nil
-function M.lookup(memo, g, op, t, rop)
+-- lookup(memo, g, op, t, rop [, out]) -> backend, name, choice | nil, nil,
+-- nil, fileable. The memo's one test of the call (eager, input and output
+-- 16-byte aligned: may a choice filed for this size apply to it?) is made
+-- here once; a miss hands its answer to store (fileable), which files the
+-- rules' choice only for such a call.
+function M.lookup(memo, g, op, t, rop, out)
   if op ~= "all_reduce" then return nil end
+  if not aligned(t.ptr) or (out ~= nil and not aligned(out)) or gm_current() then return nil end
   local s = memo._sized
-  if s == nil then return nil end
+  if s == nil then return nil, nil, nil, true end
   local a = s[t.dtype]
   local b = a and a[rop or "sum"]
   local e = b and b[t.nbytes]
-  if e == nil then return nil end
+  if e == nil then return nil, nil, nil, true end
   if e.use ~= g.use_custom_allreduce or e.by_kind ~= by_kind[g._kind or ""] or e.no_quick ~= g._no_quick
-     or e.tuned ~= policy.tuned or e.row ~= row_length(t) or e.dev ~= t.device or not aligned(t.ptr)
-     or gm_current() then
-    return nil
+     or e.tuned ~= policy.tuned or e.row ~= row_length(t) or e.dev ~= t.device then
+    return nil, nil, nil, true
   end
   return e.be, e.name, e.choice
 end
 
--- store(memo, g, op, t, rop, be, name, choice): after the rules chose `name`
--- (and, inside it, `choice`) for this call
-function M.store(memo, g, op, t, rop, be, name, choice)
-  if op ~= "all_reduce" or g._dispatch ~= memo or not is_device(t) then return end
+-- store(memo, g, op, t, rop, be, name, choice, fileable): after the rules
+-- chose `name` (and, inside it, `choice`) for this call; fileable: lookup's
+-- answer for it
+function M.store(memo, g, op, t, rop, be, name, choice, fileable)
+  if not fileable or op ~= "all_reduce" or g._dispatch ~= memo or not is_device(t) then return end
   if name ~= "custom_ar" and name ~= "nccl" then return end
   local d = g._dev
   -- only once the workspace is settled (its size bounds the choice) and the
   -- call raised nothing through the rule
   if d == nil or d.ar_state ~= "ready" or (choice ~= nil and choice.err ~= nil) then return end
-  if not aligned(t.ptr) or gm_current() then return end
   local s = memo._sized
   if s == nil then s = {}; memo._sized = s end
   local a = s[t.dtype]
