@@ -71,7 +71,7 @@ end)
 -- or sharing one under MPS.
 describe("exit on an error with graphs and workspaces, world 2 #gpu", function()
   local cuda = require "weft.cuda"
-  for _, mode in ipairs { "runner", "runner", "fused", "quick", "nccl", "async", "plain" } do
+  for _, mode in ipairs { "runner", "runner", "fused", "quick", "nccl", "nccl_abort", "async", "plain" } do
     it(mode .. ": both ranks exit 1 with the error, no signal", function()
       if not G.need_gpus(1, pending) then return end
       local shared = cuda.device_count() < 2

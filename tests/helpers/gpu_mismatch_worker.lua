@@ -8,6 +8,8 @@
 -- kernels complete, the check at the call's end finds it), the quick
 -- all-reduce against the exact two-shot, the fused all-reduce + RMSNorm
 -- (one-shot against two-shot; one-shot with and without Gemma's weight),
+-- the other fusion patterns (MoE one-shot against two-shot, MoE against the
+-- pre/post norm, the reduce-scatter + norm with another token count),
 -- and replays of graphs that captured different
 -- sizes. Prints "PASS <case> (<ms> ms): <error>" or "FAIL <case>: why" per
 -- rank; WEFT_MISMATCH_CASES=a,b runs some only. WEFT_MISMATCH_WARM=1: each
@@ -28,6 +30,12 @@ local failed = 0
 
 local function say(fmt, ...) print(fmt:format(...)); io.stdout:flush() end
 
+-- The clock starts when a case has made its data and meets the other ranks
+-- (start(g)): a case's time is its mismatched call's alone (making 2 MiB of
+-- random integers in Lua takes 30 ms by itself).
+local t_start
+local function start(g) g:barrier(); t_start = weft.now_us() end
+
 -- fresh random data (never zeros): small integers, exact in every dtype
 local function rnd(n, dt, seed)
   local h = R.G.ints(seed, n, dt)
@@ -40,24 +48,24 @@ local CASES = {
   { "ar_algo", function(g)
       policy.set { all_reduce = odd and "oneshot" or "twoshot", group = g }
       local x = rnd(65536, "bf16", 10 + me)
-      g:all_reduce(x); cuda.synchronize()
+      start(g); g:all_reduce(x); cuda.synchronize()
     end },
   { "ar_count", function(g)
       policy.set { all_reduce = "oneshot", group = g }
       local x = rnd(odd and 8192 or 4096, "bf16", 20 + me)
-      g:all_reduce(x); cuda.synchronize()
+      start(g); g:all_reduce(x); cuda.synchronize()
     end },
   { "ar_dtype", function(g)
       policy.set { all_reduce = "oneshot", group = g }
       local x = rnd(4096, odd and "f16" or "bf16", 30 + me)
-      g:all_reduce(x); cuda.synchronize()
+      start(g); g:all_reduce(x); cuda.synchronize()
       x:to_table()
     end },
   { "quick", function(g)
       local ar = db.ensure_ar(g).ar
       if not ar then error("no custom all-reduce workspace", 0) end
       local x = rnd(1048576, "bf16", 40 + me)
-      ar:run(x.ptr, x.ptr, x.numel, "bf16", odd and "quick_int8" or "twoshot")
+      start(g); ar:run(x.ptr, x.ptr, x.numel, "bf16", odd and "quick_int8" or "twoshot")
       cuda.synchronize()
       local e = ar:check_error()
       if e then error(e, 0) end
@@ -66,21 +74,53 @@ local CASES = {
       local x, res = rnd(16 * 4096, "bf16", 50 + me), rnd(16 * 4096, "bf16", 60)
       x, res = x:view { 16, 4096 }, res:view { 16, 4096 }
       local w = rnd(4096, "bf16", 70)
-      g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = odd and "oneshot" or "twoshot" })
+      start(g); g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = odd and "oneshot" or "twoshot" })
       cuda.synchronize()
     end },
   { "fused_gemma", function(g)   -- the same shapes and kernel: only the end-of-call check sees it
       local x, res = rnd(16 * 4096, "bf16", 55 + me), rnd(16 * 4096, "bf16", 65)
       x, res = x:view { 16, 4096 }, res:view { 16, 4096 }
       local w = rnd(4096, "bf16", 75)
-      g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = "oneshot", gemma = odd })
+      start(g); g:fused_allreduce_rmsnorm(x, res, w, 1e-6, { algo = "oneshot", gemma = odd })
+      cuda.synchronize()
+    end },
+  { "moe_algo", function(g)      -- the MoE pattern, one-shot against two-shot
+      local K, Tn, H = 2, 16, 4096
+      local x, sc = rnd(K * Tn * H, "bf16", 90 + me):view { K, Tn, H }, rnd(K * Tn, "f32", 91 + me):view { K, Tn }
+      local res, w = rnd(Tn * H, "bf16", 92):view { Tn, H }, rnd(H, "bf16", 93)
+      start(g)
+      g:fused_moe_allreduce_rmsnorm { expert_outputs = x, expert_scales = sc, residual = res, weight = w,
+                                      eps = 1e-6, algo = odd and "oneshot" or "twoshot" }
+      cuda.synchronize()
+    end },
+  { "moe_vs_prepost", function(g) -- two patterns over the same shapes: the MoE end against the sandwich norm
+      local Tn, H = 16, 4096
+      local res, w, wp = rnd(Tn * H, "bf16", 94):view { Tn, H }, rnd(H, "bf16", 95), rnd(H, "bf16", 96)
+      local x = rnd(Tn * H, "bf16", 97 + me):view { Tn, H }
+      local e, sc = x:view { 1, Tn, H }, rnd(Tn, "f32", 98 + me):view { 1, Tn }
+      start(g)
+      if odd then
+        g:fused_allreduce_prepost_rmsnorm(x, res, wp, w, 1e-6, { algo = "oneshot" })
+      else
+        g:fused_moe_allreduce_rmsnorm { expert_outputs = e, expert_scales = sc, residual = res, weight = w,
+                                        eps = 1e-6, algo = "oneshot" }
+      end
+      cuda.synchronize()
+    end },
+  { "rs_tokens", function(g)     -- the reduce-scatter + norm with another token count
+      local Tn, H = (odd and 8 or 4) * W, 4096   -- the rows split evenly at every world
+      local rows = Tn / W
+      local x = rnd(Tn * H, "bf16", 99 + me):view { Tn, H }
+      local res, w = rnd(rows * H, "bf16", 100):view { rows, H }, rnd(H, "bf16", 101)
+      start(g)
+      g:fused_reduce_scatter_rmsnorm(x, res, w, 1e-6, { algo = "twoshot" })
       cuda.synchronize()
     end },
   { "graph_replay", function(g)
       policy.set { all_reduce = "oneshot", group = g }
       local x = rnd(odd and 8192 or 4096, "bf16", 80 + me)
       local gr = graph.capture(function() g:all_reduce(x) end, { warmup = 0, groups = { g } })
-      gr:replay(); cuda.synchronize()
+      start(g); gr:replay(); cuda.synchronize()
       gr:destroy()
     end },
 }
@@ -103,9 +143,9 @@ for _, c in ipairs(CASES) do
       end
     end
     g:barrier()
-    local t0 = weft.now_us()
+    t_start = nil
     local ok, err = pcall(fn, g)
-    local ms = (weft.now_us() - t0) / 1000
+    local ms = t_start and (weft.now_us() - t_start) / 1000 or 0
     err = tostring(err):gsub("\n", " | ")
     local named = err:find("differs between ranks", 1, true) or err:find("gave up its call", 1, true)
                   or err:find("captured different", 1, true) or err:find("different", 1, true)

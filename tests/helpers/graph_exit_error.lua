@@ -1,7 +1,7 @@
 -- A rank that holds captured graphs (a weft.graph_runner at TP 2) exits on an
 -- error (issue 37 item 1): the launcher must report the error and exit 1, and
 -- no rank may die of a signal at exit.
---   scripts/weft-mps -n 2 -- scripts/weft-run -n 2 tests/helpers/graph_exit_error.lua [runner|fused|quick|nccl|async|plain]
+--   scripts/weft-mps -n 2 -- scripts/weft-run -n 2 tests/helpers/graph_exit_error.lua [runner|fused|quick|nccl|nccl_abort|async|plain]
 local weft = require "weft"
 local T = require "weft.tensor"
 local cuda = require "weft.cuda"
@@ -20,7 +20,7 @@ if mode == "runner" then
 elseif mode == "fused" then
   local x, r = T.ones({ 4, 4096 }, "bf16", DEV), T.ones({ 4, 4096 }, "bf16", DEV)
   tp:fused_allreduce_rmsnorm(x, r, T.ones({ 4096 }, "bf16", DEV), 1e-6)
-elseif mode == "nccl" then
+elseif mode == "nccl" or mode == "nccl_abort" then
   -- NCCL takes one GPU per rank, and the ranks may share one here: each rank
   -- makes a communicator of its own (one rank): at the exit its streams and
   -- 64 all-reduces of 4 MiB, not waited for, are alive, as a TP group's are
@@ -30,6 +30,9 @@ elseif mode == "nccl" then
   local c = require("weft.nccl").new(cg)
   local x = T.ones({ 1048576 }, "f32", DEV)
   for _ = 1, 64 do c:all_reduce(x.ptr, x.ptr, x.numel, "f32", "sum") end
+  -- nccl_abort: the communicator ended as weft ends one on an error or a
+  -- timeout (ncclCommAbort, no finalize), then the exit on the error
+  if mode == "nccl_abort" then c:abort() end
   error("boom")
 elseif mode == "async" then
   -- host collectives in flight on the group's progress worker at the exit

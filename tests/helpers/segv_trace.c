@@ -1,0 +1,43 @@
+/* LD_PRELOAD helper for GPU debugging: on SIGSEGV or SIGBUS print the
+ * faulting thread's stack (symbols through dladdr) to stderr, then die of the
+ * same signal (scripts/gpu-nccl-exit builds it: cc -shared -fPIC -O1 -g -o
+ * segv_trace.so tests/helpers/segv_trace.c -ldl). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+static void on_fault(int sig, siginfo_t *si, void *uc) {
+  (void)uc;
+  char line[512];
+  int n = snprintf(line, sizeof line, "segv_trace: signal %d at %p in thread %ld\n", sig,
+                   si->si_addr, (long)syscall(SYS_gettid));
+  write(2, line, (size_t)n);
+  void *pc[64];
+  int depth = backtrace(pc, 64);
+  for (int i = 0; i < depth; i++) {
+    Dl_info di;
+    memset(&di, 0, sizeof di);
+    dladdr(pc[i], &di);
+    n = snprintf(line, sizeof line, "  #%d %p %s+0x%lx (%s)\n", i, pc[i],
+                 di.dli_sname ? di.dli_sname : "?",
+                 (unsigned long)((char *)pc[i] - (char *)(di.dli_saddr ? di.dli_saddr : di.dli_fbase)),
+                 di.dli_fname ? di.dli_fname : "?");
+    write(2, line, (size_t)n);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+__attribute__((constructor)) static void install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sigaction(SIGSEGV, &sa, NULL);
+  sigaction(SIGBUS, &sa, NULL);
+}
