@@ -660,13 +660,15 @@ function M.explain(g, t, op, rop)
   local host = not (type(t) == "table" and t.device ~= nil and t.device ~= "cpu")
   -- rules are numbered by their place in M.rules (those that do not serve
   -- op are left out, so the numbers may jump); device rules a host tensor
-  -- passes over show as one line where they stand ("2-9. (6 device rules ...")
+  -- passes over show as one line where they stand ("2-9. (the device rules
+  -- passed over ..."; no count: the range also holds the device rules that
+  -- do not serve op, which the chain leaves out)
   local skip_from, skip_to, skipped = nil, nil, 0
   local function flush_skipped()
     if skipped == 0 then return end
     local at = skip_from == skip_to and tostring(skip_from) or ("%d-%d"):format(skip_from, skip_to)
-    out[#out + 1] = ("    %s. (%d device rule%s passed over: host tensor)"):format(at, skipped,
-                                                                            skipped == 1 and "" or "s")
+    out[#out + 1] = ("    %s. (the device rule%s passed over: host tensor)"):format(at,
+                                                                            skip_from == skip_to and "" or "s")
     skip_from, skip_to, skipped = nil, nil, 0
   end
   for _, e in ipairs(d.chain) do
