@@ -87,4 +87,28 @@ int wf_fws_choose(const wf_fws *w, int asked, int64_t tokens, int64_t hidden, in
 int wf_fws_check_error(wf_fws *w, const char *verb);
 int wf_fws_abort(wf_fws *w, const char *verb);
 
+/* The handle functions every family exports alike, written once:
+ * PREFIX_workspace_bytes, _preflight, _create, _destroy, _check_error and
+ * _abort of TYPE (a struct whose first member is the wf_fws `ws`) over
+ * FAMILY; WHAT names the family in argument errors ("fusion abort"). */
+#define WF_FWS_HANDLE_API(PREFIX, TYPE, FAMILY, WHAT)                                            \
+  int PREFIX##_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {       \
+    return wf_fws_workspace_bytes(&FAMILY, opts, world, bytes);                                \
+  }                                                                                            \
+  int PREFIX##_preflight(const weft_fusion_opts *opts, int world, int *ok) {                   \
+    return wf_fws_preflight(&FAMILY, opts, world, ok);                                         \
+  }                                                                                            \
+  int PREFIX##_create(weft_cpugroup *g, const weft_fusion_opts *opts, TYPE **out) {            \
+    wf_fws *w = NULL;                                                                          \
+    const int rc = wf_fws_create(&FAMILY, g, opts, sizeof(TYPE), &w);                          \
+    if (out) *out = (TYPE *)w;                                                                 \
+    return rc;                                                                                 \
+  }                                                                                            \
+  int PREFIX##_destroy(TYPE *f) {                                                              \
+    wf_fws_destroy(f ? &f->ws : NULL);                                                         \
+    return 0;                                                                                  \
+  }                                                                                            \
+  int PREFIX##_check_error(TYPE *f) { return wf_fws_check_error(f ? &f->ws : NULL, WHAT " check_error"); } \
+  int PREFIX##_abort(TYPE *f) { return wf_fws_abort(f ? &f->ws : NULL, WHAT " abort"); }
+
 #endif

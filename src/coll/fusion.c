@@ -156,24 +156,7 @@ static const wf_fws_family FAMILY = {
 #endif
 };
 
-int weft_fusion_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
-  return wf_fws_workspace_bytes(&FAMILY, opts, world, bytes);
-}
-int weft_fusion_preflight(const weft_fusion_opts *opts, int world, int *ok) {
-  return wf_fws_preflight(&FAMILY, opts, world, ok);
-}
-int weft_fusion_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion **out) {
-  wf_fws *w = NULL;
-  const int rc = wf_fws_create(&FAMILY, g, opts, sizeof(weft_fusion), &w);
-  if (out) *out = (weft_fusion *)w;
-  return rc;
-}
-int weft_fusion_destroy(weft_fusion *f) {
-  wf_fws_destroy(f ? &f->ws : NULL);
-  return 0;
-}
-int weft_fusion_check_error(weft_fusion *f) { return wf_fws_check_error(f ? &f->ws : NULL, "fusion check_error"); }
-int weft_fusion_abort(weft_fusion *f) { return wf_fws_abort(f ? &f->ws : NULL, "fusion abort"); }
+WF_FWS_HANDLE_API(weft_fusion, weft_fusion, FAMILY, "fusion")
 
 int weft_fusion_sufficient(weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo,
                            int *ok) {

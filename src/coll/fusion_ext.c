@@ -227,26 +227,7 @@ static const wf_fws_family FAMILY = {
 #endif
 };
 
-int weft_fusion_ext_workspace_bytes(const weft_fusion_opts *opts, int world, size_t *bytes) {
-  return wf_fws_workspace_bytes(&FAMILY, opts, world, bytes);
-}
-int weft_fusion_ext_preflight(const weft_fusion_opts *opts, int world, int *ok) {
-  return wf_fws_preflight(&FAMILY, opts, world, ok);
-}
-int weft_fusion_ext_create(weft_cpugroup *g, const weft_fusion_opts *opts, weft_fusion_ext **out) {
-  wf_fws *w = NULL;
-  const int rc = wf_fws_create(&FAMILY, g, opts, sizeof(weft_fusion_ext), &w);
-  if (out) *out = (weft_fusion_ext *)w;
-  return rc;
-}
-int weft_fusion_ext_destroy(weft_fusion_ext *f) {
-  wf_fws_destroy(f ? &f->ws : NULL);
-  return 0;
-}
-int weft_fusion_ext_check_error(weft_fusion_ext *f) {
-  return wf_fws_check_error(f ? &f->ws : NULL, "fusion_ext check_error");
-}
-int weft_fusion_ext_abort(weft_fusion_ext *f) { return wf_fws_abort(f ? &f->ws : NULL, "fusion_ext abort"); }
+WF_FWS_HANDLE_API(weft_fusion_ext, weft_fusion_ext, FAMILY, "fusion_ext")
 
 int weft_fusion_ext_sufficient(weft_fusion_ext *f, int64_t tokens, int64_t hidden, int dtype,
                                int algo, int *ok) {
