@@ -104,54 +104,64 @@ end
 
 ---------------------------------------------------------------- C backend
 
--- The default backend: src/coll/fusion.c through the FFI (loaded lazily, so the
--- pure parts of this module work without libweft).
-local function c_backend()
+-- A workspace backend over a family of src/coll/fused_ws.h through the FFI:
+-- spec.prefix names its C functions (weft_fusion: _preflight, _create,
+-- _destroy, _sufficient, _run, _check_error), spec.params its call struct,
+-- spec.dtypes its dtype codes by name; spec.what prefixes its errors.
+-- (FFI loaded lazily, so the pure parts of this module work without libweft.)
+local function ffi_backend(spec)
   local ffi = require "ffi"
   local wffi = require "weft.internal.ffi"
   local C = wffi.C
-  local B = { name = "weft" }
+  local pre, what, DT = spec.prefix, spec.what, spec.dtypes
+  local B = { name = spec.name }
   local okp = ffi.new("int[1]")
-  local function opts(spec)
+  local function opts(s)
     local o = ffi.new("weft_fusion_opts")
-    o.max_tokens, o.hidden, o.dtype = spec.max_tokens, spec.hidden, DTYPE[spec.dtype]
-    o.timeout_ms = spec.timeout_ms or 0
-    o.oneshot_max_tokens = spec.oneshot_max_tokens or 0
+    o.max_tokens, o.hidden, o.dtype = s.max_tokens, s.hidden, DT[s.dtype] or DT[spec.default_dtype]
+    o.timeout_ms = s.timeout_ms or 0
+    o.oneshot_max_tokens = s.oneshot_max_tokens or 0
     return o
   end
-  function B.preflight(coord, spec)
-    wffi.check(C.weft_fusion_preflight(opts(spec), coord.world_size, okp), "fusion preflight", 2)
+  function B.preflight(coord, s)
+    wffi.check(C[pre .. "_preflight"](opts(s), coord.world_size, okp), what .. " preflight", 2)
     return okp[0] == 1
   end
   function B.vote(coord, value, op)
     return coord.cpu_group:allreduce_i64({ value }, op)[1]
   end
-  function B.create(coord, spec)
-    local out = ffi.new("weft_fusion *[1]")
-    local rc = C.weft_fusion_create(coord.cpu_group.handle, opts(spec), out)
+  function B.create(coord, s)
+    local out = ffi.new(pre .. " *[1]")
+    local rc = C[pre .. "_create"](coord.cpu_group.handle, opts(s), out)
     if rc ~= 0 then return nil, wffi.last_error() end
-    return ffi.gc(out[0], C.weft_fusion_destroy)
+    return ffi.gc(out[0], C[pre .. "_destroy"])
   end
   function B.destroy(ws)
     ffi.gc(ws, nil)
-    C.weft_fusion_destroy(ws)
+    C[pre .. "_destroy"](ws)
   end
   function B.sufficient(ws, tokens, hidden, dtype, algo)
-    wffi.check(C.weft_fusion_sufficient(ws, tokens, hidden, DTYPE[dtype], ALGO[algo or "auto"], okp),
-               "fusion sufficient", 2)
+    wffi.check(C[pre .. "_sufficient"](ws, tokens, hidden, DT[dtype] or -1, ALGO[algo or "auto"], okp),
+               what .. " sufficient", 2)
     return okp[0] == 1
   end
-  function B.new_params() return ffi.new("weft_fusion_params") end
+  function B.new_params() return ffi.new(spec.params) end
   function B.run(ws, p)
-    local rc = C.weft_fusion_run(ws, p)
-    if rc ~= 0 then return nil, wffi.last_error() end
+    if C[pre .. "_run"](ws, p) ~= 0 then return nil, wffi.last_error() end
     return true
   end
   function B.check_error(ws)
-    if C.weft_fusion_check_error(ws) ~= 0 then return wffi.last_error() end
+    if C[pre .. "_check_error"](ws) ~= 0 then return wffi.last_error() end
   end
   function B.empty_like(t) return require("weft.tensor").empty(t.shape, t.dtype, t.device) end
   return B
+end
+M.ffi_backend = ffi_backend
+
+-- The default backend: src/coll/fusion.c
+local function c_backend()
+  return ffi_backend{ name = "weft", prefix = "weft_fusion", params = "weft_fusion_params",
+                      what = "fusion", dtypes = DTYPE }
 end
 M.c_backend = c_backend
 

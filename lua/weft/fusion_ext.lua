@@ -358,41 +358,8 @@ end
 
 ---------------------------------------------------------------- workspace (C backend)
 local function c_backend()
-  local B = { name = "weft_ext" }
-  local okp = ffi.new("int[1]")
-  local function opts(spec)
-    local o = ffi.new("weft_fusion_opts")
-    o.max_tokens, o.hidden, o.dtype = spec.max_tokens, spec.hidden, DT[spec.dtype] or DT.bf16
-    o.timeout_ms = spec.timeout_ms or 0
-    o.oneshot_max_tokens = spec.oneshot_max_tokens or 0
-    return o
-  end
-  function B.preflight(coord, spec)
-    wffi.check(C.weft_fusion_ext_preflight(opts(spec), coord.world_size, okp), "fusion_ext preflight", 2)
-    return okp[0] == 1
-  end
-  function B.vote(coord, value, op) return coord.cpu_group:allreduce_i64({ value }, op)[1] end
-  function B.create(coord, spec)
-    local out = ffi.new("weft_fusion_ext *[1]")
-    local rc = C.weft_fusion_ext_create(coord.cpu_group.handle, opts(spec), out)
-    if rc ~= 0 then return nil, wffi.last_error() end
-    return ffi.gc(out[0], C.weft_fusion_ext_destroy)
-  end
-  function B.destroy(ws)
-    ffi.gc(ws, nil)
-    C.weft_fusion_ext_destroy(ws)
-  end
-  function B.sufficient(ws, tokens, hidden, dtype, algo)
-    wffi.check(C.weft_fusion_ext_sufficient(ws, tokens, hidden, DT[dtype] or -1, ALGO[algo or "auto"], okp),
-               "fusion_ext sufficient", 2)
-    return okp[0] == 1
-  end
-  function B.new_params() return ffi.new("weft_fusion_ext_params") end
-  function B.run(ws, p)
-    if C.weft_fusion_ext_run(ws, p) ~= 0 then return nil, wffi.last_error() end
-    return true
-  end
-  return B
+  return fusion.ffi_backend{ name = "weft_ext", prefix = "weft_fusion_ext", params = "weft_fusion_ext_params",
+                             what = "fusion_ext", dtypes = DT, default_dtype = "bf16" }
 end
 M.c_backend = c_backend
 
