@@ -113,7 +113,16 @@ end
 
 local encode_value
 
-local function encode_tensor(b, t)
+local function encode_tensor(b, t, path)
+  if t.ptr == nil and t.numel > 0 then
+    error("weft: encode: " .. describe_path(path) .. " is a tensor whose storage was freed", 0)
+  end
+  local T = tensor_module()
+  local pop, pgroup = T.pinned_by(t)
+  if pop then
+    error(("weft: encode: %s is a tensor in use by a pending %s on group %s (wait for its handle first)")
+          :format(describe_path(path), pop, tostring(pgroup)), 0)
+  end
   local host = t
   if t.is_cuda and t:is_cuda() then host = t:to("cpu") end
   if not host:is_contiguous() then host = host:clone() end
@@ -139,7 +148,8 @@ local function encode_table(b, t, depth, visiting, path, max_depth)
   end
   visiting[t] = true
   local narr = 0
-  while t[narr + 1] ~= nil do narr = narr + 1 end
+  -- raw reads: a metatable's __index (a default value) would answer forever
+  while rawget(t, narr + 1) ~= nil do narr = narr + 1 end
   local nhash = 0
   for k in next, t do
     if not (type(k) == "number" and k >= 1 and k <= narr and k == floor(k)) then
@@ -150,7 +160,7 @@ local function encode_table(b, t, depth, visiting, path, max_depth)
   put_varint(b, narr)
   put_varint(b, nhash)
   for i = 1, narr do
-    encode_value(b, t[i], depth + 1, visiting, path, max_depth, i)
+    encode_value(b, rawget(t, i), depth + 1, visiting, path, max_depth, i)
   end
   if nhash > 0 then
     for k, v in next, t do
@@ -189,7 +199,7 @@ function encode_value(b, v, depth, visiting, path, max_depth, index, is_key)
   elseif tv == "table" then
     local T = tensor_module()
     if T and T.is_tensor(v) then
-      encode_tensor(b, v)
+      encode_tensor(b, v, path)
     else
       encode_table(b, v, depth, visiting, path, max_depth)
     end
@@ -201,7 +211,7 @@ function encode_value(b, v, depth, visiting, path, max_depth, index, is_key)
     else
       local T = tensor_module()
       if T and T.is_tensor(v) then
-        encode_tensor(b, v)
+        encode_tensor(b, v, path)
       else
         error(("weft: encode: cannot serialize %s at %s (only 64-bit integer cdata and weft tensors)")
               :format(tostring(ffi.typeof(v)), describe_path(path)), 0)

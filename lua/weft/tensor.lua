@@ -188,7 +188,8 @@ local Tensor = {}
 Tensor.__index = Tensor
 M.Tensor = Tensor
 
-local function is_tensor(x) return getmetatable(x) == Tensor end
+-- (a table given the metatable by hand is not one: no storage)
+local function is_tensor(x) return getmetatable(x) == Tensor and type(rawget(x, "_storage")) == "table" end
 M.is_tensor = is_tensor
 
 -- storage: { ptr=, kind="host"|"cuda"|"wrap", dev=, owner=, freed=,
@@ -231,9 +232,26 @@ local function alloc(shape, numel, info, device, dev_index, op)
   return t
 end
 
-local function check_live(t, op)
-  if t._storage.freed then fail(op, "storage was freed (tensor or a view of it had :free() called)", 3) end
-  if t._dropped then fail(op, "storage was freed for this view (it had :free() called; its base is untouched)", 3) end
+-- lvl: the frames between the check and the user's call (default: the
+-- method that checks is called by the user)
+local function check_live(t, op, lvl)
+  lvl = lvl or 3
+  if t._storage.freed then fail(op, "storage was freed (tensor or a view of it had :free() called)", lvl) end
+  if t._dropped then fail(op, "storage was freed for this view (it had :free() called; its base is untouched)", lvl) end
+end
+
+local function in_use(st)
+  return fmt("storage is in use by a pending %s on group %s; wait for its handle (h:wait()) or drain the "
+             .. "group (g:async_drain()) first", tostring(st.pin_op), tostring(st.pin_group))
+end
+
+-- live, and not in use by a pending async operation (whose worker may be
+-- reading or writing it now): what every method that reads or writes the
+-- values checks
+local function check_idle(t, op, lvl)
+  lvl = lvl or 3
+  check_live(t, op, lvl + 1)
+  if t._storage.pins then fail(op, in_use(t._storage), lvl) end
 end
 
 -- ---------------------------------------------------------------- strided runs
@@ -311,7 +329,7 @@ end
 
 -- A contiguous host tensor with t's values and dtype (t itself when possible).
 local function host_contig(t, op)
-  check_live(t, op)
+  check_idle(t, op, 4)
   if t.device_index == nil and t._contig then return t end
   local h = host_empty(t.shape, t.numel, t._info, op)
   if t._contig then
@@ -513,9 +531,9 @@ function Tensor:to_table()
 end
 
 function Tensor:copy_(src)
-  check_live(self, "copy_")
+  check_idle(self, "copy_")
   if not is_tensor(src) then fail("copy_", "source is not a tensor") end
-  check_live(src, "copy_")
+  check_idle(src, "copy_")
   if src.numel ~= self.numel then
     fail("copy_", fmt("element counts differ: destination %s has %d, source %s has %d",
                       shape_str(self.shape), self.numel, shape_str(src.shape), src.numel))
@@ -532,7 +550,7 @@ function Tensor:copy_(src)
 end
 
 function Tensor:clone(device)
-  check_live(self, "clone")
+  check_idle(self, "clone")
   local dev, idx
   if device == nil then dev, idx = self.device, self.device_index
   else dev, idx = parse_device(device, "clone") end
@@ -547,7 +565,7 @@ function Tensor:to(x)
   local d = type(x) == "string" and (DTYPES[x] or DTYPES[ALIASES[x] or ""])
   if d then
     if d == self._info then return self end
-    check_live(self, "to")
+    check_idle(self, "to")
     local s = {}
     for i = 1, #self.shape do s[i] = self.shape[i] end
     local t = alloc(s, self.numel, d, self.device, self.device_index, "to")
@@ -564,7 +582,7 @@ function Tensor:contiguous()
 end
 
 function Tensor:fill_(v)
-  check_live(self, "fill_")
+  check_idle(self, "fill_")
   local info = self._info
   if type(v) ~= "number" then fail("fill_", "value must be a number, got " .. type(v)) end
   if info.kind == "int" and (not is_int(v) or v < info.min or v > info.max) then
@@ -597,7 +615,7 @@ local cmp_out = ffi.new("double[2]")
 -- max |a - b| and max |a - b| / max(|b|, 1e-30) against ref (a tensor of any
 -- dtype and device, or a flat Lua table); NaN on one side only gives Inf.
 function Tensor:compare(ref)
-  check_live(self, "compare")
+  check_idle(self, "compare")
   if type(ref) == "table" and not is_tensor(ref) then
     ref = M.from_table(ref, "f64", { #ref })
   elseif not is_tensor(ref) then
@@ -625,11 +643,7 @@ end
 function Tensor:free()
   local st = self._storage
   if not st or st.freed or self._dropped then self.ptr = nil; return end
-  if st.pins then
-    fail("free", fmt("storage is in use by a pending %s on group %s; wait for its handle "
-                     .. "(h:wait()) or drain the group (g:async_drain()) first",
-                     tostring(st.pin_op), tostring(st.pin_group)))
-  end
+  if st.pins then fail("free", in_use(st)) end
   if not self._owns then -- a view: drop it, keep the storage
     if st.views and st.views[self] then st.views[self] = nil end
     self.ptr, self._dropped = nil, true
@@ -670,6 +684,11 @@ end
 
 -- true while t's storage is pinned by a pending async operation.
 function M.is_pinned(t) return t._storage.pins ~= nil end
+-- the op and group of the pending operation t's storage is pinned by, or nil
+function M.pinned_by(t)
+  local st = t._storage
+  if st.pins then return st.pin_op, st.pin_group end
+end
 
 -- ---------------------------------------------------------------- views
 

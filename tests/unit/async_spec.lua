@@ -292,6 +292,14 @@ io.stdout:write("SUBMITTED\n"); io.stdout:flush()
   end)
 
   describe("collectives with real processes", function()
+    it("a tensor in use by a pending operation is never read or written: its methods and other groups refuse it", function()
+      local out, rc = sh(("WEFT_TIMEOUT_MS=20000 timeout -s KILL 100 %s/scripts/weft-run -n 2 --timeout 90 "
+                          .. "%s/tests/helpers/async_pin_ranks.lua"):format(ROOT, ROOT))
+      assert.are.equal(0, rc, out)
+      local n = 0
+      for _ in out:gmatch("OK pinned ") do n = n + 1 end
+      assert.are.equal(2 * 13, n, out)
+    end)
     for _, case in ipairs({ { n = 2 }, { n = 3 }, { n = 3, env = "WEFT_HOST_BACKEND=store" } }) do
       it(("every async collective on %d ranks%s"):format(case.n, case.env and " (store path)" or ""), function()
         local out, rc = ranks(case.n, case.env)

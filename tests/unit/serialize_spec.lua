@@ -58,6 +58,26 @@ describe("weft.serialize", function()
     assert.are.equal(18446744073709551615ULL, b)
   end)
 
+  it("encodes a table's own contents: a metatable's __index default is never asked (it answers forever)", function()
+    local t = setmetatable({ 1, 2, x = 3 }, { __index = function() return 0 end })
+    local back = rt(t)
+    assert.are.same({ 1, 2, x = 3 }, back)
+    assert.are.same({}, rt(setmetatable({}, { __index = function() return 0 end })))
+  end)
+
+  it("refuses a freed tensor, naming where it sits (never reads freed memory)", function()
+    local T = require "weft.tensor"
+    local t = T.ones({ 3 })
+    local v = t:narrow(0, 0, 2)
+    t:free()
+    local ok, err = pcall(S.encode, { a = { t } })
+    assert.is_false(ok)
+    assert.matches("value.a%[1%] is a tensor whose storage was freed", err)
+    ok, err = pcall(S.encode, { x = v })
+    assert.is_false(ok)
+    assert.matches("value.x is a tensor whose storage was freed", err)
+  end)
+
   it("round-trips nested tables with holes, mixed keys and shared sub-tables", function()
     local shared = { 1, 2 }
     local v = { 1, 2, nil, 4, x = { y = { z = { "deep" } } }, [true] = "t", [0.25] = -0.0,

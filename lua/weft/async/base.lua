@@ -33,10 +33,18 @@ end
 
 function M.check_tensor(g, op, t, what)
   what = what or "tensor"
-  if not T().is_tensor(t) then
-    fail(3, op, "%s must be a weft tensor, got %s (group %s)", what, type(t), gname(g))
+  local tm = T()
+  if not tm.is_tensor(t) or type(t._storage) ~= "table" then
+    fail(3, op, "%s must be a weft tensor, got %s (group %s)", what, show(t), gname(g))
   end
   if t.ptr == nil and t.numel > 0 then fail(3, op, "%s storage was freed (group %s)", what, gname(g)) end
+  -- pinned by another group's pending operation: the two workers would touch
+  -- it at once (this group's own pending ones run before this one)
+  local pop, pgroup = tm.pinned_by(t)
+  if pop and pgroup ~= gname(g) then
+    fail(3, op, "%s is in use by a pending %s on group %s: wait for its handle (h:wait()) or drain that "
+         .. "group (g:async_drain()) first (group %s)", what, pop, pgroup, gname(g))
+  end
   if not t:is_contiguous() then fail(3, op, "%s is not contiguous (group %s)", what, gname(g)) end
 end
 

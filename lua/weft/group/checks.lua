@@ -51,11 +51,19 @@ end
 local function check_tensor(g, op, t, what)
   what = what or "tensor"
   local tm = T()
-  if not tm.is_tensor(t) then
-    fail(3, op, "%s must be a weft tensor, got %s (group %s)", what, type(t), gname(g))
+  if not tm.is_tensor(t) or type(t._storage) ~= "table" then
+    fail(3, op, "%s must be a weft tensor, got %s (group %s)", what, show(t), gname(g))
   end
   if t.ptr == nil and t.numel > 0 then
     fail(3, op, "%s storage was freed (group %s)", what, gname(g))
+  end
+  -- in use by a pending async operation of another group: its worker may be
+  -- reading or writing it now (one of this group's runs first: this call
+  -- drains the group's queue before it starts)
+  local pop, pgroup = tm.pinned_by(t)
+  if pop and pgroup ~= gname(g) then
+    fail(3, op, "%s is in use by a pending %s on group %s: wait for its handle (h:wait()) or drain that "
+         .. "group (g:async_drain()) first (group %s)", what, pop, pgroup, gname(g))
   end
   if not t:is_contiguous() then
     fail(3, op, "%s is not contiguous (shape %s, strides %s) on group %s: pass t:clone() or a contiguous tensor",
