@@ -180,8 +180,11 @@ M.GENERIC_AR_STAGE = GENERIC_AR_STAGE
 local sizes_ct = ffi.typeof("int64_t[8]") -- one 64-byte block per rank
 
 -- Reduce t across the group into out_ptr (t.ptr for in place); t validated.
-local function reduce_into(g, t, out_ptr, rop, code)
-  local be = reduce_by_backend(g, t, out_ptr, rop, code)
+-- extra, op: the call's other arguments the ranks must agree on besides
+-- the tensor and the reduction, and its name (reduce_scatterv: its sizes)
+local function reduce_into(g, t, out_ptr, rop, code, extra, op)
+  op = op or "all_reduce"
+  local be = reduce_by_backend(g, t, out_ptr, rop, code, extra, op)
   if be == nil then return end
   -- generic (the backend has no all_reduce): gather everything, reduce
   -- locally in rank order
@@ -190,7 +193,7 @@ local function reduce_into(g, t, out_ptr, rop, code)
   if step < 4096 then step = 4096 end
   if nbytes <= step then
     local buf = g:_scratch("gather", nbytes * W)
-    gather_bytes(g, be, "all_reduce", t.ptr, nbytes, buf, t, rop)
+    gather_bytes(g, be, op, t.ptr, nbytes, buf, t, extra or rop)
     local blocks = {}
     for r = 1, W do blocks[r] = buf + (r - 1) * nbytes end
     g:_reduce_blocks(out_ptr, blocks, t.numel, t.dtype, rop)
@@ -202,7 +205,7 @@ local function reduce_into(g, t, out_ptr, rop, code)
   g._ar_size = mine
   mine[0] = nbytes
   local all = g:_scratch("ar_sizes", 64 * W)
-  gather_bytes(g, be, "all_reduce", mine, 64, all, t, rop)
+  gather_bytes(g, be, op, mine, 64, all, t, extra or rop)
   local sz = ffi_cast("int64_t *", all)
   for r = 0, W - 1 do
     if tonumber(sz[r * 8]) ~= nbytes then
@@ -218,7 +221,7 @@ local function reduce_into(g, t, out_ptr, rop, code)
   local off = 0
   while off < nbytes do
     local n = nbytes - off < step and nbytes - off or step
-    gather_bytes(g, be, "all_reduce", src + off, n, buf, t, rop)
+    gather_bytes(g, be, op, src + off, n, buf, t, extra or rop)
     for r = 1, W do blocks[r] = buf + (r - 1) * n end
     g:_reduce_blocks(dst + off, blocks, n / es, t.dtype, rop)
     off = off + n
@@ -246,6 +249,30 @@ function G:all_reduce(t, rop, out)
   if self.world_size == 1 then return t end
   reduce_into(self, t, t.ptr, rop, code)
   return t
+end
+
+-- Every rank's t along dim into out ([.., W * d, ..]) through backend be's
+-- byte all-gather, the call agreed as op with its other arguments `extra`
+-- (all_gather: the dim; gather: the root, so ranks that name
+-- different roots fail instead of both gathering)
+local function gather_along(self, be, op, t, dim, out, extra)
+  local W, nbytes = self.world_size, t.nbytes
+  local outer, inner = outer_inner(t.shape, dim)
+  if outer == 1 then
+    gather_bytes(self, be, op, t.ptr, nbytes, out.ptr, t, extra)
+    return out
+  end
+  local buf = self:_scratch("gather", nbytes * W)
+  gather_bytes(self, be, op, t.ptr, nbytes, buf, t, extra)
+  -- buf is [W][outer][inner]; out is [outer][W][inner]
+  local ib = inner * DT_SIZE[t.dtype]
+  local o = ffi_cast(u8p, out.ptr)
+  for r = 0, W - 1 do
+    for k = 0, outer - 1 do
+      copy_bytes(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib)
+    end
+  end
+  return out
 end
 
 -- all_gather(t [, dim=-1 [, out]]) -> out, t gathered along dim in group order
@@ -280,23 +307,7 @@ function G:all_gather(t, dim, out)
   end
   local be = backend_for(self, "all_gather", t)
   if be.all_gather then call_be(self, "all_gather", be.all_gather, t, dim, out); return out end
-  local nbytes = t.nbytes
-  local outer, inner = outer_inner(t.shape, dim)
-  if outer == 1 then
-    gather_bytes(self, be, "all_gather", t.ptr, nbytes, out.ptr, t, dim)
-    return out
-  end
-  local buf = self:_scratch("gather", nbytes * W)
-  gather_bytes(self, be, "all_gather", t.ptr, nbytes, buf, t, dim)
-  -- buf is [W][outer][inner]; out is [outer][W][inner]
-  local ib = inner * DT_SIZE[t.dtype]
-  local o = ffi_cast(u8p, out.ptr)
-  for r = 0, W - 1 do
-    for k = 0, outer - 1 do
-      copy_bytes(o + (k * W + r) * ib, buf + (r * outer + k) * ib, ib)
-    end
-  end
-  return out
+  return gather_along(self, be, "all_gather", t, dim, out, dim)
 end
 
 function G:all_gather_into_tensor(out, t)
@@ -494,7 +505,7 @@ function G:reduce_scatterv(t, out, sizes, rop)
   -- host: reduce everything, keep this rank's rows
   if t.nbytes == 0 then return out end
   local buf = self:_scratch("rsv", t.nbytes)
-  reduce_into(self, t, buf, rop, code)
+  reduce_into(self, t, buf, rop, code, sizes, op)
   local row = t.nbytes / t.shape[1]
   local off = 0
   for r = 1, me do off = off + sizes[r] end
@@ -525,9 +536,14 @@ function G:gather(t, dst, dim)
   if self.world_size == 1 then return t end
   local be = backend_for(self, "gather", t)
   if be.gather then return call_be(self, "gather", be.gather, t, dst, dim) end
-  local out = self:all_gather(t, dim)
+  local oshape = {}
+  for i = 1, #t.shape do oshape[i] = t.shape[i] end
+  oshape[dim + 1] = oshape[dim + 1] * self.world_size
+  local out = T().empty(oshape, t.dtype, t.device)
+  local ok, err = pcall(gather_along, self, be, "gather", t, dim, out, "dst=" .. dst)
+  if not ok or self.rank_in_group ~= dst then out:free() end
+  if not ok then error(err, 0) end
   if self.rank_in_group == dst then return out end
-  out:free()
   return nil
 end
 

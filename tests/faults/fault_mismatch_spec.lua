@@ -25,7 +25,7 @@ local BOUND_MS = 1000   -- every rank fails well within a second (the timeout is
 -- call.
 -- node_dtype (every rank of node 1 differs) only where there are nodes.
 local CASES = { "dtype_width", "dtype_same_width", "op", "count", "count_large", "shape", "shape_gather",
-                "shape_5d", "gatherv_sizes", "op_u8", "gather_count", "broadcast_root", "broadcast_count", "barrier_first_call", "barrier_vs_all_reduce",
+                "shape_5d", "gatherv_sizes", "op_u8", "gather_count", "gather_root", "rsv_sizes", "broadcast_root", "broadcast_count", "barrier_first_call", "barrier_vs_all_reduce",
                 "a2a_rows", "a2a_splits", "a2a_splits_vs_even", "object_unserializable", "object_kind" }
 local function cases_but(skip, extra)
   local t = {}

@@ -40,6 +40,16 @@ local CASES = {
       w:all_reduce(T.full({ 8 }, 1, (w.node_index or 0) > 0 and "f16" or "bf16"))
     end },
   { "gather_count", function() w:all_gather(T.full({ odd and 16 or 8 }, 1, "f32"), 0) end },
+  { "gather_root", function() w:gather(T.full({ 8 }, r, "f32"), odd and 1 or 0) end },
+  -- the same tensor, other sizes tables summing to its rows (reduced whole,
+  -- then split: only the sizes tell the calls apart)
+  { "rsv_sizes", function()
+      local n = w.world_size
+      local sizes = {}
+      for i = 1, n do sizes[i] = 2 end
+      if odd then sizes[1], sizes[2] = 1, 3 end
+      w:reduce_scatterv(T.full({ 2 * n, 4 }, r + 1, "f32"), nil, sizes)
+    end },
   { "broadcast_root", function() w:broadcast(T.full({ 8 }, r, "f32"), odd and 1 or 0) end },
   { "broadcast_count", function() w:broadcast(T.full({ odd and 16 or 8 }, r, "f32"), 0) end },
   -- the barrier as a fresh group's first call (no shm or Gloo communicator yet)

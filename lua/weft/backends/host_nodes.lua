@@ -178,8 +178,8 @@ local gloo_backend = {
     flat(g):all_gather(src, dst, nbytes, t and t.shape, extra)
   end,
   broadcast = function(g, _, ptr, nbytes, src, t) flat(g):broadcast(ptr, nbytes, src, t and t.shape) end,
-  all_reduce = function(g, _, t, out_ptr, _, code)
-    flat(g):all_reduce(t.ptr, out_ptr, t.numel, G.DT_CODE[t.dtype], code, t.shape)
+  all_reduce = function(g, _, t, out_ptr, _, code, _, extra)
+    flat(g):all_reduce(t.ptr, out_ptr, t.numel, G.DT_CODE[t.dtype], code, t.shape, extra)
   end,
   reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, _, code, t)
     flat(g):reduce_scatter(inp, out, count_out, G.DT_CODE[dtype], code, t and t.shape)
@@ -336,12 +336,12 @@ local function after_leaders(g, h, f, comm, ...)
 end
 
 local hier_backend = setmetatable({
-  all_reduce = function(g, _, t, out_ptr, rop, code)
+  all_reduce = function(g, _, t, out_ptr, rop, code, _, extra)
     local h = hier(g)
     local dc = G.DT_CODE[t.dtype]
     local src = t.ptr
     if h.local_shm then
-      local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code, t.shape)
+      local ok, err = pcall(h.local_shm.all_reduce, h.local_shm, src, out_ptr, t.numel, dc, code, t.shape, extra)
       if not ok then node_failed(g, h, err, leaders_use_gloo(g, t.nbytes)) end
       src = out_ptr
     end
@@ -350,7 +350,7 @@ local hier_backend = setmetatable({
       if not leaders_use_gloo(g, t.nbytes) then
         ok, err = pcall(leaders_store_reduce, g, h, src, out_ptr, t, dc, code, rop)
       else
-        ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code, t.shape)
+        ok, err = pcall(h.leaders_gloo.all_reduce, h.leaders_gloo, src, out_ptr, t.numel, dc, code, t.shape, extra)
       end
       if not ok then leaders_failed(g, h, err) end
     end

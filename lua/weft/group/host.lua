@@ -178,8 +178,8 @@ M.register_backend("shm", {
   barrier = shm_barrier,
   gather_bytes = shm_gather_backend.gather_bytes,
   broadcast = shm_gather_backend.broadcast,
-  all_reduce = function(g, _, t, out_ptr, _, opcode)
-    shm_comm(g):all_reduce(t.ptr, out_ptr, t.numel, DT_CODE[t.dtype], opcode, t.shape)
+  all_reduce = function(g, _, t, out_ptr, _, opcode, _, extra)
+    shm_comm(g):all_reduce(t.ptr, out_ptr, t.numel, DT_CODE[t.dtype], opcode, t.shape, extra)
   end,
   -- input laid out as world contiguous chunks; out receives this rank's chunk
   reduce_scatter_flat = function(g, _, inp, out, count_out, dtype, rop, opcode, t)
@@ -326,11 +326,11 @@ end
 -- goes from here to the backend without coming back up. Returns nothing when
 -- the backend ran it, or the backend when it has no all_reduce (weft.group
 -- then reduces through its gather).
-local function reduce_by_backend(g, t, out_ptr, rop, code)
+local function reduce_by_backend(g, t, out_ptr, rop, code, extra, op)
   local be, _, choice = backend_for(g, "all_reduce", t, rop, out_ptr ~= t.ptr and out_ptr or nil)
   local f = be.all_reduce
   if f == nil then return be end
-  call_be(g, "all_reduce", f, t, out_ptr, rop, code, choice)
+  call_be(g, op or "all_reduce", f, t, out_ptr, rop, code, choice, extra)
 end
 
 local function cpu(g, op, method, ...)
