@@ -103,6 +103,12 @@ int weft_store_num_keys(weft_store *s, int64_t *n);
  * "rank R (pid P, host H) died". get/wait cannot know who would set a key,
  * so any gone rank of the world ends them. */
 int weft_store_register_rank(weft_store *s, int rank, int world);
+/* This rank has finished its part (weft.shutdown): when its handle closes,
+ * its tombstone says "finished", which ends only the waits for this rank's
+ * own keys. Closing a registered handle without it (a script that ends or
+ * raises: its finalizers close the handle) writes "left", which ends every
+ * wait as a death does, naming the rank as left. */
+int weft_store_finish(weft_store *s);
 /* The ranks of the world that are gone (tombstones), polled up to wait_ms
  * until one appears: *n of them, described in buf ("rank R (pid P, host H),
  * ..."). With none gone (*n == 0), buf lists the ranks whose host the

@@ -743,7 +743,13 @@ function M.shutdown()
       end)
       if not ok then err = e end
     end
-    if err then close_after_failure(store) else store:close() end
+    if err then
+      close_after_failure(store)
+    else
+      -- this rank's part is done: its leave ends no peer's wait for weft.shutdown
+      require("weft.internal.ffi").C.weft_store_finish(store.handle)
+      store:close()
+    end
   end
   S.store, S.world = nil, nil
   S.initialized = false

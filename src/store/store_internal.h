@@ -94,6 +94,7 @@ struct weft_store {
   char note[600];     /* the server's note on the last unfinished GET */
   uint64_t instance;  /* the server met first: a reconnect must meet the same */
   int live_rank;      /* weft_store_register_rank, -1: not registered */
+  int live_finished;  /* weft_store_finish: the leave's tombstone says "finished" */
   int live_world;
   char rank0[200];    /* "rank 0 (pid P, host H)", the store's host */
   char **live_reg;    /* [live_world] registration values seen (store_live.c) */

@@ -51,6 +51,15 @@ static int parse_value(const void *v, size_t len, int *pid, char *host, size_t h
   return 0;
 }
 
+/* The tombstones of a clean leave (wf_store_live_leave): the registration
+ * value, then " finished" (after weft_store_finish) or " left". */
+#define LEFT_MARK " left"
+#define FINISHED_MARK " finished"
+static int ends_with(const char *v, const char *mark) {
+  const size_t n = strlen(v), m = strlen(mark);
+  return n >= m && !strcmp(v + n - m, mark);
+}
+
 typedef struct { const char *key; const void *val; size_t len; } setreq;
 
 static void describe_value(int rank, const char *v, char *buf, size_t n, int *pid_out,
@@ -78,7 +87,7 @@ int weft_store_register_rank(weft_store *s, int rank, int world) {
   rc = wf_store_cl_request(s, op, WF_OP_SET, WF_SET_LIVE, 0, b_live_set, &a, &st, &r);
   if (!rc && !s->live_reg) s->live_reg = calloc((size_t)world, sizeof *s->live_reg);
   if (!rc && !s->live_reg) rc = wf_error(WEFT_ENOMEM, "%s: out of memory", op);
-  if (!rc) { s->live_rank = rank; s->live_world = world; }
+  if (!rc) { s->live_rank = rank; s->live_world = world; s->live_finished = 0; }
   /* rank 0 hosts the store: who it is must be known before it can vanish
    * (it registers right after starting the server) */
   if (!rc && rank != 0) {
@@ -124,15 +133,27 @@ static void b_key(weft_store *s, const void *ctx) {
   wf_store_wb_key(&s->rq, key, strlen(key));
 }
 
+/* A clean leave: the tombstone "<key>/gone" = "<registration> finished"
+ * (weft_store_finish was called) or "... left", then the key deleted (so the
+ * server writes no death when the connection closes). A peer still waiting
+ * for this rank's part of a call then fails within a slice, naming it,
+ * instead of at its timeout (a script that ended or raised without the
+ * call); a wait that does not know whose key it waits for (weft.shutdown's
+ * own) goes on past a finished rank, and ends on one that left. */
 void wf_store_live_leave(weft_store *s) {
   if (s->live_rank < 0 || s->fd < 0 || s->sibling) return;
-  char key[64];
+  char key[64], gone[64], val[340];
   live_key(key, sizeof key, s->live_rank, "");
+  live_key(gone, sizeof gone, s->live_rank, "/gone");
+  live_value(val, sizeof val - sizeof FINISHED_MARK);
+  strcat(val, s->live_finished ? FINISHED_MARK : LEFT_MARK);
   int timeout = s->timeout_ms;
   s->timeout_ms = 1000;  /* best effort: a gone server must not hold close() */
   int32_t st = 0;
   wf_rd r;
-  wf_store_cl_request(s, "store close", WF_OP_DELETE, 0, 0, b_key, key, &st, &r);
+  setreq a = {gone, val, strlen(val)};
+  if (wf_store_cl_request(s, "store close", WF_OP_SET, 0, 0, b_live_set, &a, &st, &r) == 0)
+    wf_store_cl_request(s, "store close", WF_OP_DELETE, 0, 0, b_key, key, &st, &r);
   s->timeout_ms = timeout;
   s->live_rank = -1;
   wf_clear_error();
@@ -216,6 +237,12 @@ static int gone_error(const char *op, int rank, const char *v) {
   char who[400];
   int pid = 0, same = 0;
   describe_value(rank, v, who, sizeof who, &pid, &same);
+  if (ends_with(v, FINISHED_MARK))
+    return wf_error(WEFT_ECLOSED, "%s: %s finished (it called weft.shutdown()) while this rank waited for "
+                    "it", op, who);
+  if (ends_with(v, LEFT_MARK))
+    return wf_error(WEFT_ECLOSED, "%s: %s left without weft.shutdown() (its script ended or raised an "
+                    "error, and its store handle closed) while this rank waited for it", op, who);
   /* a killed process closes its sockets a moment before it is a zombie */
   int alive = same && pid > 0 && !wf_pid_dead(pid);
   for (int i = 0; alive && i < 20; i++) {
@@ -314,6 +341,9 @@ static int check_between(weft_store *s, const char *op, wf_get_req *q) {
     if (i == ai) continue;
     char v[600];
     value_of(s, op, vals, lens, rank, keys, i, v, sizeof v);
+    /* a rank that finished (weft.shutdown) ends only the waits for its own
+     * keys: a wait whose owner is unknown (a store get) goes on past it */
+    if (!owners && ends_with(v, FINISHED_MARK)) continue;
     rc = gone_error(op, rank[i], v);
   }
 done:
@@ -522,3 +552,9 @@ int weft_store_gone_ranks(weft_store *s, int wait_ms, char *buf, size_t len, int
 }
 
 int wf_store_live_registered(weft_store *s) { return s && s->live_rank >= 0; }
+
+int weft_store_finish(weft_store *s) {
+  WF_CHECK_ARG(s, "store finish: NULL handle");
+  s->live_finished = 1;
+  return 0;
+}

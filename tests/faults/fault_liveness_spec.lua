@@ -119,6 +119,22 @@ describe("ranks that are gone #fault", function()
     end
   end
 
+  for _, case in ipairs { { "raise_in_barrier", "raises" }, { "end_in_barrier", "ends its script" } } do
+    it(("world 3: a rank that %s without the barrier (no weft.shutdown) is named as left within 5 s")
+       :format(case[2]), function()
+      local outs = run(case[1], 3, 2, 30000)
+      for r = 0, 1 do
+        local o = outs[r]
+        assert.is_truthy(o.err, ("rank %d did not fail:\n%s"):format(r, o.text))
+        assert.is_true(o.fail_ms >= 0 and o.fail_ms < BOUND_MS, ("rank %d: %d ms: %s"):format(r, o.fail_ms, o.err))
+        assert.is_truthy(names(o.err, 2, outs[2].pid) and o.err:find("left without weft.shutdown", 1, true), o.err)
+        -- and weft.shutdown() after it waits for no one that left
+        assert.is_truthy(o.shutdown_ms and o.shutdown_ms < BOUND_MS + 2000, ("rank %d shutdown: %s"):format(r, tostring(o.shutdown)))
+      end
+      assert.are.equal("", left_behind(outs))
+    end)
+  end
+
   it("world 2: rank 0 (the store's host) killed between collectives is named within 5 s", function()
     local outs = run("between", 2, 0)
     local o = outs[1]

@@ -97,6 +97,24 @@ elseif scenario == "in_barrier" or scenario == "in_shm" or scenario == "in_bcast
       w:broadcast_object(rank == victim and "x" or nil, victim)
     end
   end)
+elseif scenario == "raise_in_barrier" or scenario == "end_in_barrier" then
+  -- the victim leaves without the second barrier, not killed: its script
+  -- raises (or ends) and the Lua state closes, store handle and all
+  if me_victim then
+    local w = weft.init()
+    w:barrier()
+    sleep_ms(1000)
+    local f = assert(io.open(dir .. "/death", "w"))
+    f:write(("%.3f\n"):format(now_ms()))
+    f:close()
+    if scenario == "raise_in_barrier" then error("boom: this rank raises without its barrier", 0) end
+    os.exit(0, true)
+  end
+  survive(function()
+    local w = weft.init()
+    w:barrier()
+    w:barrier()
+  end)
 else
   error("unknown scenario " .. tostring(scenario))
 end
