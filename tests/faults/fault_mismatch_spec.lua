@@ -74,7 +74,7 @@ local function check(out, nranks, skip, loose)
         if key ~= "after" then
           n = n + 1
           assert.are.equal("ERR", x.status, ("%s: %s succeeded:\n%s"):format(name, key, out))
-          assert.is_truthy(x.msg:find("different collectives", 1, true) or x.msg:find("could not serialize", 1, true)
+          assert.is_truthy(x.msg:find("different collectives", 1, true) or x.msg:find("could not send", 1, true)
                            or x.msg:find("split tables do not match", 1, true),
                            ("%s: %s: %s"):format(name, key, x.msg))
           -- (the hierarchy too: a leader whose node disagreed refuses the
@@ -82,7 +82,7 @@ local function check(out, nranks, skip, loose)
           -- from their leader's abort)
           assert.is_true(x.ms < BOUND_MS, ("%s: %s failed after %.1f ms"):format(name, key, x.ms))
           -- every rank names the same calls
-          local calls = x.msg:match("different collectives[^:]*: (.*)$") or x.msg:match("could not serialize (.*)$")
+          local calls = x.msg:match("different collectives[^:]*: (.*)$") or x.msg:match("could not send (.*)$")
                         or x.msg:match("split tables do not match[^:]*: (.*)$")
           first = first or calls
           if not loose then
@@ -114,6 +114,16 @@ describe("mismatched calls fail on every rank at once #fault", function()
       check(one_node(n, "WEFT_HOST_BACKEND=store"), n)
     end)
   end
+  it("what cannot be sent (too large, a freed tensor in a dict, a function) fails every rank at once", function()
+    local out, rc = S.shell(("cd %s && WEFT_STORE_MAX_VALUE=1048576 WEFT_TIMEOUT_MS=20000 timeout -s KILL 90 "
+                          .. "scripts/weft-run -n 2 --timeout 80 tests/helpers/objects_refuse_ranks.lua")
+                         :format(P.q(P.ROOT)))
+    assert.are.equal(0, rc, out)
+    local n = 0
+    for _ in out:gmatch("OK [%w ]+\n") do n = n + 1 end
+    assert.are.equal(10, n, out)
+  end)
+
   it("shm route (one node), 3 ranks", function()
     check(one_node(3, "", SHM_SKIP), 3)
   end)

@@ -63,15 +63,39 @@ end
 -- A part: the call, then the payload.
 function M.frame(call, payload) return CALL_MARK .. call .. "\0" .. payload end
 
--- A rank whose object cannot be serialized (a function, a cycle, userdata,
--- too deep) still takes part in the exchange, with its call marked failed
--- and the reason: every rank then raises at once naming it, instead of
--- this rank raising alone and the others waiting for the timeout.
+-- A rank whose object cannot be sent (a function, a cycle, userdata, too
+-- deep, larger than the store takes) or whose call is refused before it
+-- starts still takes part in the exchange, with its call marked failed and
+-- the reason: every rank then raises at once naming it, instead of this
+-- rank raising alone and the others waiting for the timeout.
 local FAILED = "\2"
-function M.encode_part(call, obj)
+M.FAILED = FAILED
+function M.failed_call(call, why) return call .. FAILED .. why end
+
+-- The largest part the store takes (WEFT_STORE_MAX_VALUE as the server
+-- reads it, 256 MiB when unset), less room for the frame and the key.
+local function max_part()
+  local v = tonumber(os.getenv("WEFT_STORE_MAX_VALUE") or "")
+  if not v or v <= 0 then v = 256 * 1024 * 1024 end
+  return v, v - 4096
+end
+
+-- obj encoded, or nil and why it cannot be sent
+function M.encode_checked(obj)
   local ok, s = pcall(serialize.encode, obj)
-  if ok then return call, s end
-  return call .. FAILED .. tostring(s):gsub("^weft: encode: ", ""), ""
+  if not ok then return nil, (tostring(s):gsub("^weft: encode: ", "")) end
+  local limit, room = max_part()
+  if #s > room then
+    return nil, ("its encoding is %d bytes, more than the store takes (WEFT_STORE_MAX_VALUE: %d bytes)")
+                :format(#s, limit)
+  end
+  return s
+end
+
+function M.encode_part(call, obj)
+  local s, why = M.encode_checked(obj)
+  if s then return call, s end
+  return M.failed_call(call, why), ""
 end
 
 -- check_calls(g, op, call, parts) -> offsets: where each part's payload
@@ -91,7 +115,7 @@ function M.check_calls(g, op, call, parts)
       if why then failed[#failed + 1] = ("rank %d: %s"):format(g.ranks[i], why) end
     end
     if #failed > 0 then
-      error(("weft: %s: could not serialize the object of %s on group %s (every rank fails this call; "
+      error(("weft: %s: could not send the object of %s on group %s (every rank fails this call; "
              .. "the group stays usable)"):format(op, concat(failed, "; "), gname(g)), 0)
     end
     error(("weft: %s: ranks called different collectives on group %s: %s")

@@ -49,11 +49,24 @@ local function p2p_send(g, op, payload, dst)
   cpu(g, op, "send", M.frame(op, payload), dst)
 end
 
+-- a send whose payload cannot go still sends, marked failed with the
+-- reason, so the receiver raises at once instead of at its timeout; then
+-- it raises here
+local function p2p_send_failed(g, op, why, dst)
+  pcall(cpu, g, op, "send", M.frame(calls.failed_call(op, why), ""), dst)
+  error(("weft: %s: could not send to rank %d on group %s: %s (the receiver is told)")
+        :format(op, g.ranks[dst + 1], gname(g), why), 0)
+end
+
 local P2P_PAIR = { recv = "send", recv_object = "send_object", recv_tensor_dict = "send_tensor_dict" }
 -- the payload of message s from src, checked against the call op expects
 function M.check_message(g, op, s, src)
   local c, off = split_call(s)
   local want = P2P_PAIR[op]
+  local base, why = (c or ""):match("^(.-)" .. calls.FAILED .. "(.*)$")
+  if base == want then
+    error(("weft: %s: rank %d could not send on group %s: %s"):format(op, g.ranks[src + 1], gname(g), why), 0)
+  end
   if c ~= want then
     error(("weft: %s: rank %d sent with %s, this rank called %s (expects %s) on group %s")
           :format(op, g.ranks[src + 1], c or "another call (not a weft send)", op, want, gname(g)), 0)
@@ -105,7 +118,9 @@ function M.send_object(self, obj, dst)
   if dst == self.rank_in_group then
     fail(2, "send_object", "dst %d is this rank's own index in group %s", dst, gname(self))
   end
-  p2p_send(self, "send_object", serialize.encode(obj), dst)
+  local payload, why = calls.encode_checked(obj)
+  if not payload then p2p_send_failed(self, "send_object", why, dst) end
+  p2p_send(self, "send_object", payload, dst)
 end
 
 function M.recv_object(self, src)
@@ -134,6 +149,14 @@ local function split_dict(g, op, dict)
     if tm.is_tensor(v) then
       if not v:is_contiguous() then
         fail(3, op, "tensor %s is not contiguous (group %s)", tostring(k), gname(g))
+      end
+      if v.ptr == nil and v.numel > 0 then
+        fail(3, op, "tensor %s: its storage was freed (group %s)", tostring(k), gname(g))
+      end
+      local pop, pgroup = tm.pinned_by(v)
+      if pop and pgroup ~= gname(g) then
+        fail(3, op, "tensor %s is in use by a pending %s on group %s: wait for its handle first (group %s)",
+             tostring(k), pop, pgroup, gname(g))
       end
       meta[#meta + 1] = { k, "t", v.dtype, v.shape, v.device }
       tensors[#tensors + 1] = v
@@ -172,7 +195,10 @@ function M.broadcast_tensor_dict(self, dict, src)
   src = check_src(self, op, src)
   if self.world_size == 1 then return dict end
   if self.rank_in_group == src then
-    local meta, tensors = split_dict(self, op, dict)
+    local ok, meta, tensors = pcall(split_dict, self, op, dict)
+    if not ok then   -- every rank fails at once (the others wait in the metadata's exchange)
+      exchange(self, op, calls.failed_call(op .. " src=" .. src, (tostring(meta):gsub("^.-weft: [%w_]+: ", ""))), "")
+    end
     broadcast_obj(self, op, meta, src)
     for _, t in ipairs(tensors) do
       if t.numel > 0 then self:broadcast(t, src) end
@@ -191,11 +217,14 @@ function M.send_tensor_dict(self, dict, dst, ag)
   if self.world_size == 1 then return dict end
   if dst == nil then dst = (self.rank_in_group + 1) % self.world_size end
   check_peer(self, op, dst, "dst")
-  local meta, tensors = split_dict(self, op, dict)
   if dst == self.rank_in_group then
     fail(2, op, "dst %d is this rank's own index in group %s", dst, gname(self))
   end
-  p2p_send(self, op, serialize.encode(meta), dst)
+  local ok, meta, tensors = pcall(split_dict, self, op, dict)
+  if not ok then p2p_send_failed(self, op, (tostring(meta):gsub("^.-weft: [%w_]+: ", "")), dst) end
+  local payload, why = calls.encode_checked(meta)
+  if not payload then p2p_send_failed(self, op, why, dst) end
+  p2p_send(self, op, payload, dst)
   local agw = ag and ag.world_size or 1
   local agr = ag and ag.rank_in_group or 0
   local tm = T()
