@@ -155,6 +155,12 @@ local function group_opts(name, ranks, extra)
   return o
 end
 
+-- a timeout the C waits take as it is (an int of milliseconds): NaN, inf,
+-- fractions and 2^40 would become another bound there
+local function valid_timeout(v)
+  return type(v) == "number" and v >= 1 and v <= 2147483647 and v == math.floor(v)
+end
+
 -- init{timeout_ms=, backend=} -> the world GroupCoordinator. Idempotent.
 -- backend: "auto" (default), or "store" to force the store path for host tensors.
 local ledgers_differ   -- recover's comparison of the groups' ledgers (below)
@@ -171,8 +177,9 @@ function M.init(opts)
   require("weft.internal.settings").check_environment()
   local env = M.parse_env()
   local timeout = opts.timeout_ms or env.timeout_ms
-  if type(timeout) ~= "number" or timeout <= 0 then
-    fail(2, "init", "timeout_ms must be a positive number, got %s", show(timeout))
+  if not valid_timeout(timeout) then
+    fail(2, "init", "timeout_ms must be a whole number of milliseconds in 1..2147483647 (as WEFT_TIMEOUT_MS), got %s",
+         show(timeout))
   end
   local hb = opts.backend or env.host_backend or "auto"
   if not HOST_BACKENDS[hb] then
@@ -511,8 +518,9 @@ function M.create_custom_group(ranks, name, opts)
   local key = name .. "[" .. list .. "]"
   if opts ~= nil and type(opts) ~= "table" then fail(2, op, "options must be a table, got %s", type(opts)) end
   local timeout = opts and opts.timeout_ms or S.timeout_ms
-  if type(timeout) ~= "number" or timeout <= 0 then
-    fail(2, op, "timeout_ms must be a positive number, got %s", show(timeout))
+  if not valid_timeout(timeout) then
+    fail(2, op, "timeout_ms must be a whole number of milliseconds in 1..2147483647 (as WEFT_TIMEOUT_MS), got %s",
+         show(timeout))
   end
   local gen = (S.custom_counter[key] or 0)
   local g

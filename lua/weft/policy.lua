@@ -28,6 +28,8 @@
 -- the group then remembers the decision (group.lua, per group, invalidated
 -- when M.version changes) and skips the walk on the hot path. Rules that look
 -- at sizes or runtime state (graph capture, workspace) must leave it unset.
+local show = require("weft.internal.show").value -- names a refused value's type
+
 local M = {}
 M.version = 1
 
@@ -640,6 +642,16 @@ end
 -- chosen for `op` (default all_reduce), why, the mode, and every rule tried.
 function M.explain(g, t, op, rop)
   op = op or "all_reduce"
+  if type(g) ~= "table" or type(g.world_size) ~= "number" then
+    error("weft: policy.explain: expected a group (a GroupCoordinator), got " .. show(g), 2)
+  end
+  if type(op) ~= "string" or type(g[op]) ~= "function" then
+    error(("weft: policy.explain: %s is not an operation of a group (all_reduce, all_gather, broadcast, ...)")
+          :format(show(op)), 2)
+  end
+  if t ~= nil and type(t) ~= "table" and type(t) ~= "cdata" then
+    error("weft: policy.explain: expected a tensor (or nil), got " .. show(t), 2)
+  end
   local what
   if t ~= nil and type(t) == "table" or type(t) == "cdata" then
     what = ("%s %s {%s} (%s, %s)"):format(op, tostring(t.dtype),

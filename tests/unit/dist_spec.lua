@@ -119,8 +119,10 @@ describe("weft.dist", function()
       assert.has_error(function() weft.init { foo = 1 } end, "weft: init: unknown option \"foo\" (timeout_ms, backend)")
       assert.has_error(function() weft.init { backend = "carrier-pigeon" } end,
                        "weft: init: unknown backend \"carrier-pigeon\" (auto, shm, store, gloo, hier)")
-      local ok, err = pcall(weft.init, { timeout_ms = -5 })
-      assert.is_false(ok); assert.matches("timeout_ms must be a positive number", err)
+      for _, v in ipairs { -5, 0 / 0, 1 / 0, 2 ^ 40, 1.5, "100" } do
+        local ok, err = pcall(weft.init, { timeout_ms = v })
+        assert.is_false(ok); assert.matches("timeout_ms must be a whole number of milliseconds in 1..2147483647", err)
+      end
       assert.is_false(weft.is_initialized())
     end)
 

@@ -131,6 +131,11 @@ end
 -- Blocks the calling thread until done or timeout_ms (default: the group's
 -- timeout + WAIT_MARGIN_MS); returns the result or raises.
 function H:wait(timeout_ms)
+  if timeout_ms ~= nil and (type(timeout_ms) ~= "number" or timeout_ms < 0 or timeout_ms > 2147483647
+                            or timeout_ms ~= math.floor(timeout_ms)) then
+    error(("weft: %s: wait: timeout_ms must be a whole number of milliseconds in 0..2147483647, got %s")
+          :format(self.op, require("weft.internal.show").value(timeout_ms)), 2)
+  end
   local st = self.state
   if st == "pending" then
     local rc = C.weft_async_wait(self._c, timeout_ms or self.timeout_ms)
