@@ -70,6 +70,11 @@ function M.parse_env()
   if has_rank and not has_world and rank > 0 then
     fail(2, "init", "RANK=%d is set but WORLD_SIZE is not", rank)
   end
+  if has_world and world > 1 and not has_rank then
+    -- every such process would be rank 0 and start the store
+    fail(2, "init", "WORLD_SIZE=%d is set but RANK is not: set RANK (0..%d) for each process, "
+         .. "or start ranks with scripts/weft-run", world, world - 1)
+  end
   if rank >= world then
     fail(2, "init", "RANK=%d is not below WORLD_SIZE=%d", rank, world)
   end
@@ -79,9 +84,9 @@ function M.parse_env()
     fail(2, "init", "LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d", lrank, lws)
   end
   local port, has_port = env_int("MASTER_PORT", 0, 0, 65535)
-  if world > 1 and not has_port then
-    fail(2, "init", "WORLD_SIZE=%d needs MASTER_PORT (and MASTER_ADDR) to find rank 0's store; "
-         .. "start ranks with scripts/weft-run", world)
+  if world > 1 and (not has_port or port == 0) then
+    fail(2, "init", "WORLD_SIZE=%d needs MASTER_PORT (1..65535; and MASTER_ADDR) to find rank 0's store%s; "
+         .. "start ranks with scripts/weft-run", world, has_port and ", not 0 (a port the others cannot know)" or "")
   end
   local addr = os.getenv("MASTER_ADDR")
   if addr == nil or addr == "" then addr = "127.0.0.1" end
@@ -155,6 +160,15 @@ local function group_opts(name, ranks, extra)
   return o
 end
 
+local function same_world_size(store, timeout)
+  if S.rank == 0 then store:set("weft/world_size", tostring(S.world_size)); return end
+  local v = store:get("weft/world_size", timeout)
+  if tonumber(v) ~= S.world_size then
+    error(("weft: init: this rank (RANK=%d) started with WORLD_SIZE=%d, rank 0 with WORLD_SIZE=%s: every rank "
+           .. "needs the same (start ranks with scripts/weft-run)"):format(S.rank, S.world_size, tostring(v)), 0)
+  end
+end
+
 -- a timeout the C waits take as it is (an int of milliseconds): NaN, inf,
 -- fractions and 2^40 would become another bound there
 local function valid_timeout(v)
@@ -196,6 +210,9 @@ function M.init(opts)
     S.store = open_store(timeout)
     -- from here a death of this rank is seen by the others within ~200 ms
     local rok, rerr = pcall(S.store.register_rank, S.store, S.rank, S.world_size)
+    -- every rank started with rank 0's WORLD_SIZE: one with another would
+    -- wait for ranks that do not exist, and the others for it
+    if rok then rok, rerr = pcall(same_world_size, S.store, timeout) end
     if not rok then S.store:close(); S.store = nil; error(rerr, 2) end
   end
   local ranks = {}

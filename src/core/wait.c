@@ -79,10 +79,16 @@ int wf_cpu_crowded(const wf_cpu_note *notes, int n, int stride_bytes) {
 void wf_wait_init(wf_wait *w, const char *spin_env, const char *yield_env, int crowded) {
   memset(w, 0, sizeof *w);
   w->crowded = crowded;
+  /* a fixed phase is at most WF_FIXED_PHASE_MAX_US: the waits look at the
+   * deadline, a dead peer and an interrupt between phases, so a longer one
+   * would outlast the timeout (weft.init refuses more; a C caller is held
+   * to it here) */
   long us = spin_env ? wf_env_long(spin_env, -1) : -1;
+  if (us > WF_FIXED_PHASE_MAX_US) us = WF_FIXED_PHASE_MAX_US;
   w->fixed_spin = us >= 0;
   w->spin_ns = us >= 0 ? (int64_t)us * 1000 : WF_SPIN_START_NS;
   us = yield_env ? wf_env_long(yield_env, -1) : -1;
+  if (us > WF_FIXED_PHASE_MAX_US) us = WF_FIXED_PHASE_MAX_US;
   w->fixed_yield = us >= 0;
   w->yield_ns = us >= 0 ? (int64_t)us * 1000 : yield_env ? WF_YIELD_NS : 0;
 }

@@ -37,6 +37,7 @@
 #include <stdatomic.h>
 #endif
 
+#define WF_FIXED_PHASE_MAX_US 100000L /* WEFT_*_SPIN_US / _YIELD_US at most (100 ms) */
 #define WF_SPIN_MIN_NS 10000LL    /* a futex wake-up on a VM costs about this much */
 #define WF_SPIN_MAX_NS 200000LL   /* well inside a scheduler slice (~3-4 ms) */
 #define WF_SPIN_START_NS 50000LL

@@ -25,12 +25,28 @@ describe("weft.dist", function()
       { { RANK = "1" }, "RANK=1 is set but WORLD_SIZE is not" },
       { { RANK = "0", WORLD_SIZE = "2" }, "WORLD_SIZE=2 needs MASTER_PORT" },
       { { RANK = "0", WORLD_SIZE = "0" }, "WORLD_SIZE=0 is out of range" },
+      { { WORLD_SIZE = "2", MASTER_PORT = "29640" }, "WORLD_SIZE=2 is set but RANK is not" },
+      { { RANK = "1", WORLD_SIZE = "2", MASTER_PORT = "0" }, "WORLD_SIZE=2 needs MASTER_PORT (1..65535; and MASTER_ADDR) to find rank 0's store, not 0" },
       { { RANK = "0", WORLD_SIZE = "2", MASTER_PORT = "70000" }, "MASTER_PORT=70000 is out of range" },
       { { RANK = "1", WORLD_SIZE = "4", LOCAL_RANK = "3", LOCAL_WORLD_SIZE = "2", MASTER_PORT = "1" },
         "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2" },
       { { WEFT_TIMEOUT_MS = "0" }, "WEFT_TIMEOUT_MS=\\\"0\\\" is not allowed: it takes an integer from 1 to 2147483647" },
       { { WEFT_TIMEOUT_MS = "-5" }, "WEFT_TIMEOUT_MS=\\\"-5\\\" is not allowed: it takes an integer from 1 to 2147483647" },
     }
+    it("refuses a rank whose WORLD_SIZE is not rank 0's, at once, on both ranks", function()
+      local port = 20000 + (os.time() * 7919) % 20000
+      local r0 = io.popen(("env RANK=0 WORLD_SIZE=2 MASTER_PORT=%d WEFT_TIMEOUT_MS=20000 LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' "
+                           .. "timeout -s KILL 30 luajit -e \"print(pcall(require('weft').init))\" 2>&1"):format(port, ROOT, ROOT))
+      local t0 = os.time()
+      local ok, out = sub({ RANK = "1", WORLD_SIZE = "3", MASTER_PORT = tostring(port), WEFT_TIMEOUT_MS = "20000" },
+                          "require('weft').init()")
+      local out0 = r0:read("*a"); r0:close()
+      assert.is_false(ok, out)
+      assert.is_truthy(out:find("started with WORLD_SIZE=3, rank 0 with WORLD_SIZE=2", 1, true), out)
+      assert.is_truthy(out0:find("false", 1, true) and out0:find("rank 1", 1, true), out0)
+      assert.is_true(os.time() - t0 < 15, "both ended well before the 20 s timeout")
+    end)
+
     for _, c in ipairs(cases) do
       it("refuses " .. c[2]:gsub("\\", ""), function()
         local ok, out = sub(c[1], "require('weft').init()")

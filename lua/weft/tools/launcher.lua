@@ -209,9 +209,9 @@ end
 -- kind: "int" | "number" | "string" | "flag"; min/max bound numbers.
 ---------------------------------------------------------------------------
 M.OPTIONS = {
-  { long = "nproc-per-node", short = "n", key = "nproc", kind = "int", min = 1, default = 1,
+  { long = "nproc-per-node", short = "n", key = "nproc", kind = "int", min = 1, max = 4096, default = 1,
     meta = "N", help = "ranks to start on this node (default 1)" },
-  { long = "nnodes", key = "nnodes", kind = "int", min = 1, default = 1,
+  { long = "nnodes", key = "nnodes", kind = "int", min = 1, max = 65536, default = 1,
     meta = "N", help = "number of nodes (default 1)" },
   { long = "node-rank", key = "node_rank", kind = "int", min = 0, default = 0,
     meta = "K", help = "index of this node, 0 .. nnodes-1 (default 0)" },
@@ -283,7 +283,8 @@ local function convert(o, v, shown)
     if v == "" then return nil, shown .. " needs a non-empty value" end
     return v
   end
-  local n = tonumber(v)
+  -- an int is written in digits (tonumber takes "1e3" and " 5" too)
+  local n = (o.kind ~= "int" or v:match("^%-?%d+$")) and tonumber(v) or nil
   if o.kind == "int" and (not n or n ~= math.floor(n)) then
     return nil, format("%s must be an integer (got '%s')", shown, v)
   end
