@@ -109,6 +109,7 @@
 
 #include "common.cuh"
 #include "cluster.cuh"
+#include "fused_twoshot.cuh"
 #include "coll/fusion_internal.h"
 #include "weft.h"
 
@@ -654,52 +655,18 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
         },
         env, &gate, old_spin, peer, site, E);
   };
-  const uint32_t par = E & 1u;
   const int NV = a.hidden / EPV, NC = (NV + 31) / 32, rank = a.rank, tid = threadIdx.x;
   const int wbase = tid - (tid & 31); /* the warp's first vector */
   const size_t RB = (size_t)a.hidden * sizeof(T);
   const int rows_per = (a.tokens + W - 1) / W;
   const size_t slot = (size_t)rows_per * RB;
   const char *const in = (const char *)a.in;
-  /* flags[par][phase][block][sender] in the receiver's workspace */
-  auto flag = [&](const void *base, int phase, int sender) {
-    return flag_in((char *)base + a.off_flags, par, phase, blockIdx.x, sender);
-  };
-
-  /* 1. reduce-scatter push: my rows of range p into p's RS inbox slot [rank] */
-#pragma unroll 1
-  for (int i = 1; i < W; i++) {
-    const int p = (rank + i) % W;
-    const int ps = range_start(p, a.tokens, W), pn = range_start(p + 1, a.tokens, W) - ps;
-    char *const dst = (char *)a.peer[p] + a.off_rs + (size_t)rank * slot;
-    for (int r = blockIdx.x; r < pn; r += gridDim.x) {
-      uint4 v[VMAX];
-#pragma unroll
-      for (int k = 0; k < VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        if (j < NV) v[k] = lamport_sanitize<T>(ld_vec(in + (size_t)(ps + r) * RB + (size_t)j * 16));
-      }
-#pragma unroll
-      for (int k = 0; k < VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        if (j < NV) st_vec(dst + (size_t)r * RB + (size_t)j * 16, v[k]);
-      }
-    }
-  }
-  if (!(a.flags & WF_FUSED_TRIGGER_AT_END)) pdl_launch_dependents();
-  __syncthreads(); /* every push of the block precedes the release below */
-  if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 0, rank), flag_value(E, 1));
-  bool fail = tid < W && tid != rank &&
-              wait_flag(flag(local, 0, tid), flag_value(E, 1), (uint32_t)tid, WF_FUSED_SITE_RS) !=
-                  SPIN_OK;
-  if (__syncthreads_or(fail)) return;
-
-  /* 2. own rows: sum, residual, round, push to every peer's AG inbox, norm */
   const bool fp32_acc = (a.flags & WF_FUSED_FP32_ACC) != 0;
   const float inv_scale = load_inv_scale(a);
   const uint64_t ag_mine = a.off_ag + (uint64_t)rank * slot;
   const char *const rs = local + a.off_rs;
-  const int ms = range_start(rank, a.tokens, W), mn = range_start(rank + 1, a.tokens, W) - ms;
+  const char *const ag = local + a.off_ag;
+
   /* after the row's put_chunk calls: total (one order), rstd, norm outputs */
   auto norm_row = [&](int grow, const uint4 (&y)[YK], int par2) {
     __syncthreads();
@@ -716,8 +683,22 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
       }
     }
   };
-  int parity = 0;
-  for (int r = blockIdx.x; r < mn; r += gridDim.x, parity ^= 1) {
+  /* 1. my part of row grow (row r of its owner's range) into the owner's RS inbox */
+  auto push = [&](char *dst, int grow, int r) {
+    uint4 v[VMAX];
+#pragma unroll
+    for (int k = 0; k < VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      if (j < NV) v[k] = lamport_sanitize<T>(ld_vec(in + (size_t)grow * RB + (size_t)j * 16));
+    }
+#pragma unroll
+    for (int k = 0; k < VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      if (j < NV) st_vec(dst + (size_t)r * RB + (size_t)j * 16, v[k]);
+    }
+  };
+  /* 2. an own row: sum, residual, round, push to every peer's AG inbox, norm */
+  auto own = [&](int grow, int r, int parity) {
     uint4 y[YK];
 #pragma unroll(W > 4 ? 1 : VMAX) /* keeps f32 with 8 ranks under its register budget */
     for (int k = 0; k < VMAX; k++) {
@@ -725,7 +706,7 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
       float s = 0.f;
       if (j < NV) {
         const size_t off = (size_t)r * RB + (size_t)j * 16;
-        const size_t goff = (size_t)(ms + r) * RB + (size_t)j * 16;
+        const size_t goff = (size_t)grow * RB + (size_t)j * 16;
         float f[EPV];
         sum_ranks<T, W>(
             [&](int s) {
@@ -750,43 +731,28 @@ __global__ void __launch_bounds__(Geo<T>::MAXT, 1) twoshot_kernel(const wf_fused
       if (!is_ar && wbase + k * (int)blockDim.x < NV)
         put_chunk(red[parity], (wbase + k * (int)blockDim.x) / 32, s, false, 1);
     }
-    if (!is_ar) norm_row(ms + r, y, parity);
-  }
-  __syncthreads();
-  if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 1, rank), flag_value(E, 2));
-
-  /* 3. the peers' rows: copy y into residual_out (out), normalise */
-  const char *const ag = local + a.off_ag;
-#pragma unroll 1
-  for (int i = 1; i < W; i++) {
-    const int p = (rank + W - i) % W;
-    fail = tid == 0 &&
-           wait_flag(flag(local, 1, p), flag_value(E, 2), (uint32_t)p, WF_FUSED_SITE_AG) != SPIN_OK;
-    if (__syncthreads_or(fail)) return;
-    const int ps = range_start(p, a.tokens, W), pn = range_start(p + 1, a.tokens, W) - ps;
-    for (int r = blockIdx.x; r < pn; r += gridDim.x, parity ^= 1) {
-      uint4 y[YK];
+    if (!is_ar) norm_row(grow, y, parity);
+  };
+  /* 3. a peer's row: copy y into residual_out (out), normalise */
+  auto pull = [&](int p, int grow, int r, int parity) {
+    uint4 y[YK];
 #pragma unroll
-      for (int k = 0; k < VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        float s = 0.f;
-        if (j < NV) {
-          const size_t goff = (size_t)(ps + r) * RB + (size_t)j * 16;
-          const uint4 yv = ld_vec_cg(ag + (size_t)p * slot + (size_t)r * RB + (size_t)j * 16);
-          if (k < YK) y[k < YK ? k : 0] = yv;
-          st_vec((char *)(is_ar ? a.out : a.res_out) + goff, yv);
-          if (!is_ar) s = sumsq<T>(yv);
-        }
-        if (!is_ar && wbase + k * (int)blockDim.x < NV)
-          put_chunk(red[parity], (wbase + k * (int)blockDim.x) / 32, s, false, 1);
+    for (int k = 0; k < VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      float s = 0.f;
+      if (j < NV) {
+        const size_t goff = (size_t)grow * RB + (size_t)j * 16;
+        const uint4 yv = ld_vec_cg(ag + (size_t)p * slot + (size_t)r * RB + (size_t)j * 16);
+        if (k < YK) y[k < YK ? k : 0] = yv;
+        st_vec((char *)(is_ar ? a.out : a.res_out) + goff, yv);
+        if (!is_ar) s = sumsq<T>(yv);
       }
-      if (!is_ar) norm_row(ps + r, y, parity);
+      if (!is_ar && wbase + k * (int)blockDim.x < NV)
+        put_chunk(red[parity], (wbase + k * (int)blockDim.x) / 32, s, false, 1);
     }
-  }
-  __syncthreads();
-  agree_verify(env, WF_FUSED_SITE_AGREE);
-  epoch_advance(st->flag_epoch, E);
-  if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
+    if (!is_ar) norm_row(grow, y, parity);
+  };
+  fused_twoshot_ranges<W>(a, env, st, E, slot, wait_flag, push, own, pull);
 }
 
 typedef void (*kernel_fn)(const wf_fused_args);

@@ -35,6 +35,7 @@
  * per block), polled by W - 1 threads per block with wf::wait_flag_geq: a
  * failure names the peer and the site and leaves the workspace poisoned. */
 #include "quick_codec.cuh"
+#include "fused_twoshot.cuh"
 
 extern "C" {
 #include "coll/fusion_internal.h"
@@ -80,7 +81,6 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
   const uint32_t E = epoch_load(st->flag_epoch);
   if (__syncthreads_or(threadIdx.x == 0 && *(volatile unsigned long long *)a.err_dev != 0ull)) return;
   const SpinEnv env{a.abort_host, a.err_dev, a.err_host, a.timeout_ns, a.agree};
-  const uint32_t par = E & 1u;
   const int NV = a.hidden / 8, NC = (NV + 31) / 32, rank = a.rank, tid = threadIdx.x;
   const int wbase = tid - (tid & 31);
   const size_t RB = (size_t)a.hidden * sizeof(T);
@@ -88,41 +88,12 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
   const int rows_per = (a.tokens + W - 1) / W;
   const size_t slot = (size_t)rows_per * ERB;
   const char *const in = (const char *)a.in;
-  auto flag = [&](const void *base, int phase, int sender) {
-    return flag_in((char *)base + a.off_flags, par, phase, blockIdx.x, sender);
+  const uint64_t ag_mine = a.off_ag + (uint64_t)rank * slot;
+  const char *const rs = local + a.off_rs;
+  const char *const ag = local + a.off_ag;
+  auto wait = [&](uint64_t *f, uint64_t target, uint32_t peer, uint32_t site) {
+    return wait_flag_geq(f, target, env, peer, site, E);
   };
-
-  /* 1. reduce-scatter push: my rows of range p, encoded, into p's RS inbox slot [rank] */
-#pragma unroll 1
-  for (int i = 1; i < W; i++) {
-    const int p = (rank + i) % W;
-    const int ps = range_start(p, a.tokens, W), pn = range_start(p + 1, a.tokens, W) - ps;
-    char *const dst = (char *)a.peer[p] + a.off_rs + (size_t)rank * slot;
-    for (int r = blockIdx.x; r < pn; r += gridDim.x) {
-      uint4 v[QF_VMAX];
-#pragma unroll
-      for (int k = 0; k < QF_VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        v[k] = j < NV ? ld_vec(in + (size_t)(ps + r) * RB + (size_t)j * 16) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int k = 0; k < QF_VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        if (wbase + k * (int)blockDim.x >= NV) break; /* warp-uniform: encode shuffles */
-        float x[8], s;
-        Pack<T>::to_f32(v[k], x);
-        const uint4 q = encode<C>(x, s);
-        if (j < NV) put<C>(dst + (size_t)r * ERB, j, q, s, SC);
-      }
-    }
-  }
-  if (!(a.flags & WF_FUSED_TRIGGER_AT_END)) pdl_launch_dependents();
-  __syncthreads(); /* every push of the block precedes the release below */
-  if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 0, rank), flag_value(E, 1));
-  bool fail = tid < W && tid != rank &&
-              wait_flag_geq(flag(local, 0, tid), flag_value(E, 1), env, (uint32_t)tid, WF_FUSED_SITE_RS, E) !=
-                  SPIN_OK;
-  if (__syncthreads_or(fail)) return;
 
   /* the norm of row grow, from this block's residual_out of it (each vector
    * re-read by the thread that stored it), after every put of the row */
@@ -166,18 +137,32 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
     if ((tid & 31) == 0) red[p2][(wbase + k * (int)blockDim.x) / 32] = s;
   };
 
-  /* 2. own rows: decode every rank's contribution, sum in rank order, encode
-   *    once, push to every peer's AG inbox; my value: those bytes decoded */
-  const uint64_t ag_mine = a.off_ag + (uint64_t)rank * slot;
-  const char *const rs = local + a.off_rs;
-  const int ms = range_start(rank, a.tokens, W), mn = range_start(rank + 1, a.tokens, W) - ms;
-  int parity = 0;
-  for (int r = blockIdx.x; r < mn; r += gridDim.x, parity ^= 1) {
+  /* 1. my part of row grow, encoded, into its owner's RS inbox (row r there) */
+  auto push = [&](char *dst, int grow, int r) {
+    uint4 v[QF_VMAX];
+#pragma unroll
+    for (int k = 0; k < QF_VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      v[k] = j < NV ? ld_vec(in + (size_t)grow * RB + (size_t)j * 16) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < QF_VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      if (wbase + k * (int)blockDim.x >= NV) break; /* warp-uniform: encode shuffles */
+      float x[8], s;
+      Pack<T>::to_f32(v[k], x);
+      const uint4 q = encode<C>(x, s);
+      if (j < NV) put<C>(dst + (size_t)r * ERB, j, q, s, SC);
+    }
+  };
+  /* 2. an own row: decode every rank's contribution, sum in rank order,
+   *    encode once, push to every peer's AG inbox; my value: those bytes decoded */
+  auto own = [&](int grow, int r, int parity) {
 #pragma unroll 1
     for (int k = 0; k < QF_VMAX; k++) {
       const int j = tid + k * blockDim.x;
       if (wbase + k * (int)blockDim.x >= NV) break;
-      const size_t goff = (size_t)(ms + r) * RB + (size_t)j * 16;
+      const size_t goff = (size_t)grow * RB + (size_t)j * 16;
       float acc[8];
 #pragma unroll 1
       for (int p = 0; p < W; p++) {
@@ -206,39 +191,24 @@ __global__ void __launch_bounds__(QF_MAXT, 1) qr_fused_twoshot(const wf_fused_ar
         for (int i = 1; i < W; i++)
           put<C>((char *)a.peer[(rank + i) % W] + ag_mine + (size_t)r * ERB, j, wire, s, SC);
       }
-      finish_vec(ms + r, j, k, dec, parity);
+      finish_vec(grow, j, k, dec, parity);
     }
-    norm_row(ms + r, parity);
-  }
-  __syncthreads();
-  if (tid < W && tid != rank) st_release_sys(flag(a.peer[tid], 1, rank), flag_value(E, 2));
-
-  /* 3. the peers' rows: decode the owner's bytes, residual, norm */
-  const char *const ag = local + a.off_ag;
+    norm_row(grow, parity);
+  };
+  /* 3. a peer's row: decode the owner's bytes, residual, norm */
+  auto pull = [&](int p, int grow, int r, int parity) {
 #pragma unroll 1
-  for (int i = 1; i < W; i++) {
-    const int p = (rank + W - i) % W;
-    fail = tid == 0 && wait_flag_geq(flag(local, 1, p), flag_value(E, 2), env, (uint32_t)p, WF_FUSED_SITE_AG, E) !=
-                           SPIN_OK;
-    if (__syncthreads_or(fail)) return;
-    const int ps = range_start(p, a.tokens, W), pn = range_start(p + 1, a.tokens, W) - ps;
-    for (int r = blockIdx.x; r < pn; r += gridDim.x, parity ^= 1) {
-#pragma unroll 1
-      for (int k = 0; k < QF_VMAX; k++) {
-        const int j = tid + k * blockDim.x;
-        if (wbase + k * (int)blockDim.x >= NV) break;
-        float s = 0.f, dec[8];
-        const uint4 q = get<C>(ag + (size_t)p * slot + (size_t)r * ERB, j < NV ? j : 0, s, SC);
-        decode<C>(q, s, dec);
-        finish_vec(ps + r, j, k, dec, parity);
-      }
-      norm_row(ps + r, parity);
+    for (int k = 0; k < QF_VMAX; k++) {
+      const int j = tid + k * blockDim.x;
+      if (wbase + k * (int)blockDim.x >= NV) break;
+      float s = 0.f, dec[8];
+      const uint4 q = get<C>(ag + (size_t)p * slot + (size_t)r * ERB, j < NV ? j : 0, s, SC);
+      decode<C>(q, s, dec);
+      finish_vec(grow, j, k, dec, parity);
     }
-  }
-  __syncthreads();
-  agree_verify(env, WF_FUSED_SITE_AGREE);
-  epoch_advance(st->flag_epoch, E);
-  if (a.flags & WF_FUSED_TRIGGER_AT_END) pdl_launch_dependents();
+    norm_row(grow, parity);
+  };
+  fused_twoshot_ranges<W>(a, env, st, E, slot, wait, push, own, pull);
 }
 
 /* ------------------------------------------------------------------ launch */
