@@ -31,7 +31,12 @@ BUILD   ?= build
 LIB     := $(BUILD)/libweft.so
 CFLAGS  ?= -O2
 override CFLAGS  += -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Wall -Wextra -Werror -pthread -Isrc -MMD -MP
-override LDFLAGS += -shared -pthread -Wl,--version-script=$(BUILD)/weft.map -Wl,-z,defs
+# -z nodelete: libweft stays mapped once loaded. Its threads (the store
+# server, async workers, NCCL watchdogs) may still run when the Lua state
+# closes, and LuaJIT's ffi.load unloads the library then: a thread left in
+# unmapped code dies with SIGSEGV at exit (seen after an error with an NCCL
+# communicator aborted: bench/results/gpu-tests-nvidia-h200-2026-12-07.md).
+override LDFLAGS += -shared -pthread -Wl,--version-script=$(BUILD)/weft.map -Wl,-z,defs -Wl,-z,nodelete
 LDLIBS  := -ldl -lrt -lm
 # OpenSSL's libcrypto: the store's handshake (HMAC-SHA256, src/store/hmac.c).
 # Headers from libssl-dev (scripts/ensure-deps installs it); at run time

@@ -15,7 +15,9 @@
 
 #define F(name) static __typeof__(&name) p_##name
 F(ncclGetUniqueId); F(ncclCommInitRankConfig); F(ncclAllReduce); F(ncclCommAbort);
-F(ncclCommDestroy); F(ncclCommFinalize); F(ncclCommGetAsyncError); F(ncclCommRevoke);
+F(ncclCommDestroy); F(ncclCommFinalize); F(ncclCommGetAsyncError);
+/* not in every nccl.h (2.28.3 has none): looked up, NULL where absent */
+static ncclResult_t (*p_ncclCommRevoke)(ncclComm_t, int);
 
 static void wait_ready(ncclComm_t c) {
   ncclResult_t r;
