@@ -15,6 +15,7 @@
 #include "host/cpugroup.h"
 #include "store/store_share.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +255,47 @@ static void exit_stop_workers(void) {
   pthread_mutex_unlock(&g_qmu);
 }
 
+/* Before memory or a communicator goes: a worker's running operation whose
+ * input or output starts in [lo, lo + len), or whose handle is comm, is
+ * waited for (bounded by WEFT_ASYNC_EXIT_MS). When a Lua state closes, its
+ * finalizers run in any order: a tensor pinned by a pending operation, or
+ * the group's shm segment, can be freed while the worker still reads it
+ * (SIGSEGV at the exit on an error with host all-reduces in flight). Returns
+ * 0 when nothing uses it (any more), -1 when it is still in use: the caller
+ * then leaks it rather than free it under the worker. */
+static int wait_unused(const void *lo, size_t len, const void *comm) {
+  const char *a = lo;
+  long ms = wf_env_long("WEFT_ASYNC_EXIT_MS", 10000);
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += ms / 1000;
+  dl.tv_nsec += (ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+  int busy = 0;
+  pid_t me = getpid();
+  pthread_mutex_lock(&g_qmu);   /* held throughout: no queue is freed meanwhile */
+  for (weft_async_queue *q = g_queues; q; q = q->reg_next) {
+    if (q->pid != me) continue;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+      weft_async *h = q->running;
+      if (!h) break;
+      const char *in = h->d.in, *out = h->d.out;
+      int uses = (comm && h->d.comm == comm) ||
+                 (a && len && ((in >= a && in < a + len) || (out >= a && out < a + len)));
+      if (!uses) break;
+      if (pthread_cond_timedwait(&q->idle, &q->mu, &dl) == ETIMEDOUT) {
+        busy = q->running == h;
+        break;
+      }
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (busy) break;
+  }
+  pthread_mutex_unlock(&g_qmu);
+  return busy ? -1 : 0;
+}
+
 /* Once per process (a child of fork() registers its own). */
 static void exit_register(void) {
   pid_t me = getpid(), old = atomic_load(&g_exit_pid);
@@ -277,6 +319,7 @@ static void *worker_main(void *arg) {
     if (!q->head) q->tail = NULL;
     h->next = NULL;
     q->running = h;
+    __atomic_fetch_add(&wf_in_use_running, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&q->mu);
 
     h->t_start_ns = wf_now_ns();
@@ -291,6 +334,7 @@ static void *worker_main(void *arg) {
 
     pthread_mutex_lock(&q->mu);
     q->running = NULL;
+    __atomic_fetch_sub(&wf_in_use_running, 1, __ATOMIC_ACQ_REL);
     pthread_cond_broadcast(&q->idle);
     handle_unref(h);  /* the worker's reference */
   }
@@ -324,6 +368,7 @@ int weft_async_queue_create(const char *name, weft_async_queue **out) {
   pthread_cond_init(&q->cv, NULL);
   pthread_cond_init(&q->idle, NULL);
   q->pid = getpid();
+  wf_in_use_register(wait_unused);
   reg_add(q);
   *out = q;
   return 0;

@@ -63,4 +63,15 @@ int wf_capture_active(void);
 #define WF_CHECK_ARG(cond, ...) \
   do { if (!(cond)) return wf_error(WEFT_EINVAL, __VA_ARGS__); } while (0)
 
+/* Before memory or a handle is freed (in_use.c): a worker thread's running
+ * operation that uses [lo, lo + len) or handle is waited for, bounded; -1
+ * when it still runs after the bound (the caller leaks rather than frees).
+ * The async workers register the answer (src/async.c). */
+typedef int (*wf_in_use_fn)(const void *lo, size_t len, const void *handle);
+void wf_in_use_register(wf_in_use_fn fn);
+int wf_wait_unused(const void *lo, size_t len, const void *handle);
+/* operations running on workers now: frees look further only when > 0 */
+extern int wf_in_use_running;   /* __atomic builtins only (C and C++ include this) */
+static inline int wf_in_use_any(void) { return __atomic_load_n(&wf_in_use_running, __ATOMIC_ACQUIRE) != 0; }
+
 #endif

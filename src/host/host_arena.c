@@ -239,6 +239,19 @@ static int inherited(const uint8_t *p) {
   return 0;
 }
 
+size_t wf_arena_len(const void *ptr) {
+  const uint8_t *p = ptr;
+  size_t len = 0;
+  pthread_mutex_lock(&A.mu);
+  if (A.state == 1 && p >= A.base && p < A.base + A.size) {
+    const uint64_t off = (uint64_t)(p - A.base);
+    size_t i = lower_bound(&A.live, off);
+    if (i < A.live.n && A.live.v[i].off == off) len = A.live.v[i].len;
+  }
+  pthread_mutex_unlock(&A.mu);
+  return len;
+}
+
 int wf_arena_free(void *ptr) {
   const uint8_t *p = ptr;
   int mine = 0;

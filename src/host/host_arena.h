@@ -20,6 +20,8 @@
 void *wf_arena_alloc(size_t bytes);
 /* 1 when p came from the arena (now freed), 0 when it did not (heap). */
 int wf_arena_free(void *p);
+/* the length of the live arena allocation that starts at p; 0 when p is none */
+size_t wf_arena_len(const void *p);
 /* 1 when [p, p + len) lies in this process's arena (off: its offset). */
 int wf_arena_lookup(const void *p, size_t len, uint64_t *off);
 /* This process's arena descriptor and reserved size, creating it when

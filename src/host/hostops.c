@@ -6,6 +6,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,14 @@ void *weft_host_alloc(size_t bytes) {
 }
 
 void weft_host_free(void *p) {
-  if (p && !wf_arena_free(p)) free(p);
+  if (!p) return;
+  /* never under a worker's running operation (a closing Lua state frees in
+   * any order): wait for it, or leak if it outlasts the bound */
+  if (wf_in_use_any()) {
+    size_t len = wf_arena_len(p);
+    if (wf_wait_unused(p, len ? len : malloc_usable_size(p), NULL)) return;
+  }
+  if (!wf_arena_free(p)) free(p);
 }
 
 int weft_host_is_shared(const void *p, size_t bytes) {

@@ -122,7 +122,10 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out) {
 
 int weft_shm_destroy(weft_shm *c) {
   if (!c) return 0;
-  if (c->hdr) wf_shm_mark_left(c);
+  if (c->hdr) wf_shm_mark_left(c);   /* first: the peers' waits on this rank end */
+  /* a worker's operation still inside c (a closing Lua state's finalizers run
+   * in any order): wait for it, or leak c rather than unmap it under it */
+  if (wf_wait_unused(NULL, 0, c)) return 0;
   close_comm(c);
   return 0;
 }

@@ -250,6 +250,16 @@ io.stdout:write("SUBMITTED\n"); io.stdout:flush()
       assert.truthy(out:find("async queue 'exitq': the progress worker is still inside an operation at exit", 1, true), out)
     end)
 
+    it("an error with host all-reduces in flight: the state closes without freeing under the worker (8 runs)", function()
+      for i = 1, 8 do
+        local out, rc = sh(("WEFT_TIMEOUT_MS=20000 timeout -s KILL 60 %s/scripts/weft-run -n 2 --timeout 50 "
+                            .. "%s/tests/helpers/async_exit_error_ranks.lua"):format(ROOT, ROOT))
+        assert.is_nil(out:find("killed by signal", 1, true), ("run %d: %s"):format(i, out))
+        assert.is_truthy(out:find("boom: an error with operations in flight", 1, true), out)
+        assert.are_not.equal(0, rc, out)
+      end
+    end)
+
     it("end of script (lua_close runs the queue's finalizer, then exit)", function()
       local out, rc = run(200, "q = nil; h = nil")
       assert.are.equal(0, rc, out)
