@@ -696,7 +696,13 @@ function G:all_to_all_single(out, inp, splits)
       fail(2, op, "input splits have %d entries, group %s has %d ranks", #in_splits, gname(self), W)
     end
     local s = 0
-    for i = 1, W do s = s + in_splits[i] end
+    for i = 1, W do
+      local v = in_splits[i]
+      if type(v) ~= "number" or v < 0 or v % 1 ~= 0 then   -- (before the sum: NaN would sum to garbage)
+        fail(2, op, "input split %d is %s, expected a row count (group %s)", i - 1, show(v), gname(self))
+      end
+      s = s + v
+    end
     if s ~= rows then
       fail(2, op, "input splits sum to %d rows, input has %d (group %s)", s, rows, gname(self))
     end

@@ -178,7 +178,10 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
       char list[512];
       missing_list(c, g, list, sizeof list, 1);
       if (list[0]) {
-        snprintf(why, sizeof why, "%.64s died during %.20s", list, op);
+        /* the peers read this from the segment in a few dozen bytes: the
+         * op without its "weft_shm_" prefix keeps it whole */
+        const char *sop = strncmp(op, "weft_shm_", 9) ? op : op + 9;
+        snprintf(why, sizeof why, "%.64s died during %.20s", list, sop);
         give_up(c, why);
         return wf_error(WEFT_ECLOSED, "%s: group '%s': %s died (process gone) while the "
                         "others waited (call %llu)", op, c->group, list,
