@@ -29,7 +29,7 @@ E(function() world:fused_allreduce_rmsnorm(T.zeros({ 2, 8 }, "i32"), T.zeros({ 2
   { "fused_allreduce_rmsnorm", "dtype i32 is not supported" }, "fused dtype")
 E(function() world:fused_allreduce_rmsnorm(T.zeros({ 2, 8 }, "f32"), T.zeros({ 2, 8 }, "bf16"), T.zeros({ 8 }, "f32"), 1e-6) end,
   { "dtypes differ" }, "fused mixed dtypes")
-E(function() world:all_reduce({ 1, 2, 3 }) end, { "all_reduce", "must be a weft tensor, got table" }, "not a tensor")
+E(function() world:all_reduce({ 1, 2, 3 }) end, { "all_reduce", "must be a weft tensor, got a table" }, "not a tensor")
 healthy(world, "after dtype errors")
 ok("wrong dtype")
 
