@@ -91,7 +91,7 @@ M.list = {
     "handshake deadline and the base of a frame's deadline, in milliseconds"),
   I("WEFT_STORE_IDLE_MS", 0, 2147483647, "0 (never)", "setting", { "src/core/env.c" },
     "closes authenticated connections idle this long, in milliseconds"),
-  I("WEFT_STORE_MAX_VALUE", 1, 1099511627776, tostring(256 * MIB), "setting", { "src/store/store_proto.c" },
+  I("WEFT_STORE_MAX_VALUE", 1024, 1099511627776, tostring(256 * MIB), "setting", { "src/store/store_proto.c" },
     "bytes: the largest value the store takes"),
   I("WEFT_STORE_MAX_TOTAL", 0, MAXI, "0 (a quarter of the RAM, at least 1 GiB)", "setting", { "src/core/env.c" },
     "bytes the store holds at once (keys, values, frames being received)"),
