@@ -15,7 +15,10 @@
 -- to the probe is the codec's work, what the probe loses to the copy is the
 -- pattern (small loads, the scales).
 --
---   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR]
+-- With --wide yes, also the wide form of every step and probe (steps 4-7: twice
+-- the parts in flight per thread), checked and timed in the same run.
+--
+--   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR] [--wide yes]
 --
 -- Writes <out>/quick-codec-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and .md.
 local ffi = require "ffi"
@@ -27,7 +30,7 @@ local Q = require "weft.quick"
 local C = require("weft.internal.ffi").C
 
 local opt = { sizes = "16,64,256", reps = 20, machine = false,   -- false: the GPU it runs on (below)
-              out = "bench/results" }
+              out = "bench/results", wide = "no" }
 local i = 1
 while arg[i] do
   local k = arg[i]:match("^%-%-(.*)$")
@@ -49,6 +52,10 @@ local function wire_bytes(codec, n)
   return tonumber(sz1[0])
 end
 local FORMS = { { name = "kernel", step = 0 }, { name = "probe", step = 2 } }
+if opt.wide == "yes" then
+  FORMS[3] = { name = "wide", step = 4 }
+  FORMS[4] = { name = "wide probe", step = 6 }
+end
 local function step(s, codec, W, inp, wire, out, n, form)
   if C.weft_qr_codec_step(s + (form or FORMS[1]).step, Q.CODECS[codec], BF16, W, inp, wire, out, n, nil) ~= 0 then
     error("codec step: " .. ffi.string(C.weft_last_error()))
@@ -56,32 +63,42 @@ local function step(s, codec, W, inp, wire, out, n, form)
 end
 
 ---------------------------------------------------------------- check first
+-- Every form that computes (not the probes), at a size of a few parts (the
+-- tail) and, for 2 and 8 ranks, one of many waves (every part of a wide
+-- iteration used: over 4 x the resident blocks' parts).
 local ok_all = true
-do
-  local n = 100003   -- the steps themselves (the probes compute nothing to check)
+for _, n in ipairs { 100003, 9437189 } do
   for _, codec in ipairs(CODECS) do
     for _, W in ipairs(WORLDS) do
-      local ins, wires = {}, cuda.alloc(W * wire_bytes(codec, n))
-      local wb = wire_bytes(codec, n)
-      for r = 1, W do
-        ins[r] = T.randn({ n }, "bf16", "cpu", { seed = 40 + r })
-        local d = ins[r]:clone("cuda:0")
-        step(0, codec, W, d.ptr, ffi.cast("char *", wires) + (r - 1) * wb, nil, n)
-        cuda.synchronize()
-        d:free()
+      if n < 1e6 or W ~= 4 then
+        local wb = wire_bytes(codec, n)
+        local ins, dins, wires = {}, {}, cuda.alloc(W * wb)
+        for r = 1, W do
+          ins[r] = T.randn({ n }, "bf16", "cpu", { seed = 40 + r })
+          dins[r] = ins[r]:clone("cuda:0")
+        end
+        local ref = Q.reference(codec, "bf16", ins)
+        local out = T.zeros({ n }, "bf16", "cuda:0")
+        local wo = cuda.alloc(wb)
+        for _, form in ipairs(FORMS) do
+          if not form.name:find("probe") then
+            for r = 1, W do step(0, codec, W, dins[r].ptr, ffi.cast("char *", wires) + (r - 1) * wb, nil, n, form) end
+            out:fill_(0)
+            step(1, codec, W, wires, wo, out.ptr, n, form)
+            cuda.synchronize()
+            local got = out:clone("cpu")
+            local x, y = ffi.cast("const uint16_t *", got.ptr), ffi.cast("const uint16_t *", ref.ptr)
+            local bad = 0
+            for k = 0, n - 1 do if x[k] ~= y[k] then bad = bad + 1 end end
+            print(("check %-6s %-4s W=%d n=%d: %s"):format(form.name, codec, W, n, bad == 0
+              and "bit-identical to the CPU reference" or (bad .. " elements differ")))
+            if bad > 0 then ok_all = false end
+            got:free()
+          end
+        end
+        for r = 1, W do dins[r]:free(); ins[r]:free() end
+        ref:free(); cuda.free(wires); cuda.free(wo); out:free()
       end
-      local out = T.zeros({ n }, "bf16", "cuda:0")
-      local wo = cuda.alloc(wb)
-      step(1, codec, W, wires, wo, out.ptr, n)
-      cuda.synchronize()
-      local got, ref = out:clone("cpu"), Q.reference(codec, "bf16", ins)
-      local a, b = ffi.cast("const uint16_t *", got.ptr), ffi.cast("const uint16_t *", ref.ptr)
-      local bad = 0
-      for k = 0, n - 1 do if a[k] ~= b[k] then bad = bad + 1 end end
-      print(("check %-4s W=%d: %s"):format(codec, W, bad == 0 and "bit-identical to the CPU reference"
-                                           or (bad .. " elements differ")))
-      if bad > 0 then ok_all = false end
-      cuda.free(wires); cuda.free(wo); out:free()
     end
   end
 end
@@ -110,11 +127,11 @@ local function row(size, name, codec, us, cus, inb, traffic, copy_traffic)
   lines[#lines + 1] = ("| %d MiB | %s | %s | %.1f | %.2f | %.2f | %.0f %% | %.1f | %.2f | %.0f %% |"):format(
     size, name, codec, us, inb / us / 1e6, tr, 100 * tr / copy_traffic, cus, ctr, 100 * ctr / copy_traffic)
 end
--- the step, then its probe, back to back: drift hits both alike
+-- the step, then its probe (and the wide ones), back to back: drift hits all alike
 local function time_forms(fn)
   local t = {}
   for k, form in ipairs(FORMS) do t[k] = time_us(function() fn(form) end) end
-  return t[1], t[2]
+  return t
 end
 for s in opt.sizes:gmatch("%d+") do
   local bytes = tonumber(s) * MIB
@@ -130,13 +147,13 @@ for s in opt.sizes:gmatch("%d+") do
   for _, codec in ipairs(CODECS) do
     local wb = wire_bytes(codec, n)
     local wire = cuda.alloc(wb)
-    local cus
-    us, cus = time_forms(function(form) step(0, codec, 2, src.ptr, wire, nil, n, form) end)
-    for k, u in ipairs { us, cus } do
+    local t = time_forms(function(form) step(0, codec, 2, src.ptr, wire, nil, n, form) end)
+    for k, u in ipairs(t) do
       rec { op = "quick_quantize", backend = codec, form = FORMS[k].name, dtype = "bf16", bytes = bytes, us = u,
             input_tbs = bytes / u / 1e6, traffic_tbs = (bytes + wb) / u / 1e6 }
     end
-    row(s, "quantize", codec, us, cus, bytes, bytes + wb, copy_traffic)
+    row(s, "quantize", codec, t[1], t[2], bytes, bytes + wb, copy_traffic)
+    if t[3] then row(s, "quantize (wide)", codec, t[3], t[4], bytes, bytes + wb, copy_traffic) end
     cuda.free(wire)
     for _, W in ipairs(WORLDS) do
       local m = math.floor(n / W / 8) * 8               -- elements per contribution
@@ -144,13 +161,14 @@ for s in opt.sizes:gmatch("%d+") do
       local wires = cuda.alloc(W * mwb)
       for r = 0, W - 1 do step(0, codec, 2, src.ptr, ffi.cast("char *", wires) + r * mwb, nil, m) end
       local wo, out = cuda.alloc(mwb), cuda.alloc(m * 2)
-      us, cus = time_forms(function(form) step(1, codec, W, wires, wo, out, m, form) end)
+      local t = time_forms(function(form) step(1, codec, W, wires, wo, out, m, form) end)
       local inb, traffic = W * m * 2, W * mwb + mwb + m * 2
-      for k, u in ipairs { us, cus } do
+      for k, u in ipairs(t) do
         rec { op = "quick_reduce", backend = codec, form = FORMS[k].name, dtype = "bf16", world = W, bytes = inb,
               us = u, input_tbs = inb / u / 1e6, traffic_tbs = traffic / u / 1e6 }
       end
-      row(s, "reduce W=" .. W, codec, us, cus, inb, traffic, copy_traffic)
+      row(s, "reduce W=" .. W, codec, t[1], t[2], inb, traffic, copy_traffic)
+      if t[3] then row(s, ("reduce W=%d (wide)"):format(W), codec, t[3], t[4], inb, traffic, copy_traffic) end
       cuda.free(wires); cuda.free(wo); cuda.free(out)
     end
   end
