@@ -176,17 +176,17 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
  *  quantize: in (T) -> wire;
  *  reduce: W wires of the same count -> decode, f32 sum in order, encode
  *          once -> wire_out, and the decoded result (T) -> out.
- * One vector per thread, grid-stride over whole parts, U parts at a time.  P (the probe):
+ * One vector per thread, grid-stride over whole parts.  P (the probe):
  * the same loads and stores at the same addresses with no codec work
  * (the words are only xor-ed together), the memory pattern's own rate. */
-template <typename T, int C, bool P, int U>
-__global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
+template <typename T, int C, bool P, int U, bool PL>
+__global__ void __launch_bounds__(WF_QR_THREADS, PL ? 4 : 0) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
                                                                   int tail) {
   const int t = threadIdx.x;
-  const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
-  /* U parts per iteration: every load in flight before any is encoded */
-  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += (uint64_t)U * gridDim.x) {
-    uint4 raw[U];
+  const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART, step = (uint64_t)U * gridDim.x;
+  /* U parts per iteration: every load in flight before any is encoded; PL:
+   * the next iteration's loads issued before this one's encoding */
+  auto load = [&](uint64_t p0, uint4 (&raw)[U]) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const uint64_t v = (p0 + (uint64_t)u * gridDim.x) * WF_QR_PART + t;
@@ -194,6 +194,17 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in
       if (v < nvec)
         raw[u] = (tail && v == nvec - 1) ? ld_vec_partial<T>(reinterpret_cast<const T *>(in + v * 16), tail)
                                          : ld_vec(in + v * 16);
+    }
+  };
+  uint4 raw[U], nxt[U];
+  if (PL) load(blockIdx.x, nxt);
+  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += step) {
+    if (PL) {
+#pragma unroll
+      for (int u = 0; u < U; u++) raw[u] = nxt[u];
+      load(p0 + step, nxt);
+    } else {
+      load(p0, raw);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -215,67 +226,67 @@ __global__ void __launch_bounds__(WF_QR_THREADS) qr_step_quantize(const char *in
   }
 }
 
-/* U parts per iteration: every code and scale of them loaded before any is
- * decoded */
-template <typename T, int W, int C, bool P, int U>
-__global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
+/* One part per iteration, every code and scale of it loaded before any is
+ * decoded; PL: the next part's loads issued before this one's decoding */
+template <typename T, int W, int C, bool P, bool PL>
+__global__ void __launch_bounds__(WF_QR_THREADS, PL ? (W <= 4 ? 3 : 2) : 0) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
   const int t = threadIdx.x;
   const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
-  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += (uint64_t)U * gridDim.x) {
-    uint4 qs[U][W];
-    float ss[U][W];
+  auto load = [&](uint64_t pp, uint4 (&q)[W], float (&sc)[W]) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const uint64_t pp = p0 + (uint64_t)u * gridDim.x;
-#pragma unroll
-      for (int p = 0; p < W; p++) {
-        ss[u][p] = 0.f;
-        qs[u][p] = pp < parts ? get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, ss[u][p])
-                              : make_uint4(0, 0, 0, 0);
-      }
+    for (int p = 0; p < W; p++) {
+      sc[p] = 0.f;
+      q[p] = pp < parts ? get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, sc[p]) : make_uint4(0, 0, 0, 0);
     }
+  };
+  uint4 qs[W], nq[W];
+  float ss[W], ns[W];
+  if (PL) load(blockIdx.x, nq, ns);
+  for (uint64_t pp = blockIdx.x; pp < parts; pp += gridDim.x) {
+    if (PL) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const uint64_t pp = p0 + (uint64_t)u * gridDim.x;
-      if (pp >= parts) break; /* uniform across the block */
-      const uint64_t v = pp * WF_QR_PART + t;
-      float acc[8];
-      uint4 mix = make_uint4(0, 0, 0, 0); /* the probe's stand-in for the sum */
-      uint32_t smix = 0;
+      for (int p = 0; p < W; p++) { qs[p] = nq[p]; ss[p] = ns[p]; }
+      load(pp + gridDim.x, nq, ns);
+    } else {
+      load(pp, qs, ss);
+    }
+    const uint64_t v = pp * WF_QR_PART + t;
+    float acc[8];
+    uint4 mix = make_uint4(0, 0, 0, 0); /* the probe's stand-in for the sum */
+    uint32_t smix = 0;
 #pragma unroll
-      for (int p = 0; p < W; p++) {
-        float y[8];
-        const uint4 q = qs[u][p];
-        if (P) {
-          mix.x ^= q.x; mix.y ^= q.y; mix.z ^= q.z; mix.w ^= q.w;
-          smix ^= __float_as_uint(ss[u][p]);
-          continue;
-        }
-        if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
-        else decode<C>(q, ss[u][p], y);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
-      }
-      uint4 res;
+    for (int p = 0; p < W; p++) {
+      float y[8];
+      const uint4 q = qs[p];
       if (P) {
-        put<C>(wire_out + pp * Codec<C>::PB, t, mix, __uint_as_float(smix));
-        res = make_uint4(mix.x, mix.y ^ smix, mix.z, mix.w);
-      } else if (C == WF_QR_FP) {
-        res = Pack<T>::from_f32(acc);
-        put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
-      } else {
-        float s, y[8];
-        const uint4 q = encode<C>(acc, s);
-        put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
-        decode<C>(q, s, y);
-        res = Pack<T>::from_f32(y);
+        mix.x ^= q.x; mix.y ^= q.y; mix.z ^= q.z; mix.w ^= q.w;
+        smix ^= __float_as_uint(ss[p]);
+        continue;
       }
-      if (v < nvec) {
-        if (tail && v == nvec - 1) st_vec_partial<T>(reinterpret_cast<T *>(out + v * 16), res, tail);
-        else st_vec(out + v * 16, res);
-      }
+      if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
+      else decode<C>(q, ss[p], y);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
+    }
+    uint4 res;
+    if (P) {
+      put<C>(wire_out + pp * Codec<C>::PB, t, mix, __uint_as_float(smix));
+      res = make_uint4(mix.x, mix.y ^ smix, mix.z, mix.w);
+    } else if (C == WF_QR_FP) {
+      res = Pack<T>::from_f32(acc);
+      put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
+    } else {
+      float s, y[8];
+      const uint4 q = encode<C>(acc, s);
+      put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
+      decode<C>(q, s, y);
+      res = Pack<T>::from_f32(y);
+    }
+    if (v < nvec) {
+      if (tail && v == nvec - 1) st_vec_partial<T>(reinterpret_cast<T *>(out + v * 16), res, tail);
+      else st_vec(out + v * 16, res);
     }
   }
 }
@@ -370,7 +381,7 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
 
 /* codec steps (step 2 / 3: the probes of quantize / reduce, the same memory
  * traffic without the codec's work: scripts/bench-quick-codec.lua) */
-template <typename T, int C, bool P, int UQ, int UR>
+template <typename T, int C, bool P, bool PL>
 cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                     cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
@@ -386,7 +397,7 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   };
   if (step == 0) {
     static int occ = 0;
-    auto k = qr_step_quantize<T, C, P, UQ>;
+    auto k = qr_step_quantize<T, C, P, PL ? 1 : 2, PL>;
     k<<<grid(k, &occ), WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire), nvec, tail);
     return cudaGetLastError();
   }
@@ -397,25 +408,25 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   auto reduce = [&](auto k, int *occ) { k<<<grid(k, occ), WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); };
   static int occ[4] = {0, 0, 0, 0};
   switch (world) {
-    case 2: reduce(qr_step_reduce<T, 2, C, P, UR>, &occ[0]); break;
-    case 4: reduce(qr_step_reduce<T, 4, C, P, UR>, &occ[1]); break;
-    case 6: reduce(qr_step_reduce<T, 6, C, P, UR>, &occ[2]); break;
-    case 8: reduce(qr_step_reduce<T, 8, C, P, UR>, &occ[3]); break;
+    case 2: reduce(qr_step_reduce<T, 2, C, P, PL>, &occ[0]); break;
+    case 4: reduce(qr_step_reduce<T, 4, C, P, PL>, &occ[1]); break;
+    case 6: reduce(qr_step_reduce<T, 6, C, P, PL>, &occ[2]); break;
+    case 8: reduce(qr_step_reduce<T, 8, C, P, PL>, &occ[3]); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
-/* step bit 0: reduce (else quantize); bit 1: the probe; bit 2: the wide form
- * (twice the parts per iteration: quantize 4, reduce 2) */
+/* step bit 0: reduce (else quantize); bit 1: the probe; bit 2: the pipelined
+ * form (the next iteration's loads issued before this one's codec work) */
 template <typename T, int C>
 cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                    cudaStream_t s) {
   const int b = step & 1;
   switch (step >> 1) {
-    case 0: return step_cv<T, C, false, 2, 1>(b, world, in, wire, out, nvec, tail, s);
-    case 1: return step_cv<T, C, true, 2, 1>(b, world, in, wire, out, nvec, tail, s);
-    case 2: return step_cv<T, C, false, 4, 2>(b, world, in, wire, out, nvec, tail, s);
-    default: return step_cv<T, C, true, 4, 2>(b, world, in, wire, out, nvec, tail, s);
+    case 0: return step_cv<T, C, false, false>(b, world, in, wire, out, nvec, tail, s);
+    case 1: return step_cv<T, C, true, false>(b, world, in, wire, out, nvec, tail, s);
+    case 2: return step_cv<T, C, false, true>(b, world, in, wire, out, nvec, tail, s);
+    default: return step_cv<T, C, true, true>(b, world, in, wire, out, nvec, tail, s);
   }
 }
 
