@@ -25,5 +25,11 @@ $(MPI_ALLREDUCE): bench/mpi_allreduce.c | mpi-deps
 	@mkdir -p $(BUILD)
 	$(MPICC) -O2 -Wall -Wextra -o $@ $<
 
-bench-host: deps lib $(MPI_ALLREDUCE)
-	WEFT_LIB=$(abspath $(LIB)) luajit scripts/bench-host.lua --mpi $(MPI_ALLREDUCE) $(BENCH_HOST_ARGS)
+# the cost of a cache line between CPUs 0 and 1, taken before each run
+$(BUILD)/vcpu_pingpong: bench/vcpu_pingpong.c
+	@mkdir -p $(BUILD)
+	$(CC) -O2 -pthread -o $@ $<
+
+bench-host: deps lib $(MPI_ALLREDUCE) $(BUILD)/vcpu_pingpong
+	WEFT_LIB=$(abspath $(LIB)) luajit scripts/bench-host.lua --mpi $(MPI_ALLREDUCE) \
+	  --line-probe $(BUILD)/vcpu_pingpong $(BENCH_HOST_ARGS)

@@ -8,7 +8,7 @@
 --        [--min 1024] [--max 67108864] [--load-max 1048576] [--bf16-max 1048576]
 --        [--factor 4] [--iters 1000] [--repeat 2] [--bind auto|none|rank]
 --        [--mpi build/mpi_allreduce] [--no-mpi] [--no-callpath] [--settle] [--machine NAME]
---        [--out bench/results] [--merge earlier.json] [-q]
+--        [--out bench/results] [--merge earlier.json] [--line-probe build/vcpu_pingpong] [-q]
 --
 -- Method (both sides): sum in place; for every call fresh random data, a
 -- barrier, one timed call; per call the slowest rank's time counts; the
@@ -20,7 +20,9 @@
 -- CPUs pinned to CPUs 0, 2, ... (a competing process, as on a serving host),
 -- started before and stopped after each run; it also exits by itself when
 -- this driver is gone. Each side runs `--repeat` times, weft and MPI
--- interleaved; per case the run with the lowest median is kept, with its
+-- interleaved, a side's quiet and busy runs back to back (on a VM the cost
+-- of a cache line between two vCPUs changes by up to 5x from one second to
+-- the next: --line-probe records it before each run); per case the run with the lowest median is kept, with its
 -- p99 (noise on a shared machine only adds time). Last, the Lua call path:
 -- group:all_reduce on a 1 KiB host tensor against its C call, and the Lua
 -- heap's growth over 10^6 calls (--no-callpath skips it).
@@ -45,7 +47,7 @@ local bench = require "weft.tools.bench"
 local opts = bench.parse_args(arg or {}, {
   worlds = "2,4", dtypes = "f32,bf16", load = "none,busy", min = 1024, max = 64 * 1048576,
   load_max = 1048576, bf16_max = 1048576, factor = 4, iters = 1000, warmup = 3, ["repeat"] = 2,
-  mpi = "build/mpi_allreduce", out = "bench/results", dtype = "f32",
+  mpi = "build/mpi_allreduce", out = "bench/results", dtype = "f32", line_probe = false,
 }, {
   ["--no-mpi"] = "no_mpi", ["--worker"] = "worker", ["--callpath"] = "callpath",
   ["--no-callpath"] = "no_callpath", ["--settle"] = "settle", ["-q"] = "quiet", ["--quiet"] = "quiet",
@@ -257,7 +259,7 @@ local function driver()
       e[kind] = { op = "all_reduce", backend = kind == "mpi" and "mpi" or (r.backend or "shm"),
         mode = (load == "none" and "eager" or "eager+" .. load) .. (opts.settle and "+settle" or ""), load = load, dtype = r.dtype or "f32",
         world = W, bytes = r.bytes, iters = r.iters, us = r.us, p99_us = r.p99_us,
-        min_us = r.min_us, busbw_gbs = r.busbw_gbs }
+        min_us = r.min_us, busbw_gbs = r.busbw_gbs, line_rt_ns = r.line_rt_ns }
     end
   end
   -- --merge FILE.json: earlier runs of this script count as more repeats
@@ -277,31 +279,40 @@ local function driver()
   local nsteps = (opts["repeat"] or 1) * #loads * #dtypes * #worlds * (opts.no_mpi and 1 or 2)
                  + (opts.no_callpath and 0 or 1)
   local P = require("weft.internal.progress").new { name = "bench-host", steps = nsteps, quiet = opts.quiet }
+  -- the machine's cost of a cache line between CPUs 0 and 1 (--line-probe:
+  -- bench/vcpu_pingpong.c, ns per round trip), taken before each run
+  local function line_rt()
+    if not opts.line_probe then return nil end
+    return tonumber((sh(opts.line_probe .. " 50000"):match("([%d.]+)")))
+  end
+  -- a side's quiet and busy runs back to back (a VM's cache-line cost can
+  -- change between runs seconds apart: bench/results/host-busy-trace-*)
   for rep = 1, opts["repeat"] or 1 do
-    for _, load in ipairs(loads) do
-      for _, dt in ipairs(dtypes) do
-        local max = dt == "bf16" and math.min(opts.max, opts.bf16_max) or opts.max
-        if load ~= "none" then max = math.min(max, opts.load_max) end
-        local common = ("--min %d --max %d --factor %d --iters %d --warmup %d --dtype %s%s")
-                       :format(opts.min, max, opts.factor, opts.iters, opts.warmup, dt,
-                               opts.settle and " --settle" or "")
-        for _, W in ipairs(worlds) do
-          if load == "busy" then load_start(nproc) end
-          P:step(("weft, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
-          local out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --bind %s")
-                             :format(root, W, root, common, opts.bind or "auto"))
-          local recs = parse_lines(out, "weft")
-          if not ok or #recs == 0 then P:clear(); io.stderr:write(out); failed = true end
-          for _, r in ipairs(recs) do keep(load, W, "weft", r) end
-          if not opts.no_mpi then
-            P:step(("Open MPI, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
-            local mout, mok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s")
-                                 :format(W, opts.mpi, common))
-            local mrecs = parse_lines(mout, "mpi")
-            if not mok or #mrecs == 0 then P:clear(); io.stderr:write(mout); failed = true end
-            for _, r in ipairs(mrecs) do keep(load, W, "mpi", r) end
+    for _, dt in ipairs(dtypes) do
+      for _, W in ipairs(worlds) do
+        for _, side in ipairs(opts.no_mpi and { "weft" } or { "weft", "mpi" }) do
+          for _, load in ipairs(loads) do
+            local max = dt == "bf16" and math.min(opts.max, opts.bf16_max) or opts.max
+            if load ~= "none" then max = math.min(max, opts.load_max) end
+            local common = ("--min %d --max %d --factor %d --iters %d --warmup %d --dtype %s%s")
+                           :format(opts.min, max, opts.factor, opts.iters, opts.warmup, dt,
+                                   opts.settle and " --settle" or "")
+            local rt = line_rt()
+            if load == "busy" then load_start(nproc) end
+            local out, ok
+            if side == "weft" then
+              P:step(("weft, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
+              out, ok = sh(("%s/scripts/weft-run -n %d %s/scripts/bench-host.lua --worker %s --bind %s")
+                           :format(root, W, root, common, opts.bind or "auto"))
+            else
+              P:step(("Open MPI, %d ranks, %s, load %s, run %d"):format(W, dt, load, rep))
+              out, ok = sh(("mpirun --allow-run-as-root --oversubscribe -np %d %s %s"):format(W, opts.mpi, common))
+            end
+            load_stop()
+            local recs = parse_lines(out, side)
+            if not ok or #recs == 0 then P:clear(); io.stderr:write(out); failed = true end
+            for _, r in ipairs(recs) do r.line_rt_ns = rt; keep(load, W, side, r) end
           end
-          load_stop()
         end
       end
     end
@@ -349,7 +360,9 @@ local function driver()
                "Sum in place, eager; µs per call over fresh random data (slowest rank per call): median and 99th",
                ("percentile of the run with the lowest median of %d runs per side (weft and MPI interleaved)."):format(runs),
                "ratio = weft / MPI median (below 1: weft faster). busy: one busy process per 2 CPUs pinned to CPU 0, 2, ...",
-               "(started before and stopped after every run). /proc/loadavg after the runs: " .. loadavg .. ".", "" }
+               "(started before and stopped after every run). /proc/loadavg after the runs: " .. loadavg .. ".",
+               "A side's quiet and busy runs back to back." .. (opts.line_probe and " line RT: the cost of a cache line between CPUs 0"
+                 .. " and 1 (ns per round trip, bench/vcpu_pingpong.c) just before the kept run." or ""), "" }
   if opts.settle then
     table.insert(md, #md, "--settle: an untimed barrier after every timed call (both sides), so a call's time holds")
     table.insert(md, #md, "no CPU-mate's fill of its next input (scripts/bench-host.lua).")
@@ -363,6 +376,10 @@ local function driver()
         for _, W in ipairs(worlds) do
           head[#head + 1] = (" weft %d med | weft %d p99 | MPI %d med | MPI %d p99 | ratio |"):format(W, W, W, W)
           sep[#sep + 1] = "---|---|---|---|---|"
+          if opts.line_probe then
+            head[#head + 1] = " line RT ns, weft / MPI |"
+            sep[#sep + 1] = "---|"
+          end
         end
         md[#md + 1] = table.concat(head)
         md[#md + 1] = table.concat(sep)
@@ -375,6 +392,10 @@ local function driver()
             local function f2(v) return v and ("%.2f"):format(v) or "-" end
             row[#row + 1] = (" %s | %s | %s | %s | %s |"):format(f2(wv and wv.us), f2(wv and wv.p99_us),
               f2(mv and mv.us), f2(mv and mv.p99_us), (wv and mv) and ("%.2f"):format(wv.us / mv.us) or "-")
+            if opts.line_probe then
+              local function f0(v) return v and ("%.0f"):format(v) or "-" end
+              row[#row + 1] = (" %s / %s |"):format(f0(wv and wv.line_rt_ns), f0(mv and mv.line_rt_ns))
+            end
           end
           if any then md[#md + 1] = table.concat(row) end
         end
