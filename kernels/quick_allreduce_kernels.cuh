@@ -179,14 +179,14 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
  * One vector per thread, grid-stride over whole parts.  P (the probe):
  * the same loads and stores at the same addresses with no codec work
  * (the words are only xor-ed together), the memory pattern's own rate. */
-template <typename T, int C, bool P, int U, bool PL>
-__global__ void __launch_bounds__(WF_QR_THREADS, PL ? 4 : 0) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
+template <typename T, int C, bool P, bool L>
+__global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
                                                                   int tail) {
   const int t = threadIdx.x;
-  const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART, step = (uint64_t)U * gridDim.x;
-  /* U parts per iteration: every load in flight before any is encoded; PL:
-   * the next iteration's loads issued before this one's encoding */
-  auto load = [&](uint64_t p0, uint4 (&raw)[U]) {
+  const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
+  constexpr int U = 2; /* parts per iteration: both loads in flight before either is encoded */
+  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += (uint64_t)U * gridDim.x) {
+    uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const uint64_t v = (p0 + (uint64_t)u * gridDim.x) * WF_QR_PART + t;
@@ -194,17 +194,6 @@ __global__ void __launch_bounds__(WF_QR_THREADS, PL ? 4 : 0) qr_step_quantize(co
       if (v < nvec)
         raw[u] = (tail && v == nvec - 1) ? ld_vec_partial<T>(reinterpret_cast<const T *>(in + v * 16), tail)
                                          : ld_vec(in + v * 16);
-    }
-  };
-  uint4 raw[U], nxt[U];
-  if (PL) load(blockIdx.x, nxt);
-  for (uint64_t p0 = blockIdx.x; p0 < parts; p0 += step) {
-    if (PL) {
-#pragma unroll
-      for (int u = 0; u < U; u++) raw[u] = nxt[u];
-      load(p0 + step, nxt);
-    } else {
-      load(p0, raw);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -219,54 +208,35 @@ __global__ void __launch_bounds__(WF_QR_THREADS, PL ? 4 : 0) qr_step_quantize(co
       } else {
         float x[8], s;
         Pack<T>::to_f32(raw[u], x);
-        const uint4 q = encode<C>(x, s);
+        const uint4 q = encode<C, L>(x, s);
         put<C>(part, t, q, s);
       }
     }
   }
 }
 
-/* One part per iteration, every code and scale of it loaded before any is
- * decoded; PL: the next part's loads issued before this one's decoding */
-template <typename T, int W, int C, bool P, bool PL>
-__global__ void __launch_bounds__(WF_QR_THREADS, PL ? (W <= 4 ? 3 : 2) : 0) qr_step_reduce(const char *wires, uint64_t wire_stride,
+template <typename T, int W, int C, bool P, bool L>
+__global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
   const int t = threadIdx.x;
   const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
-  auto load = [&](uint64_t pp, uint4 (&q)[W], float (&sc)[W]) {
-#pragma unroll
-    for (int p = 0; p < W; p++) {
-      sc[p] = 0.f;
-      q[p] = pp < parts ? get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, sc[p]) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  uint4 qs[W], nq[W];
-  float ss[W], ns[W];
-  if (PL) load(blockIdx.x, nq, ns);
   for (uint64_t pp = blockIdx.x; pp < parts; pp += gridDim.x) {
-    if (PL) {
-#pragma unroll
-      for (int p = 0; p < W; p++) { qs[p] = nq[p]; ss[p] = ns[p]; }
-      load(pp + gridDim.x, nq, ns);
-    } else {
-      load(pp, qs, ss);
-    }
     const uint64_t v = pp * WF_QR_PART + t;
     float acc[8];
     uint4 mix = make_uint4(0, 0, 0, 0); /* the probe's stand-in for the sum */
     uint32_t smix = 0;
 #pragma unroll
     for (int p = 0; p < W; p++) {
-      float y[8];
-      const uint4 q = qs[p];
+      float y[8], s = 0.f;
+      const uint4 q = get<C>(wires + p * wire_stride + pp * Codec<C>::PB, t, s);
       if (P) {
         mix.x ^= q.x; mix.y ^= q.y; mix.z ^= q.z; mix.w ^= q.w;
-        smix ^= __float_as_uint(ss[p]);
+        smix ^= __float_as_uint(s);
         continue;
       }
       if (C == WF_QR_FP) Pack<T>::to_f32(q, y);
-      else decode<C>(q, ss[p], y);
+      else decode<C>(q, s, y);
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[i] = p == 0 ? y[i] : __fadd_rn(acc[i], y[i]);
     }
@@ -279,7 +249,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, PL ? (W <= 4 ? 3 : 2) : 0) qr_s
       put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
     } else {
       float s, y[8];
-      const uint4 q = encode<C>(acc, s);
+      const uint4 q = encode<C, L>(acc, s);
       put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
       decode<C>(q, s, y);
       res = Pack<T>::from_f32(y);
@@ -381,7 +351,7 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
 
 /* codec steps (step 2 / 3: the probes of quantize / reduce, the same memory
  * traffic without the codec's work: scripts/bench-quick-codec.lua) */
-template <typename T, int C, bool P, bool PL>
+template <typename T, int C, bool P, bool L>
 cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                     cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
@@ -397,7 +367,7 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   };
   if (step == 0) {
     static int occ = 0;
-    auto k = qr_step_quantize<T, C, P, PL ? 1 : 2, PL>;
+    auto k = qr_step_quantize<T, C, P, L>;
     k<<<grid(k, &occ), WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire), nvec, tail);
     return cudaGetLastError();
   }
@@ -408,16 +378,16 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   auto reduce = [&](auto k, int *occ) { k<<<grid(k, occ), WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); };
   static int occ[4] = {0, 0, 0, 0};
   switch (world) {
-    case 2: reduce(qr_step_reduce<T, 2, C, P, PL>, &occ[0]); break;
-    case 4: reduce(qr_step_reduce<T, 4, C, P, PL>, &occ[1]); break;
-    case 6: reduce(qr_step_reduce<T, 6, C, P, PL>, &occ[2]); break;
-    case 8: reduce(qr_step_reduce<T, 8, C, P, PL>, &occ[3]); break;
+    case 2: reduce(qr_step_reduce<T, 2, C, P, L>, &occ[0]); break;
+    case 4: reduce(qr_step_reduce<T, 4, C, P, L>, &occ[1]); break;
+    case 6: reduce(qr_step_reduce<T, 6, C, P, L>, &occ[2]); break;
+    case 8: reduce(qr_step_reduce<T, 8, C, P, L>, &occ[3]); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
-/* step bit 0: reduce (else quantize); bit 1: the probe; bit 2: the pipelined
- * form (the next iteration's loads issued before this one's codec work) */
+/* step bit 0: reduce (else quantize); bit 1: the probe; bit 2: the lean
+ * codec (quick_codec.cuh: encode<C, true>) */
 template <typename T, int C>
 cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                    cudaStream_t s) {
