@@ -277,6 +277,12 @@ static int wait_unused(const void *lo, size_t len, const void *comm) {
   for (weft_async_queue *q = g_queues; q; q = q->reg_next) {
     if (q->pid != me) continue;
     pthread_mutex_lock(&q->mu);
+    /* asked from this queue's own worker (its operation frees memory): it
+     * cannot wait for itself, and what it frees is its own to free */
+    if (q->started && pthread_equal(q->th, pthread_self())) {
+      pthread_mutex_unlock(&q->mu);
+      continue;
+    }
     for (;;) {
       weft_async *h = q->running;
       if (!h) break;
