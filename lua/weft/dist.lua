@@ -88,6 +88,13 @@ function M.parse_env()
     fail(2, "init", "WORLD_SIZE=%d needs MASTER_PORT (1..65535; and MASTER_ADDR) to find rank 0's store%s; "
          .. "start ranks with scripts/weft-run", world, has_port and ", not 0 (a port the others cannot know)" or "")
   end
+  -- every rank holds a connection to rank 0's store: a cap below the world
+  -- leaves a rank waiting at the door until the timeout ("unreachable")
+  local conns = tonumber(os.getenv("WEFT_STORE_MAX_CONNS") or "")
+  if world > 1 and conns and conns > 0 and conns < world then
+    fail(2, "init", "WEFT_STORE_MAX_CONNS=%d is below WORLD_SIZE=%d: every rank holds a connection to the store; "
+         .. "set at least %d, or unset it (the default: the fd limit less 1/8)", conns, world, world)
+  end
   local addr = os.getenv("MASTER_ADDR")
   if addr == nil or addr == "" then addr = "127.0.0.1" end
   local timeout = env_int("WEFT_TIMEOUT_MS", M.DEFAULT_TIMEOUT_MS, 1)

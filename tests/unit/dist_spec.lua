@@ -28,6 +28,8 @@ describe("weft.dist", function()
       { { WORLD_SIZE = "2", MASTER_PORT = "29640" }, "WORLD_SIZE=2 is set but RANK is not" },
       { { RANK = "1", WORLD_SIZE = "2", MASTER_PORT = "0" }, "WORLD_SIZE=2 needs MASTER_PORT (1..65535; and MASTER_ADDR) to find rank 0's store, not 0" },
       { { RANK = "0", WORLD_SIZE = "2", MASTER_PORT = "70000" }, "MASTER_PORT=70000 is out of range" },
+      { { RANK = "0", WORLD_SIZE = "4", MASTER_PORT = "1", WEFT_STORE_MAX_CONNS = "3" },
+        "WEFT_STORE_MAX_CONNS=3 is below WORLD_SIZE=4: every rank holds a connection to the store; set at least 4" },
       { { RANK = "1", WORLD_SIZE = "4", LOCAL_RANK = "3", LOCAL_WORLD_SIZE = "2", MASTER_PORT = "1" },
         "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2" },
       { { WEFT_TIMEOUT_MS = "0" }, "WEFT_TIMEOUT_MS=\\\"0\\\" is not allowed: it takes an integer from 1 to 2147483647" },
