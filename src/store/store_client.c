@@ -295,6 +295,7 @@ static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64
     wf_store_cl_drop(s);
     was_closed = 1;
   }
+reconnect:
   if (s->fd < 0) {
     int rc = wf_store_cl_connect(s, op, deadline, 0);
     if (rc == WEFT_ECLOSED && was_closed)  /* the store is gone, not just our connection */
@@ -306,9 +307,19 @@ static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64
     return 1;
   }
   int rc = wf_store_cl_send(s, op, fop, flags, deadline);
+  int rop = 0;
+  if (!rc) rc = wf_store_cl_read_frame(s, op, deadline, &rop, r);
+  if (rc == WEFT_ECLOSED && !was_closed) {
+    /* closed with no reply: the server closed this connection as idle (or
+     * shed it) as the request went out, between the look above and the
+     * send, and never read it. A new connection takes the request again
+     * (the caller retries once); a store that is gone refuses it. */
+    wf_log(2, "store: %s closed the connection as a request went out; reconnecting", s->where);
+    wf_store_cl_drop(s);
+    was_closed = 1;
+    goto reconnect;
+  }
   if (rc) return rc;
-  int rop;
-  if ((rc = wf_store_cl_read_frame(s, op, deadline, &rop, r))) return rc;
   *status = (int32_t)wf_rd_u32(r);
   if (rop != WF_OP_RESP || r->bad) {
     wf_store_cl_drop(s);

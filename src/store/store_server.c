@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -425,6 +426,13 @@ static void conn_free(conn *c) {
   free(c);
 }
 
+/* A request arrived and is not read yet: the connection is not idle (closing
+ * it would drop the request unanswered). */
+static int bytes_waiting(int fd) {
+  int n = 0;
+  return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
 static void srv_expire(srv *v, int64_t now) {
   for (int i = 0; i < v->nc; i++) {
     conn *c = v->c[i];
@@ -433,7 +441,7 @@ static void srv_expire(srv *v, int64_t now) {
     else if (c->rdeadline && c->rdeadline <= now)
       conn_close(c, c->state == C_AUTH ? "handshake timed out" : "incomplete frame timed out");
     else if (c->wdeadline && c->wdeadline <= now) conn_close(c, "client is not reading");
-    else if (v->idle_ms && conn_idle(c) && c->t_active + v->idle_ms <= now)
+    else if (v->idle_ms && conn_idle(c) && c->t_active + v->idle_ms <= now && !bytes_waiting(c->fd))
       conn_close(c, "idle past WEFT_STORE_IDLE_MS");
   }
   for (int i = 0; i < v->nc; i++)

@@ -208,6 +208,18 @@ describe("weft.store under abuse #fault", function()
     if not ok then error(err, 0) end
   end)
 
+  it("requests going out as the server closes their idle connection are answered (WEFT_STORE_IDLE_MS near the calls' spacing)", function()
+    -- was: "the server closed the connection (store gone?)" within ~60 calls,
+    -- and rank 0 named gone
+    for _, idle in ipairs { 20, 50 } do
+      local res = util.run_ranks(2, "tests/helpers/store_fault.lua idle " .. (idle == 20 and 150 or 60),
+                                 { WEFT_STORE_IDLE_MS = idle, WEFT_TIMEOUT_MS = 20000 }, 60)
+      for r = 0, 1 do
+        assert.is_truthy(res[r].out:find("IDLE OK", 1, true), ("idle %d ms, rank %d: %s"):format(idle, r, res[r].out))
+      end
+    end
+  end)
+
   it("a 2-rank run where rank 1 has a wrong secret: rank 0 names the rejection within seconds", function()
     local res = util.run_ranks(2, "tests/helpers/store_fault.lua rank",
                                { WEFT_STORE_SECRET = SECRET, WEFT_TIMEOUT_MS = 20000 }, 40)

@@ -22,6 +22,10 @@
 --                                            "HONEST ok" or "HONEST refused <message>"
 --   store_fault.lua rank                      a rank of a 2-rank run: rank 1 has a wrong secret;
 --                                            prints "INIT OK" or "ERR <ms> <message>"
+--   store_fault.lua idle N                    a rank: N object broadcasts, each after a sleep of
+--                                            WEFT_STORE_IDLE_MS +- 3 ms (requests going out as the
+--                                            server closes the connection as idle); prints
+--                                            "IDLE OK" or "IDLE ERR <i> <message>"
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
 local ffi = require "ffi"
@@ -186,6 +190,19 @@ elseif mode == "rank" then
   local ok, err = pcall(weft.init)
   if ok then say("INIT OK"); weft.shutdown()
   else say(("ERR %d %s"):format(util.now_ms() - t0, tostring(err))) end
+elseif mode == "idle" then
+  pcall(ffi.cdef, "int usleep(unsigned int usec);")
+  local weft = require "weft"
+  local w = weft.init()
+  local idle = tonumber(os.getenv("WEFT_STORE_IDLE_MS"))
+  math.randomseed(w.rank + 7)
+  for i = 1, tonumber(arg[2]) do
+    ffi.C.usleep(math.floor((idle - 3 + math.random() * 6) * 1000))
+    local ok, err = pcall(w.broadcast_object, w, { i = i }, 0)
+    if not ok then say(("IDLE ERR %d %s"):format(i, tostring(err))); os.exit(1) end
+  end
+  say("IDLE OK")
+  weft.shutdown()
 else
   io.stderr:write("store_fault.lua: unknown mode ", tostring(mode), "\n")
   os.exit(2)
