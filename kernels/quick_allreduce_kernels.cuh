@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_quantize(con
 }
 
 template <typename T, int W, int C, bool P, bool L>
-__global__ void __launch_bounds__(WF_QR_THREADS) qr_step_reduce(const char *wires, uint64_t wire_stride,
+__global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
   const int t = threadIdx.x;

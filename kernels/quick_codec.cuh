@@ -85,7 +85,7 @@ __device__ __forceinline__ float block_amax_bits(const float (&x)[8], bool &bad)
  * block's scale s.  Every lane of the warp must call it.  L (lean): the
  * block's max by bits, and no clamp of the integer codes: |x| <= a, so
  * |x k r| <= QM (1 + 2^-24), which rounds to at most QM (the same bits). */
-template <int C, bool L = false>
+template <int C, bool L = true>
 __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   bool bad;
   const float a = L ? block_amax_bits(x, bad) : block_amax(x, bad);
