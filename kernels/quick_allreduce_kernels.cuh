@@ -76,7 +76,7 @@ struct QLam {
 };
 
 template <typename T, int W, int C, bool D>
-__global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam) {
+__global__ void __launch_bounds__(WF_QR_THREADS, W == 2 ? 2 : 1) qr_twoshot(QArgs a, QLam lam) {
   using K = Codec<C>;
   pdl_wait(); /* before any memory access: the previous kernel is complete */
   pdl_launch_dependents();
@@ -178,9 +178,11 @@ __global__ void __launch_bounds__(WF_QR_THREADS, 1) qr_twoshot(QArgs a, QLam lam
  *          once -> wire_out, and the decoded result (T) -> out.
  * One vector per thread, grid-stride over whole parts.  P (the probe):
  * the same loads and stores at the same addresses with no codec work
- * (the words are only xor-ed together), the memory pattern's own rate. */
-template <typename T, int C, bool P, bool L>
-__global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
+ * (the words are only xor-ed together), the memory pattern's own rate.
+ * 32 registers (4 blocks of 512 per SM): at 36-40 the 2-rank reduce and the
+ * quantize lost a quarter of their resident warps. */
+template <typename T, int C, bool P>
+__global__ void __launch_bounds__(WF_QR_THREADS, 4) qr_step_quantize(const char *in, char *wire, uint64_t nvec,
                                                                   int tail) {
   const int t = threadIdx.x;
   const uint64_t parts = (nvec + WF_QR_PART - 1) / WF_QR_PART;
@@ -208,15 +210,15 @@ __global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_quantize(con
       } else {
         float x[8], s;
         Pack<T>::to_f32(raw[u], x);
-        const uint4 q = encode<C, L>(x, s);
+        const uint4 q = encode<C>(x, s);
         put<C>(part, t, q, s);
       }
     }
   }
 }
 
-template <typename T, int W, int C, bool P, bool L>
-__global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_reduce(const char *wires, uint64_t wire_stride,
+template <typename T, int W, int C, bool P>
+__global__ void __launch_bounds__(WF_QR_THREADS, 4) qr_step_reduce(const char *wires, uint64_t wire_stride,
                                                                 char *wire_out, char *out, uint64_t nvec,
                                                                 int tail) {
   const int t = threadIdx.x;
@@ -249,7 +251,7 @@ __global__ void __launch_bounds__(WF_QR_THREADS, L ? 4 : 0) qr_step_reduce(const
       put<C>(wire_out + pp * Codec<C>::PB, t, res, 0.f);
     } else {
       float s, y[8];
-      const uint4 q = encode<C, L>(acc, s);
+      const uint4 q = encode<C>(acc, s);
       put<C>(wire_out + pp * Codec<C>::PB, t, q, s);
       decode<C>(q, s, y);
       res = Pack<T>::from_f32(y);
@@ -351,7 +353,7 @@ int q_launch_t(const wf_ar_args *a, void *stream, int *grid, bool launch) {
 
 /* codec steps (step 2 / 3: the probes of quantize / reduce, the same memory
  * traffic without the codec's work: scripts/bench-quick-codec.lua) */
-template <typename T, int C, bool P, bool L>
+template <typename T, int C, bool P>
 cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                     cudaStream_t s) {
   const uint64_t parts = cdiv(nvec, WF_QR_PART);
@@ -367,7 +369,7 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   };
   if (step == 0) {
     static int occ = 0;
-    auto k = qr_step_quantize<T, C, P, L>;
+    auto k = qr_step_quantize<T, C, P>;
     k<<<grid(k, &occ), WF_QR_THREADS, 0, s>>>(static_cast<const char *>(in), static_cast<char *>(wire), nvec, tail);
     return cudaGetLastError();
   }
@@ -378,26 +380,19 @@ cudaError_t step_cv(int step, int world, const void *in, void *wire, void *out, 
   auto reduce = [&](auto k, int *occ) { k<<<grid(k, occ), WF_QR_THREADS, 0, s>>>(w, stride, wo, o, nvec, tail); };
   static int occ[4] = {0, 0, 0, 0};
   switch (world) {
-    case 2: reduce(qr_step_reduce<T, 2, C, P, L>, &occ[0]); break;
-    case 4: reduce(qr_step_reduce<T, 4, C, P, L>, &occ[1]); break;
-    case 6: reduce(qr_step_reduce<T, 6, C, P, L>, &occ[2]); break;
-    case 8: reduce(qr_step_reduce<T, 8, C, P, L>, &occ[3]); break;
+    case 2: reduce(qr_step_reduce<T, 2, C, P>, &occ[0]); break;
+    case 4: reduce(qr_step_reduce<T, 4, C, P>, &occ[1]); break;
+    case 6: reduce(qr_step_reduce<T, 6, C, P>, &occ[2]); break;
+    case 8: reduce(qr_step_reduce<T, 8, C, P>, &occ[3]); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
-/* step bit 0: reduce (else quantize); bit 1: the probe; bit 2: the lean
- * codec (quick_codec.cuh: encode<C, true>) */
 template <typename T, int C>
 cudaError_t step_c(int step, int world, const void *in, void *wire, void *out, uint64_t nvec, int tail,
                    cudaStream_t s) {
-  const int b = step & 1;
-  switch (step >> 1) {
-    case 0: return step_cv<T, C, false, false>(b, world, in, wire, out, nvec, tail, s);
-    case 1: return step_cv<T, C, true, false>(b, world, in, wire, out, nvec, tail, s);
-    case 2: return step_cv<T, C, false, true>(b, world, in, wire, out, nvec, tail, s);
-    default: return step_cv<T, C, true, true>(b, world, in, wire, out, nvec, tail, s);
-  }
+  return step < 2 ? step_cv<T, C, false>(step, world, in, wire, out, nvec, tail, s)
+                  : step_cv<T, C, true>(step - 2, world, in, wire, out, nvec, tail, s);
 }
 
 template <typename T>

@@ -50,28 +50,10 @@ template <int C> struct Codec {
 };
 
 /* max |x| of the block (4 adjacent lanes), and whether any element of it is
- * NaN or ±Inf.  Every lane of the warp must call it (shuffles). */
+ * NaN or ±Inf: |x| as bits (sign cleared) orders as the floats do, NaN above
+ * Inf, so one unsigned max gives both.  Every lane of the warp must call it
+ * (shuffles). */
 __device__ __forceinline__ float block_amax(const float (&x)[8], bool &bad) {
-  float m = 0.f;
-  int nf = 0;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    const float ax = fabsf(x[i]);
-    nf |= !(ax <= 3.402823466e38f); /* NaN or Inf */
-    m = fmaxf(m, ax);
-  }
-  m = fmaxf(m, __shfl_xor_sync(kFull, m, 1));
-  m = fmaxf(m, __shfl_xor_sync(kFull, m, 2));
-  nf |= __shfl_xor_sync(kFull, nf, 1);
-  nf |= __shfl_xor_sync(kFull, nf, 2);
-  bad = nf != 0;
-  return m;
-}
-
-/* The same as block_amax in fewer instructions: |x| as bits (sign cleared)
- * orders as the floats do, NaN above Inf, so one unsigned max over the
- * block gives both the max and whether any element is NaN or Inf. */
-__device__ __forceinline__ float block_amax_bits(const float (&x)[8], bool &bad) {
   uint32_t m = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) m = max(m, __float_as_uint(x[i]) & 0x7fffffffu);
@@ -82,13 +64,13 @@ __device__ __forceinline__ float block_amax_bits(const float (&x)[8], bool &bad)
 }
 
 /* Encode 8 f32 values (this lane's share of a block) -> codes and the
- * block's scale s.  Every lane of the warp must call it.  L (lean): the
- * block's max by bits, and no clamp of the integer codes: |x| <= a, so
- * |x k r| <= QM (1 + 2^-24), which rounds to at most QM (the same bits). */
-template <int C, bool L = true>
+ * block's scale s.  Every lane of the warp must call it.  The integer codes
+ * need no clamp: |x| <= a, so |x k r| <= QM (1 + 2^-24), which rounds to at
+ * most QM (the CPU reference clamps; the bits are the same). */
+template <int C>
 __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   bool bad;
-  const float a = L ? block_amax_bits(x, bad) : block_amax(x, bad);
+  const float a = block_amax(x, bad);
   uint4 q = make_uint4(0, 0, 0, 0);
   if (bad) { s = __int_as_float(0x7fc00000); return q; }
   if (a == 0.f) { s = 0.f; return q; }
@@ -103,8 +85,7 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
     uint32_t w[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-      int c = __float2int_rn(v[i]);
-      if (!L) c = c > (int)QM ? (int)QM : c < -(int)QM ? -(int)QM : c;
+      const int c = __float2int_rn(v[i]);
       if (C == WF_QR_INT8) w[i >> 2] |= ((uint32_t)c & 0xffu) << (8 * (i & 3));
       else w[0] |= ((uint32_t)c & 0xfu) << (4 * i);
     }

@@ -15,10 +15,7 @@
 -- to the probe is the codec's work, what the probe loses to the copy is the
 -- pattern (small loads, the scales).
 --
--- With --lean yes, also every step with the lean codec (steps 4-7:
--- kernels/quick_codec.cuh encode<C, true>), checked and timed in the same run.
---
---   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR] [--lean yes]
+--   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR]
 --
 -- Writes <out>/quick-codec-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and .md.
 local ffi = require "ffi"
@@ -30,7 +27,7 @@ local Q = require "weft.quick"
 local C = require("weft.internal.ffi").C
 
 local opt = { sizes = "16,64,256", reps = 20, machine = false,   -- false: the GPU it runs on (below)
-              out = "bench/results", lean = "no" }
+              out = "bench/results" }
 local i = 1
 while arg[i] do
   local k = arg[i]:match("^%-%-(.*)$")
@@ -52,10 +49,6 @@ local function wire_bytes(codec, n)
   return tonumber(sz1[0])
 end
 local FORMS = { { name = "kernel", step = 0 }, { name = "probe", step = 2 } }
-if opt.lean == "yes" then
-  FORMS[3] = { name = "lean", step = 4 }
-  FORMS[4] = { name = "lean probe", step = 6 }
-end
 local function step(s, codec, W, inp, wire, out, n, form)
   if C.weft_qr_codec_step(s + (form or FORMS[1]).step, Q.CODECS[codec], BF16, W, inp, wire, out, n, nil) ~= 0 then
     error("codec step: " .. ffi.string(C.weft_last_error()))
@@ -63,7 +56,7 @@ local function step(s, codec, W, inp, wire, out, n, form)
 end
 
 ---------------------------------------------------------------- check first
--- Every form that computes (not the probes), at a size of a few parts (the
+-- The steps (the probes compute nothing to check), at a size of a few parts (the
 -- tail) and, for 2 and 8 ranks, one of many waves (over 4 x the resident blocks'
 -- parts).
 local ok_all = true
@@ -143,7 +136,7 @@ local function row(size, name, codec, us, cus, inb, traffic, copy_traffic)
   lines[#lines + 1] = ("| %d MiB | %s | %s | %.1f | %.2f | %.2f | %.0f %% | %.1f | %.2f | %.0f %% |"):format(
     size, name, codec, us, inb / us / 1e6, tr, 100 * tr / copy_traffic, cus, ctr, 100 * ctr / copy_traffic)
 end
--- the step, then its probe (and the lean ones), back to back: drift hits all alike
+-- the step, then its probe, back to back: drift hits both alike
 local function time_forms(fn)
   local t = {}
   for k, form in ipairs(FORMS) do t[k] = time_us(function() fn(form) end) end
@@ -169,7 +162,6 @@ for s in opt.sizes:gmatch("%d+") do
             input_tbs = bytes / u / 1e6, traffic_tbs = (bytes + wb) / u / 1e6 }
     end
     row(s, "quantize", codec, t[1], t[2], bytes, bytes + wb, copy_traffic)
-    if t[3] then row(s, "quantize (lean)", codec, t[3], t[4], bytes, bytes + wb, copy_traffic) end
     cuda.free(wire)
     for _, W in ipairs(WORLDS) do
       local m = math.floor(n / W / 8) * 8               -- elements per contribution
@@ -184,7 +176,6 @@ for s in opt.sizes:gmatch("%d+") do
               us = u, input_tbs = inb / u / 1e6, traffic_tbs = traffic / u / 1e6 }
       end
       row(s, "reduce W=" .. W, codec, t[1], t[2], inb, traffic, copy_traffic)
-      if t[3] then row(s, ("reduce W=%d (lean)"):format(W), codec, t[3], t[4], inb, traffic, copy_traffic) end
       cuda.free(wires); cuda.free(wo); cuda.free(out)
     end
   end

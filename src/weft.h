@@ -538,8 +538,7 @@ int weft_ar_shape(weft_ar *ar, size_t count, int dtype, int algo, int *grid, int
  * `world` wires of weft_qr_wire_bytes each, back to back at in, sums them in
  * rank order, quantizes the sum once into wire and writes it decoded to out;
  * steps 2 and 3: their probes, the same loads and stores without the codec's
- * work (wire and out hold no meaning; scripts/bench-quick-codec.lua); 4-7:
- * steps 0-3 with the lean codec (kernels/quick_codec.cuh: the same bits).
+ * work (wire and out hold no meaning; scripts/bench-quick-codec.lua).
  * Asynchronous on stream (NULL: the current one); 16-byte aligned buffers. */
 enum { WEFT_QR_FP = 0, WEFT_QR_INT8 = 1, WEFT_QR_INT4 = 2, WEFT_QR_FP8 = 3 };
 int weft_qr_reference(int codec, int dtype, int world, const void *const *inputs, void *out, size_t count);

@@ -50,7 +50,7 @@ static int check_create(weft_cpugroup *g, size_t max_bytes, weft_ar **out, wf_de
 /* weft_qr_codec_step's arguments (checked the same way with or without CUDA). */
 static int qr_step_check(int step, int codec, int dtype, int world, const void *in, const void *wire,
                          const void *out, size_t count) {
-  WF_CHECK_ARG(step >= 0 && step <= 7, "quick codec step: step %d is not 0 (quantize), 1 (reduce) .. 7", step);
+  WF_CHECK_ARG(step >= 0 && step <= 3, "quick codec step: step %d is not 0 (quantize), 1 (reduce), 2 or 3", step);
   WF_CHECK_ARG(codec >= 0 && codec < WF_QR_NCODECS, "quick codec step: codec %d unknown (0 fp, 1 int8, 2 int4, 3 fp8)", codec);
   WF_CHECK_ARG(dtype == WEFT_BF16 || dtype == WEFT_F16, "quick codec step: dtype %s is not bf16 or f16",
                wf_dev_dtype_name(dtype));
