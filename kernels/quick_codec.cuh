@@ -91,13 +91,11 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
     }
     q.x = w[0];
     q.y = w[1];
-  } else { /* fp8 e4m3, round to nearest even, saturating: two per conversion
-              (cvt.rn.satfinite.e4m3x2.f32, each value rounded alone) */
+  } else { /* fp8 e4m3, round to nearest even, saturating */
     uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < 8; i += 2)
-      w[i >> 2] |= (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(v[i], v[i + 1]), __NV_SATFINITE, __NV_E4M3)
-                   << (8 * (i & 3));
+    for (int i = 0; i < 8; i++)
+      w[i >> 2] |= (uint32_t)__nv_cvt_float_to_fp8(v[i], __NV_SATFINITE, __NV_E4M3) << (8 * (i & 3));
     q.x = w[0];
     q.y = w[1];
   }
