@@ -381,6 +381,10 @@ function M.zeros(shape, dtype, device) return filled("zeros", shape, 0, dtype, d
 function M.ones(shape, dtype, device) return filled("ones", shape, 1, dtype, device) end
 function M.full(shape, value, dtype, device)
   if type(value) ~= "number" then fail("full", "value must be a number, got " .. type(value)) end
+  local info = resolve_dtype(dtype, "full")
+  if info.kind == "int" and (not is_int(value) or value < info.min or value > info.max) then
+    fail("full", fmt("%s is not an integer in range for %s", describe(value), info.name))
+  end
   return filled("full", shape, value, dtype, device)
 end
 

@@ -548,6 +548,9 @@ describe("weft.tensor", function()
         { function() tensor.ones("big") end, "shape must be a table" },
         { function() tensor.empty({ 2 }, "f32", "gpu") end, "unknown device gpu" },
         { function() tensor.full({ 2 }, "x") end, "weft: tensor.full: value must be a number" },
+        -- named as the call the user made (was tensor.fill_, at a line inside weft)
+        { function() tensor.full({ 4 }, 1.5, "i32") end, "weft: tensor.full: 1.5 is not an integer in range for i32" },
+        { function() tensor.full({ 4 }, 300, "u8") end, "weft: tensor.full: 300 is not an integer in range for u8" },
         { function() tensor.randn({ 2 }, "f32", "cpu", { seed = -1 }) end, "seed must be a non-negative integer" },
         { function() tensor.zeros({ 2 }, "i32"):fill_(0.5) end, "weft: tensor.fill_: 0.5 is not an integer" },
         { function() tensor.zeros({ 2 }):size(2) end, "weft: tensor.size: dim 2 out of range" },
