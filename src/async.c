@@ -115,6 +115,10 @@ static int run(weft_async *h) {
   case WEFT_ASYNC_CPU_ALLGATHER: {
     const size_t *lens = NULL;
     int size = 0;
+    if (d->announce) { /* the blocking object collectives' barrier (weft.group.objects) */
+      weft_shm_set_call(d->announce, 0, d->args);
+      if ((rc = weft_shm_barrier(d->announce))) return rc;
+    }
     rc = wf_cpugroup_info(d->comm, NULL, &size, NULL, NULL, NULL);
     if (!rc) rc = weft_cpugroup_allgather(d->comm, d->in, d->count, &p, &lens);
     if (rc) return rc;
@@ -287,7 +291,7 @@ static int wait_unused(const void *lo, size_t len, const void *comm) {
       weft_async *h = q->running;
       if (!h) break;
       const char *in = h->d.in, *out = h->d.out;
-      int uses = (comm && h->d.comm == comm) ||
+      int uses = (comm && (h->d.comm == comm || h->d.announce == comm)) ||
                  (a && len && ((in >= a && in < a + len) || (out >= a && out < a + len)));
       if (!uses) break;
       if (pthread_cond_timedwait(&q->idle, &q->mu, &dl) == ETIMEDOUT) {

@@ -808,6 +808,9 @@ typedef struct weft_async_desc {
   void *stream;            /* NCCL kinds: cudaStream_t (NULL: the worker's legacy stream) */
   const char *key;         /* STORE_GET (copied) */
   uint64_t shape, args;    /* SHM kinds: the call's shape and args words (weft_shm_set_call) */
+  void *announce;          /* CPU_ALLGATHER: a weft_shm whose barrier, marked with args, it
+                              passes first (an object collective on a group whose host
+                              collectives run there), NULL: none */
 } weft_async_desc;
 typedef struct weft_async_stats {
   int64_t submitted, completed, failed;

@@ -117,6 +117,19 @@ function Comm:barrier()
   check(C.weft_shm_barrier(handle_of(self, "barrier")))
 end
 
+-- the barrier an object collective (which goes over the store) passes first
+-- on a group whose host collectives use this communicator: a rank in a
+-- collective here and a rank in an object collective fail together at once
+-- ("an object collective (over the store)") instead of each waiting its
+-- timeout on another channel
+local OBJECT_WORD = C.weft_args_word("object", 6)
+M.OBJECT_WORD = OBJECT_WORD   -- weft.async.objects queues the same barrier
+function Comm:announce_object()
+  local h = handle_of(self, "announce_object")
+  C.weft_shm_set_call(h, 0, OBJECT_WORD)
+  check(C.weft_shm_barrier(h))
+end
+
 -- the bound of this rank's later waits (the group's timeout at create)
 function Comm:set_timeout(ms)
   local h = handle_of(self, "set_timeout")

@@ -219,8 +219,9 @@ static int desc_text(const wf_shm_desc *d, char *buf, size_t n) {
   case WF_OP_BROADCAST:
     return snprintf(buf, n, "broadcast bytes=%llu root=%d%s", (unsigned long long)d->count,
                     d->root, sh);
-  case WF_OP_BARRIER:
-    return snprintf(buf, n, "barrier");
+  case WF_OP_BARRIER: /* an object collective announces itself as a barrier marked "object" */
+    return snprintf(buf, n, "%s", d->args == wf_args_word("object", 6) ? "an object collective (over the store)"
+                                                                     : "barrier");
   default:
     return snprintf(buf, n, "%s bytes=%llu%s", kind_name(d->kind), (unsigned long long)d->count, sh);
   }

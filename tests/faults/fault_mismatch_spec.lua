@@ -26,14 +26,20 @@ local BOUND_MS = 1000   -- every rank fails well within a second (the timeout is
 -- node_dtype (every rank of node 1 differs) only where there are nodes.
 local CASES = { "dtype_width", "dtype_same_width", "op", "count", "count_large", "shape", "shape_gather",
                 "shape_5d", "gatherv_sizes", "op_u8", "gather_count", "gather_root", "rsv_sizes", "broadcast_root", "broadcast_count", "barrier_first_call", "barrier_vs_all_reduce",
-                "a2a_rows", "a2a_splits", "a2a_splits_vs_even", "object_unserializable", "object_kind" }
+                "a2a_rows", "a2a_splits", "a2a_splits_vs_even", "object_unserializable", "object_kind",
+                "object_vs_all_reduce", "object_async_vs_all_reduce" }
 local function cases_but(skip, extra)
   local t = {}
   for _, c in ipairs(CASES) do if not (skip and skip[c]) then t[#t + 1] = c end end
   if extra then t[#t + 1] = extra end
   return t
 end
-local SHM_SKIP, GLOO_SKIP, HIER_SKIP = {}, {}, {}
+-- an object collective (over the store) against a tensor collective: on
+-- the store and shm routes (shm: the object collective's announcing barrier);
+-- across nodes the tensor goes over Gloo, the object over the store, and each
+-- waits out its timeout (docs/faults.md)
+local ACROSS = { object_vs_all_reduce = true, object_async_vs_all_reduce = true }
+local SHM_SKIP, GLOO_SKIP, HIER_SKIP = {}, ACROSS, ACROSS
 
 local function parse(out)
   local r = {}

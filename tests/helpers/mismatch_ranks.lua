@@ -90,6 +90,18 @@ local CASES = {
   { "object_kind", function()
       if odd then w:broadcast_object(1, 0) else w:all_gather_object(1) end
     end },
+  -- an object collective (over the store) against a tensor collective on a
+  -- group whose host collectives are warm on shm
+  { "object_vs_all_reduce", function()
+      w:all_reduce(T.full({ 8 }, 1, "f32"))
+      if odd then w:broadcast_object(1, 0) else w:all_reduce(T.full({ 8 }, 1, "f32")) end
+    end },
+  -- the same through weft.async (its worker passes the same barrier)
+  { "object_async_vs_all_reduce", function()
+      w:all_reduce(T.full({ 8 }, 1, "f32"))
+      if odd then require("weft.async").broadcast_object(w, 1, 0):wait()
+      else w:all_reduce(T.full({ 8 }, 1, "f32")) end
+    end },
 }
 
 local want = {}

@@ -25,6 +25,18 @@ local function GM()
   return group_mod
 end
 
+-- The blocking object collectives' barrier (weft.group.objects: on a group
+-- whose host collectives run on shm they pass a barrier there marked
+-- "object" first): the worker passes the same one before the exchange, so
+-- blocking and async object collectives still meet, and either fails at
+-- once against a tensor collective.
+local function announce(g, d)
+  local c = g._shm
+  if c and c.handle ~= nil then
+    d.announce, d.args = c.handle, require("weft.shm").OBJECT_WORD
+  end
+end
+
 -- every rank's part of a finished all-gather, checked: parts, offsets
 local function gathered_parts(h, g, op, call)
   local parts = Q.result_parts(h, "async all_gather_object")
@@ -44,6 +56,7 @@ function M.broadcast_object(g, obj, src)
   local s = GM().frame(call, part)
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
+  announce(g, d)
   return submit(g, op, s, function(h)
     local parts, offs = gathered_parts(h, g, op, call)
     if me == src then return obj end
@@ -60,6 +73,7 @@ function M.all_gather_object(g, obj)
   local s = GM().frame(call, part)
   local d = desc(g, op)
   d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
+  announce(g, d)
   return submit(g, op, s, function(h)
     local parts, offs = gathered_parts(h, g, op, call)
     local res = {}

@@ -199,6 +199,7 @@ local function desc(g, op)
   local d = q.desc
   d.kind, d.comm, d["in"], d.out, d.count = 0, nil, nil, nil, 0
   d.dtype, d.op, d.root, d.timeout_ms, d.device, d.stream, d.key, d.shape, d.args = 0, 0, 0, -1, -1, nil, nil, 0, 0
+  d.announce = nil
   return d
 end
 

@@ -316,6 +316,8 @@ local function settle(g)
   end
 end
 
+M.settle = settle
+
 local function call_be(g, op, f, ...)
   settle(g)
   return rethrow(g, op, pcall(f, g, op, ...))

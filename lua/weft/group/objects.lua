@@ -82,11 +82,22 @@ end
 -- all-gather in which only the source's part carries the object, so every
 -- rank, the source too, returns once all have called, and ranks that called
 -- something else (or named another source) fail together.
+-- On a group whose host collectives run on a shm communicator, an object
+-- collective first passes a barrier there marked as one (Comm:announce_object),
+-- so a peer in a tensor collective and this rank fail at once, both.
+local function announce(g, op)
+  if not g._shm then return end
+  H.settle(g) -- the group's async operations first (program order), as every blocking call
+  local ok, err = pcall(g._shm.announce_object, g._shm)
+  if not ok then rethrow(g, op, false, err) end
+end
+
 local function broadcast_obj(g, op, obj, src)
   local q = g.mq_broadcaster
   if q and src == 0 then   -- the ring's writer (no call check there); other sources use the store
     return rethrow(g, op, pcall(q.broadcast_object, q, obj))
   end
+  announce(g, op)
   local me = g.rank_in_group
   local call, part = op .. " src=" .. src, ""
   if me == src then call, part = M.encode_part(call, obj) end
@@ -106,6 +117,7 @@ end
 function M.all_gather_object(self, obj)
   check_group(self, "all_gather_object")
   if self.world_size == 1 then return { obj }, 1 end
+  announce(self, "all_gather_object")
   local list = exchange_strings(self, "all_gather_object", M.encode_part("all_gather_object", obj))
   local res = {}
   for i = 1, #list do res[i] = serialize.decode(list[i]) end
