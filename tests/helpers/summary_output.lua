@@ -2,8 +2,10 @@
 -- terminal output (progress marks, the status line, every failure and error
 -- in full), except that skipped tests are summed up as one line per spec
 -- file with its reasons instead of three lines each (on a machine without a
--- GPU that was ~870 lines of "Pending -> ... no CUDA device"). The counts are
--- busted's: a skipped test still counts as skipped in the status line.
+-- GPU that was ~870 lines of "Pending -> ... no CUDA device"), and the failed
+-- tests named once more, a line each, at the very end (where a log cut to
+-- its last lines still shows them). The counts are busted's: a skipped test
+-- still counts as skipped in the status line.
 -- WEFT_TEST_PENDING=all lists every skipped test as busted does.
 local function first_line(m)
   if type(m) ~= "string" then m = m ~= nil and tostring(m) or "" end
@@ -69,6 +71,17 @@ return function(options)
     if #order > 0 then
       io.write("(WEFT_TEST_PENDING=all lists each skipped test)\n")
     end
+    -- the failures again, a line each, last: a log cut to its tail (CI
+    -- keeps the last lines) still says which tests failed
+    local bad = {}
+    for _, kind in ipairs { "failures", "errors" } do
+      for _, f in ipairs(inner[kind] or {}) do
+        local where = f.trace and f.trace.short_src and (f.trace.short_src .. ":" .. (f.trace.currentline or "?")) or "?"
+        bad[#bad + 1] = ("%s %s: %s: %s"):format(kind == "failures" and "FAILED" or "ERROR", where,
+                                                 first_line(f.name), first_line(f.message))
+      end
+    end
+    if #bad > 0 then io.write("\n", table.concat(bad, "\n"), "\n") end
     io.flush()
     return nil, true
   end)
