@@ -341,7 +341,14 @@ static int64_t deadline_for(weft_store *s, int wait_ms) {
   return s->cap && s->cap < d ? s->cap : d;
 }
 
-/* Builds, sends and reads one request; retried once after a reconnect. */
+/* Reconnects one request may take: each follows a connection the server
+ * closed unasked with the request unread (idle, shed), so resending is safe;
+ * a process descheduled past WEFT_STORE_IDLE_MS right after reconnecting
+ * can see its new connection closed too. More than this is not chance. */
+#define MAX_RECONNECTS 4
+
+/* Builds, sends and reads one request; rebuilt and sent again after each
+ * reconnect (up to MAX_RECONNECTS, within the request's deadline). */
 int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, int wait_ms,
                         wf_store_build_fn build, const void *ctx, int32_t *status, wf_rd *r) {
   int64_t deadline = deadline_for(s, wait_ms);
@@ -351,7 +358,9 @@ int wf_store_cl_request(weft_store *s, const char *op, int fop, unsigned flags, 
     build(s, ctx);
     int rc = cl_call(s, op, fop, flags, deadline, status, r);
     if (rc != 1) return rc;
-    if (attempt > 0) return wf_error(WEFT_ECLOSED, "%s: lost the store at %s", op, s->where);
+    if (attempt >= MAX_RECONNECTS)
+      return wf_error(WEFT_ECLOSED, "%s: lost the store at %s (it closed %d new connections in turn)",
+                      op, s->where, attempt + 1);
   }
 }
 
