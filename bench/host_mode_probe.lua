@@ -7,8 +7,8 @@
 --   WEFT_LIB=$PWD/build/libweft.so scripts/weft-run -n 2 bench/host_mode_probe.lua; kill $B
 local root = arg[0]:match("^(.*)/bench/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
-local ffi = require "ffi"
-local weft = require "weft"
+local ffi = require("ffi")
+local weft = require("weft")
 local T = weft.tensor
 pcall(ffi.cdef, "int sched_setaffinity(int pid, size_t size, const uint8_t *mask);")
 local world = weft.init()

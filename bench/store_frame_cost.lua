@@ -3,8 +3,8 @@
 -- (weft.group.host store_part / store_check), 2 * 10^5 times.
 --   WEFT_LIB=build/libweft.so luajit bench/store_frame_cost.lua   (from the repository root)
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
-local H = require "weft.group.host"
-local T = require "weft.tensor"
+local H = require("weft.group.host")
+local T = require("weft.tensor")
 local clock = os.clock
 local t = T.full({ 256 }, 1, "f32")
 local payload = string.rep("x", 1024)

@@ -10,11 +10,11 @@
 -- Prints `agree=<0|1> <algo> <bytes> graph <us/call> eager <us/call>` on rank 0.
 -- Ranks sharing one GPU under MPS measure the kernels' extra work beside the
 -- same work, not the speed of a real 2-GPU all-reduce.
-local weft = require "weft"
-local cuda = require "weft.cuda"
-local graph = require "weft.graph"
-local policy = require "weft.policy"
-local T = require "weft.tensor"
+local weft = require("weft")
+local cuda = require("weft.cuda")
+local graph = require("weft.graph")
+local policy = require("weft.policy")
+local T = require("weft.tensor")
 local world = weft.init()
 local me, W = world.rank, world.world_size
 local DEV = "cuda:" .. cuda.current_device()

@@ -11,10 +11,10 @@
 -- the fastest batch of each kind, and the KiB the Lua heap grew per 10^5
 -- group:all_reduce calls. Prints one `eager ...` line on rank 0.
 -- Ranks sharing one GPU under MPS: these are host-side costs, not speed.
-local ffi = require "ffi"
-local weft = require "weft"
-local cuda = require "weft.cuda"
-local db = require "weft.backends.device_backends"
+local ffi = require("ffi")
+local weft = require("weft")
+local cuda = require("weft.cuda")
+local db = require("weft.backends.device_backends")
 local world = weft.init()
 local now = weft.now_us
 local DEV = "cuda:" .. cuda.current_device()

@@ -12,7 +12,7 @@
 --     path (policy override fused=unfused), side by side. Timings of ranks
 --     sharing one GPU (MPS) mean nothing: --smoke only checks that it runs.
 --     Writes fusion-ext-ranks-<machine>-<date>.{json,md} (rank 0).
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
 -- WEFT_FAKE_DEVICE=1: a CPU rehearsal of the script's logic on the pretend GPU
 -- (tests/helpers/fake_device.lua; its times mean nothing)
@@ -20,7 +20,7 @@ if os.getenv("WEFT_FAKE_DEVICE") == "1" then
   package.path = root .. "/tests/?.lua;" .. package.path
   require("helpers.fake_device").install()
 end
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 local fmt = string.format
 
 local mode = arg[1]
@@ -42,10 +42,10 @@ local function nums(s)
 end
 if o.smoke then o.tokens, o.hidden, o.reps, o.iters = "1,64", "4096", 3, 3 end
 
-local weft = require "weft"
-local cuda = require "weft.cuda"
-local graph = require "weft.graph"
-local policy = require "weft.policy"
+local weft = require("weft")
+local cuda = require("weft.cuda")
+local graph = require("weft.graph")
+local policy = require("weft.policy")
 local T = weft.tensor
 local C = require("weft.internal.ffi").C
 

@@ -40,9 +40,9 @@
 -- step when piped, nothing with -q.
 --
 -- Under weft-run (RANK set) this file is the weft worker; otherwise the driver.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 
 local opts = bench.parse_args(arg or {}, {
   worlds = "2,4", dtypes = "f32,bf16", load = "none,busy", min = 1024, max = 64 * 1048576,
@@ -70,7 +70,7 @@ end
 
 ---------------------------------------------------------------- worker
 local function worker()
-  local weft = require "weft"
+  local weft = require("weft")
   local T = weft.tensor
   local C = require("weft.internal.ffi").C
   local now_us = weft.now_us
@@ -163,7 +163,7 @@ end
 -- and the KiB the Lua heap grew per 10^6 group:all_reduce calls (f32: over
 -- 10^6 calls; bf16: over 2 * 10^5, scaled).
 local function callpath_worker()
-  local weft = require "weft"
+  local weft = require("weft")
   local C = require("weft.internal.ffi").C
   local world = weft.init()
   local now = weft.now_us

@@ -27,9 +27,9 @@
 -- op "broadcast_object", backend "mq" | "store") and a .md table beside it.
 --
 -- Under weft-run (RANK set, --worker) this file is the worker; otherwise the driver.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 
 local function help(o) o.help = true end
 local opts = bench.parse_args(arg or {}, {
@@ -66,10 +66,10 @@ end
 
 ---------------------------------------------------------------- worker
 local function worker()
-  local store = require "weft.store"
-  local cpugroup = require "weft.cpugroup"
-  local mq = require "weft.mq"
-  local serialize = require "weft.serialize"
+  local store = require("weft.store")
+  local cpugroup = require("weft.cpugroup")
+  local mq = require("weft.mq")
+  local serialize = require("weft.serialize")
   local now_ns, encode, decode = bench.now_ns, serialize.encode, serialize.decode
 
   local rank = assert(tonumber(os.getenv("RANK")))

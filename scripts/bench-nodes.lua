@@ -20,7 +20,7 @@
 -- mpi_yield_when_idle, as 4 ranks share 2 CPUs here. Writes
 -- bench/results/host-allreduce-nodes-<machine>-<date>.{json,md}.
 local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 local opts = bench.parse_args(arg or {}, {
   nodes = 2, per_node = 2, min = 1024, max = 64 * 1048576, factor = 4, iters = 200,
   store_iters = 10, ["repeat"] = 3, mpi = "build/mpi_allreduce", out = "bench/results", warmup = 3,

@@ -18,12 +18,12 @@
 --   luajit scripts/bench-quick-codec.lua [--sizes 16,64,256] [--reps 20] [--machine NAME] [--out DIR]
 --
 -- Writes <out>/quick-codec-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and .md.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
-local weft = require "weft"
-local cuda = require "weft.cuda"
+local weft = require("weft")
+local cuda = require("weft.cuda")
 local T = weft.tensor
-local Q = require "weft.quick"
+local Q = require("weft.quick")
 local C = require("weft.internal.ffi").C
 
 local opt = { sizes = "16,64,256", reps = 20, machine = false,   -- false: the GPU it runs on (below)

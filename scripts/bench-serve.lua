@@ -18,7 +18,7 @@ local root = (self_path:match("^(.*)/scripts/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/scripts/serve/?.lua;"
                .. root .. "/tests/?.lua;" .. package.path
 
-local ffi = require "ffi"
+local ffi = require("ffi")
 local fmt = string.format
 
 local median = require("weft.tools.bench").median
@@ -31,9 +31,9 @@ end
 
 ---------------------------------------------------------------- overhead (ranks)
 if os.getenv("RANK") then
-  local weft = require "weft"
-  local async = require "weft.async"
-  local group = require "weft.group"
+  local weft = require("weft")
+  local async = require("weft.async")
+  local group = require("weft.group")
   async.install(group.GroupCoordinator, group)
   local iters = tonumber(os.getenv("BENCH_ITERS") or "2000")
   local g = weft.init()
@@ -124,9 +124,9 @@ local commit = (sh("git -C " .. root .. " rev-parse --short HEAD"):gsub("%s+$", 
 if not commit:match("^%x+$") then commit = "unknown" end
 
 local records, md = {}, {}
-local http = require "helpers.serve_http"
-local json = require "serve_json"
-local model = require "serve_model"
+local http = require("helpers.serve_http")
+local json = require("serve_json")
+local model = require("serve_model")
 pcall(ffi.cdef, "int kill(int pid, int sig); int poll(void *fds, unsigned long n, int timeout);")
 
 local function start_server(n)

@@ -21,9 +21,9 @@
 -- (taken after 5 % of the calls, once caches and arenas are warm) to the
 -- last. Writes bench/results/soak-<machine>-<date>.json (results format: docs/architecture.md#conventions-in-one-place) and
 -- .md. Under weft-run (RANK set) this file is the rank.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lua_path.lua")
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 
 local opts = bench.parse_args(arg or {}, {
   ranks = 4, small = 200000, big = 2000, small_bytes = 1024, big_bytes = 4 * 1048576, samples = 20,
@@ -62,7 +62,7 @@ local function open_fds()
 end
 
 local function rank_main()
-  local weft = require "weft"
+  local weft = require("weft")
   local T = weft.tensor
   local now_us = weft.now_us or function() return require("weft.internal.clock").now_ms() * 1000 end
   local world = weft.init()

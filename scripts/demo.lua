@@ -9,8 +9,8 @@
 -- all_reduce through weft's custom all-reduce (or NCCL, as weft.policy
 -- decides) and the fused kernel (weft.backends.device_backends), the pipeline
 -- hand-over through NCCL.
-local weft = require "weft"
-local ffi = require "ffi"
+local weft = require("weft")
+local ffi = require("ffi")
 local T = weft.tensor
 
 local TOKENS, HIDDEN, DTYPE, EPS = 8, 4096, "bf16", 1e-6

@@ -1,6 +1,6 @@
 -- weft.async — non-blocking forms of a group's collectives (src/async.c).
 --
---   local async = require "weft.async"
+--   local async = require("weft.async")
 --   local h = async.all_reduce(g, t)          -- returns at once
 --   while not h:test() do coroutine.yield() end   -- test() never blocks
 --   h:wait([timeout_ms]) -> result            -- blocks (timed condvar)
@@ -32,10 +32,10 @@
 -- queue.lua (the queue, descriptors and handles over src/async.c),
 -- tensor.lua (tensor collectives and their backends), objects.lua (object
 -- collectives, int64 votes, weft.mq send/recv), base.lua (what they share).
-local queue = require "weft.async.queue"
-local tensor = require "weft.async.tensor"
-local objects = require "weft.async.objects"
-local B = require "weft.async.base"
+local queue = require("weft.async.queue")
+local tensor = require("weft.async.tensor")
+local objects = require("weft.async.objects")
+local B = require("weft.async.base")
 
 local type, error, setmetatable, ipairs, rawget, rawset =
   type, error, setmetatable, ipairs, rawget, rawset

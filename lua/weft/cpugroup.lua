@@ -8,10 +8,10 @@
 -- Indices are 0-based positions in `ranks`; `ranks` holds global ranks, which
 -- is what timeout messages name. Every member calls collectives in the same
 -- order; a member that does not arrive makes the others fail after timeout_ms.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc

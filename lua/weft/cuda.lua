@@ -9,11 +9,11 @@
 --    (initially the legacy default stream, handle NULL);
 --  * frees requested while this thread captures a graph are deferred until
 --    the capture ends (a graph must not see its memory reused under it).
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 local show = require("weft.internal.show").value -- names a refused value's type
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string

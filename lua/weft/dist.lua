@@ -20,7 +20,7 @@
 -- generation number (its counter in the store, src/host/cpugroup.c), so
 -- re-initializing never meets a previous group's keys, and re-creating a
 -- group adds no store key.
-local group = require "weft.group"
+local group = require("weft.group")
 local show = require("weft.internal.show").value -- names a refused value's type
 
 local M = {}
@@ -113,7 +113,7 @@ local FORCED = { store = true, gloo = true, hier = true }
 -- others read why (a tombstone: "rank R died") rather than "store gone".
 local function close_after_failure(store)
   if S.rank == 0 then
-    local ffi = require "ffi"
+    local ffi = require("ffi")
     if not pcall(function() return ffi.C.weft_dist_poll_ end) then
       ffi.cdef [[ int weft_dist_poll_(void *fds, unsigned long n, int timeout) __asm__("poll"); ]]
     end
@@ -123,7 +123,7 @@ local function close_after_failure(store)
 end
 
 local function sleep_ms(ms)
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   if not pcall(function() return ffi.C.weft_dist_poll_ end) then
     ffi.cdef [[ int weft_dist_poll_(void *fds, unsigned long n, int timeout) __asm__("poll"); ]]
   end
@@ -136,7 +136,7 @@ end
 -- weft/shutdown (the goodbyes) marks it; wait, sleeping, until rank 0 has
 -- closed it and opened the next one, within the timeout.
 local function open_store(timeout)
-  local store = require "weft.store"
+  local store = require("weft.store")
   local now_ms = require("weft.internal.clock").now_ms
   local deadline = now_ms() + timeout
   while true do
@@ -381,7 +381,7 @@ function M.initialize_model_parallel(opts)
   if S.groups.tp then
     fail(2, op, "model parallel groups are already initialized (call weft.destroy_model_parallel() first)")
   end
-  local topology = require "weft.topology"
+  local topology = require("weft.topology")
   agree_mp_args(topology, opts)
   -- sizes, names and divisibility are checked by the topology module, with
   -- messages naming this operation
@@ -737,8 +737,8 @@ end
 -- then ends with WEFT_ECLOSED. Judged by the code: the messages of other
 -- failures (a timeout) name the key, whose name says "closed" too.
 local function wait_store_closed(store)
-  local wffi = require "weft.internal.ffi"
-  local C, ffi = wffi.C, require "ffi"
+  local wffi = require("weft.internal.ffi")
+  local C, ffi = wffi.C, require("ffi")
   local v, l = ffi.new("const void *[1]"), ffi.new("size_t[1]")
   local rc = C.weft_store_get(store.handle, "weft/shutdown/closed", S.timeout_ms, v, l)
   if rc == C.WEFT_ECLOSED then return end

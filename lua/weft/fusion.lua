@@ -48,7 +48,7 @@ local QUICK = M.QUICK
 local ALGO, PATTERN, FLAG = M.ALGO, M.PATTERN, M.FLAG
 
 -- weft.internal.errors: fail(2, op, ...) names the line that called the checking function
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 local fail, shape_str, same_shape = E.fail, E.shape_str, E.same_shape
 
 ---------------------------------------------------------------- policy (pure)
@@ -110,8 +110,8 @@ end
 -- spec.dtypes its dtype codes by name; spec.what prefixes its errors.
 -- (FFI loaded lazily, so the pure parts of this module work without libweft.)
 local function ffi_backend(spec)
-  local ffi = require "ffi"
-  local wffi = require "weft.internal.ffi"
+  local ffi = require("ffi")
+  local wffi = require("weft.internal.ffi")
   local C = wffi.C
   local pre, what, DT = spec.prefix, spec.what, spec.dtypes
   local B = { name = spec.name }

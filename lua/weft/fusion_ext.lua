@@ -20,10 +20,10 @@
 -- unfused path, whose pieces are deterministic (rank-order all-reduce, the
 -- deterministic norm kernel; the reduce-scatter through a deterministic
 -- all-reduce and this rank's slice of it).
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local policy = require "weft.policy"
-local fusion = require "weft.fusion"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local policy = require("weft.policy")
+local fusion = require("weft.fusion")
 local show = require("weft.internal.show").value -- names a refused value's type
 
 local C = wffi.C
@@ -32,11 +32,11 @@ local max = math.max
 
 local M = {}
 
-local function T() return require "weft.tensor" end
-local function S() return require "weft.backends.device_backends.setup" end
-local function CUDA() return require "weft.cuda" end
+local function T() return require("weft.tensor") end
+local function S() return require("weft.backends.device_backends.setup") end
+local function CUDA() return require("weft.cuda") end
 
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 local gname, shape_str, same_shape = E.gname, E.shape_str, E.same_shape
 local unpack = unpack or table.unpack
 -- refuse(op, g, msg, args...): raises "weft: <op>: <msg> (group <name>)"

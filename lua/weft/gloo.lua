@@ -15,10 +15,10 @@
 -- overrides). The ranks meet through weft's store. Every call is bounded by
 -- the group's timeout; a failure names the group, the operation and a rank
 -- that died, and leaves the communicator unusable.
-local ffi = require "ffi"
-local bit = require "bit"
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
+local ffi = require("ffi")
+local bit = require("bit")
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
 
 local C = wffi.C
 local ffi_new = ffi.new

@@ -29,8 +29,8 @@
 --    collective inside fn fails with a clear error instead of corrupting
 --    the capture; the capture is always ended, even when fn raises;
 --  * device frees requested during the capture are deferred to its end.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 
 local ffi_gc, ffi_new, ffi_string = ffi.gc, ffi.new, ffi.string
@@ -50,7 +50,7 @@ function M.current() return current_ctx end
 function M.capturing() return current_ctx ~= nil end
 
 local function cuda_mod()
-  local cuda = require "weft.cuda"
+  local cuda = require("weft.cuda")
   if not cuda.available() then error("weft: graph.capture: no CUDA device", 3) end
   return cuda
 end

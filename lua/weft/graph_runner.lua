@@ -60,7 +60,7 @@ local M = {}
 local type, tostring, error, pcall, ipairs, pairs = type, tostring, error, pcall, ipairs, pairs
 local fmt, concat, floor = string.format, table.concat, math.floor
 local show = require("weft.internal.show").value -- names a refused value's type
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 local unpack = unpack or table.unpack
 
 local R = {}
@@ -121,7 +121,7 @@ end
 ---------------------------------------------------------------- digest
 
 -- 32-bit FNV-1a, exact in doubles (h * 16777619 split as h << 24 + h * 403).
-local bit = require "bit"
+local bit = require("bit")
 local bxor, lshift, tobit = bit.bxor, bit.lshift, bit.tobit
 local function fnv(h, s)
   for i = 1, #s do
@@ -254,7 +254,7 @@ end
 -- One interposer per cuda module table: while a pool is active, device
 -- allocations come from (and are recorded in) it; frees of its blocks return
 -- to its free list. Everything else passes through unchanged.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local fill_bytes = require("weft.internal.hostmem").fill -- any size (ffi.fill stops at 2^31)
 local function key_of(p) return tonumber(ffi.cast("uintptr_t", p)) end
 
@@ -344,9 +344,9 @@ local FLOAT_CODES = { f32 = 0, f16 = 1, bf16 = 2 }
 local capture_streams = {}   -- device -> the runners' capture stream
 
 local function cuda_backend()
-  local cuda = require "weft.cuda"
-  local graph = require "weft.graph"
-  local wffi = require "weft.internal.ffi"
+  local cuda = require("weft.cuda")
+  local graph = require("weft.graph")
+  local wffi = require("weft.internal.ffi")
   local C = wffi.C
   local B = { name = "cuda", cuda = cuda }
   function B.check() if not cuda.available() then fail("new", "no CUDA device", 4) end end
@@ -433,7 +433,7 @@ end
 
 local serialize
 local function ser()
-  if not serialize then serialize = require "weft.serialize" end
+  if not serialize then serialize = require("weft.serialize") end
   return serialize
 end
 

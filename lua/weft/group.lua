@@ -22,17 +22,17 @@
 -- are in lua/weft/group/: checks.lua (argument checks), host.lua (scratch,
 -- local reduction, the backend registry and the host backends, dispatch),
 -- objects.lua (call agreement, object collectives, tensor dicts).
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local serialize = require "weft.serialize"
-local K = require "weft.group.checks"
-local H = require "weft.group.host"
-local O = require "weft.group.objects"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local serialize = require("weft.serialize")
+local K = require("weft.group.checks")
+local H = require("weft.group.host")
+local O = require("weft.group.objects")
 
 local C = wffi.C
 local floor = math.floor
 local ffi_cast = ffi.cast
-local hostmem = require "weft.internal.hostmem"
+local hostmem = require("weft.internal.hostmem")
 local show = require("weft.internal.show").value -- names a refused value's type
 local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error = type, tostring, error
@@ -102,7 +102,7 @@ function M.new(o)
     self.next_rank = ranks[(idx + 1) % #ranks + 1]
     self.prev_rank = ranks[(idx - 1) % #ranks + 1]
     if #ranks > 1 then
-      local cpugroup = require "weft.cpugroup"
+      local cpugroup = require("weft.cpugroup")
       self.cpu_group = cpugroup.new(o.store, o.cpugroup_name or o.name, self.ranks, idx, o.timeout_ms)
       if o.same_node ~= nil then
         self.same_node = o.same_node

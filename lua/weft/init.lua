@@ -1,6 +1,6 @@
 -- weft — public entry point.
 --
---   local weft = require "weft"
+--   local weft = require("weft")
 --   weft.init()                                  -- world from RANK, WORLD_SIZE, ...
 --   weft.initialize_model_parallel{tp = 2, pp = 2}
 --   local tp = weft.tp()                         -- a GroupCoordinator
@@ -9,7 +9,7 @@
 --
 -- Submodules (weft.tensor, weft.topology, weft.policy, weft.serialize,
 -- weft.cuda, ...) load on first use, so a host-only script never loads CUDA.
-local dist = require "weft.dist"
+local dist = require("weft.dist")
 
 local M = {}
 

@@ -16,12 +16,12 @@
 -- queue usable (call again), while a dead or departed peer, or a writer stuck
 -- in the middle of a split message, aborts the queue on every rank with a
 -- message naming who and why. Messages already in the ring stay readable.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
 local show = require("weft.internal.show").value -- names a refused value's type
-local serialize = require "weft.serialize"
+local serialize = require("weft.serialize")
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc

@@ -12,9 +12,9 @@
 -- weft.cuda stream, or a raw cudaStream_t. Creation is collective over the
 -- cpu group; every wait is bounded by the group timeout, after which the
 -- communicator is aborted and every call on it raises.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
 local C = wffi.C
 
 local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable

@@ -576,7 +576,7 @@ end
 -- (weft.internal.policy_file.default_path). A bad file is reported once (warn, default
 -- stderr) and kept in M.tuned_error; weft goes on with the built-in policy.
 function M.autoload(getenv, warn)
-  local pf = require "weft.internal.policy_file"
+  local pf = require("weft.internal.policy_file")
   local path = pf.default_path(getenv)
   if not path then return nil end
   local ok, err = pcall(M.load_file, path)

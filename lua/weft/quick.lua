@@ -4,12 +4,12 @@
 -- (weft_qr_reference: the kernel's exact bits) and the per-element error
 -- bound the docs state and the tests assert.
 --
---   local Q = require "weft.quick"
+--   local Q = require("weft.quick")
 --   Q.min_bytes("bf16", 2, "int8") -> 8388608, "the seed's table"
 --   Q.reference("int8", "bf16", { host_tensor_rank0, ... }) -> host tensor
 --   Q.bounds("int8", "bf16", { {x...}, {x...} }) -> { b1, b2, ... }
 --   Q.bound_text("int8") -> the bound in words
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local type, tostring, error, pairs, ipairs, tonumber = type, tostring, error, pairs, ipairs, tonumber
 local abs, max, huge, log10 = math.abs, math.max, math.huge, math.log10
@@ -98,7 +98,7 @@ local function ref_args(fn, codec, dtype, inputs)
 end
 
 function M.reference(codec, dtype, inputs)
-  local T = require "weft.tensor"
+  local T = require("weft.tensor")
   local c, code, ptrs, n = ref_args("reference", codec, dtype, inputs)
   local out = T.empty(inputs[1].shape, dtype, "cpu")
   if lib().weft_qr_reference(c, code, #inputs, ptrs, out.ptr, n) ~= 0 then
@@ -113,7 +113,7 @@ end
 -- (weft_qr_fused_reference): sum = the all-reduced value, residual_out the
 -- kernel's bits, norm_out the f64 norm of residual_out rounded to dtype.
 function M.fused_reference(codec, dtype, inputs, residual, weight, eps, gemma)
-  local T = require "weft.tensor"
+  local T = require("weft.tensor")
   local c, code, ptrs, n = ref_args("fused_reference", codec, dtype, inputs)
   local sh = inputs[1].shape
   local hidden = sh[#sh]

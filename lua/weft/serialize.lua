@@ -15,7 +15,7 @@
 --   0x08 int64 cdata (8 bytes)   0x09 uint64 cdata (8 bytes)
 --   0x0A tensor: varint dtype len, dtype, varint ndim, ndim varints, varint nbytes, bytes
 -- Integers here are numbers with no fraction and |x| <= 2^53.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 
@@ -23,7 +23,7 @@ local floor = math.floor
 local type, next, tostring = type, next, tostring
 local ffi_string, ffi_cast, ffi_istype = ffi.string, ffi.cast, ffi.istype
 local copy_bytes = require("weft.internal.hostmem").copy -- any size (ffi.copy stops at 2^31)
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 
 if not ffi.abi("le") then
   error("weft: serialize: big-endian hosts are not supported", 0)
@@ -310,7 +310,7 @@ local function decode_tensor(st)
           :format(table.concat(shape, ","), dtype, numel * esize, nbytes, st.pos, st.len), 0)
   end
   need(st, nbytes, "tensor data")
-  local T = require "weft.tensor"
+  local T = require("weft.tensor")
   local t = T.empty(shape, dtype)
   if nbytes > 0 then copy_bytes(t.ptr, st.p + st.pos, nbytes) end
   st.pos = st.pos + nbytes

@@ -26,9 +26,9 @@
 -- host tensors of 64 KiB and more are) reads the peers' buffers in place
 -- instead of copying through the segment (src/host/shm_zc.c); info() counts the
 -- calls on each path.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
 
 local C = wffi.C
 local ffi_new = ffi.new

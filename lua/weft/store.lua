@@ -8,11 +8,11 @@
 --                                 within ~200 ms naming a rank that died (store_live.c)
 -- Values are Lua strings (any bytes). Returned strings are copies: the C
 -- reply buffer is reused by the next call.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
-local E = require "weft.internal.errors"
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
+local E = require("weft.internal.errors")
 
 local C = wffi.C
 local ffi_new, ffi_gc = ffi.new, ffi.gc

@@ -22,15 +22,15 @@
 --    counter is used (deterministic per program run). The device generator
 --    (kernels/devops.cu) is the host one: uniform fills are bit-identical on
 --    host and device, normal fills agree to a few ulp.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 
 local type, tonumber, tostring, pairs = type, tonumber, tostring, pairs
 local floor, huge = math.floor, math.huge
 local ffi_cast, ffi_gc = ffi.cast, ffi.gc
 local copy_bytes = require("weft.internal.hostmem").copy -- any size (ffi.copy stops at 2^31)
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 local concat, fmt = table.concat, string.format
 
 local M = {}

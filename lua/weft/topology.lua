@@ -24,7 +24,7 @@ local M = {}
 
 local fmt, concat, floor = string.format, table.concat, math.floor
 local show = require("weft.internal.show").value -- names a refused value's type
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 
 local function idiv(a, b) return floor(a / b) end
 
@@ -288,7 +288,7 @@ M.kinds_of = kinds_of
 -- kinds (in groups and aliases) in KINDS order; no whitespace (weft.internal.json).
 function M.to_json(plan)
   check_plan(plan, "to_json")
-  local json = require "weft.internal.json"
+  local json = require("weft.internal.json")
   local groups, aliases = json.object(), json.object()
   for _, k in ipairs(kinds_of(plan)) do
     groups[k] = plan.groups[k]

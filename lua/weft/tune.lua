@@ -30,7 +30,7 @@
 local M = {}
 
 local floor, huge, fmt, concat = math.floor, math.huge, string.format, table.concat
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 local type, pairs, ipairs, tostring, tonumber, next = type, pairs, ipairs, tostring, tonumber, next
 
 M.AR_BACKENDS = { "nccl", "oneshot", "twoshot", "auto" }

@@ -14,12 +14,12 @@
 -- Device (WEFT_SERVE_DEVICE): "cpu" (host tensors, shm all-reduce) or
 -- "cuda": the partial sums go to the GPU of LOCAL_RANK and are all-reduced
 -- by NCCL (tp.device_group), then come back for the JSON answer.
-local ffi = require "ffi"
-local weft = require "weft"
-local async = require "weft.async"
-local group = require "weft.group"
-local serialize = require "weft.serialize"
-local model = require "serve_model"
+local ffi = require("ffi")
+local weft = require("weft")
+local async = require("weft.async")
+local group = require("weft.group")
+local serialize = require("weft.serialize")
+local model = require("serve_model")
 
 local M = {}
 
@@ -77,7 +77,7 @@ function M.bringup(cfg)
   async.prepare(tp)
   async.prepare(world)
   if cfg.device == "cuda" then
-    local cuda = require "weft.cuda"
+    local cuda = require("weft.cuda")
     local lr = tonumber(os.getenv("LOCAL_RANK") or "0")
     cuda.set_device(lr % cuda.device_count())
     if W > 1 then

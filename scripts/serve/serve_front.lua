@@ -1,6 +1,6 @@
 -- serve_front — rank 0 inside nginx's single worker (OpenResty API).
 --
---   init_by_lua:         require "serve_front"        (loads weft: no thread,
+--   init_by_lua:         require("serve_front")        (loads weft: no thread,
 --                                                      no socket, no CUDA)
 --   init_worker_by_lua:  serve_front.init_worker()    (a 0-delay timer brings
 --                                                      the world up, then runs
@@ -18,12 +18,12 @@
 -- Failure: if a collective fails (a rank died, a timeout), the world is
 -- marked broken with the cause; the step's requests and every later one get
 -- 503 with that message, /health keeps answering (status "broken").
-local ffi = require "ffi"
-local weft = require "weft"
-local async = require "weft.async"
-local json = require "serve_json"
-local engine_mod = require "serve_engine"
-local model = require "serve_model"
+local ffi = require("ffi")
+local weft = require("weft")
+local async = require("weft.async")
+local json = require("serve_json")
+local engine_mod = require("serve_engine")
+local model = require("serve_model")
 
 local ngx = ngx
 local M = {}
@@ -130,7 +130,7 @@ local function respawned()
 end
 
 function M.init_worker()
-  local sem = require "ngx.semaphore"
+  local sem = require("ngx.semaphore")
   S.wake = sem.new(0)
   local why = respawned()
   if why then
@@ -318,7 +318,7 @@ function M.layer()
     S.rejected = S.rejected + 1
     return reply(503, { error = "overloaded: " .. MAX_QUEUE .. " requests queued" }, { ["Retry-After"] = "1" })
   end
-  local sem = require "ngx.semaphore"
+  local sem = require("ngx.semaphore")
   local job = { layer = L.name, x = rows, rows = #rows, slow = slow, sema = sem.new(0), t0 = now_ms() }
   S.qtail = S.qtail + 1
   S.queue[S.qtail] = job

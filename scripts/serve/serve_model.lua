@@ -8,7 +8,7 @@
 --   mlp:    y = W2 relu(W1 x)       W1 [ff][in] column-parallel (rows of its
 --                                   slice of ff), W2 [out][ff] row-parallel
 -- Each rank computes a partial y; the all-reduce (sum) gives the result.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local floor = math.floor
 

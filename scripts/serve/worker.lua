@@ -11,7 +11,7 @@ package.path = here .. "/?.lua;" .. package.path
 -- into an "interrupted!" error wherever this rank happens to be, and rank 0
 -- stopping first makes the next collective fail: so both signals are blocked
 -- here and looked at (sigpending) whenever the loop wakes or a call fails.
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, [[
 typedef struct { unsigned long val[16]; } weft_serve_sigset;
 int sigemptyset(weft_serve_sigset *set);
@@ -40,7 +40,7 @@ local function fail(msg)
   os.exit(1)
 end
 
-local engine = require "serve_engine"
+local engine = require("serve_engine")
 local cfg = engine.config()
 local rank = tonumber(os.getenv("RANK") or "0")
 

@@ -3,7 +3,7 @@
 -- (blocking, async, point to point), initialize_model_parallel arguments,
 -- custom-group rank lists. Afterwards the groups work and shutdown() ends.
 -- Real processes through weft-run (tests/helpers/agreement_ranks.lua).
-local P = require "helpers.procs"
+local P = require("helpers.procs")
 local ROOT = P.ROOT
 
 local function run(n, case)

@@ -7,8 +7,8 @@
 -- the fix, the progress worker's wait and the caller's wait queued on the
 -- rank's one store connection and the ranks timed out naming live ranks.
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
-local P = require "helpers.rank_passes"
+local U = require("helpers.spec_util")
+local P = require("helpers.rank_passes")
 
 local function run(env)
   return P.run(ROOT, "tests/helpers/async_cross_ranks.lua", 4, env .. " WEFT_TIMEOUT_MS=5000", 200)
@@ -33,7 +33,7 @@ describe("async on one group x blocking on another #fault", function()
 
   it("a rank that dies while the others wait in an async op is named within 5 s (timeout 60 s)", function()
     -- the worker's own store connection sees deaths like the rank's own
-    local L = require "weft.tools.launcher"
+    local L = require("weft.tools.launcher")
     local port = assert(L.free_port("127.0.0.1"))
     local cmds = {}
     for r = 0, 2 do

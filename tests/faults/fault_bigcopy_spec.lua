@@ -9,9 +9,9 @@
 -- has 8 GiB). Sources past 2^32 bytes are sparse anonymous mappings (pages
 -- never written read as zeros and cost nothing), so only the destination is
 -- resident.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
+local U = require("helpers.spec_util")
 
 pcall(ffi.cdef, [[
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
@@ -48,7 +48,7 @@ local function at(t, i, ctype) return tonumber(ffi.cast(ctype or "uint8_t *", t.
 
 describe("weft.internal.hostmem's pieces #fault", function()
   local hostmem
-  setup(function() hostmem = require "weft.internal.hostmem" end)
+  setup(function() hostmem = require("weft.internal.hostmem") end)
   after_each(function() hostmem._set_chunk() end)
 
   it("copy and fill in pieces of CHUNK bytes move every byte, the last short piece too", function()
@@ -84,8 +84,8 @@ end)
 describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
   local T, hostmem
   setup(function()
-    T = require "weft.tensor"
-    hostmem = require "weft.internal.hostmem"
+    T = require("weft.tensor")
+    hostmem = require("weft.internal.hostmem")
   end)
 
   it("hostmem.copy and fill move every byte of 2^32 + 128 (bytes past 2^31 and 2^32 checked)", function()
@@ -180,7 +180,7 @@ describe("host copies past 2^31 and 2^32 bytes #fault #bigmem", function()
   it("a Gloo all_reduce of 2^31 + 64 bytes across 2 simulated nodes is right past 2^31", function()
     if not require("weft.gloo").available() then pending("weft was built without Gloo (libgloo-dev)"); return end
     if not have_memory(4 * (2 ^ 31 + 64)) then return end
-    local N = require "helpers.nodes_util"
+    local N = require("helpers.nodes_util")
     local out, rc = N.run { nodes = 2, per_node = 1, timeout = 300,
       env = { WEFT_HOST_BACKEND = "gloo", WEFT_TIMEOUT_MS = "120000" },
       args = { "tests/helpers/bigcopy_gloo_rank.lua" } }

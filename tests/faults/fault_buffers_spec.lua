@@ -5,8 +5,8 @@
 -- pending <op>" (tests/helpers/fault_buffers_ranks.lua); in one process, a
 -- pinned storage outlives every reference to it (the GC finalizer path).
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
-local P = require "helpers.rank_passes"
+local U = require("helpers.spec_util")
+local P = require("helpers.rank_passes")
 
 local function run(n) return P.run(ROOT, "tests/helpers/fault_buffers_ranks.lua", n, nil, 100) end
 
@@ -14,7 +14,7 @@ local count_ok = U.count_ok
 
 describe("freed and in-use buffers #fault", function()
   local T
-  setup(function() T = require "weft.tensor" end)
+  setup(function() T = require("weft.tensor") end)
 
   it("2 ranks: freed views raise, a view's free keeps the base, pinned tensors refuse free", function()
     local out, rc = run(2)

@@ -8,9 +8,9 @@
 -- name created by that run's pids is left. Other runs on this machine may
 -- hold weft names at the same time: only this run's pids are looked at.
 local ROOT = os.getenv("PWD") or "."
-local S = require "helpers.spec_util"
-local shm_names = require "weft.internal.shm_names"
-local clock = require "weft.internal.clock"
+local S = require("helpers.spec_util")
+local shm_names = require("weft.internal.shm_names")
+local clock = require("weft.internal.clock")
 
 local read = require("helpers.store_util").read_file
 

@@ -6,9 +6,9 @@
 -- group named anew each cycle ("g" .. i) still left a generation counter per
 -- member and name (208 -> 4008 keys over 1000 cycles); the counter is now
 -- one per rank set.
-local N = require "helpers.nodes_util"
-local P = require "helpers.procs"
-local S = require "helpers.spec_util"
+local N = require("helpers.nodes_util")
+local P = require("helpers.procs")
+local S = require("helpers.spec_util")
 
 local function run(args)
   return S.shell(("cd %s && WEFT_TIMEOUT_MS=20000 timeout -s KILL 120 scripts/weft-run -n 2 --timeout 110 "

@@ -5,8 +5,8 @@
 -- The victim kills itself with SIGKILL at a chosen point; a stopped rank
 -- (SIGSTOP) is not dead and still ends at a (short) timeout. Nothing may be
 -- left behind: no rank process, no /dev/shm file of these ranks.
-local P = require "helpers.procs"
-local L = require "weft.tools.launcher"
+local P = require("helpers.procs")
+local L = require("weft.tools.launcher")
 
 local ROOT = P.ROOT
 local BOUND_MS = 5000   -- survivors fail within this of the death (timeout: 60000)

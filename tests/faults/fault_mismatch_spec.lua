@@ -13,9 +13,9 @@
 -- cases end a process with SIGABRT and the dtype cases succeed; with the
 -- shape left out of same_desc in src/host/shm_sync.c, the shm route's shape
 -- cases succeed ("CASE shape OK") and this spec fails.
-local N = require "helpers.nodes_util"
-local P = require "helpers.procs"
-local S = require "helpers.spec_util"
+local N = require("helpers.nodes_util")
+local P = require("helpers.procs")
+local S = require("helpers.spec_util")
 
 local HELPER = "tests/helpers/mismatch_ranks.lua"
 local BOUND_MS = 1000   -- every rank fails well within a second (the timeout is 20 s)

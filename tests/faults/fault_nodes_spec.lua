@@ -4,8 +4,8 @@
 -- store secret, and the simulator itself stopped with SIGINT. Every
 -- survivor fails within bounds naming the cause; every node's launcher
 -- exits non-zero; nothing is left behind.
-local N = require "helpers.nodes_util"
-local P = require "helpers.procs"
+local N = require("helpers.nodes_util")
+local P = require("helpers.procs")
 
 local BOUND_MS = 5000
 
@@ -252,14 +252,14 @@ describe("faults across simulated nodes #fault", function()
 
   it("weft-sim-nodes stopped with SIGINT stops every node and removes its namespaces", function()
     local dir = P.tmpdir("weft-nodes-int")
-    P.spit(dir .. "/sleep.lua", 'local weft = require "weft"; weft.init(); print("READY"); io.stdout:flush(); os.execute("sleep 60")\n')
+    P.spit(dir .. "/sleep.lua", 'local weft = require("weft"); weft.init(); print("READY"); io.stdout:flush(); os.execute("sleep 60")\n')
     local out_file = dir .. "/out"
     -- in the background, holding no pipe of ours; a background job of a
     -- non-interactive shell starts with SIGINT ignored (and bash cannot trap
     -- a signal ignored at entry), so a small exec wrapper restores it, as a
     -- terminal's Ctrl-C would find it
     P.spit(dir .. "/dfl.lua", [[
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef "void *signal(int sig, void *h); int execvp(const char *f, const char **argv);"
 ffi.C.signal(2, nil)
 local argv = ffi.new("const char *[?]", #arg + 1)

@@ -43,10 +43,10 @@ describe("reductions: one definition on every backend #fault", function()
   end)
 
   describe("weft_host_reduce", function()
-    local ffi = require "ffi"
-    local wffi = require "weft.internal.ffi"
+    local ffi = require("ffi")
+    local wffi = require("weft.internal.ffi")
     local C = wffi.C
-    local T = require "weft.tensor"
+    local T = require("weft.tensor")
     local DT = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6 }
     local OP = { sum = 0, max = 1, min = 2, prod = 4 }
 

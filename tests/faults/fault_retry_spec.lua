@@ -10,9 +10,9 @@
 -- (ledgers_differ in dist.lua returning nil) two runs of 20 stops had none
 -- and no wrong result, so this spec does not show that comparison's worth
 -- by itself (the store keys' generation check is the first guard). tests/helpers/retry_ranks.lua; docs/faults.md "Every call agreed".
-local N = require "helpers.nodes_util"
-local P = require "helpers.procs"
-local S = require "helpers.spec_util"
+local N = require("helpers.nodes_util")
+local P = require("helpers.procs")
+local S = require("helpers.spec_util")
 
 local HELPER = "tests/helpers/retry_ranks.lua"
 local TIMEOUT_MS = 1000

@@ -8,13 +8,13 @@
 -- and nothing is left in /dev/shm. Real nginx on loopback, as in
 -- tests/unit/serve_spec.lua (pending without nginx + its Lua module, failing so
 -- under CI=true).
-local server = require "helpers.serve_server" -- first: it puts scripts/serve/ on the path
+local server = require("helpers.serve_server") -- first: it puts scripts/serve/ on the path
 
-local ffi = require "ffi"
-local http = require "helpers.serve_http"
+local ffi = require("ffi")
+local http = require("helpers.serve_http")
 local json = server.json
-local S = require "helpers.spec_util"
-local shm_names = require "weft.internal.shm_names"
+local S = require("helpers.spec_util")
+local shm_names = require("weft.internal.shm_names")
 
 local have_nginx, alive, sleep_ms = server.have_nginx, server.alive, server.sleep_ms
 local function start(n) return server.start(n, { tag = "fault-serve", hidden = 64 }) end

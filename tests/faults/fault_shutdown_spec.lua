@@ -4,9 +4,9 @@
 -- still busy (the check looked for "closed" in the message, and the key
 -- weft/shutdown/closed it names says so too); its init then joined the old
 -- store and failed seconds later with a wrong "rank 0 ... is gone".
-local N = require "helpers.nodes_util"
-local P = require "helpers.procs"
-local S = require "helpers.spec_util"
+local N = require("helpers.nodes_util")
+local P = require("helpers.procs")
+local S = require("helpers.spec_util")
 
 local TIMEOUT_MS = 1500
 

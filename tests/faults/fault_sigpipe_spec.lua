@@ -10,8 +10,8 @@
 -- route (needs root, else pending). Before the fix the resumed rank was
 -- killed by SIGPIPE in each one-node case.
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
-local N = require "helpers.nodes_util"
+local U = require("helpers.spec_util")
+local N = require("helpers.nodes_util")
 
 local function gloo_or_pending()
   local ok, g = pcall(require, "weft.gloo")

@@ -7,9 +7,9 @@
 -- result, the others fail within the timeout + 1 s of the stop, the resumed
 -- rank fails within 1 s of continuing with "communicator aborted ...
 -- weft.recover()", and weft.recover() on every rank gives a working world.
-local N = require "helpers.nodes_util"
-local P = require "helpers.procs"
-local S = require "helpers.spec_util"
+local N = require("helpers.nodes_util")
+local P = require("helpers.procs")
+local S = require("helpers.spec_util")
 
 local TIMEOUT_MS, STOP_MS, LOOP_MS = 1500, 2500, 5500
 local HELPER = "tests/helpers/stale_ranks.lua"

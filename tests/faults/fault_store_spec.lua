@@ -2,8 +2,8 @@
 -- connections, slow senders, and a rank with a wrong secret explained on the
 -- ranks that wait. Loopback only; every helper process is bounded by `timeout`
 -- and stops by itself.
-local store = require "weft.store"
-local util = require "helpers.store_util"
+local store = require("weft.store")
+local util = require("helpers.store_util")
 local err_of = require("helpers.spec_util").err_of
 
 local SECRET = "fault-spec-secret-5b1e"
@@ -174,7 +174,7 @@ describe("weft.store under abuse #fault", function()
   -- diagnosis ~150-300 ms in all, never a timeout per rank; both say the
   -- store is unreachable.
   it("a store that stops answering: a wait ends within its timeout + 1 s, the diagnosis within 0.6 s, both naming it", function()
-    local ffi = require "ffi"
+    local ffi = require("ffi")
     local C = require("weft.internal.ffi").C
     local port = util.free_port()
     local spid, slog = spawn_server(port, "-n 1024")

@@ -3,12 +3,12 @@
 -- the harness bench/ar_bench.cu validates every algorithm (f64 reference,
 -- NCCL, graphs, bursts, bad input), a dead peer, an abort and leaks, under
 -- scripts/weft-run; each of its PASS/FAIL lines becomes a check here.
-local spec = require "helpers.spec_util"
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local spec = require("helpers.spec_util")
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
-local cuda = require "weft.cuda"
-local G = require "helpers.gpu_ranks"
+local cuda = require("weft.cuda")
+local G = require("helpers.gpu_ranks")
 
 local one_rank_group = require("helpers.store_util").one_rank_group
 

@@ -1,5 +1,5 @@
 -- weft.tools.bench helpers used by scripts/bench (host-only: runs everywhere).
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 
 describe("weft.tools.bench helpers", function()
   it("takes medians", function()

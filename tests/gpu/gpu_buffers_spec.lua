@@ -6,7 +6,7 @@
 -- rank each; with one, the two ranks share it under MPS (scripts/weft-mps:
 -- shared-GPU test mode, no NCCL, so the pinned tensor's pending all-reduce is
 -- weft's own). Pending without a GPU (or without MPS on a single GPU).
-local G = require "helpers.gpu_ranks"
+local G = require("helpers.gpu_ranks")
 
 describe("freed, in-use and failed device buffers with 2 ranks #gpu #fault", function()
   local shared = require("weft.cuda").device_count() == 1

@@ -1,14 +1,14 @@
 -- Device runtime: devices, the caching pool, copies, random fill, streams,
 -- events, graph capture, and clear errors. #gpu specs are pending without a GPU.
 -- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 
-local cuda = require "weft.cuda"
-local G = require "helpers.gpu_ranks"
-local tensor = require "weft.tensor"
-local graph = require "weft.graph"
+local cuda = require("weft.cuda")
+local G = require("helpers.gpu_ranks")
+local tensor = require("weft.tensor")
+local graph = require("weft.graph")
 
 local function need_gpu() return G.need_gpus(1, pending) end
 

@@ -8,8 +8,8 @@
 --   DETERM PASS|FAIL w<W> <check>[: why]
 -- Needs one GPU and nvidia-cuda-mps-control (else pending). With $OUT set,
 -- each world's output is kept there (determ-w<W>.log).
-local G = require "helpers.gpu_ranks"
-local spec = require "helpers.spec_util"
+local G = require("helpers.gpu_ranks")
+local spec = require("helpers.spec_util")
 
 local CHECKS = { "setup", "allreduce_batch_bf16", "allreduce_batch_f16_f32", "allreduce_paths",
                  "fused_batch_bf16", "fused_batch_f16_f32", "fused_paths", "fused_matches_all_reduce",

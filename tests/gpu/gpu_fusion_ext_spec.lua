@@ -16,8 +16,8 @@
 -- the late rank; the stalled rank's late call ends too; nothing hangs
 -- (FX_NO_FAULTS=1 skips them; logs fusion-ext-leave.log, fusion-ext-stall.log).
 -- run-tests: long (seven MPS worlds: ~50 s on one H200; started first in the GPU lanes)
-local G = require "helpers.gpu_ranks"
-local spec = require "helpers.spec_util"
+local G = require("helpers.gpu_ranks")
+local spec = require("helpers.spec_util")
 
 local HIDDEN = { [1] = "4096,7168", [2] = "256,4096,7168", [4] = "4096", [6] = "1024", [8] = "4096" }
 -- per rank: 4 patterns x 2 dtypes per hidden size, then the one-rank kernel's bits against the fused

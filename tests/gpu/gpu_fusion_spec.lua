@@ -6,11 +6,11 @@
 -- every hidden size, one-/two-shot bit-equality, FP8, PDL, graphs replayed on
 -- changing data, refusals, a missing peer, an abort); each of its PASS/FAIL
 -- lines becomes a check here.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
-local cuda = require "weft.cuda"
-local G = require "helpers.gpu_ranks"
+local cuda = require("weft.cuda")
+local G = require("helpers.gpu_ranks")
 
 local function opts(max_tokens, hidden, dtype)
   local o = ffi.new("weft_fusion_opts")

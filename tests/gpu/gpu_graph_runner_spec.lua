@@ -10,7 +10,7 @@
 -- with fewer, the 4 ranks share them under MPS (scripts/weft-mps); pending
 -- without a GPU or without MPS. With $OUT set, its output is kept there
 -- (graph_runner_tpp.log).
-local G = require "helpers.gpu_ranks"
+local G = require("helpers.gpu_ranks")
 
 local ROOT = os.getenv("PWD") or "."
 local output, rc
@@ -70,7 +70,7 @@ end)
 -- asked it). tests/helpers/graph_exit_error.lua; two ranks, one GPU each
 -- or sharing one under MPS.
 describe("exit on an error with graphs and workspaces, world 2 #gpu", function()
-  local cuda = require "weft.cuda"
+  local cuda = require("weft.cuda")
   for _, mode in ipairs { "runner", "runner", "fused", "quick", "nccl", "nccl_abort", "async", "plain" } do
     it(mode .. ": both ranks exit 1 with the error, no signal", function()
       if not G.need_gpus(1, pending) then return end

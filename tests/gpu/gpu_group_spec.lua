@@ -4,7 +4,7 @@
 -- fused kernel / host staging, against the host path or an f64 reference;
 -- graphs replayed on refilled inputs; fallbacks; bad input).
 -- Needs 2 CUDA devices; pending otherwise.
-local G = require "helpers.gpu_ranks"
+local G = require("helpers.gpu_ranks")
 
 local CHECKS = {
   "setup_lazy", "all_reduce_nccl_forced", "all_reduce_custom_eager", "all_reduce_out_of_place",

@@ -9,8 +9,8 @@
 -- them. Needs one GPU and nvidia-cuda-mps-control; skipped otherwise.
 -- With $OUT set, each run's output is kept there (mismatch-w<W>.log).
 -- run-tests: long (three MPS worlds, each case followed by weft.recover())
-local G = require "helpers.gpu_ranks"
-local spec = require "helpers.spec_util"
+local G = require("helpers.gpu_ranks")
+local spec = require("helpers.spec_util")
 
 local CASES = { "ar_algo", "ar_count", "ar_dtype", "quick", "fused", "fused_gemma", "graph_replay" }
 

@@ -3,7 +3,7 @@
 -- per-mode check on the default (blocking calls, split) communicator and,
 -- suffixed "_nb", on a non-blocking one; then the checks that run once.
 -- Needs 2 CUDA devices; pending otherwise.
-local G = require "helpers.gpu_ranks"
+local G = require("helpers.gpu_ranks")
 
 local PER_MODE = {
   "all_reduce", "all_reduce_inplace_ops", "all_gather", "all_gatherv", "reduce_scatter",

@@ -7,8 +7,8 @@
 -- node gets its own GPU; on one GPU both nodes use it (NCCL tells the nodes
 -- apart by hostname). Needs a CUDA device and root for the namespaces;
 -- pending otherwise. With $OUT set, the output is kept there (nodes-gpu.log).
-local G = require "helpers.gpu_ranks"
-local N = require "helpers.nodes_util"
+local G = require("helpers.gpu_ranks")
+local N = require("helpers.nodes_util")
 
 local CHECKS = { "nodes_layout", "nccl_across_nodes", "other_collectives", "custom_ar_refused",
                  "fused_refused_and_right" }
@@ -16,7 +16,7 @@ local CHECKS = { "nodes_layout", "nccl_across_nodes", "other_collectives", "cust
 local output, rc
 local function run()
   if output then return output, rc end
-  local cuda = require "weft.cuda"
+  local cuda = require("weft.cuda")
   local node_env = {}
   if cuda.device_count() >= 2 then node_env = { "0:CUDA_VISIBLE_DEVICES=0", "1:CUDA_VISIBLE_DEVICES=1" } end
   output, rc = N.run { nodes = 2, per_node = 1, timeout = 900, node_env = node_env,

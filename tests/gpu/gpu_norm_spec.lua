@@ -2,11 +2,11 @@
 -- weft_host_rmsnorm, for bf16 / f16 / f32, the vector and generic paths,
 -- with and without residual, Gemma weights and in-place outputs.
 -- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
-local wffi = require "weft.internal.ffi"
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
-local cuda = require "weft.cuda"
-local G = require "helpers.gpu_ranks"
-local tensor = require "weft.tensor"
+local cuda = require("weft.cuda")
+local G = require("helpers.gpu_ranks")
+local tensor = require("weft.tensor")
 
 local function need_gpu() return G.need_gpus(1, pending) end
 

@@ -9,7 +9,7 @@
 -- Needs one GPU and nvidia-cuda-mps-control; skipped otherwise (pending).
 -- With $OUT set, each run's output is kept there (quick-w<W>.log).
 -- run-tests: long (five MPS worlds: ~45 s on one H200; started first in the GPU lanes)
-local G = require "helpers.gpu_ranks"
+local G = require("helpers.gpu_ranks")
 
 local CHECKS = { "bounds", "nan_inf", "graph", "async", "determinism", "large", "fused" }
 

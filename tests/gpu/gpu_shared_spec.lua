@@ -8,7 +8,7 @@
 -- Needs one GPU and nvidia-cuda-mps-control; skipped otherwise (pending).
 -- With $OUT set, each run's output is kept there (shared-w<W>.log).
 -- run-tests: long (six MPS worlds one after another: ~100 s on one H200; started first in the GPU lanes)
-local G = require "helpers.gpu_ranks"
+local G = require("helpers.gpu_ranks")
 
 local CHECKS = { "setup", "policy_crossover", "all_reduce_eager", "all_reduce_large", "all_reduce_graph",
                  "fusion_workspace_grows", "fused", "destroy" }

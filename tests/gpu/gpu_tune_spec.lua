@@ -3,11 +3,11 @@
 -- noise), writes a policy file that weft's loader accepts with the
 -- documented shape, and the results (results format: docs/architecture.md#conventions-in-one-place) with the before/after
 -- records. Without 2 GPUs: the script's own refusals.
-local G = require "helpers.gpu_ranks"
-local tune = require "weft.tune"
+local G = require("helpers.gpu_ranks")
+local tune = require("weft.tune")
 
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
+local U = require("helpers.spec_util")
 
 local sh = U.shell
 
@@ -26,7 +26,7 @@ describe("weft-tune without GPUs", function()
   end)
 
   it("refuses to run on fewer than 2 GPUs", function()
-    local cuda = require "weft.cuda"
+    local cuda = require("weft.cuda")
     if cuda.device_count() >= 2 then pending("this machine has 2 GPUs"); return end
     local out, rc = sh(ROOT .. "/scripts/weft-tune --quick")
     assert.are.equal(2, rc, out)
@@ -55,7 +55,7 @@ describe("weft-tune --quick on 2 GPUs #gpu", function()
   it("writes a policy file weft's loader accepts, in the documented shape", function()
     if not G.need_gpus(2, pending) then return end
     run_once()
-    local pf = require "weft.internal.policy_file"
+    local pf = require("weft.internal.policy_file")
     local t = pf.load(dir .. "/policy.lua")
     assert.is_true(tune.check_shape(t))
     assert.are.equal(1, t.version)
@@ -66,7 +66,7 @@ describe("weft-tune --quick on 2 GPUs #gpu", function()
     assert.is_table(fz)
     for _, e in ipairs(fz) do assert.is_truthy(e.backend:match("^fused_")) end
     -- and the policy follows it
-    local policy = require "weft.policy"
+    local policy = require("weft.policy")
     policy.load_file(dir .. "/policy.lua")
     assert.are.equal(tune.pick(ar, 4096), (policy.tuned_backend("all_reduce", 2, "bf16", 4096)))
     policy.clear_file()

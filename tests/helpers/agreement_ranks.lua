@@ -3,10 +3,10 @@
 -- custom group's rank list) all fail at once naming each rank's part, the
 -- group keeps working, and shutdown() completes. AGREE_CASE=objects (2 ranks)
 -- or setup (4 ranks). Prints "ELAPSED <what> <ms>" per error and "OK <name>".
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft = U.weft
 local T = weft.tensor
-local async = require "weft.async"
+local async = require("weft.async")
 local now_ms = require("weft.internal.clock").now_ms
 local E, ok, check = U.expect_error, U.ok, U.check
 

@@ -5,9 +5,9 @@
 -- Before the fix the worker's wait and the caller's wait queued on the one
 -- store connection, and ranks that took it in different orders waited for
 -- each other until the timeout. ASYNC_CROSS_ITERS (default 2) per triple.
-local weft = require "weft"
-local async = require "weft.async"
-local W = require "helpers.rank_util"
+local weft = require("weft")
+local async = require("weft.async")
+local W = require("helpers.rank_util")
 local T = weft.tensor
 
 local rank = W.env()
@@ -193,7 +193,7 @@ end
 W.say(("ASYNC_CROSS rank %d triples=%d iters=%d cpu_s=%.1f"):format(rank, triples, ITERS, os.clock() - t0))
 weft.destroy_model_parallel()  -- closes tp's and pp's queues, and their workers' connections
 -- a worker's own connection never speaks for the rank: its closing is no death
-local ffi = require "ffi"
+local ffi = require("ffi")
 local C = require("weft.internal.ffi").C
 local buf, n = ffi.new("char[512]"), ffi.new("int[1]")
 C.weft_store_gone_ranks(weft.dist.state.store.handle, 300, buf, 512, n)

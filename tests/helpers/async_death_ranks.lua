@@ -6,10 +6,10 @@
 -- through a connection of its own: the wait must still be ended by the death
 -- (the store's tombstone), not by the 60 s timeout. Survivors print
 --   ASYNC_DEATH <ms from submit to the error> <message on one line>
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
-local weft = require "weft"
-local async = require "weft.async"
+local weft = require("weft")
+local async = require("weft.async")
 local now_ms = require("weft.internal.clock").now_ms
 
 local victim = tonumber(arg[1])

@@ -7,13 +7,13 @@
 -- the world itself on x runs after it (program order). Prints "OK <name>"
 -- per check; a failed one raises (non-zero exit).
 package.path = "tests/?.lua;" .. package.path
-local W = require "helpers.rank_util"
-local weft = require "weft"
-local async = require "weft.async"
-local S = require "weft.serialize"
+local W = require("helpers.rank_util")
+local weft = require("weft")
+local async = require("weft.async")
+local S = require("weft.serialize")
 local T = weft.tensor
 local world = weft.init()
-async.install(weft.GroupCoordinator, require "weft.group")
+async.install(weft.GroupCoordinator, require("weft.group"))
 local other = weft.create_custom_group({ 0, 1 }, "other")
 local N = 1048576
 local x = T.ones({ N }, "f32")

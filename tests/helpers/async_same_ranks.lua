@@ -12,10 +12,10 @@
 --                                  calls the world's cpu group directly:
 --                                  "RAW <ms> <ok|message>" from rank 0
 -- Every rank ends with "OK" after a clean shutdown.
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
-local weft = require "weft"
-local async = require "weft.async"
+local weft = require("weft")
+local async = require("weft.async")
 local T = weft.tensor
 local now = require("weft.internal.clock").now_ms
 

@@ -1,8 +1,8 @@
 -- One rank (tests/faults/fault_bigcopy_spec.lua): a world all_reduce with an output
 -- tensor of 2^31 + 64 bytes; prints the bytes at 0, 2^31 and the end.
-local weft = require "weft"
+local weft = require("weft")
 local T = weft.tensor
-local ffi = require "ffi"
+local ffi = require("ffi")
 weft.init()
 local w = weft.world()
 local n = 2 ^ 31 + 64

@@ -7,8 +7,8 @@
 --        bad_tp — rank 1 passes tp = 3 (2 ranks), rank 0 tp = 2
 --        kill9  — rank 1 kills rank 0 with SIGKILL while it creates
 --        init   — rank 1 fails weft.init (the store rejects its secret)
-local ffi = require "ffi"
-local shm_names = require "weft.internal.shm_names"
+local ffi = require("ffi")
+local shm_names = require("weft.internal.shm_names")
 pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int kill(int pid, int sig);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
@@ -38,7 +38,7 @@ local function await_rank0_name()
   return pid0
 end
 
-local weft = require "weft"
+local weft = require("weft")
 local T = weft.tensor
 if mode == "init" then
   if rank == 1 then   -- a secret that differs from rank 0's

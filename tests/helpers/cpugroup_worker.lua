@@ -4,11 +4,11 @@
 -- last line is "OK rank N" on success. Exit status 0 only on success.
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
-local bit = require "bit"
-local ffi = require "ffi"
-local cpugroup = require "weft.cpugroup"
-local util = require "helpers.store_util"
-local W = require "helpers.rank_util"
+local bit = require("bit")
+local ffi = require("ffi")
+local cpugroup = require("weft.cpugroup")
+local util = require("helpers.store_util")
+local W = require("helpers.rank_util")
 
 local rank, n, port, mode = W.start("CPG", "normal")
 local absent = {}

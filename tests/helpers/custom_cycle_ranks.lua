@@ -6,8 +6,8 @@
 -- with a third argument "mp", initialize_model_parallel + destroy_model_parallel
 -- cycles instead, and the line starts with MPCYCLES; with "named", every
 -- cycle's group has a name of its own ("g1", "g2", ...: issue 37 item 5).
-local weft = require "weft"
-local dist = require "weft.dist"
+local weft = require("weft")
+local dist = require("weft.dist")
 local warm, cycles, mp = tonumber(arg[1]), tonumber(arg[2]), arg[3] == "mp"
 local named = arg[3] == "named"
 local n = 0

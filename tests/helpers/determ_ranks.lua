@@ -8,7 +8,7 @@ local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 local fake = require("helpers.fake_device")
 fake.install()
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, policy, db, async = R.G, R.weft, R.T, R.policy, R.db, R.async
 
 local world = weft.init { timeout_ms = 20000 }

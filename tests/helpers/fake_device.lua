@@ -13,13 +13,13 @@
 -- order), not the kernels: reductions run in f64, in rank order, max/min
 -- with NCCL's NaN rule (fmax: a NaN is dropped unless every rank holds one).
 -- Must be installed before any other weft module is loaded.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 
 function M.install()
   if package.loaded["weft.fake_device"] then return end
-  local real = require "weft.internal.ffi"
+  local real = require("weft.internal.ffi")
   local R = real.C
   local F = {}               -- the fake functions
   local proxy = setmetatable(F, { __index = R })
@@ -60,7 +60,7 @@ function M.install()
   M.capturing = function() return capturing ~= nil end
 
   -- cpu groups: a registry by handle, collectives refused during a capture
-  local cg = require "weft.cpugroup"
+  local cg = require("weft.cpugroup")
   local registry = setmetatable({}, { __mode = "v" })
   local new = cg.new
   cg.new = function(...)
@@ -216,7 +216,7 @@ function M.install()
   F.weft_cuda_stream_wait_event = function() return 0 end
   -- events: the host clock when the work queued before them ran (timing only)
   local events = {}
-  local clock = require "weft.internal.clock"
+  local clock = require("weft.internal.clock")
   F.weft_cuda_event_create = function(_, out) next_id = next_id + 16; out[0] = ffi.cast("void *", next_id); events[next_id] = 0; return 0 end
   F.weft_cuda_event_destroy = function(e) events[addr(e)] = nil; return 0 end
   F.weft_cuda_event_record = function(e)
@@ -406,7 +406,7 @@ function M.install()
     local total = 0
     for i = 1, W do total = total + send[i] end
     return defer(function()
-      local ser = require "weft.serialize"
+      local ser = require("weft.serialize")
       local parts = raw(s.g, "allgather", ser.encode { data = bytes_of(inp, total * es), send = send })
       local pos = 0
       for r = 1, W do

@@ -5,11 +5,11 @@
 -- leaves its base working; free() of a tensor a pending async operation
 -- uses raises "in use by a pending <op>" and the operation completes right.
 -- Prints "OK <name>" per passed check; any failure raises (rank exits 1).
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft = U.weft
 local T = weft.tensor
-local async = require "weft.async"
-local group = require "weft.group"
+local async = require("weft.async")
+local group = require("weft.group")
 async.install(group.GroupCoordinator, group)   -- g:<op>_async, drain-first blocking calls
 local E, ok, check = U.expect_error, U.ok, U.check
 

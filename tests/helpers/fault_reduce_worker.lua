@@ -11,7 +11,7 @@
 --           rank's inputs (regenerated from their seeds): integers exactly,
 --           max/min exactly, float sums/products within the dtype's rounding
 --           (so one wrong kernel shared by both paths is caught too)
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft, ffi = U.weft, U.ffi
 local T = weft.tensor
 local ok, check = U.ok, U.check

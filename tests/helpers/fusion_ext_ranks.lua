@@ -23,10 +23,10 @@ if os.getenv("WEFT_FAKE_DEVICE") == "1" then
   fake = require("helpers.fake_device")
   fake.install()
 end
-local ffi = require "ffi"
-local weft = require "weft"
-local G = require "helpers.gpu_ranks"
-local policy = require "weft.policy"
+local ffi = require("ffi")
+local weft = require("weft")
+local G = require("helpers.gpu_ranks")
+local policy = require("weft.policy")
 local T = weft.tensor
 
 local world = weft.init { timeout_ms = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000 }
@@ -421,7 +421,7 @@ end
 if ON_DEV and W >= 2 then
   check("the MoE end on one rank (weft_cuda_moe_reduce) has the fused kernel's bits", function()
     local C = require("weft.internal.ffi").C
-    local cuda = require "weft.cuda"
+    local cuda = require("weft.cuda")
     for _, dt in ipairs(DTYPES) do
       for _, H in ipairs(HIDDEN) do
         for _, pt in ipairs { { "moe", 7 }, { "finalize", 7 }, { "moe", 200 }, { "finalize", 200 } } do
@@ -565,7 +565,7 @@ if ON_DEV and W > 1 then
     local t = on_device(inputs(cs, me))
     local res, w = dev(gen({ Tn, H }, dt, 9001)), dev(gen({ H }, dt, 9002))
     local no, ro = T.empty({ Tn, H }, dt, DEV), T.empty({ Tn, H }, dt, DEV)
-    local graph = require "weft.graph"
+    local graph = require("weft.graph")
     local cap = graph.capture(function()
       world:fused_moe_allreduce_rmsnorm { expert_outputs = t.x, expert_scales = t.scales, shared_output = t.shared,
                                           residual = res, weight = w, eps = 1e-6, norm_out = no, residual_out = ro }
@@ -587,7 +587,7 @@ if ON_DEV and W > 1 then
   check("graph capture of every pattern, fused and unfused: replays on new data", function()
     -- the unfused path's intermediates must outlive the call (a graph replays them)
     local dt, H = DTYPES[1], HIDDEN[1]
-    local graph = require "weft.graph"
+    local graph = require("weft.graph")
     for _, path in ipairs { "fused", "unfused" } do
       for _, pat in ipairs { "moe", "finalize", "prepost", "rs" } do
         local Tn = pat == "rs" and 2 * W or 5

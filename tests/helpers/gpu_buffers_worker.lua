@@ -9,9 +9,9 @@
 -- being read quietly. Prints "PASS <name> (<s> s)" or "FAIL <name>: <why>".
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, cuda, car, async = R.G, R.weft, R.T, R.cuda, R.car, R.async
-local group = require "weft.group"
+local group = require("weft.group")
 async.install(group.GroupCoordinator, group)
 
 local world = weft.init { timeout_ms = 30000 }

@@ -18,9 +18,9 @@
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 local FAKE = os.getenv("WEFT_FAKE_DEVICE") == "1"
-local R = require "helpers.gpu_worker"
-local ffi = require "ffi"
-local bit = require "bit"
+local R = require("helpers.gpu_worker")
+local ffi = require("ffi")
+local bit = require("bit")
 local G, weft, T, cuda, policy, db, graph, async = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph, R.async
 
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")

@@ -11,12 +11,12 @@
 -- Comparisons are soft (recorded, reported at the end of the check) so both
 -- ranks still reach every collective of a check after a mismatch; after each
 -- check both ranks meet at a barrier.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, cuda, policy, db, graph, car = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph, R.car
-local N = require "helpers.nan_cases"
+local N = require("helpers.nan_cases")
 
 local world = weft.init { timeout_ms = 30000 }
 local me, W = world.rank, world.world_size

@@ -17,7 +17,7 @@
 -- made, kernels loaded), so the time is the mismatch's alone.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local weft, T, cuda, policy, db, graph = R.weft, R.T, R.cuda, R.policy, R.db, R.graph
 
 local TIMEOUT = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 20000

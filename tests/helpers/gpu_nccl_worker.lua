@@ -26,17 +26,17 @@
 --    failed check may have aborted or left mid-collective.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local ffi = require "ffi"
-local G = require "helpers.gpu_ranks"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local G = require("helpers.gpu_ranks")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
-local cuda = require "weft.cuda"
-local tensor = require "weft.tensor"
-local nccl = require "weft.nccl"
-local graph = require "weft.graph"
-local store_mod = require "weft.store"
-local cpugroup = require "weft.cpugroup"
-local bench = require "weft.tools.bench"
+local cuda = require("weft.cuda")
+local tensor = require("weft.tensor")
+local nccl = require("weft.nccl")
+local graph = require("weft.graph")
+local store_mod = require("weft.store")
+local cpugroup = require("weft.cpugroup")
+local bench = require("weft.tools.bench")
 
 local rank = assert(tonumber(os.getenv("RANK")), "RANK not set (run under weft-run)")
 local world = assert(tonumber(os.getenv("WORLD_SIZE")))

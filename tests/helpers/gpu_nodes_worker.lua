@@ -11,7 +11,7 @@
 -- per check (helpers.gpu_ranks), exits 1 when one failed.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, policy, db = R.G, R.weft, R.T, R.policy, R.db
 
 local world = weft.init { timeout_ms = 120000 }

@@ -12,10 +12,10 @@
 -- Prints "PASS <name>" / "FAIL <name>: why" per check; exits 1 on a failure.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, cuda, policy, db, graph, async = R.G, R.weft, R.T, R.cuda, R.policy, R.db, R.graph, R.async
-local Q = require "weft.quick"
-local QC = require "helpers.quick_cases"
+local Q = require("weft.quick")
+local QC = require("helpers.quick_cases")
 
 local world = weft.init { timeout_ms = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000 }
 local me, W = world.rank, world.world_size

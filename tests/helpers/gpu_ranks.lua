@@ -11,7 +11,7 @@ local G = {}
 -- true when there are `world` CUDA devices; else calls pending(why) (busted's,
 -- passed in by the spec) and returns false
 function G.need_gpus(world, pending)
-  local cuda = require "weft.cuda"
+  local cuda = require("weft.cuda")
   if cuda.device_count() < world then
     pending(cuda.available() and ("needs " .. world .. " CUDA devices") or "no CUDA device")
     return false
@@ -176,7 +176,7 @@ end
 -- makes the kill case pending when "1". bt: as for G.rank_checks.
 function G.mps_worlds(bt, o)
   local it, pending, assert = bt.it, bt.pending, bt.assert
-  local spec = require "helpers.spec_util"
+  local spec = require("helpers.spec_util")
   local runs = {}
   local function run(w, env, log)
     local key = w .. (env or "")
@@ -278,7 +278,7 @@ end
 -- then every rank meets at world:barrier() ("RESYNC after <name>" when that
 -- fails). done() prints "DONE <n> failed" and exits 1 if any check failed.
 function G.checks(world, S, after)
-  local weft = require "weft"
+  local weft = require("weft")
   local failed = 0
   local function check(name, fn)
     local t0 = weft.now_us()
@@ -323,7 +323,7 @@ end
 -- A host tensor of small integers (-16..15) as dtype, deterministic in seed
 -- (sums and products stay exact in every dtype); shape: a table or a count.
 function G.ints(seed, shape, dt)
-  local T = require "weft.tensor"
+  local T = require("weft.tensor")
   if type(shape) == "number" then shape = { shape } end
   local t = T.rand(shape, "i32", "cpu", { seed = seed })
   if dt == "i32" then return t end
@@ -333,7 +333,7 @@ function G.ints(seed, shape, dt)
 end
 
 -- ---------------------------------------------------------------- fused reference (f64)
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 -- an f64 host copy of a (host or device) tensor
 function G.f64(t) local c = t:to("cpu"); local d = c:to("f64"); if c ~= t then c:free() end; return d end
@@ -343,7 +343,7 @@ function G.f64(t) local c = t:to("cpu"); local d = c:to("f64"); if c ~= t then c
 -- {seed = xseed + r})), summed in f64, + res, RMSNorm with w (gemma: 1 + w).
 -- Returns f64 host tensors residual_out, norm_out.
 function G.fused_ref(xseed, shape, dt, res, w, eps, gemma, ranks)
-  local T = require "weft.tensor"
+  local T = require("weft.tensor")
   local f64 = G.f64
   local tokens, hidden = shape[1], shape[2]
   local n = tokens * hidden

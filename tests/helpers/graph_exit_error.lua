@@ -2,9 +2,9 @@
 -- error (issue 37 item 1): the launcher must report the error and exit 1, and
 -- no rank may die of a signal at exit.
 --   scripts/weft-mps -n 2 -- scripts/weft-run -n 2 tests/helpers/graph_exit_error.lua [runner|fused|quick|nccl|nccl_abort|async|plain]
-local weft = require "weft"
-local T = require "weft.tensor"
-local cuda = require "weft.cuda"
+local weft = require("weft")
+local T = require("weft.tensor")
+local cuda = require("weft.cuda")
 local mode = arg[1] or "runner"
 weft.init()
 weft.initialize_model_parallel { tp = 2 }
@@ -36,7 +36,7 @@ elseif mode == "nccl" or mode == "nccl_abort" then
   error("boom")
 elseif mode == "async" then
   -- host collectives in flight on the group's progress worker at the exit
-  local async = require "weft.async"
+  local async = require("weft.async")
   local pending = {}
   for i = 1, 8 do pending[i] = async.all_reduce(tp, T.ones({ 262144 }, "f32")) end
   error("boom")

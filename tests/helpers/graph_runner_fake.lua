@@ -2,8 +2,8 @@
 -- the function once with capturing() true; a "graph" replays by running it
 -- again (or, stale = true, does nothing: a broken graph for verify to catch).
 -- Host tensors; padding and random fills on the host.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 
 local M = {}

@@ -4,17 +4,17 @@
 -- {1, 2, 4, 8, 16}: replays against eager runs (padded sizes too), a
 -- divergent capture detected on both ranks, and the group usable afterwards.
 -- Prints "OK <name>" per check; a failed check raises (non-zero exit).
-local weft = require "weft"
-local runner_mod = require "weft.graph_runner"
-local tensor = require "weft.tensor"
-local cuda = require "weft.cuda"
+local weft = require("weft")
+local runner_mod = require("weft.graph_runner")
+local tensor = require("weft.tensor")
+local cuda = require("weft.cuda")
 
 local world = weft.init()
 local rank = world.rank
 weft.initialize_model_parallel { tp = 2 }
 local tp = weft.tp()
 
-local W = require "helpers.rank_util"
+local W = require("helpers.rank_util")
 local ok, check = W.ok, W.must
 
 local H, SIZES = 4096, { 1, 2, 4, 8, 16 }

@@ -1,15 +1,15 @@
 -- Runs under scripts/weft-run -n 2 (tests/unit/graph_runner_spec.lua): weft.graph_runner
 -- with the fake capture backend, the real world cpu group comparing captures.
 -- Prints "OK <name>" per check; any failed check raises (non-zero exit).
-local weft = require "weft"
-local runner_mod = require "weft.graph_runner"
-local tensor = require "weft.tensor"
-local fake = require "helpers.graph_runner_fake"
+local weft = require("weft")
+local runner_mod = require("weft.graph_runner")
+local tensor = require("weft.tensor")
+local fake = require("helpers.graph_runner_fake")
 
 local world = weft.init()
 local rank = world.rank
 
-local W = require "helpers.rank_util"
+local W = require("helpers.rank_util")
 local ok, check, expect = W.ok, W.must, W.expect_error
 
 -- a stand-in tensor-parallel group: its collectives are recorded, not run

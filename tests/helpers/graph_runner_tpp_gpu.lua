@@ -15,9 +15,9 @@
 -- GR_TPP_REPLAYS=n: fewer replays (a rehearsal on the pretend GPU).
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, cuda, db = R.G, R.weft, R.T, R.cuda, R.db
-local runner_mod = require "weft.graph_runner"
+local runner_mod = require("weft.graph_runner")
 
 local world = weft.init { timeout_ms = tonumber(os.getenv("WEFT_TIMEOUT_MS") or "") or 60000 }
 local me, W = world.rank, world.world_size

@@ -9,10 +9,10 @@
 -- named at every rank, a capture failing on one rank fails all four, and
 -- check_group = tp still works. Prints "OK <name>" per check; a failed check
 -- raises (non-zero exit).
-local weft = require "weft"
-local runner_mod = require "weft.graph_runner"
-local tensor = require "weft.tensor"
-local fake = require "helpers.graph_runner_fake"
+local weft = require("weft")
+local runner_mod = require("weft.graph_runner")
+local tensor = require("weft.tensor")
+local fake = require("helpers.graph_runner_fake")
 local ints = require("helpers.gpu_ranks").ints
 
 local world = weft.init()
@@ -21,7 +21,7 @@ assert(world.world_size == 4, "run with 4 ranks")
 weft.initialize_model_parallel { tp = 2, pp = 2 }
 local tp = weft.tp()
 
-local W = require "helpers.rank_util"
+local W = require("helpers.rank_util")
 local ok, check, expect = W.ok, W.must, W.expect_error
 
 local H = 16

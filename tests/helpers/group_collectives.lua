@@ -1,7 +1,7 @@
 -- Every collective of a GroupCoordinator against a reference, on the world
 -- group and on a subgroup, for any number of ranks (run through weft-run).
 -- WEFT_TEST_BACKEND=store forces the store path for host tensors.
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft, ffi = U.weft, U.ffi
 local T = weft.tensor
 local ok, check, same, data = U.ok, U.check, U.same, U.data

@@ -2,7 +2,7 @@
 -- on the rank(s) that made the mistake and never hangs the others; the group
 -- keeps working afterwards. Needs at least 2 ranks.
 -- WEFT_TEST_BACKEND=store forces the store path for host tensors.
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft = U.weft
 local T = weft.tensor
 local E, ok, check = U.expect_error, U.ok, U.check

@@ -1,7 +1,7 @@
 -- A rank dies in the middle of a job (exits without a word, like a crash):
 -- the others' next shared-memory collective fails with an error naming it
 -- instead of hanging. Needs at least 2 ranks.
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft = U.weft
 local T = weft.tensor
 

@@ -2,7 +2,7 @@
 -- prints every group's properties as PROP lines (the spec compares them with
 -- hand-checked layouts), then proves each distinct group works: its members
 -- agree on who they are and an all_reduce over it is right.
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft = U.weft
 local T = weft.tensor
 

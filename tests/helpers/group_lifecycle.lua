@@ -2,7 +2,7 @@
 -- bad layouts, initialize -> destroy -> re-initialize with another layout,
 -- custom groups (same name twice, same name on different rank sets, bad
 -- arguments), shutdown and init again.
-local U = require "helpers.group_util"
+local U = require("helpers.group_util")
 local weft = U.weft
 local T = weft.tensor
 local E, ok, check = U.expect_error, U.ok, U.check

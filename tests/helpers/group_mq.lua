@@ -1,7 +1,7 @@
 -- 2 ranks: the TP group broadcasts objects through the shm message queue
 -- (WEFT_USE_MQ_BROADCASTER=1), from index 0 through the ring, from index 1
 -- through the store.
-local weft = require "weft"
+local weft = require("weft")
 weft.init()
 weft.initialize_model_parallel{tp = 2}
 local tp = weft.tp()

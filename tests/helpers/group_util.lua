@@ -1,10 +1,10 @@
 -- Shared by the multi-rank helper scripts (tests/helpers/group_*.lua), which
 -- run under scripts/weft-run and print "OK <name>" per passed check; any
 -- failure raises, so the rank exits non-zero and weft-run fails.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local M = {}
 
-local weft = require "weft"
+local weft = require("weft")
 M.weft = weft
 
 function M.say(fmt, ...)

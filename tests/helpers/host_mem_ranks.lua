@@ -6,7 +6,7 @@
 -- resident then). Zero-copy is off (WEFT_SHM_ZEROCOPY=0 from the spec): it
 -- maps the peer's tensor, shared pages that RSS counts but that are not
 -- this call's memory.
-local weft = require "weft"
+local weft = require("weft")
 local MiB = tonumber(arg[1])
 
 local function status(k)

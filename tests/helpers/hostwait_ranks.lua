@@ -13,10 +13,10 @@
 -- Lines: "<WHAT> ok=<bool> ms=<n> msg=<text>", "OK rank N checks=K" last.
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
-local ffi = require "ffi"
-local weft = require "weft"
-local W = require "helpers.rank_util"
-local util = require "helpers.store_util"
+local ffi = require("ffi")
+local weft = require("weft")
+local W = require("helpers.rank_util")
+local util = require("helpers.store_util")
 
 ffi.cdef [[
 typedef struct { long tv_sec, tv_usec; } hw_timeval;
@@ -45,7 +45,7 @@ end
 local function sleep_ms(ms) os.execute(("sleep %.3f"):format(ms / 1000)) end
 
 if mode == "callpath" then
-  local policy = require "weft.policy"
+  local policy = require("weft.policy")
   for _, dt in ipairs({ "f32", "bf16" }) do
     local x = T.full({ 256 }, 1, dt)  -- 1 KiB f32, 512 B bf16
     for _ = 1, 1000 do world:all_reduce(x) end

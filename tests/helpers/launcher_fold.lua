@@ -5,7 +5,7 @@
 --   half   rank 1 writes half a line to stderr and waits; rank 0 exits 3
 --   warn   every rank writes weft's warning "shared by all", then one of its
 --          own, then a plain line, and exits 0
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[
 int poll(void *fds, unsigned long nfds, int timeout);
 int sigemptyset(void *set);

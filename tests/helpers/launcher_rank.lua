@@ -5,7 +5,7 @@
 --   catch           every rank waits for SIGTERM/SIGINT and reports it, exit 0
 --   tree            every rank starts a child rank script (same pgrp) and waits
 -- Every rank prints "ready <rank>" and then waits (60 s unless a mode ends it).
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[
 int poll(void *fds, unsigned long nfds, int timeout);
 int kill(int pid, int sig);

@@ -1,7 +1,7 @@
 -- Test utilities for tests/unit/launcher_spec.lua: run scripts/weft-run for real
 -- (foreground or background), read what it wrote, find stray rank processes.
-local ffi = require "ffi"
-local P = require "helpers.procs"
+local ffi = require("ffi")
+local P = require("helpers.procs")
 
 local U = {}
 

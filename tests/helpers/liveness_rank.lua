@@ -7,9 +7,9 @@
 --   PID <pid>
 --   FAIL <ms since the death> <error message on one line>
 --   SHUTDOWN <ms since the death> ok|<error>
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
-local weft = require "weft"
+local weft = require("weft")
 local now_ms = require("weft.internal.clock").now_ms
 
 local scenario, victim, dir = arg[1], tonumber(arg[2]), arg[3]

@@ -6,7 +6,7 @@
 -- then checks that the group still works (an all_reduce of ones):
 --   AFTER <name> <ok|message>
 -- Usage: luajit mismatch_ranks.lua [case ...]   (default: every case)
-local weft = require "weft"
+local weft = require("weft")
 local T = weft.tensor
 local w = weft.init()
 local r = w.rank

@@ -8,11 +8,11 @@
 -- for the failure scenarios, and "OK rank N checks=K" last on success.
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
-local ffi = require "ffi"
-local cpugroup = require "weft.cpugroup"
-local mq = require "weft.mq"
-local util = require "helpers.store_util"
-local W = require "helpers.rank_util"
+local ffi = require("ffi")
+local cpugroup = require("weft.cpugroup")
+local mq = require("weft.mq")
+local util = require("helpers.store_util")
+local W = require("helpers.rank_util")
 
 local rank, n, port, mode, tmo = W.start("MQ", "order", 30000)
 local CHUNK = tonumber(os.getenv("MQ_CHUNK") or "") or 4096

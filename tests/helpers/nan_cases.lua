@@ -9,9 +9,9 @@
 -- Every rank builds every rank's input (deterministic), so the reference is
 -- computed locally, element by element, in f64 (inputs are small integers:
 -- max/min are exact in every dtype).
-local T = require "weft.tensor"
-local graph = require "weft.graph"
-local policy = require "weft.policy"
+local T = require("weft.tensor")
+local graph = require("weft.graph")
+local policy = require("weft.policy")
 
 local M = {}
 
@@ -222,8 +222,8 @@ end
 -- raw) against tp:all_reduce(x, "max") (mask + u8 max + NCCL max + fix-up).
 -- Real GPUs only (timings on the pretend GPU mean nothing).
 function M.cost(c, world)
-  local weft = require "weft"
-  local cuda = require "weft.cuda"
+  local weft = require("weft")
+  local cuda = require("weft.cuda")
   local g = c.g
   local comm = g.device_group
   for _, n in ipairs { 32768, 2097152, 33554432 } do          -- 64 KiB, 4 MiB, 64 MiB

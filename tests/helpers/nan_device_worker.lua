@@ -7,10 +7,10 @@
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 if os.getenv("WEFT_FAKE_DEVICE") == "1" then require("helpers.fake_device").install() end
-local G = require "helpers.gpu_ranks"
-local N = require "helpers.nan_cases"
-local weft = require "weft"
-local cuda = require "weft.cuda"
+local G = require("helpers.gpu_ranks")
+local N = require("helpers.nan_cases")
+local weft = require("weft")
+local cuda = require("weft.cuda")
 
 local world = weft.init { timeout_ms = 30000 }
 assert(world.world_size == 2, "run with 2 ranks")

@@ -21,9 +21,9 @@
 --   luajit nodes_ranks.lua determ_one <rank>  deterministic mode set on <rank>
 --                                      only, then one all-reduce: "FAIL <ms> <msg>"
 --                                      from every rank (issue 24 item 7)
-local U = require "helpers.group_util"
-local W = require "helpers.rank_util"
-local ffi = require "ffi"
+local U = require("helpers.group_util")
+local W = require("helpers.rank_util")
+local ffi = require("ffi")
 local weft, ok, check = U.weft, U.ok, U.check
 local T = weft.tensor
 local now_ms = function() return require("weft.internal.clock").now_ns() / 1e6 end
@@ -49,7 +49,7 @@ local function layout()
   check(node_of(me) == node, "rank %d on node %d", me, node)
   check(world.same_node == (nnodes == 1), "world.same_node is %s with %d nodes", tostring(world.same_node), nnodes)
   -- the probe itself: who shares /dev/shm with index 0, and with this rank's node leader
-  local shm = require "weft.shm"
+  local shm = require("weft.shm")
   local flags = shm.same_node(world.cpu_group, 0)
   for r = 0, world.world_size - 1 do
     check(flags[r + 1] == (node_of(r) == 0), "same_node flag of rank %d (root 0) is %s", r, tostring(flags[r + 1]))

@@ -2,8 +2,8 @@
 -- tests/faults/fault_nodes_spec.lua): run scripts/weft-sim-nodes and read back what
 -- the nodes printed. A run that cannot make namespaces (not root, no
 -- iproute2, no permission) exits 77: the spec marks itself pending.
-local P = require "helpers.procs"
-local S = require "helpers.spec_util"
+local P = require("helpers.procs")
+local S = require("helpers.spec_util")
 
 local N = {}
 N.ROOT = P.ROOT

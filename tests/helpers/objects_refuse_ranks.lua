@@ -5,8 +5,8 @@
 -- sender's reason (never the timeout), and the group stays usable after
 -- each. Prints "OK <name>" per check; a failed one raises.
 package.path = "tests/?.lua;" .. package.path
-local W = require "helpers.rank_util"
-local weft = require "weft"
+local W = require("helpers.rank_util")
+local weft = require("weft")
 local now = require("weft.internal.clock").now_ms
 local w = weft.init()
 local r = w.rank

@@ -5,8 +5,8 @@
 -- does not come to a barrier of the world's cpu group; ranks 0 and 1 print
 --   BARRIER <error message on one line>
 -- The store path must add the same note as the Gloo routes.
-local weft = require "weft"
-local dist = require "weft.dist"
+local weft = require("weft")
+local dist = require("weft.dist")
 
 local w = weft.init()
 local st = dist.state.store

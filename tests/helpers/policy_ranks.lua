@@ -1,7 +1,7 @@
 -- One rank of tests/unit/policy_spec.lua's multi-rank check (weft-run -n 3):
 -- all_gatherv, reduce_scatterv and out-of-place all_reduce on host tensors
 -- against references, and explain on a real group. Prints "OK <name>".
-local weft = require "weft"
+local weft = require("weft")
 local T = weft.tensor
 
 local world = weft.init()

@@ -2,7 +2,7 @@
 -- scripts/weft-run for real (launcher_util, repl_tmux): the repository root,
 -- a clock and a sleep, shell quoting, whole files, temporary directories and
 -- the rank processes a run left behind. POSIX calls under private names.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local now_ns = require("weft.internal.clock").now_ns
 
 local P = {}

@@ -4,9 +4,9 @@
 -- every rank's values for a data class, deterministic from (class, dtype,
 -- world, n), as host tensors of the dtype (so the values are exactly what
 -- the dtype holds) and as Lua numbers read back from them.
---   local QC = require "helpers.quick_cases"
+--   local QC = require("helpers.quick_cases")
 --   local xs, ts = QC.make("outliers", "bf16", 4, 4109)   -- xs[r][i], ts[r] (r = 1..W)
-local T = require "weft.tensor"
+local T = require("weft.tensor")
 
 local M = {}
 
@@ -91,7 +91,7 @@ end
 
 -- the raw 16-bit words of a host tensor of bf16/f16
 function M.bits(t)
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   local p = ffi.cast("const uint16_t *", t.ptr)
   local out = {}
   for i = 1, t.numel do out[i] = p[i - 1] end

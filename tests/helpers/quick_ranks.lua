@@ -9,9 +9,9 @@ local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 local fake = require("helpers.fake_device")
 fake.install()
-local R = require "helpers.gpu_worker"
+local R = require("helpers.gpu_worker")
 local G, weft, T, policy, db, async, graph = R.G, R.weft, R.T, R.policy, R.db, R.async, R.graph
-local Q = require "weft.quick"
+local Q = require("weft.quick")
 
 local world = weft.init { timeout_ms = 20000 }
 local me, W = world.rank, world.world_size

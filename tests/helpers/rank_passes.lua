@@ -2,7 +2,7 @@
 -- "PASS <check>" or "FAIL <check>: <why>" lines and "DONE <k> failed" last.
 -- run() starts them under scripts/weft-run from the repository root;
 -- assert_passed() checks that every rank passed every one of its checks.
-local spec = require "helpers.spec_util"
+local spec = require("helpers.spec_util")
 
 local P = {}
 

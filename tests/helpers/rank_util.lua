@@ -2,8 +2,8 @@
 -- rank's environment, output lines, counted checks, timed reports and killing
 -- this process. Lines: "FAIL rank R: ...", "<WHAT> ok=<bool> ms=<n> msg=<text>",
 -- "OK rank R checks=K" (what tests/helpers/spec_util.lua reads back).
-local ffi = require "ffi"
-local util = require "helpers.store_util"
+local ffi = require("ffi")
+local util = require("helpers.store_util")
 
 local W = {}
 

@@ -3,7 +3,7 @@
 -- op, 1-5 sources, counts with and without vector tails. Run under
 -- WEFT_NO_AVX512 / WEFT_NO_AVX2 by tests/unit/reduce_kernels_spec.lua: every
 -- kernel copy must give the same bits.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local C = require("weft.internal.ffi").C
 local seed = 12345
 local function rnd() seed = (seed * 1103515245 + 12345) % 2147483648; return seed end

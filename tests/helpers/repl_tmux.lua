@@ -1,8 +1,8 @@
 -- Test driver for tests/unit/repl_spec.lua: REPL sessions in a pseudo-terminal
 -- (tmux on a private socket, no user config), output read with capture-pane,
 -- every wait bounded; plus piped (non-tty) runs and stray-process checks.
-local ffi = require "ffi"
-local P = require "helpers.procs"
+local ffi = require("ffi")
+local P = require("helpers.procs")
 
 local U = {}
 

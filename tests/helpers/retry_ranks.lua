@@ -16,10 +16,10 @@
 --   ERR <i> <message>                (each error of a call)
 --   DIVERGED <message>               (recover() found a call completed on some ranks only)
 --   RESULT ok=<n> wrong=<n> errors=<n> diverged=<n> skipped=<n> (calls passed over by a resync)
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
-local weft = require "weft"
+local weft = require("weft")
 local T = weft.tensor
 local now_ms = require("weft.internal.clock").now_ms
 

@@ -1,10 +1,10 @@
 -- Multi-rank checks of weft.async (run by tests/unit/async_spec.lua under
 -- scripts/weft-run). Prints "OK <name>" per passed check; any failure raises,
 -- so the rank exits non-zero and weft-run fails.
-local ffi = require "ffi"
-local weft = require "weft"
-local async = require "weft.async"
-local group = require "weft.group"
+local ffi = require("ffi")
+local weft = require("weft")
+local async = require("weft.async")
+local group = require("weft.group")
 local T = weft.tensor
 
 local function say(fmt, ...) io.stdout:write(fmt:format(...), "\n"); io.stdout:flush() end

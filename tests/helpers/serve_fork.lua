@@ -1,8 +1,8 @@
 -- A queue whose worker started before fork() refuses work in the child with
 -- a clear error (the worker thread exists only in the parent).
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[ int fork(void); void _exit(int); int waitpid(int pid, int *status, int options); ]]
-local async = require "weft.async"
+local async = require("weft.async")
 local g = { unique_name = "forked", timeout_ms = 5000 }
 async.nop(g):wait()
 local pid = ffi.C.fork()

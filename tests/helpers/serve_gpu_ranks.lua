@@ -5,11 +5,11 @@
 -- async-vs-blocking cost of a small device all-reduce (to $OUT when set).
 local root = os.getenv("WEFT_ROOT") or "."
 package.path = root .. "/scripts/serve/?.lua;" .. package.path
-local ffi = require "ffi"
-local weft = require "weft"
-local async = require "weft.async"
-local engine = require "serve_engine"
-local model = require "serve_model"
+local ffi = require("ffi")
+local weft = require("weft")
+local async = require("weft.async")
+local engine = require("serve_engine")
+local model = require("serve_model")
 
 local function say(fmt, ...) io.stdout:write(fmt:format(...), "\n"); io.stdout:flush() end
 local function check(c, fmt, ...) if not c then error("check failed: " .. fmt:format(...), 2) end end

@@ -2,8 +2,8 @@
 -- the benchmark's checks: keep-alive connections, many in flight at once
 -- through one poll() loop, bounded by deadlines. Responses must carry
 -- Content-Length (the demo's all do). Loopback only.
-local ffi = require "ffi"
-local bit = require "bit"
+local ffi = require("ffi")
+local bit = require("bit")
 
 if not pcall(ffi.typeof, "weft_http_pollfd") then
   ffi.cdef [[

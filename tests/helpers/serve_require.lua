@@ -1,6 +1,6 @@
--- `require "weft"` must touch no CUDA, start no thread and open no socket
+-- `require("weft")` must touch no CUDA, start no thread and open no socket
 -- (nginx loads it in the master before fork). Prints a JSON-ish line.
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[ long readlink(const char *path, char *buf, unsigned long size); int getpid(void); ]]
 local function sockets()
   local pid = ffi.C.getpid()
@@ -26,10 +26,10 @@ local function tasks()
   return n
 end
 local before_t, before_s = tasks(), #sockets()
-local weft = require "weft"
+local weft = require("weft")
 -- the submodules a serving process loads up front, too
-require "weft.async"; require "weft.store"; require "weft.cpugroup"; require "weft.tensor"
-require "weft.serialize"; require "weft.topology"; require "weft.policy"
+require("weft.async"); require("weft.store"); require("weft.cpugroup"); require("weft.tensor")
+require("weft.serialize"); require("weft.topology"); require("weft.policy")
 local after_t, s = tasks(), sockets()
 local cuda_loaded = package.loaded["weft.cuda"] ~= nil
 print(("tasks_before=%d tasks_after=%d sockets_before=%d sockets_after=%d cuda_module=%s initialized=%s")

@@ -8,10 +8,10 @@
 local ROOT = os.getenv("PWD") or "."
 package.path = ROOT .. "/scripts/serve/?.lua;" .. package.path
 
-local ffi = require "ffi"
-local http = require "helpers.serve_http"
-local S = require "helpers.spec_util"
-local util = require "helpers.store_util"
+local ffi = require("ffi")
+local http = require("helpers.serve_http")
+local S = require("helpers.spec_util")
+local util = require("helpers.store_util")
 
 pcall(ffi.cdef, "int kill(int pid, int sig);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")

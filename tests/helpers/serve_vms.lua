@@ -1,7 +1,7 @@
 -- Two independent Lua VMs in one process (luaL_newstate through the FFI, as
 -- nginx's lua_code_cache off does), then a second copy of weft in this VM
 -- (package.loaded cleared): each keeps its own state in its own handles.
-local ffi = require "ffi"
+local ffi = require("ffi")
 ffi.cdef [[
   typedef struct lua_State lua_State;
   lua_State *luaL_newstate(void);
@@ -36,9 +36,9 @@ end
 
 local path = package.path
 local setup = ("package.path = %q\n"):format(path) .. [[
-  weft = require "weft"
-  async = require "weft.async"
-  store = require "weft.store"
+  weft = require("weft")
+  async = require("weft.async")
+  store = require("weft.store")
   s = store.open { server = true, port = 0, timeout_ms = 5000 }
   c = store.open { host = "127.0.0.1", port = s.port, timeout_ms = 5000 }
   g = { unique_name = "vm", timeout_ms = 5000 }
@@ -69,13 +69,13 @@ C.lua_close(B)
 print("OK two VMs")
 
 -- a second copy of weft in this VM
-local store1 = require "weft.store"
+local store1 = require("weft.store")
 local s1 = store1.open { server = true, port = 0, timeout_ms = 5000 }
 s1:set("k", "first")
-local dist1 = require "weft.dist"
+local dist1 = require("weft.dist")
 for k in pairs(package.loaded) do if k:match("^weft") then package.loaded[k] = nil end end
-local weft2 = require "weft"
-local store2 = require "weft.store"
+local weft2 = require("weft")
+local store2 = require("weft.store")
 assert(store2 ~= store1, "a fresh module")
 local s2 = store2.open { server = true, port = 0, timeout_ms = 5000 }
 s2:set("k", "second")

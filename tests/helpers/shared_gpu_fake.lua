@@ -4,7 +4,7 @@
 -- SHARED_PCT set WEFT_ALLOW_SHARED_GPU=1 and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 -- on those ranks only (before weft reads them). Prints "INFO <key>=<value>"
 -- lines, or "ERROR <message>" when the first device call raised.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
 ffi.cdef "int setenv(const char *name, const char *value, int overwrite);"
@@ -16,8 +16,8 @@ for r in (os.getenv("SHARED_ALLOW_RANKS") or ""):gmatch("%d+") do
   end
 end
 require("helpers.fake_device").install()
-local weft = require "weft"
-local db = require "weft.backends.device_backends"
+local weft = require("weft")
+local db = require("weft.backends.device_backends")
 local world = weft.init { timeout_ms = 20000 }
 local x = weft.tensor.ones({ 16 }, "bf16", "cuda:0")
 local ok, err = pcall(world.all_reduce, world, x)

@@ -3,8 +3,8 @@
 -- `luajit tests/helpers/shm_norm_ref.lua` with WEFT_NO_AVX2=1, for the
 -- generic (SSE2) kernels in a child process (the kernel choice is made once
 -- per process).
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 
 local M = {}

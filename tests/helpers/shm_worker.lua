@@ -4,12 +4,12 @@
 -- lines for the failure scenarios, and "OK rank N checks=K" last on success.
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
-local ffi = require "ffi"
-local cpugroup = require "weft.cpugroup"
-local shm = require "weft.shm"
-local wffi = require "weft.internal.ffi"
-local util = require "helpers.store_util"
-local W = require "helpers.rank_util"
+local ffi = require("ffi")
+local cpugroup = require("weft.cpugroup")
+local shm = require("weft.shm")
+local wffi = require("weft.internal.ffi")
+local util = require("helpers.store_util")
+local W = require("helpers.rank_util")
 
 local C = wffi.C
 

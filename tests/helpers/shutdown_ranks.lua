@@ -5,9 +5,9 @@
 -- store rather than join the old one. Lines:
 --   RECOVER <ok> <ms> <message>   INIT <ok> <ms> <message>
 --   AR ok|fail <message>          SHUTDOWN ok|fail <message>
-local weft = require "weft"
+local weft = require("weft")
 local now_ms = require("weft.internal.clock").now_ms
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 
 local function say(fmt, ...) io.stdout:write(fmt:format(...), "\n"); io.stdout:flush() end

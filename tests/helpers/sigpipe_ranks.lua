@@ -10,8 +10,8 @@
 -- pending after it: weft consumes only what its own writes raised.
 --   sigpipe_ranks.lua direct   a weft.gloo communicator on the world's cpu group
 --   sigpipe_ranks.lua group    world:all_reduce (WEFT_HOST_BACKEND=gloo, across nodes)
-local weft = require "weft"
-local ffi = require "ffi"
+local weft = require("weft")
+local ffi = require("ffi")
 ffi.cdef [[
 int getpid(void);
 int raise(int sig);

@@ -5,11 +5,11 @@
 -- Prints "PASS <name>" / "FAIL <name>: why"; exits 1 on a failure.
 local root = (arg[0]:match("^(.*)/tests/helpers/[^/]*$") or ".")
 package.path = root .. "/tests/?.lua;" .. package.path
-local fake = require "helpers.fake_device"
+local fake = require("helpers.fake_device")
 fake.install()
-local weft = require "weft"
-local policy = require "weft.policy"
-local db = require "weft.backends.device_backends"
+local weft = require("weft")
+local policy = require("weft.policy")
+local db = require("weft.backends.device_backends")
 local C = require("weft.internal.ffi").C
 
 local world = weft.init { timeout_ms = 20000 }

@@ -172,7 +172,7 @@ end
 -- no policy.set overrides or their error, no policy file, and a new version
 -- (so the groups' cached picks are stale).
 function S.reset_policy()
-  local policy = require "weft.policy"
+  local policy = require("weft.policy")
   policy.overrides.global, policy.overrides.groups = {}, {}
   policy.override_error = nil
   policy.clear_file()

@@ -10,10 +10,10 @@
 --   RESULT ok=<n> wrong=<n> errors=<n>
 --   RECOVERED ok | RECOVERED fail <message>
 -- Every rank exits 0 (weft-run would stop the others otherwise).
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
-local weft = require "weft"
+local weft = require("weft")
 local T = weft.tensor
 local now_ms = require("weft.internal.clock").now_ms
 

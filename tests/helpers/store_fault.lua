@@ -28,9 +28,9 @@
 --                                            "IDLE OK" or "IDLE ERR <i> <message>"
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
-local ffi = require "ffi"
-local bit = require "bit"
-local util = require "helpers.store_util"
+local ffi = require("ffi")
+local bit = require("bit")
+local util = require("helpers.store_util")
 local C = ffi.C
 local mode = arg[1]
 
@@ -53,14 +53,14 @@ local function nofile()
 end
 
 if mode == "serve" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local s = store.open { port = tonumber(arg[2]), server = true, timeout_ms = 5000 }
   local soft, hard = nofile()
   say(("SERVING %d nofile %d %d pid %d"):format(s.port, soft, hard, C.getpid()))
   pcall(s.get, s, "done", tonumber(arg[3]))
   s:close()
 elseif mode == "keys" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local s = store.open { port = tonumber(arg[2]), timeout_ms = 20000 }
   local klen, vlen, max = tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5])
   local val = ("v"):rep(vlen)
@@ -74,7 +74,7 @@ elseif mode == "keys" then
   say(why and ("KEYS %d refused %s"):format(n, why) or ("KEYS %d all"):format(n))
   s:close()
 elseif mode == "fill" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local s = store.open { port = tonumber(arg[2]), timeout_ms = 20000 }
   local n, bytes = tonumber(arg[3]), tonumber(arg[4])
   local val = ("v"):rep(bytes)
@@ -92,7 +92,7 @@ elseif mode == "park" then
   -- there and no answer came) or answered (refused). Then an honest client
   -- tries one SET of <val> bytes. Prints PARKED <n>, REFUSED <i> <message>,
   -- and HONEST ok|refused <message>.
-  local store = require "weft.store"
+  local store = require("weft.store")
   local port, n, kb, val = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5])
   local s = store.open { port = port, timeout_ms = 20000 }
   local WF_GET_PUT = 4
@@ -128,7 +128,7 @@ elseif mode == "park" then
 elseif mode == "partial" then
   -- a raw connection sends the header of a SET of <plen> bytes and 16 bytes
   -- of its body, then nothing; an honest client then sets <val> bytes
-  local store = require "weft.store"
+  local store = require("weft.store")
   local port, plen, val = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
   local fd = assert(util.connect(port))
   util.send(fd, util.frame(util.OP.SET, 0, plen) .. ("\0"):rep(16))
@@ -185,14 +185,14 @@ elseif mode == "flood" then
   say(("FLOOD opened %d greeted %d shed %d"):format(opened, greeted, shed))
 elseif mode == "rank" then
   if os.getenv("RANK") == "1" then util.setenv("WEFT_STORE_SECRET", "a-wrong-secret-on-rank-1") end
-  local weft = require "weft"
+  local weft = require("weft")
   local t0 = util.now_ms()
   local ok, err = pcall(weft.init)
   if ok then say("INIT OK"); weft.shutdown()
   else say(("ERR %d %s"):format(util.now_ms() - t0, tostring(err))) end
 elseif mode == "idle" then
   pcall(ffi.cdef, "int usleep(unsigned int usec);")
-  local weft = require "weft"
+  local weft = require("weft")
   local w = weft.init()
   local idle = tonumber(os.getenv("WEFT_STORE_IDLE_MS"))
   math.randomseed(w.rank + 7)

@@ -8,14 +8,14 @@
 --   store_proc.lua relay TARGET PORTFILE CAPFILE TCP relay to TARGET recording both directions
 dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/paths.lua")
 
-local ffi = require "ffi"
-local util = require "helpers.store_util"
+local ffi = require("ffi")
+local util = require("helpers.store_util")
 local mode = arg[1]
 
 local function say(s) io.stdout:write(s, "\n"); io.stdout:flush() end
 
 if mode == "serve" or mode == "vanish" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local port = tonumber(arg[2])
   if mode == "serve" then util.sleep_ms(tonumber(arg[3])) end
   local s = store.open { port = port, server = true, timeout_ms = 5000 }
@@ -27,18 +27,18 @@ if mode == "serve" or mode == "vanish" then
   pcall(s.get, s, "done", tonumber(arg[4]))
   s:close()
 elseif mode == "get" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local s = store.open { port = tonumber(arg[2]), timeout_ms = 10000 }
   local ok, v = pcall(s.get, s, arg[3], tonumber(arg[4]))
   say(ok and ("VALUE " .. v) or ("ERR " .. tostring(v)))
   s:close()
 elseif mode == "open" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local ok, e = pcall(store.open, { port = tonumber(arg[2]), timeout_ms = 5000, secret = arg[3] })
   say(ok and "OPENED" or ("ERR " .. tostring(e)))
   if ok then e:close() end
 elseif mode == "set" then
-  local store = require "weft.store"
+  local store = require("weft.store")
   local s = store.open { port = tonumber(arg[2]), timeout_ms = 10000 }
   util.sleep_ms(tonumber(arg[5]))
   s:set(arg[3], arg[4])

@@ -1,8 +1,8 @@
 -- Test helpers for the store and cpu-group specs: raw sockets (to send bad
 -- frames), clocks, env, and bounded process spawning. POSIX calls are bound
 -- under private names (asm labels), so no other module's cdefs can clash.
-local ffi = require "ffi"
-local bit = require "bit"
+local ffi = require("ffi")
+local bit = require("bit")
 
 local M = {}
 

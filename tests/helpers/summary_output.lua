@@ -16,7 +16,7 @@ local function first_line(m)
 end
 
 return function(options)
-  local busted = require "busted"
+  local busted = require("busted")
   local ok_term, term = pcall(require, "term")
   local tty = ok_term and io.type(io.stdout) == "file" and term.isatty(io.stdout)
   local inner = require("busted.outputHandlers." .. (tty and "utfTerminal" or "plainTerminal"))(options)

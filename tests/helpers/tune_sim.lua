@@ -11,8 +11,8 @@
 -- TUNE_SIM_DRIFT=1: once the before/after starts, NCCL gets 3x slower at
 -- 256 KiB (the tuned choice there turns out slower than the built-in one: the
 -- script must fold the fresh numbers in and derive again).
-local ffi = require "ffi"
-local real = require "weft.internal.ffi"
+local ffi = require("ffi")
+local real = require("weft.internal.ffi")
 local RC = real.C
 
 local W = tonumber(os.getenv("WORLD_SIZE"))
@@ -277,7 +277,7 @@ package.loaded["weft.graph"] = graph
 
 -- replays inside bench.time_runs only move the clocks (the data work is
 -- done by warmups, references and check replays)
-local bench = require "weft.tools.bench"
+local bench = require("weft.tools.bench")
 local time_runs = bench.time_runs
 bench.time_runs = function(...)
   timing = true
@@ -288,7 +288,7 @@ bench.time_runs = function(...)
 end
 
 -- the before/after starts with the first tuned file loaded
-local policy = require "weft.policy"
+local policy = require("weft.policy")
 local load_file = policy.load_file
 policy.load_file = function(...)
   phase = "compare"

@@ -3,8 +3,8 @@
 -- worker thread to the caller's, fork and Lua-VM safety, and every async
 -- collective with real processes (shared memory and the store path).
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
-local ffi = require "ffi"
+local U = require("helpers.spec_util")
+local ffi = require("ffi")
 pcall(ffi.cdef, "int poll(void *fds, unsigned long n, int timeout);")
 
 local sh = U.shell
@@ -25,14 +25,14 @@ describe("weft.async", function()
   local async, wffi, C, store_mod
 
   setup(function()
-    async = require "weft.async"
-    wffi = require "weft.internal.ffi"
+    async = require("weft.async")
+    wffi = require("weft.internal.ffi")
     C = wffi.C
-    store_mod = require "weft.store"
+    store_mod = require("weft.store")
   end)
 
   describe("loading", function()
-    it("require 'weft' starts no thread, opens no socket, loads no CUDA", function()
+    it("require('weft') starts no thread, opens no socket, loads no CUDA", function()
       local out, rc = luajit("serve_require.lua")
       assert.are.equal(0, rc, out)
       local tb, ta, sb, sa = out:match("tasks_before=(%d+) tasks_after=(%d+) sockets_before=(%d+) sockets_after=(%d+)")
@@ -219,7 +219,7 @@ describe("weft.async", function()
     -- handler stops the worker (queued work failed, the running one awaited
     -- with a bound) before the runtime's static destructors run.
     local prog = [[
-local ffi = require "ffi"; local C = require("weft.internal.ffi").C
+local ffi = require("ffi"); local C = require("weft.internal.ffi").C
 local q = ffi.new("weft_async_queue *[1]"); assert(C.weft_async_queue_create("exitq", q) == 0)
 local d = ffi.new("weft_async_desc"); d.kind = C.WEFT_ASYNC_SLEEP; d.count = %d
 local h = ffi.new("weft_async *[1]"); assert(C.weft_async_submit(q[0], d, h) == 0)
@@ -269,7 +269,7 @@ io.stdout:write("SUBMITTED\n"); io.stdout:flush()
 
   describe("install", function()
     it("adds _async methods, keeps error levels at the caller, and is idempotent", function()
-      local group = require "weft.group"
+      local group = require("weft.group")
       local G = group.GroupCoordinator
       async.install(G, group)
       async.install(G, group)
@@ -289,7 +289,7 @@ io.stdout:write("SUBMITTED\n"); io.stdout:flush()
 
   describe("device collectives", function()
     it("NCCL all-reduce on the worker and the served engine on device tensors #gpu", function()
-      local cuda = require "weft.cuda"
+      local cuda = require("weft.cuda")
       if cuda.device_count() < 2 then
         pending(cuda.available() and "needs 2 CUDA devices" or "no CUDA device")
         return

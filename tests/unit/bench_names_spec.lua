@@ -2,8 +2,8 @@
 -- comes from the device name CUDA reports (cudaGetDeviceProperties' name),
 -- by one rule in Lua (weft.tools.bench.device_tag) and in the C harnesses
 -- (bench/machine_tag.h), checked here on the CPU; no harness assumes a GPU.
-local bench = require "weft.tools.bench"
-local S = require "helpers.spec_util"
+local bench = require("weft.tools.bench")
+local S = require("helpers.spec_util")
 
 local ROOT = os.getenv("PWD") or "."
 

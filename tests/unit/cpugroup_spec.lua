@@ -1,11 +1,11 @@
 -- weft.cpugroup: control-plane collectives over the store, in one process
 -- (argument checks, lifetime) and across real processes (N = 1, 2, 3, 4, 8).
-local ffi = require "ffi"
-local store = require "weft.store"
-local cpugroup = require "weft.cpugroup"
-local wffi = require "weft.internal.ffi"
-local util = require "helpers.store_util"
-local spec = require "helpers.spec_util"
+local ffi = require("ffi")
+local store = require("weft.store")
+local cpugroup = require("weft.cpugroup")
+local wffi = require("weft.internal.ffi")
+local util = require("helpers.store_util")
+local spec = require("helpers.spec_util")
 
 local C = wffi.C
 local WORKER = "tests/helpers/cpugroup_worker.lua"

@@ -7,10 +7,10 @@
 -- GPU worker itself rehearsed on the pretend GPU
 -- (tests/helpers/gpu_determ_worker.lua, WEFT_FAKE_DEVICE=1). The bits
 -- themselves need the GPU: tests/gpu/gpu_determ_spec.lua.
-local weft = require "weft"
-local spec = require "helpers.spec_util"
-local policy = require "weft.policy"
-local db = require "weft.backends.device_backends"
+local weft = require("weft")
+local spec = require("helpers.spec_util")
+local policy = require("weft.policy")
+local db = require("weft.backends.device_backends")
 local T = weft.tensor
 
 local ROOT = os.getenv("PWD") or "."
@@ -58,7 +58,7 @@ describe("deterministic mode: the switch", function()
 
   it("reads WEFT_DETERMINISTIC at load, and names a bad value", function()
     local function with(v)
-      return spec.luajit("local p = require 'weft.policy' print(p.deterministic(nil), p.determ_env_error)",
+      return spec.luajit("local p = require('weft.policy') print(p.deterministic(nil), p.determ_env_error)",
                          "WEFT_DETERMINISTIC=" .. v)
     end
     assert.matches("^true\tnil", with("1"))
@@ -208,7 +208,7 @@ describe("deterministic mode: routing on a device-state stand-in", function()
 end)
 
 describe("deterministic mode on 2 ranks over a pretend GPU", function()
-  local ranks = require "helpers.rank_passes"
+  local ranks = require("helpers.rank_passes")
   local function run(script, n, env) return ranks.run(ROOT, script, n, "WEFT_FAKE_DEVICE=1 " .. (env or ""), 400) end
   local function passes(out, n, count) ranks.assert_passed(assert, out, n, count, true) end
 

@@ -64,7 +64,7 @@ describe("weft.dist", function()
     end)
 
     it("reads the torchrun names, with defaults", function()
-      local d = require "weft.dist"
+      local d = require("weft.dist")
       local ok, out = sub({ RANK = "3", WORLD_SIZE = "8", LOCAL_WORLD_SIZE = "4", MASTER_PORT = "1234",
                             WEFT_TIMEOUT_MS = "777", WEFT_HOST_BACKEND = "store" },
         "local e = require('weft.dist').parse_env(); print(e.rank, e.world_size, e.local_rank, e.local_world_size, e.master_addr, e.master_port, e.timeout_ms, e.host_backend)")
@@ -95,7 +95,7 @@ describe("weft.dist", function()
     local script = os.tmpname() .. ".lua"
     setup(function()
       local f = assert(io.open(script, "w"))
-      f:write('local weft = require "weft"\nweft.init()\nweft.initialize_model_parallel{tp = 2, pp = 2}\nweft.shutdown()\n')
+      f:write('local weft = require("weft")\nweft.init()\nweft.initialize_model_parallel{tp = 2, pp = 2}\nweft.shutdown()\n')
       f:close()
     end)
     teardown(function() os.remove(script) end)
@@ -128,7 +128,7 @@ describe("weft.dist", function()
   end)
 
   describe("one process", function()
-    local weft = require "weft"
+    local weft = require("weft")
     local T = weft.tensor
 
     teardown(function() weft.shutdown() end)
@@ -230,7 +230,7 @@ describe("weft.dist", function()
       refused("all_gatherv", w.all_gatherv, w, g2, { 4 }, base:narrow(0, 0, 4))
       refused("reduce_scatterv", w.reduce_scatterv, w, g2, base:narrow(0, 0, 4), { 4 })
       refused("all_to_all_single", w.all_to_all_single, w, base:narrow(0, 0, 4), base:narrow(0, 2, 4))
-      local async = require "weft.async"
+      local async = require("weft.async")
       refused("all_gather_async", async.all_gather, w, g2, 0, base:narrow(0, 0, 4))
       refused("reduce_scatter_async", async.reduce_scatter, w, base:narrow(0, 0, 4), 0, base:narrow(0, 2, 4))
       -- fused: outputs in place over the input or apart, never across the weight
@@ -282,10 +282,10 @@ describe("weft.dist", function()
     end)
 
     it("re-exports the submodules and reports CUDA availability as a boolean", function()
-      assert.are.equal(require "weft.tensor", weft.tensor)
-      assert.are.equal(require "weft.topology", weft.topology)
-      assert.are.equal(require "weft.policy", weft.policy)
-      assert.are.equal(require "weft.serialize", weft.serialize)
+      assert.are.equal(require("weft.tensor"), weft.tensor)
+      assert.are.equal(require("weft.topology"), weft.topology)
+      assert.are.equal(require("weft.policy"), weft.policy)
+      assert.are.equal(require("weft.serialize"), weft.serialize)
       assert.are.equal("boolean", type(weft.cuda_available()))
       assert.is_true(weft.now_us() > 0)
     end)

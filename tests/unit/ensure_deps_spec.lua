@@ -7,8 +7,8 @@
 -- unreachable mirror does (a stub that logs its calls) or is the real one,
 -- configured (APT_CONFIG) with a source on a closed local port, an empty
 -- package status and temporary lists: nothing on this machine is changed.
-local S = require "helpers.spec_util"
-local util = require "helpers.store_util"
+local S = require("helpers.spec_util")
+local util = require("helpers.store_util")
 
 local ROOT = util.root()
 

@@ -1,7 +1,7 @@
 -- weft.internal.errors (issue 38): the one fail() every module raises through, and
 -- the shape and group-name words their messages share. The messages are the
 -- ones users already see, byte for byte: these pin the format and the level.
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 
 local ROOT = os.getenv("PWD") or "."
 
@@ -62,7 +62,7 @@ describe("weft.internal.errors", function()
 
   it("loads no other weft module (any module may require it first)", function()
     local p = io.popen(("cd %q && luajit -e \"package.path = 'lua/?.lua;' .. package.path; "
-                       .. "require 'weft.internal.errors'; for k in pairs(package.loaded) do "
+                       .. "require('weft.internal.errors'); for k in pairs(package.loaded) do "
                        .. "if k:match('^weft') then print(k) end end\" 2>&1"):format(ROOT))
     local out = p:read("*a"); p:close()
     assert.are.equal("weft.internal.errors\n", out)

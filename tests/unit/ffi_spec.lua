@@ -1,7 +1,7 @@
 -- The C contract loads, and exports exactly what weft.h declares.
 describe("weft.internal.ffi", function()
-  local wffi = require "weft.internal.ffi"
-  local ffi = require "ffi"
+  local wffi = require("weft.internal.ffi")
+  local ffi = require("ffi")
 
   it("loads libweft.so with a matching ABI version", function()
     assert.are.equal(wffi.ABI_VERSION, wffi.C.weft_abi_version())

@@ -5,10 +5,10 @@
 -- host tensors and on 2 and 4 ranks over a pretend GPU
 -- (tests/helpers/fusion_ext_ranks.lua; the GPU itself:
 -- tests/gpu/gpu_fusion_ext_spec.lua).
-local ffi = require "ffi"
-local weft = require "weft"
-local wffi = require "weft.internal.ffi"
-local spec = require "helpers.spec_util"
+local ffi = require("ffi")
+local weft = require("weft")
+local wffi = require("weft.internal.ffi")
+local spec = require("helpers.spec_util")
 local C = wffi.C
 local T = weft.tensor
 
@@ -115,7 +115,7 @@ describe("weft fusion_ext C API", function()
 end)
 
 describe("every pattern against f64", function()
-  local ranks = require "helpers.rank_passes"
+  local ranks = require("helpers.rank_passes")
   local function run(n, env)
     return ranks.run(ROOT, "tests/helpers/fusion_ext_ranks.lua", n, env, 300)
   end
@@ -166,8 +166,8 @@ describe("every pattern against f64", function()
 end)
 
 describe("weft.fusion_ext decision (the policy rule's checks)", function()
-  local fx = require "weft.fusion_ext"
-  local policy = require "weft.policy"
+  local fx = require("weft.fusion_ext")
+  local policy = require("weft.policy")
   local function tensor(dtype, contiguous)
     return { dtype = dtype or "bf16", shape = { 8, 4096 }, device = "cuda:0",
              is_contiguous = function() return contiguous ~= false end }

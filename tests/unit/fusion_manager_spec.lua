@@ -3,7 +3,7 @@
 -- disable on every rank together, pre-initialisation, cleanup) and the fused
 -- entry point's checks, on the CPU with a fake backend standing in for
 -- src/coll/fusion.c and the other ranks of the group.
-local fusion = require "weft.fusion"
+local fusion = require("weft.fusion")
 
 -- A fake backend: records every call; `others` scripts what the other ranks
 -- of the group vote (preflight ok? did their creation fail?).

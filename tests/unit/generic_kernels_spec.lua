@@ -3,7 +3,7 @@
 -- reduction specs run here once more with WEFT_NO_AVX2=1, which makes the
 -- generic copy run everywhere: tests/faults/fault_reduce_spec.lua (every dtype x op
 -- against a Lua reference), tests/unit/shm_spec.lua, tests/unit/norm_host_spec.lua.
-local S = require "helpers.spec_util"
+local S = require("helpers.spec_util")
 
 local SPECS = "tests/faults/fault_reduce_spec.lua tests/unit/shm_spec.lua tests/unit/norm_host_spec.lua"
 

@@ -3,11 +3,11 @@
 -- padding and slicing, errors, verify against eager runs, the shared memory
 -- pool, the capture digest; and divergent captures detected across 2 real
 -- ranks (scripts/weft-run, the cpu group), with the message naming the rank.
-local runner_mod = require "weft.graph_runner"
-local tensor = require "weft.tensor"
-local fake = require "helpers.graph_runner_fake"
-local ffi = require "ffi"
-local spec = require "helpers.spec_util"
+local runner_mod = require("weft.graph_runner")
+local tensor = require("weft.tensor")
+local fake = require("helpers.graph_runner_fake")
+local ffi = require("ffi")
+local spec = require("helpers.spec_util")
 
 local ROOT = os.getenv("PWD") or "."
 
@@ -228,7 +228,7 @@ end)
 -- summaries recorded by real runners (fake backend, one per simulated rank)
 -- and sent through weft.serialize as the all-gather does.
 describe("graph_runner: capture_verdict (what must be equal, and where)", function()
-  local ser = require "weft.serialize"
+  local ser = require("weft.serialize")
   local noop = function(_, t) return t end
 
   -- a stand-in group: its collectives recorded, not run

@@ -3,7 +3,7 @@
 -- collective against a reference on 1, 2, 3, 4 and 8 ranks (shared memory and
 -- the store fallback), bad inputs, and the life cycle of the groups.
 local ROOT = os.getenv("PWD") or "."
-local U = require "helpers.spec_util"
+local U = require("helpers.spec_util")
 
 local function run(n, script, env, timeout)
   local parts = { "WEFT_TIMEOUT_MS=20000", ("LUA_PATH='%s/tests/?.lua;;'"):format(ROOT) }

@@ -7,8 +7,8 @@
 -- A block must exit 0 (and print no REPL "[rank N] error:"). `gpu` blocks need N CUDA devices (sh blocks: gpus=K, default one)
 -- and are pending without; `needs=CMD` blocks are pending when CMD is not
 -- installed. Blocks without `run` (none at present) are prose.
-local S = require "helpers.spec_util"
-local checked = require "helpers.checked_shell"
+local S = require("helpers.spec_util")
+local checked = require("helpers.checked_shell")
 
 local ROOT = os.getenv("PWD") or "."
 local GUIDE = "docs/guide.md"

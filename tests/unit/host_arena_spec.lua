@@ -5,11 +5,11 @@
 --    built and run with make into a temporary folder;
 --  * through the FFI: weft_host_alloc / weft_host_is_shared, and weft.tensor
 --    host tensors (from 64 KiB on they are arena memory; wrapped memory is not).
-local spec = require "helpers.spec_util"
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local spec = require("helpers.spec_util")
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
-local T = require "weft.tensor"
+local T = require("weft.tensor")
 
 local KiB, MiB = 1024, 1024 * 1024
 -- WEFT_HOST_ARENA=0 in the environment: everything stays on the heap

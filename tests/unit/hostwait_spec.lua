@@ -10,8 +10,8 @@
 -- (A spinning waiter would use most of the 1.5 s, and still far over 100 ms
 -- at an eighth of a CPU on a crowded machine.) No speed is asserted here:
 -- bench-host measures it (--load busy included).
-local util = require "helpers.store_util"
-local spec = require "helpers.spec_util"
+local util = require("helpers.store_util")
+local spec = require("helpers.spec_util")
 
 local WORKER = "tests/helpers/hostwait_ranks.lua"
 

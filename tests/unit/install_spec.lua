@@ -4,7 +4,7 @@
 -- from a folder outside the repository, with no WEFT_LIB / LUA_PATH /
 -- LUA_CPATH, and must load the installed modules and library. Host-only
 -- (WEFT_CUDA=0) into build/host, the folder `make demo` uses without a GPU.
-local spec = require "helpers.spec_util"
+local spec = require("helpers.spec_util")
 
 local ROOT = os.getenv("PWD") or "."
 -- make and the tools see neither this run's make (jobserver) nor its paths

@@ -2,14 +2,14 @@
 -- reads (results files, weft-topo --json, weft-plot), with the small writer
 -- that gives the results files their key order and layout; weft itself loads
 -- without lua-cjson.
-local S = require "helpers.spec_util"
+local S = require("helpers.spec_util")
 
 local have_cjson = pcall(require, "cjson")
 local ROOT = os.getenv("PWD") or "."
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 describe("weft.internal.json", function()
-  local json, bench = require "weft.internal.json", require "weft.tools.bench"
+  local json, bench = require("weft.internal.json"), require("weft.tools.bench")
   local function cjson_here()   -- pending (failed under CI=true) without lua-cjson
     return S.needs(have_cjson, "lua-cjson is not installed (as root: apt-get install lua-cjson)")
   end
@@ -86,9 +86,9 @@ describe("weft.internal.json", function()
     local out, rc = S.shell(("cd %s && luajit -e %s"):format(ROOT, q([[
       package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
       package.cpath = ""                         -- no lua-cjson to be found
-      local weft = require "weft"
-      local topology = require "weft.topology"
-      local bench = require "weft.tools.bench"
+      local weft = require("weft")
+      local topology = require("weft.topology")
+      local bench = require("weft.tools.bench")
       local p = topology.plan { world_size = 2, tp = 2 }
       print("loaded", p.world_size)
       local ok, e = pcall(topology.to_json, p)

@@ -1,6 +1,6 @@
 -- scripts/weft-run, run for real: environment, output relay, failure and
 -- signal handling, port choice, usage errors; no rank process may outlive a test.
-local U = require "helpers.launcher_util"
+local U = require("helpers.launcher_util")
 local q, TOKEN = U.q, U.TOKEN
 
 local ENV = "tests/helpers/launcher_env.lua"
@@ -86,7 +86,7 @@ describe("weft-run", function()
     -- the port was free: a listener can take it now (rank 0's store will)
     local p = io.popen(("cd %s && luajit -e %s 2>&1"):format(q(U.ROOT), q(([[
       package.path = "lua/?.lua;" .. package.path
-      local ffi = require "ffi"; require "weft.tools.launcher"
+      local ffi = require("ffi"); require("weft.tools.launcher")
       ffi.cdef "int socket(int, int, int); int bind(int, const void *, uint32_t); int close(int);"
       local sa = ffi.new("weft_run_sockaddr_in"); sa.family = 2
       sa.port = bit.bor(bit.rshift(%d, 8), bit.lshift(bit.band(%d, 255), 8))

@@ -4,7 +4,7 @@
 -- functions defined in its own layer or below (read from the built objects
 -- with nm: the include rule alone misses a call declared in a lower header
 -- but implemented above, the way the host waits once called into src/coll/).
-local spec = require "helpers.spec_util"
+local spec = require("helpers.spec_util")
 
 local ROOT = os.getenv("PWD") or "."
 local RANK = { core = 0, store = 1, host = 2, cuda = 3, coll = 4, kernels = 4, top = 5 }

@@ -7,11 +7,11 @@
 -- reader that leaves, ranks that disagree; killed readers and writers
 -- (processes started directly, since weft-run stops everyone when a rank
 -- dies); and nothing left behind in /dev/shm.
-local ffi = require "ffi"
-local mq = require "weft.mq"
-local wffi = require "weft.internal.ffi"
-local util = require "helpers.store_util"
-local spec = require "helpers.spec_util"
+local ffi = require("ffi")
+local mq = require("weft.mq")
+local wffi = require("weft.internal.ffi")
+local util = require("helpers.store_util")
+local spec = require("helpers.spec_util")
 
 local WORKER = "tests/helpers/mq_worker.lua"
 

@@ -4,9 +4,9 @@
 -- nothing is launched. Here the cpu group is a stand-in that returns the
 -- parts the other ranks would send (the exchange itself is the store
 -- route's, tested in fault_mismatch_spec).
-local NB = require "weft.backends.device_backends.nccl_backend"
-local H = require "weft.group.host"
-local T = require "weft.tensor"
+local NB = require("weft.backends.device_backends.nccl_backend")
+local H = require("weft.group.host")
+local T = require("weft.tensor")
 
 -- a group of 2 whose other rank called `other` (op, tensor, extra)
 local function group_with(other)

@@ -3,8 +3,8 @@
 -- hostname), so node boundaries are real: the same-node probe, the shm path
 -- and TCP between nodes. Needs root; elsewhere every test is pending.
 -- The rank side is tests/helpers/nodes_ranks.lua.
-local N = require "helpers.nodes_util"
-local G = require "helpers.gpu_ranks"
+local N = require("helpers.nodes_util")
+local G = require("helpers.gpu_ranks")
 
 local function run_or_skip(o)
   local out, rc, wall = N.run(o)

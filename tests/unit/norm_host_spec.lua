@@ -2,9 +2,9 @@
 -- against an f64 reference (tests/helpers/shm_norm_ref.lua), for f32, f16 and
 -- bf16, with and without residual / residual_out, Gemma weights, in place;
 -- both kernel builds (AVX2 + F16C here, the generic SSE2 one in a child).
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local ref = require "helpers.shm_norm_ref"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local ref = require("helpers.shm_norm_ref")
 
 local C = wffi.C
 

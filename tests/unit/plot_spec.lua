@@ -3,10 +3,10 @@
 -- scales with evenly spaced power ticks, every text has its own fill and
 -- fits the canvas, the SVG is well-formed XML (xmllint where installed).
 describe("weft.tools.plot", function()
-  local plot = require "weft.tools.plot"
-  local bench = require "weft.tools.bench"
-  local check = require "helpers.svg_check"
-  local S = require "helpers.spec_util"
+  local plot = require("weft.tools.plot")
+  local bench = require("weft.tools.bench")
+  local check = require("helpers.svg_check")
+  local S = require("helpers.spec_util")
 
   local SAMPLE = [[
 {

@@ -6,12 +6,12 @@
 -- mixing, all_gatherv / reduce_scatterv on host tensors (1 and 3 ranks).
 -- Device tensors here are host memory wrapped as "cuda:0" and groups are
 -- stand-ins with a prepared device state: nothing reaches a GPU.
-local weft = require "weft"
-local spec = require "helpers.spec_util"
-local policy = require "weft.policy"
-local pf = require "weft.internal.policy_file"
-local db = require "weft.backends.device_backends"
-local graph = require "weft.graph"
+local weft = require("weft")
+local spec = require("helpers.spec_util")
+local policy = require("weft.policy")
+local pf = require("weft.internal.policy_file")
+local db = require("weft.backends.device_backends")
+local graph = require("weft.graph")
 local T = weft.tensor
 
 local ROOT = os.getenv("PWD") or "."
@@ -424,7 +424,7 @@ describe("weft.policy device rules", function()
     it("is loaded automatically, and a broken one leaves weft usable", function()
       local bad = tmpfile("return { version = 1,")
       local p = io.popen(("cd %s && WEFT_POLICY_FILE=%s LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit -e %q 2>&1")
-        :format(ROOT, bad, [[local weft = require "weft"; local w = weft.init()
+        :format(ROOT, bad, [[local weft = require("weft"); local w = weft.init()
           local x = weft.tensor.ones({4}, "f32"); w:all_reduce(x); print("USABLE", x:to_table()[1],
           tostring(weft.policy.tuned))]]))
       local out = p:read("*a"); p:close()
@@ -434,7 +434,7 @@ describe("weft.policy device rules", function()
       assert.matches("USABLE\t1\tnil", out)
       local good = tmpfile(GOOD)
       p = io.popen(("cd %s && WEFT_POLICY_FILE=%s LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit -e %q 2>&1")
-        :format(ROOT, good, [[local policy = require "weft.policy"; print("MACHINE", policy.tuned.machine)]]))
+        :format(ROOT, good, [[local policy = require("weft.policy"); print("MACHINE", policy.tuned.machine)]]))
       out = p:read("*a"); p:close()
       os.remove(good)
       assert.matches("MACHINE\tnvidia%-h200%-x2", out)
@@ -583,7 +583,7 @@ end)
 -- checked on the CPU before it reaches a GPU.
 describe("device paths on a pretend GPU (2 ranks)", function()
   it("passes every check of the GPU worker", function()
-    local ranks = require "helpers.rank_passes"
+    local ranks = require("helpers.rank_passes")
     local out = ranks.run(ROOT, "tests/helpers/gpu_group_worker.lua", 2, "WEFT_FAKE_DEVICE=1", 200)
     ranks.assert_passed(assert, out, 2, 22, true)
   end)
@@ -591,7 +591,7 @@ end)
 
 describe("weft.backends.custom_ar and weft_cuda_memcpy2d_async without a GPU", function()
   it("refuses a group of one before touching CUDA, naming the group", function()
-    local car = require "weft.backends.custom_ar"
+    local car = require("weft.backends.custom_ar")
     local s, g = require("helpers.store_util").one_rank_group("car_spec_w1")
     local ok, err = pcall(car.new, g, 1048576)
     assert.is_false(ok)
@@ -600,8 +600,8 @@ describe("weft.backends.custom_ar and weft_cuda_memcpy2d_async without a GPU", f
   end)
 
   it("declares the strided copy and reports no device cleanly", function()
-    local wffi = require "weft.internal.ffi"
-    local cuda = require "weft.cuda"
+    local wffi = require("weft.internal.ffi")
+    local cuda = require("weft.cuda")
     if cuda.available() then pending("this machine has a CUDA device"); return end
     local buf = T.zeros({ 16 }, "u8")
     assert.are.equal(wffi.C.WEFT_ENODEV, wffi.C.weft_cuda_memcpy2d_async(buf.ptr, 4, buf.ptr, 4, 4, 2, nil))

@@ -3,9 +3,9 @@
 -- device and the fusion patterns'; the backends register the predicates of
 -- the rules' `when` keys when they load (policy.predicate), and no module
 -- inserts rules by position. A rule whose key has no predicate is skipped.
-local weft = require "weft"
-local spec = require "helpers.spec_util"
-local policy = require "weft.policy"
+local weft = require("weft")
+local spec = require("helpers.spec_util")
+local policy = require("weft.policy")
 local T = weft.tensor
 
 local ROOT = os.getenv("PWD") or "."
@@ -68,7 +68,7 @@ describe("weft.policy: the rules table in one file", function()
 
   it("keeps the modules from inserting rules: install() adds backends and hooks only", function()
     local n = #policy.rules
-    local G = require "weft.group"
+    local G = require("weft.group")
     require("weft.backends.device_backends").install(G)
     require("weft.fusion_ext").install(G)
     require("weft.backends.host_nodes")

@@ -3,8 +3,8 @@
 -- per step when piped, nothing with -q. The module with a fake clock and
 -- stream, then the tools themselves: bench-host and bench-soak piped, on a
 -- pseudo-terminal (script(1)) and with -q.
-local S = require "helpers.spec_util"
-local progress = require "weft.internal.progress"
+local S = require("helpers.spec_util")
+local progress = require("weft.internal.progress")
 
 local ROOT = os.getenv("PWD") or "."
 

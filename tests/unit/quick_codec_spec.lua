@@ -5,9 +5,9 @@
 -- normal data, outlier channels (50-100x), all-zero blocks, subnormals and
 -- the range's extremes; NaN/Inf confined to their block; the bound not
 -- vacuous; SNR on normal and outlier data (printed for the docs).
-local Q = require "weft.quick"
-local T = require "weft.tensor"
-local QC = require "helpers.quick_cases"
+local Q = require("weft.quick")
+local T = require("weft.tensor")
+local QC = require("helpers.quick_cases")
 
 local CODECS = { "fp", "int8", "int4", "fp8" }
 local N = 4096 + 13   -- odd tail: a partial vector and a partial block
@@ -152,7 +152,7 @@ describe("quick all-reduce codec (CPU reference)", function()
   end)
 
   it("the C entry points refuse bad arguments, naming them", function()
-    local ffi = require "ffi"
+    local ffi = require("ffi")
     local C = require("weft.internal.ffi").C
     local function err(rc)
       assert.are_not.equal(0, rc)

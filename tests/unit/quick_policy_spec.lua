@@ -5,11 +5,11 @@
 -- (tests/helpers/quick_ranks.lua): agreement, refusals, deterministic mode,
 -- weft.async and graphs; then the GPU worker rehearsed on the pretend GPU.
 -- The kernel itself needs the GPU: tests/gpu/gpu_quick_spec.lua.
-local weft = require "weft"
-local spec = require "helpers.spec_util"
-local policy = require "weft.policy"
-local db = require "weft.backends.device_backends"
-local pf = require "weft.internal.policy_file"
+local weft = require("weft")
+local spec = require("helpers.spec_util")
+local policy = require("weft.policy")
+local db = require("weft.backends.device_backends")
+local pf = require("weft.internal.policy_file")
 local _ = weft
 
 local ROOT = os.getenv("PWD") or "."
@@ -45,13 +45,13 @@ describe("quick all-reduce: the switch", function()
   end)
 
   it("weft.quick is there after require \"weft\" (docs/quick-allreduce.md: weft.quick.reference)", function()
-    local out = spec.luajit("local w = require 'weft' print(type(w.quick), type(w.quick.reference), type(w.settings))")
+    local out = spec.luajit("local w = require('weft') print(type(w.quick), type(w.quick.reference), type(w.settings))")
     assert.matches("^table\tfunction\ttable", out)
   end)
 
   it("reads WEFT_QUICK_ALLREDUCE at load, and names a bad value", function()
     local function with(v)
-      return spec.luajit("local p = require 'weft.policy' local v, s = p.quick(nil) print(v, s, p.quick_env_error)",
+      return spec.luajit("local p = require('weft.policy') local v, s = p.quick(nil) print(v, s, p.quick_env_error)",
                          "WEFT_QUICK_ALLREDUCE=" .. v)
     end
     assert.matches("^fp8\tWEFT_QUICK_ALLREDUCE\tnil", with("fp8"))
@@ -112,7 +112,7 @@ describe("quick all-reduce: routing on a device-state stand-in", function()
 end)
 
 describe("quick all-reduce on 2 ranks over a pretend GPU", function()
-  local ranks = require "helpers.rank_passes"
+  local ranks = require("helpers.rank_passes")
   local function run(script, n, env) return ranks.run(ROOT, script, n, "WEFT_FAKE_DEVICE=1 " .. (env or ""), 400) end
   local function passes(out, n, count) ranks.assert_passed(assert, out, n, count, true) end
 

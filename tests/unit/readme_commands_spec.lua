@@ -9,12 +9,12 @@
 -- to SKIP (with the reason) only if it cannot run here. Templates ("-n N",
 -- "[--json | --svg FILE]") are skipped as such.
 local ROOT = os.getenv("PWD") or "."
-local S = require "helpers.spec_util"
-local doc = require "helpers.doc_commands"
-local checked = require "helpers.checked_shell"
-local http = require "helpers.serve_http"
-local server = require "helpers.serve_server" -- declares kill and poll
-local ffi = require "ffi"
+local S = require("helpers.spec_util")
+local doc = require("helpers.doc_commands")
+local checked = require("helpers.checked_shell")
+local http = require("helpers.serve_http")
+local server = require("helpers.serve_server") -- declares kill and poll
+local ffi = require("ffi")
 
 -- { Lua pattern on the command, reason }: first match wins
 local SKIP = {

@@ -2,8 +2,8 @@
 -- then real sessions of scripts/weft-repl and `weft-run -n N --repl` driven
 -- through a pseudo-terminal (tmux) and through a pipe. Every wait is bounded;
 -- no session or rank process may outlive a test.
-local R = require "weft.tools.repl"
-local U = require "helpers.repl_tmux"
+local R = require("weft.tools.repl")
+local U = require("helpers.repl_tmux")
 
 -- both ranks of a 2-rank session answered s (as one merged line or two)
 local function both_said(text, s)
@@ -78,7 +78,7 @@ describe("weft.tools.repl chunks", function()
     local obj = setmetatable({}, { __tostring = function() return "OBJ" end })
     assert.are.equal("OBJ", R.show(obj))
     assert.are.equal("1\tnil\tx", R.show_values({ n = 3, 1, nil, "x" }, 1, 3))
-    local tensor = require "weft.tensor"
+    local tensor = require("weft.tensor")
     local s = R.show(tensor.from_table({ 1, 2, 3 }, "f32"))
     assert.truthy(s:find("^tensor%(f32, {3}, cpu%)") and s:find("1, 2, 3"), s)
   end)
@@ -426,7 +426,7 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
 
   it("SIGINT sent to weft-run is Ctrl-C (the session goes on); SIGTERM stops every rank", function()
     if not has_tmux() then pending("tmux not installed"); return end
-    local P = require "helpers.procs"
+    local P = require("helpers.procs")
     start(2)
     local function launcher_pid()
       local l = P.pgrep("^luajit scripts/weft[-]run -n 2 --repl .*" .. U.TOKEN)
@@ -487,7 +487,7 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
 
   it("SIGTERM sent to weft-run at the prompt: every rank stops at once, 143, the terminal given back as it was", function()
     if not has_tmux() then pending("tmux not installed"); return end
-    local P = require "helpers.procs"
+    local P = require("helpers.procs")
     -- the terminal's modes right after weft-run ends, before any shell resets them
     start(2, nil, [[; s=$?; echo "TTY-MODES $(stty -a | tr ' ;' '\n\n' | grep -x -- '-\?echo\|-\?icanon' | sort | tr '\n' ' ')"; (exit $s)]])
     local l = P.pgrep("^luajit scripts/weft[-]run -n 2 --repl .*" .. U.TOKEN)

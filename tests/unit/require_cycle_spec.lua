@@ -5,7 +5,7 @@
 -- the reason instead (none does today). Besides, the spec prints the require
 -- loops it finds, not failing on them: those met while loading (caught by a
 -- pcall or not), and those of the source's requires, lazy ones included
--- (`require "weft.x"`, `pcall(require, "weft.x")`, `mod("weft.x")` anywhere
+-- (`require("weft.x")`, `pcall(require, "weft.x")`, `mod("weft.x")` anywhere
 -- in a module), which load only because one side waits until it is called.
 local ROOT = os.getenv("PWD") or "."
 

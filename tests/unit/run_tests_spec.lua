@@ -4,7 +4,7 @@
 -- with their reasons, and failures that are never lost (a failing test, a
 -- file that dies before busted's status line).
 -- run-tests: one GPU process (no GPU work at all: '#gpu' is only in the files it writes)
-local S = require "helpers.spec_util"
+local S = require("helpers.spec_util")
 
 local ROOT = os.getenv("PWD") or "."
 

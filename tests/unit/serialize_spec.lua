@@ -1,8 +1,8 @@
 -- weft.serialize: round trips of every supported value, refusal of what it
 -- cannot carry, and a decoder that rejects garbage without ever running it.
 describe("weft.serialize", function()
-  local S = require "weft.serialize"
-  local ffi = require "ffi"
+  local S = require("weft.serialize")
+  local ffi = require("ffi")
 
   local function rt(v) return S.decode(S.encode(v)) end
 
@@ -66,7 +66,7 @@ describe("weft.serialize", function()
   end)
 
   it("refuses a freed tensor, naming where it sits (never reads freed memory)", function()
-    local T = require "weft.tensor"
+    local T = require("weft.tensor")
     local t = T.ones({ 3 })
     local v = t:narrow(0, 0, 2)
     t:free()
@@ -190,7 +190,7 @@ describe("weft.serialize", function()
   end)
 
   describe("tensors", function()
-    local T = require "weft.tensor"
+    local T = require("weft.tensor")
 
     it("travel by value: dtype, shape and bytes", function()
       for _, dt in ipairs({ "f32", "f16", "bf16", "i32", "i64", "u8", "f64", "f8e4m3" }) do

@@ -4,12 +4,12 @@
 -- HTTP where nginx is installed).
 local ROOT = os.getenv("PWD") or "."
 package.path = ROOT .. "/scripts/serve/?.lua;" .. ROOT .. "/tests/?.lua;" .. package.path
-local S = require "helpers.spec_util"
+local S = require("helpers.spec_util")
 
 local have_cjson = pcall(require, "cjson")
 
 describe("serve_json (lua-cjson with the demo's limits)", function()
-  local json = have_cjson and require "serve_json"
+  local json = have_cjson and require("serve_json")
   local function need()
     return S.needs(have_cjson, "lua-cjson is not installed (as root: apt-get install lua-cjson)")
   end
@@ -71,7 +71,7 @@ describe("serve_json (lua-cjson with the demo's limits)", function()
 
   it("keeps its settings to itself (another cjson user keeps the defaults)", function()
     if not need() then return end
-    local other = require "cjson"
+    local other = require("cjson")
     assert.is_table(other.decode(("["):rep(100) .. ("]"):rep(100)))
   end)
 end)

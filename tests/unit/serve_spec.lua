@@ -4,13 +4,13 @@
 -- Debian when running as root (scripts/serve/ensure-nginx, with lua-cjson),
 -- else pending (failing under CI=true: CI must run them).
 local ROOT = os.getenv("PWD") or "."
-local server = require "helpers.serve_server" -- first: it puts scripts/serve/ on the path
+local server = require("helpers.serve_server") -- first: it puts scripts/serve/ on the path
 
-local ffi = require "ffi"
-local http = require "helpers.serve_http"
+local ffi = require("ffi")
+local http = require("helpers.serve_http")
 local json = server.json
-local S = require "helpers.spec_util"
-local model = require "serve_model"
+local S = require("helpers.spec_util")
+local model = require("serve_model")
 
 -- (kill and poll are declared by helpers.serve_server)
 
@@ -243,8 +243,8 @@ describe("served demo (nginx front end, weft ranks)", function()
     -- free one), against `scripts/serve/start -n 2` with its defaults; then
     -- Ctrl-C: SIGINT to the terminal's process group (a shell, start and
     -- weft-run), after which nothing but weft-run's one line may be said
-    local S = require "helpers.spec_util"
-    local checked = require "helpers.checked_shell"
+    local S = require("helpers.spec_util")
+    local checked = require("helpers.checked_shell")
 
     local function page_blocks()
       local f = assert(io.open(ROOT .. "/docs/serving.md"))

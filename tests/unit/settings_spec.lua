@@ -2,8 +2,8 @@
 -- the code and with docs/environment.md, and weft.init() checks what is set
 -- (a bad value raises naming the variable, the value and what is allowed; an
 -- unknown WEFT_* name is reported once per job with the closest known name).
-local S = require "helpers.spec_util"
-local settings = require "weft.internal.settings"
+local S = require("helpers.spec_util")
+local settings = require("weft.internal.settings")
 
 local ROOT = os.getenv("PWD") or "."
 
@@ -72,7 +72,7 @@ describe("weft.internal.settings: the table", function()
   end)
 
   it("allows what the policy allows", function()
-    local policy = require "weft.policy"
+    local policy = require("weft.policy")
     local function keys(t, extra)
       local l = { extra }
       for k in pairs(t) do l[#l + 1] = k end
@@ -149,7 +149,7 @@ describe("weft.init() checks the environment", function()
   it("reports an unknown WEFT_* name once per job, with the closest known name", function()
     local f = os.tmpname()
     local h = assert(io.open(f, "w"))
-    h:write('local weft = require "weft"\nweft.init()\nweft.shutdown()\nweft.init()\nprint("done")\n')
+    h:write('local weft = require("weft")\nweft.init()\nweft.shutdown()\nweft.init()\nprint("done")\n')
     h:close()
     local out, rc = S.shell(("cd %s && WEFT_QUICK_ALLREDUC=int8 scripts/weft-run -n 2 %s"):format(q(ROOT), f))
     os.remove(f)

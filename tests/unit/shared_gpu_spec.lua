@@ -2,7 +2,7 @@
 -- decided on the pretend GPU (every rank on device 0): off by default, one
 -- switch for the whole group, weft's kernels only with an MPS slice per rank,
 -- never NCCL. The kernels themselves run in tests/gpu/gpu_shared_spec.lua.
-local spec = require "helpers.spec_util"
+local spec = require("helpers.spec_util")
 
 local function run(n, env)
   local out, rc = spec.shell(("%s WEFT_FAKE_DEVICE=1 WEFT_DEVICE=0 timeout 120 scripts/weft-run -n %d "

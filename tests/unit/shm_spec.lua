@@ -4,10 +4,10 @@
 -- reference, mismatched calls, a late rank, a killed rank, same_node), and
 -- nothing left behind in /dev/shm. The fork()-based C test of the same engine
 -- (tests/c/shm_fork_test.c, `make shm-test-c`) runs here too, its quick form.
-local ffi = require "ffi"
-local shm = require "weft.shm"
-local util = require "helpers.store_util"
-local spec = require "helpers.spec_util"
+local ffi = require("ffi")
+local shm = require("weft.shm")
+local util = require("helpers.store_util")
+local spec = require("helpers.spec_util")
 
 local WORKER = "tests/helpers/shm_worker.lua"
 

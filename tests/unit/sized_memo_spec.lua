@@ -5,7 +5,7 @@
 -- per-kind table, alignment of input and output, the workspace's size, a
 -- broken workspace) still steers the next call; the kernel that runs is the
 -- one the rule chose, never "auto" (the algorithm chosen once)
-local spec = require "helpers.spec_util"
+local spec = require("helpers.spec_util")
 local ROOT = os.getenv("PWD") or "."
 
 describe("eager device all_reduce: the memoised choice", function()

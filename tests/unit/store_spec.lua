@@ -1,8 +1,8 @@
 -- weft.store: TCP key-value rendezvous (src/store/store.c, lua/weft/store.lua).
-local ffi = require "ffi"
-local store = require "weft.store"
-local wffi = require "weft.internal.ffi"
-local util = require "helpers.store_util"
+local ffi = require("ffi")
+local store = require("weft.store")
+local wffi = require("weft.internal.ffi")
+local util = require("helpers.store_util")
 
 local C = wffi.C
 local OP, frame, u32, u64 = util.OP, util.frame, util.u32, util.u64

@@ -1,13 +1,13 @@
 -- weft.tensor and the host helpers of src/host/hostops.c (allocation, random fill,
 -- conversion, comparison).
 -- run-tests: one GPU process (its #gpu tests use the GPU from this busted process: no ranks)
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 describe("weft.tensor", function()
   local cuda_was_loaded = package.loaded["weft.cuda"] ~= nil
-  local wffi = require "weft.internal.ffi"
+  local wffi = require("weft.internal.ffi")
   local C = wffi.C
-  local tensor = require "weft.tensor"
+  local tensor = require("weft.tensor")
 
   local DT = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6, f8e4m3 = 7 }
   local ALL = { "f32", "f16", "bf16", "f64", "i32", "i64", "u8", "f8e4m3" }

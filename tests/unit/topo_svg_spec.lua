@@ -2,8 +2,8 @@
 -- well-formed XML, one cell per (kind, rank) with the colour of its group,
 -- every cell inside the frame of its node, labels dropped when cells shrink.
 describe("weft.tools.topo_svg", function()
-  local topology = require "weft.topology"
-  local topo_svg = require "weft.tools.topo_svg"
+  local topology = require("weft.topology")
+  local topo_svg = require("weft.tools.topo_svg")
 
   -- A small XML well-formedness check (elements nest and close, attributes
   -- are quoted and unique, text has no bare '<' or stray '&'). Returns true
@@ -291,7 +291,7 @@ describe("weft.tools.topo_svg", function()
   it("every text has its own fill and lies inside the canvas and its panel", function()
     -- ImageMagick's renderer drew class-styled text black on dark cells, and
     -- the attn_tp note ran out of its panel at 16 ranks on two nodes
-    local check = require "helpers.svg_check"
+    local check = require("helpers.svg_check")
     local plans = {
       { { world_size = 16, tp = 8, pp = 2 } },
       { { world_size = 8, tp = 4, pp = 2 } },

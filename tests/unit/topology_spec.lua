@@ -2,7 +2,7 @@
 -- initialize_model_parallel builds them (SGLang's python/sglang/srt/distributed/parallel_state.py).
 -- Each expected layout below is worked out by hand from the seed's loops.
 describe("weft.topology", function()
-  local topology = require "weft.topology"
+  local topology = require("weft.topology")
 
   local function singletons(n)
     local g = {}
@@ -350,7 +350,7 @@ describe("weft.topology", function()
   end)
 
   it("to_json parses back to the plan's groups and aliases", function()
-    local json = require "dkjson"
+    local json = require("dkjson")
     local p = topology.plan { world_size = 16, tp = 8, pp = 2, attn_cp = 2, ep = 4, moe_dp = 2, dcp = 2 }
     local d = json.decode(topology.to_json(p))
     assert.are.equal(16, d.world_size)

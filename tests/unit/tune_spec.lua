@@ -2,8 +2,8 @@
 -- crossover derivation from synthetic timing tables (clean, noisy, ties,
 -- one backend, gaps), the policy file it writes (loads as Lua, documented
 -- shape), and the before/after verdict. CPU only.
-local tune = require "weft.tune"
-local ffi = require "ffi"
+local tune = require("weft.tune")
+local ffi = require("ffi")
 
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
@@ -248,7 +248,7 @@ describe("tune: the policy file", function()
   end)
 
   it("weft's own policy loader accepts it, and the policy then follows it", function()
-    local pf = require "weft.internal.policy_file"   -- a loader that does not load fails here
+    local pf = require("weft.internal.policy_file")   -- a loader that does not load fails here
     local text = tune.render(doc())
     local t = pf.parse(text, "tuned.lua")
     assert.are.equal("oneshot", (pf.lookup(t, "all_reduce", 2, "bf16", 128 * KiB)))
@@ -264,7 +264,7 @@ describe("tune: the policy file", function()
       end
     end
     -- through weft.policy: load_file / clear_file
-    local policy = require "weft.policy"
+    local policy = require("weft.policy")
     local dir = os.tmpname(); os.remove(dir)
     local path = dir .. "/policy.lua"
     tune.write_file(path, text)

@@ -38,7 +38,7 @@ describe("weft-topo", function()
   end)
 
   it("--json is parseable and matches the library", function()
-    local json = require "dkjson"
+    local json = require("dkjson")
     local out, _, rc = run("--world=16 --tp=8 --pp 2 --ep 4 --attn-cp 2 --moe-dp 2 --dcp 2 --json")
     assert.are.equal(0, rc)
     local d = json.decode(out)
@@ -140,7 +140,7 @@ describe("weft-topo", function()
     end)
 
     it("--json gives every rank's group index per kind", function()
-      local json = require "dkjson"
+      local json = require("dkjson")
       local out, _, rc = run("--dry-run --world 8 --tp 8 --ep 2 --json")
       assert.are.equal(0, rc)
       local d = json.decode(out)
@@ -207,7 +207,7 @@ describe("weft-topo", function()
       -- the real run's path through lua/weft/dist.lua, on a world whose
       -- state is set by hand (no store, no processes: every case fails
       -- before any group is built)
-      local dist = require "weft.dist"   -- a dist.lua that does not load fails here
+      local dist = require("weft.dist")   -- a dist.lua that does not load fails here
       local S = dist.state
       local saved = {}
       for k, v in pairs(S) do saved[k] = v end

@@ -3,10 +3,10 @@
 -- object broadcast / all-gather / send / recv with weft.group's call
 -- agreement, the cpu group's int64 vote, and a message queue's send/recv
 -- ordered with the group's collectives.
-local ffi = require "ffi"
-local serialize = require "weft.serialize"
-local B = require "weft.async.base"
-local Q = require "weft.async.queue"
+local ffi = require("ffi")
+local serialize = require("weft.serialize")
+local B = require("weft.async.base")
+local Q = require("weft.async.queue")
 
 local ffi_new = ffi.new
 local type, tostring, tonumber, require = type, tostring, tonumber, require
@@ -21,7 +21,7 @@ local M = {}
 -- ranks that called different ones fail together.
 local group_mod
 local function GM()
-  group_mod = group_mod or require "weft.group"
+  group_mod = group_mod or require("weft.group")
   return group_mod
 end
 

@@ -3,10 +3,10 @@
 -- weft_async_submit), the descriptor a caller fills, and the handles
 -- (weft_async_test / wait / release / result): settling a finished one,
 -- pinning the tensors a pending one reads, draining and reaping in order.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.internal.ffi"
-local B = require "weft.async.base"
+local wffi = require("weft.internal.ffi")
+local B = require("weft.async.base")
 local release = require("weft.internal.binding").release   -- q.handle without its finalizer, then nil
 
 local C = wffi.C

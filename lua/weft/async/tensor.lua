@@ -4,13 +4,13 @@
 -- for a device tensor with a communicator, else shm / shm_gather / store),
 -- fills the queue's descriptor for that backend and submits; what has no
 -- async path runs the blocking method after draining.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
-local wffi = require "weft.internal.ffi"
-local B = require "weft.async.base"
+local wffi = require("weft.internal.ffi")
+local B = require("weft.async.base")
 local show = require("weft.internal.show").value -- names a refused value's type
-local Q = require "weft.async.queue"
-local GK = require "weft.group.checks" -- the overlap check every out tensor goes through
+local Q = require("weft.async.queue")
+local GK = require("weft.group.checks") -- the overlap check every out tensor goes through
 local check_overlap, outer_of = GK.check_overlap, GK.outer_inner
 
 local C = wffi.C
@@ -21,14 +21,14 @@ local floor = math.floor
 local mod, fail, gname, T = B.mod, B.fail, B.gname, B.T
 local check_group, check_tensor, check_src = B.check_group, B.check_tensor, B.check_src
 local desc, submit, finished, K = Q.desc, Q.submit, Q.finished, Q.KINDS
-local B = require "weft.internal.binding"
+local B = require("weft.internal.binding")
 local shape_word, args_word = B.shape_word, B.args_word
 
 local M = {}
 
 local group_host  -- weft.group.host (the store path's call frames), loaded on first use
 local function GH()
-  group_host = group_host or require "weft.group.host"
+  group_host = group_host or require("weft.group.host")
   return group_host
 end
 

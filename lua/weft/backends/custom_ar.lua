@@ -17,9 +17,9 @@
 -- memory, so a captured call replays correctly with new input data.
 -- Creation is collective over the cpu group and agreed (every rank succeeds
 -- or every rank fails with the reason); destroy is local.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local binding = require "weft.internal.binding"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local binding = require("weft.internal.binding")
 local C = wffi.C
 local show = require("weft.internal.show").value -- names a refused value's type
 

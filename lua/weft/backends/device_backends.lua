@@ -24,13 +24,13 @@
 --                                               backends (the communicators: weft.nccl)
 --   weft.backends.device_backends.checks        the should_custom_ar and fused checks as
 --                                               data, fused_decision, explain text, override checkers
-local ffi = require "ffi"
-local policy = require "weft.policy"
-local S = require "weft.backends.device_backends.setup"
+local ffi = require("ffi")
+local policy = require("weft.policy")
+local S = require("weft.backends.device_backends.setup")
 local check_fused_outputs = require("weft.group.checks").check_fused_outputs
-local N = require "weft.backends.device_backends.nccl_backend"
+local N = require("weft.backends.device_backends.nccl_backend")
 local show = require("weft.internal.show").value -- names a refused value's type
-local K = require "weft.backends.device_backends.checks"
+local K = require("weft.backends.device_backends.checks")
 
 local type, tostring, tonumber, error, pcall, ipairs = type, tostring, tonumber, error, pcall, ipairs
 local fmt = string.format
@@ -104,7 +104,7 @@ end
 M.custom_ar_backend = car
 
 ---------------------------------------------------------------- fused backend
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 local shape_str, same_shape = E.shape_str, E.same_shape
 -- fail(op, g, msg, args..., gname(g)): "weft: <op>: <msg> (group <name>)"
 local function fail(op, _, msg, ...)
@@ -416,7 +416,7 @@ function M.install(gm)
   gm.register_backend("custom_ar", car)
   gm.register_backend("device_host", stage)
   -- the eager all_reduce's size-dependent choice, memoised (see that module)
-  require("weft.group.host").sized_memo = require "weft.backends.device_backends.sized_memo"
+  require("weft.group.host").sized_memo = require("weft.backends.device_backends.sized_memo")
   gm.register_backend("fused", {
     fused_allreduce_rmsnorm = function(g, _, x, r, w, eps, opts) return M.fused(g, x, r, w, eps, opts) end,
   })

@@ -15,8 +15,8 @@
 -- the group makes the same call) and tear them down with g:destroy().
 -- Host send/recv of tensors go over Gloo too: a 256-byte header (dtype,
 -- shape, bytes) the receiver checks, then the bytes.
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 
 local ffi_string, ffi_copy, ffi_fill = ffi.string, ffi.copy, ffi.fill
 local concat, fmt = table.concat, string.format
@@ -28,7 +28,7 @@ local G          -- weft.group, given to install()
 
 local gloo_mod
 local function gloo()
-  if not gloo_mod then gloo_mod = require "weft.gloo" end
+  if not gloo_mod then gloo_mod = require("weft.gloo") end
   return gloo_mod
 end
 
@@ -47,7 +47,7 @@ end)()
 -- (group indices of each node's first rank) and g.local_indices (the group
 -- indices on this rank's node).
 function M.layout(g)
-  local shm = require "weft.shm"
+  local shm = require("weft.shm")
   local W = g.world_size
   local node_of, leaders = {}, {}
   local k, root = 0, 0
@@ -81,7 +81,7 @@ end
 local function hier(g)
   local h = g._hier
   if h then return h end
-  local cpugroup = require "weft.cpugroup"
+  local cpugroup = require("weft.cpugroup")
   local store = g.cpu_group.store
   local name = g.cpu_group.name
   h = {}
@@ -205,7 +205,7 @@ M.LEADERS_STORE_MAX = tonumber(os.getenv("WEFT_HIER_STORE_MAX")) or 131072
 -- every leader naming both, as the flat routes do.
 local function leaders_store_reduce(g, h, src, out_ptr, t, dc, code, rop)
   local nb = t.nbytes
-  local H = require "weft.group.host"
+  local H = require("weft.group.host")
   local part, call = H.store_part("all_reduce", ffi_string(src, nb), t, rop)
   local list = h.leaders_cpu:allgather(part)
   local lg = h.leaders_view

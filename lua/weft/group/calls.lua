@@ -4,8 +4,8 @@
 -- part starts with its call, so ranks whose calls differ all fail at once
 -- naming every rank's call. Used by weft.group.host, weft.group.objects and
 -- weft.async; depends on nothing of weft.group (no require loop).
-local serialize = require "weft.serialize"
-local K = require "weft.group.checks"
+local serialize = require("weft.serialize")
+local K = require("weft.group.checks")
 
 local tostring, error, pcall, ipairs, require = tostring, error, pcall, ipairs, require
 local concat = table.concat
@@ -28,7 +28,7 @@ M.CALL_MARK = CALL_MARK
 
 local topology_mod
 local function ranks_str(list)
-  topology_mod = topology_mod or require "weft.topology"
+  topology_mod = topology_mod or require("weft.topology")
   return topology_mod.ranks_str(list)
 end
 

@@ -2,12 +2,12 @@
 -- every collective validates its group, tensors, peers, reduction and dims
 -- with these BEFORE anything is sent, raising "weft: <op>: ..." at the
 -- user's call site. Pure Lua (no C binding).
-local ffi = require "ffi"
+local ffi = require("ffi")
 local floor = math.floor
 local type, tostring, require = type, tostring, require
 local concat = table.concat
 local show = require("weft.internal.show").value -- names a refused value's type
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 
 local M = {}
 
@@ -18,7 +18,7 @@ local REDUCIBLE = { f32 = true, f16 = true, bf16 = true, i32 = true, i64 = true,
 
 local tensor_mod
 function M.T()
-  if not tensor_mod then tensor_mod = require "weft.tensor" end
+  if not tensor_mod then tensor_mod = require("weft.tensor") end
   return tensor_mod
 end
 local T = M.T

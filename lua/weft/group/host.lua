@@ -5,15 +5,15 @@
 -- src/host/shm.c; the cpu group over src/host/cpugroup.c), the per-group
 -- memo of the policy's choice, and the re-raising of a lower layer's error
 -- as "weft: <op>: group <name>: <cause>".
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
-local policy = require "weft.policy"
-local K = require "weft.group.checks"
-local calls = require "weft.group.calls"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
+local policy = require("weft.policy")
+local K = require("weft.group.checks")
+local calls = require("weft.group.calls")
 
 local C = wffi.C
 local ffi_cast = ffi.cast
-local hostmem = require "weft.internal.hostmem"
+local hostmem = require("weft.internal.hostmem")
 local copy_bytes = hostmem.copy -- any size (ffi.copy stops at 2^31)
 local type, tostring, error, pcall, tonumber, setmetatable, require =
   type, tostring, error, pcall, tonumber, setmetatable, require
@@ -82,7 +82,7 @@ end
 local function shm_comm(g)
   local c = g._shm
   if c then return c end
-  local shm = require "weft.shm"
+  local shm = require("weft.shm")
   -- chunk per rank: WEFT_SHM_BYTES, else weft.group.SHM_BYTES, else weft.shm's default
   -- (the setting lives on weft.group, loaded wherever a group exists: read
   -- there, not required, since weft.group requires this module)

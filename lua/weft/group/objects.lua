@@ -4,11 +4,11 @@
 -- collectives fail together), broadcast / all-gather / send / recv of Lua
 -- objects (weft.serialize), and the tensor-dict broadcast / send / recv.
 -- The GroupCoordinator methods here are installed on the class by weft.group.
-local ffi = require "ffi"
-local serialize = require "weft.serialize"
-local K = require "weft.group.checks"
-local H = require "weft.group.host"
-local calls = require "weft.group.calls"
+local ffi = require("ffi")
+local serialize = require("weft.serialize")
+local K = require("weft.group.checks")
+local H = require("weft.group.host")
+local calls = require("weft.group.calls")
 
 local ffi_cast = ffi.cast
 local type, tostring, error, pcall, ipairs, pairs, require = type, tostring, error, pcall, ipairs, pairs, require

@@ -18,8 +18,8 @@
 --   binding.group_comm(g, h, free, mt) -- a communicator object over cpu group g (shm, gloo)
 -- Error levels name the caller of the binding's method (the functions here
 -- are called straight from the method).
-local ffi = require "ffi"
-local wffi = require "weft.internal.ffi"
+local ffi = require("ffi")
+local wffi = require("weft.internal.ffi")
 local C = wffi.C
 
 local type, error, tostring, setmetatable = type, error, tostring, setmetatable

@@ -1,7 +1,7 @@
 -- weft.internal.clock — the one monotonic clock of the Lua layer (CLOCK_MONOTONIC).
 -- Declared once under a private symbol name, so no other module's cdef of
 -- clock_gettime (with another struct type) can clash with it. Needs only libc.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 

@@ -1,7 +1,7 @@
 -- weft.internal.ffi — loads libweft.so and declares its C contract (src/weft.h).
 -- The declarations come from the library itself (weft_ffi_cdef), so Lua and C
 -- can never disagree about signatures; the ABI version is checked on load.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 M.ABI_VERSION = 4

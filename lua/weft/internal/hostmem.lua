@@ -5,7 +5,7 @@
 -- copy 8), and ffi.string wraps a 64-bit cdata length. Every host copy or
 -- fill in weft whose length is not a small constant goes through here, in
 -- pieces of CHUNK bytes, so a tensor of any size is copied whole.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local ffi_copy, ffi_fill, ffi_cast, ffi_string = ffi.copy, ffi.fill, ffi.cast, ffi.string
 local tonumber, type, error, fmt = tonumber, type, error, string.format

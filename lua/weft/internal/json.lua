@@ -8,7 +8,7 @@
 -- them (integers exactly, others to 6 significant digits, NaN and infinities
 -- as null).
 --
--- lua-cjson is loaded on the first call that needs it: `require "weft"` and
+-- lua-cjson is loaded on the first call that needs it: `require("weft")` and
 -- the collectives never do, and a tool that needs it says how to install it.
 --
 --   json.encode(v [, {indent = "  ", order = {"machine", "date", ...}}]) -> text

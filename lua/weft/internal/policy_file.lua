@@ -33,7 +33,7 @@ local type, tostring, pairs, ipairs, pcall = type, tostring, pairs, ipairs, pcal
 local floor, huge = math.floor, math.huge
 local fmt, concat = string.format, table.concat
 local show = require("weft.internal.show").value -- names a refused value's type
-local E = require "weft.internal.errors"
+local E = require("weft.internal.errors")
 
 M.VERSION = 1
 

@@ -25,7 +25,7 @@
 -- tests). WEFT_PROGRESS_FD=N sends the progress to descriptor N (weft-tune's
 -- ranks write to the terminal weft-tune was started from, past weft-run's
 -- pipes).
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local fmt, floor, max, min = string.format, math.floor, math.max, math.min
 

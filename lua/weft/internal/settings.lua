@@ -346,7 +346,7 @@ end
 
 -- environ() -> { {name, value}, ... } of every WEFT_* variable set
 function M.environ()
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   if not pcall(function() return ffi.C.environ end) then
     pcall(ffi.cdef, "extern char **environ;")
   end

@@ -7,7 +7,7 @@
 -- cannot unlink: weft-run calls remove_of(pid) for each rank it reaps, and
 -- tests use of(pids) to check that a run of theirs left nothing. No libweft
 -- needed (the launcher must work without the built library). Linux only.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 

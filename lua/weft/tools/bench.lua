@@ -1,7 +1,7 @@
 -- weft.tools.bench — helpers for benchmarks: CUDA-event timing of graph replays and
 -- eager calls, medians, the results file of docs/architecture.md#conventions-in-one-place (JSON + markdown).
-local ffi = require "ffi"
-local json = require "weft.internal.json"
+local ffi = require("ffi")
+local json = require("weft.internal.json")
 
 local M = {}
 

@@ -21,9 +21,9 @@
 -- Each rank reaped has its pending /dev/shm names removed (weft.internal.shm_names):
 -- a rank stopped while creating a segment cannot unlink it itself.
 -- Linux only (signalfd, prctl); constants below are the generic Linux ABI.
-local ffi = require "ffi"
-local bit = require "bit"
-local shm_names = require "weft.internal.shm_names"
+local ffi = require("ffi")
+local bit = require("bit")
+local shm_names = require("weft.internal.shm_names")
 
 local byte, concat, gsub, format = string.byte, table.concat, string.gsub, string.format
 

@@ -16,8 +16,8 @@
 -- is drawn (the leading lines missing at most one of the chart's sizes,
 -- MAX_SERIES of them); the rest is counted in a note. Lines are coloured by backend name,
 -- the same colour in every chart of a file.
-local svg = require "weft.tools.svg"
-local json = require "weft.internal.json"
+local svg = require("weft.tools.svg")
+local json = require("weft.internal.json")
 
 local M = {}
 

@@ -59,10 +59,10 @@
 -- values), weft.tools.repl.input (terminal input, completion, signals, POSIX
 -- through the FFI) and weft.tools.repl.link (the channel between ranks). Their
 -- public fields are re-exported here.
-local ffi = require "ffi"
-local repl_input = require "weft.tools.repl.input"   -- declares C.weft_repl_* (POSIX)
-local repl_chunk = require "weft.tools.repl.chunk"
-local repl_link = require "weft.tools.repl.link"
+local ffi = require("ffi")
+local repl_input = require("weft.tools.repl.input")   -- declares C.weft_repl_* (POSIX)
+local repl_chunk = require("weft.tools.repl.chunk")
+local repl_link = require("weft.tools.repl.link")
 
 local concat, format = table.concat, string.format
 local C = ffi.C

@@ -13,8 +13,8 @@
 -- Sizes shrink with the world: cells from 34 px down to 3 px; rank numbers
 -- are dropped below 15 px cells; below 6 px cells only the first node of each
 -- row is named (in a gutter on the left).
-local topology = require "weft.topology"
-local svg = require "weft.tools.svg"
+local topology = require("weft.topology")
+local svg = require("weft.tools.svg")
 
 local M = {}
 

@@ -2,10 +2,10 @@
 -- running nothing (in graph mode, as replays run), and the tuned file loaded
 -- through the policy's own loader: the before/after of scripts/weft-tune
 -- (docs/tuning.md). Needs the device backends, unlike weft.tune.
-local tune = require "weft.tune"
-local tensor = require "weft.tensor"
-local graph = require "weft.graph"
-local policy = require "weft.policy"
+local tune = require("weft.tune")
+local tensor = require("weft.tensor")
+local graph = require("weft.graph")
+local policy = require("weft.policy")
 
 -- What weft.policy would pick for a call of this size on the real group g,
 -- in graph mode (the mode CUDA-graph replays run in). `which`: "builtin"
@@ -47,7 +47,7 @@ end
 -- weft.backends.device_backends.choice(g, op, t, opts): the backend a call would get,
 -- in the file's terms, running nothing (all_reduce: the "custom_ar" rule's
 -- algorithm or "nccl"; fused: the path and kernel of fused_decision)
-local db = require "weft.backends.device_backends"
+local db = require("weft.backends.device_backends")
 
 Choice.select = function(g, op, t)
   local o = { max_tokens = Choice.max_tokens }

@@ -2,9 +2,9 @@
 -- the measured tables per world and dtype, the policy file, and the built-in
 -- policy against the tuned one (docs/tuning.md). The script measures and
 -- derives; this only writes what it found.
-local tune = require "weft.tune"
-local bench = require "weft.tools.bench"
-local nccl = require "weft.nccl"
+local tune = require("weft.tune")
+local bench = require("weft.tools.bench")
+local nccl = require("weft.nccl")
 
 local fmt = string.format
 

@@ -6,10 +6,10 @@
 -- weft.backends.device_backends puts them into weft.policy's rules and re-exports
 -- custom_ar_checks, fused_checks and fused_decision; the group facts come
 -- from weft.backends.device_backends.setup. Runs no collective.
-local ffi = require "ffi"
-local policy = require "weft.policy"
-local S = require "weft.backends.device_backends.setup"
-local Q = require "weft.quick"
+local ffi = require("ffi")
+local policy = require("weft.policy")
+local S = require("weft.backends.device_backends.setup")
+local Q = require("weft.quick")
 
 local tostring, tonumber, ipairs = tostring, tonumber, ipairs
 local fmt = string.format

@@ -5,8 +5,8 @@
 -- libnccl; the data goes through host memory and the host path; eager only).
 -- weft.backends.device_backends registers them and re-exports M.nccl_backend and
 -- M.stage; the group's device state comes from weft.backends.device_backends.setup.
-local ffi = require "ffi"
-local S = require "weft.backends.device_backends.setup"
+local ffi = require("ffi")
+local S = require("weft.backends.device_backends.setup")
 
 local tostring, error = tostring, error
 local fmt = string.format
@@ -285,7 +285,7 @@ end
 -- whole on every rank (weft.group.checks.check_split_tables) before NCCL
 -- moves a row. Returns the rows this rank receives from each rank.
 local function agree_splits(g, op, inp, out, in_splits, out_splits)
-  local H, K, ser = require "weft.group.host", require "weft.group.checks", mod("weft.serialize")
+  local H, K, ser = require("weft.group.host"), require("weft.group.checks"), mod("weft.serialize")
   local shape = { "rows" }
   for i = 2, #inp.shape do shape[i] = inp.shape[i] end
   local part, call = H.store_part(op, ser.encode({ input = in_splits, rows = out.shape[1], output = out_splits }),
@@ -388,7 +388,7 @@ local function extra_of(...)
 end
 
 function M.agree_call(g, op, t, ...)
-  local H = require "weft.group.host"
+  local H = require("weft.group.host")
   local part, call = H.store_part(op, "", t, extra_of(...))
   H.store_check(g, op, call, g.cpu_group:allgather(part))
 end

@@ -17,8 +17,8 @@
 -- here): if it fails on any rank, every rank uses NCCL. A graph capture
 -- cannot run these collectives: weft.graph.capture enters its groups (and
 -- calls M.prepare) before it begins.
-local ffi = require "ffi"
-local policy = require "weft.policy"
+local ffi = require("ffi")
+local policy = require("weft.policy")
 
 local type, tostring, tonumber, error, pcall, ipairs, pairs = type, tostring, tonumber, error, pcall, ipairs, pairs
 local fmt, floor, max = string.format, math.floor, math.max

@@ -15,8 +15,8 @@
 -- resolved (weft_ar_resolve), so a hit makes no FFI call before the run.
 -- Every argument check still runs per call (weft.group.checks before the
 -- lookup; weft_ar_run's contract checks after).
-local policy = require "weft.policy"
-local S = require "weft.backends.device_backends.setup"
+local policy = require("weft.policy")
+local S = require("weft.backends.device_backends.setup")
 
 local type, tonumber = type, tonumber
 local by_kind = S.custom_ar_by_kind

@@ -5,7 +5,7 @@
 -- from fd 0), Tab completion of names and fields, and Ctrl-C. lua/weft/tools/repl.lua
 -- describes the behaviour; weft.tools.repl re-exports open_input, complete and
 -- HISTORY_LINES.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local C = ffi.C
 

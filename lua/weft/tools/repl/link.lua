@@ -4,7 +4,7 @@
 -- from rank 0 through weft.mq (same node) or point-to-point messages, answers
 -- back point-to-point. weft.tools.repl re-exports open_link, MQ_CHUNK_BYTES and
 -- MQ_CHUNKS.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local lstring = require("weft.internal.hostmem").string -- refuses lengths a Lua string cannot hold (ffi.string wraps a 64-bit one)
 local hostname = require("weft.tools.repl.input").hostname   -- also declares C.weft_repl_*
 
@@ -28,8 +28,8 @@ local serialize   -- required with the link
 local ETIMEOUT
 
 function M.open_link(o)
-  serialize = require "weft.serialize"
-  local wffi = require "weft.internal.ffi"
+  serialize = require("weft.serialize")
+  local wffi = require("weft.internal.ffi")
   ETIMEOUT = wffi.C.WEFT_ETIMEOUT
   local store = require("weft.store").open { host = o.host, port = o.port, server = o.rank == 0,
                                               timeout_ms = o.timeout_ms }
