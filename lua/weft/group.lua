@@ -54,6 +54,20 @@ local check_group, check_tensor, check_place, check_peer = K.check_group, K.chec
 local check_reduce, norm_dim, same_shape, outer_inner = K.check_reduce, K.norm_dim, K.same_shape, K.outer_inner
 local check_overlap = K.check_overlap
 
+-- a group of one: the collective's output is its input
+local function alone(out, t)
+  if out.ptr ~= t.ptr then out:copy_(t) end
+  return out
+end
+
+-- where this rank's block of a gathered (or scattered) tensor starts in the
+-- whole, when the collective runs along the outermost dim (the in-place
+-- layout of NCCL's, Gloo's and shm's all-gather and reduce-scatter); nil
+-- otherwise
+local function own_block(self, t, dim, nbytes)
+  return outer_inner(t.shape, dim) == 1 and self.rank_in_group * nbytes or nil
+end
+
 -- host data path (weft.group.host)
 G._scratch, G._reduce_blocks = H.scratch, H.reduce_blocks
 M.DT_CODE, M.DT_SIZE = H.DT_CODE, H.DT_SIZE
@@ -296,15 +310,11 @@ function G:all_gather(t, dim, out)
     end
     -- the input may be this rank's block of the output (gathering along the
     -- outermost dim), as NCCL's, Gloo's and shm's in-place all-gather
-    local slot = outer_inner(t.shape, dim) == 1 and self.rank_in_group * t.nbytes or nil
-    check_overlap(self, "all_gather", out, "output", t, "input", slot, 3)
+    check_overlap(self, "all_gather", out, "output", t, "input", own_block(self, t, dim, t.nbytes), 3)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
-  if W == 1 then
-    if out.ptr ~= t.ptr then out:copy_(t) end
-    return out
-  end
+  if W == 1 then return alone(out, t) end
   local be = backend_for(self, "all_gather", t)
   if be.all_gather then call_be(self, "all_gather", be.all_gather, t, dim, out); return out end
   return gather_along(self, be, "all_gather", t, dim, out, dim)
@@ -340,15 +350,11 @@ function G:reduce_scatter(t, dim, out, rop)
     end
     -- the output may be this rank's chunk of the input (scattering along the
     -- outermost dim), as NCCL's and shm's in-place reduce-scatter
-    local slot = outer_inner(t.shape, dim) == 1 and self.rank_in_group * out.nbytes or nil
-    check_overlap(self, "reduce_scatter", t, "input", out, "output", slot, 3)
+    check_overlap(self, "reduce_scatter", t, "input", out, "output", own_block(self, t, dim, out.nbytes), 3)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
-  if W == 1 then
-    if out.ptr ~= t.ptr then out:copy_(t) end
-    return out
-  end
+  if W == 1 then return alone(out, t) end
   local be = backend_for(self, "reduce_scatter", t, rop)
   if be.reduce_scatter then call_be(self, "reduce_scatter", be.reduce_scatter, t, dim, out, rop, code); return out end
   -- lay the input out as W contiguous chunks (chunk r goes to rank r)
@@ -449,10 +455,7 @@ function G:all_gatherv(t, sizes, out)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
-  if self.world_size == 1 then
-    if out.ptr ~= t.ptr then out:copy_(t) end
-    return out
-  end
+  if self.world_size == 1 then return alone(out, t) end
   local be = backend_for(self, op, t)
   if be.all_gatherv then call_be(self, op, be.all_gatherv, t, sizes, out); return out end
   -- host: pad every share to the largest, gather, compact
@@ -496,10 +499,7 @@ function G:reduce_scatterv(t, out, sizes, rop)
   else
     out = T().empty(oshape, t.dtype, t.device)
   end
-  if self.world_size == 1 then
-    if out.ptr ~= t.ptr then out:copy_(t) end
-    return out
-  end
+  if self.world_size == 1 then return alone(out, t) end
   local be = backend_for(self, op, t, rop)
   if be.reduce_scatterv then call_be(self, op, be.reduce_scatterv, t, sizes, out, rop, code); return out end
   -- host: reduce everything, keep this rank's rows

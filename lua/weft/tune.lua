@@ -29,7 +29,7 @@
 -- everything larger).
 local M = {}
 
-local floor, huge, fmt, concat = math.floor, math.huge, string.format, table.concat
+local huge, fmt, concat = math.huge, string.format, table.concat
 local E = require("weft.internal.errors")
 local type, pairs, ipairs, tostring, tonumber, next = type, pairs, ipairs, tostring, tonumber, next
 
@@ -407,8 +407,11 @@ function M.parse(text, name)
   return v
 end
 
--- check_shape(doc) -> true | nil, message: the documented shape, sections
--- sorted, every backend known, exactly one open-ended last entry.
+-- check_shape(doc) -> true | nil, message: what the loader takes
+-- (weft.internal.policy_file.validate, the one check of a policy file's
+-- shape), and what weft-tune writes beyond it: a machine and a date, world
+-- sizes (not "*"), known dtypes (not "*"), backends it measures, and every
+-- list open-ended last.
 function M.check_shape(doc)
   if type(doc) ~= "table" then return nil, "not a table" end
   if doc.version ~= 1 then return nil, "version must be 1, got " .. tostring(doc.version) end
@@ -416,35 +419,20 @@ function M.check_shape(doc)
   if type(doc.date) ~= "string" or not doc.date:match("^%d%d%d%d%-%d%d%-%d%d$") then
     return nil, "date must be YYYY-MM-DD"
   end
+  local ok, err = pcall(require("weft.internal.policy_file").validate, doc, "(tuned)")
+  if not ok then return nil, tostring(err) end
   for _, sec in ipairs({ "all_reduce", "fused" }) do
-    local s = doc[sec]
-    if s ~= nil then
-      if type(s) ~= "table" then return nil, sec .. " must be a table" end
-      for world, per in pairs(s) do
-        if type(world) ~= "number" or world < 2 or world ~= floor(world) then
-          return nil, fmt("%s: world key %s must be an integer >= 2", sec, tostring(world))
-        end
-        if type(per) ~= "table" then return nil, fmt("%s[%d] must be a table", sec, world) end
-        for dtype, list in pairs(per) do
-          local where = fmt("%s[%d].%s", sec, world, tostring(dtype))
-          if not M.ESIZE[dtype] then return nil, where .. ": unknown dtype" end
-          if type(list) ~= "table" or #list == 0 then return nil, where .. ": needs a non-empty list" end
-          local last = 0
-          for i, e in ipairs(list) do
-            if type(e) ~= "table" then return nil, fmt("%s[%d] is not a table", where, i) end
-            if not M.KNOWN_BACKENDS[sec][e.backend] then
-              return nil, fmt("%s[%d]: unknown backend %s", where, i, tostring(e.backend))
-            end
-            if i < #list then
-              if type(e.upto) ~= "number" or e.upto <= last then
-                return nil, fmt("%s[%d]: upto must increase (got %s after %s)", where, i, tostring(e.upto), last)
-              end
-              last = e.upto
-            elseif e.upto ~= nil then
-              return nil, fmt("%s[%d]: the last entry must have no upto", where, i)
-            end
+    for world, per in pairs(doc[sec] or {}) do
+      if type(world) ~= "number" then return nil, fmt("%s: world key %s: weft-tune writes sizes", sec, tostring(world)) end
+      for dtype, list in pairs(per) do
+        local where = fmt("%s[%d].%s", sec, world, tostring(dtype))
+        if not M.ESIZE[dtype] then return nil, where .. ": unknown dtype" end
+        for i, e in ipairs(list) do
+          if not M.KNOWN_BACKENDS[sec][e.backend] then
+            return nil, fmt("%s[%d]: weft-tune measures no backend %s", where, i, tostring(e.backend))
           end
         end
+        if list[#list].upto ~= nil then return nil, fmt("%s[%d]: the last entry must have no upto", where, #list) end
       end
     end
   end

@@ -69,25 +69,21 @@ describe("reductions: one definition on every backend #fault", function()
     end)
 
     it("propagates NaN in max/min from any source, every float dtype, any lane", function()
-      for _, dt in ipairs({ "f32", "f64", "f16", "bf16" }) do
-        for _, rop in ipairs({ "max", "min" }) do
-          for _, len in ipairs({ 1, 5, 64, 131 }) do
-            for holder = 1, 3 do
-              local tables = {}
-              for r = 1, 3 do
-                tables[r] = {}
-                for i = 1, len do tables[r][i] = (r == holder and i % 2 == 1) and 0 / 0 or r end
-              end
-              local got = reduce(dt, rop, tables)
-              for i = 1, len do
-                if i % 2 == 1 then
-                  assert.is_true(got[i] ~= got[i], ("%s %s len %d NaN on source %d, element %d: %s")
-                                 :format(dt, rop, len, holder, i, tostring(got[i])))
-                else
-                  assert.are.equal(rop == "max" and 3 or 1, got[i])
-                end
-              end
-            end
+      local sweep = require("helpers.spec_util").grid("dt", { "f32", "f64", "f16", "bf16" }, "rop", { "max", "min" },
+                                                      "len", { 1, 5, 64, 131 }, "holder", { 1, 2, 3 })
+      for _, c in ipairs(sweep) do
+        local tables = {}
+        for r = 1, 3 do
+          tables[r] = {}
+          for i = 1, c.len do tables[r][i] = (r == c.holder and i % 2 == 1) and 0 / 0 or r end
+        end
+        local got = reduce(c.dt, c.rop, tables)
+        for i = 1, c.len do
+          if i % 2 == 1 then
+            assert.is_true(got[i] ~= got[i], ("%s %s len %d NaN on source %d, element %d: %s")
+                           :format(c.dt, c.rop, c.len, c.holder, i, tostring(got[i])))
+          else
+            assert.are.equal(c.rop == "max" and 3 or 1, got[i])
           end
         end
       end

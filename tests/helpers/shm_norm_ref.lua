@@ -86,26 +86,19 @@ end
 -- returns the number of cases run.
 function M.run(dt, report)
   local count, seed = 0, 100
-  for _, H in ipairs { 1, 7, 16, 33, 4096, 5000 } do
-    for _, T in ipairs { 1, 3 } do
-      for _, residual in ipairs { true, false } do
-        for _, keep in ipairs { true, false } do
-          for _, gemma in ipairs { false, true } do
-            for _, inplace in ipairs { false, true } do
-              local o = { dt = dt, tokens = T, hidden = H, residual = residual, keep = keep,
-                          gemma = gemma, inplace = inplace, eps = 1e-6, seed = seed }
-              seed = seed + 3
-              local bad = M.case(o)
-              count = count + 1
-              if bad then
-                report(("%s tokens %d hidden %d residual %s keep %s gemma %s inplace %s")
-                       :format(dt, T, H, tostring(residual), tostring(keep), tostring(gemma),
-                               tostring(inplace)), bad)
-              end
-            end
-          end
-        end
-      end
+  local sweep = require("helpers.spec_util").grid("H", { 1, 7, 16, 33, 4096, 5000 }, "T", { 1, 3 },
+                                                  "residual", { true, false }, "keep", { true, false },
+                                                  "gemma", { false, true }, "inplace", { false, true })
+  for _, c in ipairs(sweep) do
+    local o = { dt = dt, tokens = c.T, hidden = c.H, residual = c.residual, keep = c.keep,
+                gemma = c.gemma, inplace = c.inplace, eps = 1e-6, seed = seed }
+    seed = seed + 3
+    local bad = M.case(o)
+    count = count + 1
+    if bad then
+      report(("%s tokens %d hidden %d residual %s keep %s gemma %s inplace %s")
+             :format(dt, c.T, c.H, tostring(c.residual), tostring(c.keep), tostring(c.gemma),
+                     tostring(c.inplace)), bad)
     end
   end
   for _, scale in ipairs { 1e-3, 100 } do -- f16 stays finite: |x| < 65504 / 2

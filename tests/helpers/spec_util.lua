@@ -189,4 +189,24 @@ function S.select_backend(g, t, op, rop, out)
   return name
 end
 
+-- Every combination of a sweep's axes, in order (the last axis fastest):
+-- grid("tp", {1, 2}, "pp", {1, 3}) -> {{tp=1, pp=1}, {tp=1, pp=3}, {tp=2, pp=1}, ...};
+-- one loop instead of a nest of them.
+function S.grid(...)
+  local axes, out = { ... }, { {} }
+  for a = 1, #axes, 2 do
+    local name, values, nxt = axes[a], axes[a + 1], {}
+    for _, c in ipairs(out) do
+      for _, v in ipairs(values) do
+        local d = {}
+        for k, x in pairs(c) do d[k] = x end
+        d[name] = v
+        nxt[#nxt + 1] = d
+      end
+    end
+    out = nxt
+  end
+  return out
+end
+
 return S

@@ -74,6 +74,32 @@ describe("groups (multi-rank)", function()
       return props
     end
 
+    -- rank r's group of a kind (spec: its rank lists, or the kind it aliases)
+    -- against the properties it printed
+    local function check_group_props(L, r, kind, spec, p, out)
+      assert.is_not_nil(p, ("rank %d lacks its %s group\n%s"):format(r, kind, out))
+      local target = type(spec) == "string" and spec or kind
+      local lists = L.g[target]
+      assert.are.equal(type(spec) == "string" and spec or "-", p.same, ("rank %d %s alias"):format(r, kind))
+      local idx, pos
+      for i, ranks in ipairs(lists) do
+        for j, x in ipairs(ranks) do if x == r then idx, pos = i, j end end
+      end
+      local ranks = lists[idx]
+      local ctx = ("rank %d kind %s"):format(r, kind)
+      assert.are.equal(table.concat(ranks, ","), p.ranks, ctx)
+      assert.are.equal(target .. "." .. (idx - 1), p.name, ctx)
+      assert.are.equal(tostring(pos - 1), p.rig, ctx)
+      assert.are.equal(tostring(#ranks), p.ws, ctx)
+      assert.are.equal(tostring(ranks[1]), p.first, ctx)
+      assert.are.equal(tostring(ranks[#ranks]), p.last, ctx)
+      assert.are.equal(tostring(ranks[1] == r), p.isfirst, ctx)
+      assert.are.equal(tostring(ranks[#ranks] == r), p.islast, ctx)
+      assert.are.equal(tostring(ranks[pos % #ranks + 1]), p.next, ctx)
+      assert.are.equal(tostring(ranks[(pos - 2) % #ranks + 1]), p.prev, ctx)
+      assert.are.equal(tostring(r), p["local"], ctx)
+    end
+
     for _, L in ipairs(layouts) do
       it(("%d ranks, %s: every group's properties and aliases"):format(L.n, L.mp ~= "" and L.mp or "defaults"), function()
         local out, rc = run(L.n, "group_layout.lua", { WEFT_TEST_MP = L.mp })
@@ -88,27 +114,7 @@ describe("groups (multi-rank)", function()
             if spec == nil then
               assert.is_nil(p, ("rank %d has an unexpected %s group"):format(r, kind))
             else
-              assert.is_not_nil(p, ("rank %d lacks its %s group\n%s"):format(r, kind, out))
-              local target = type(spec) == "string" and spec or kind
-              local lists = L.g[target]
-              assert.are.equal(type(spec) == "string" and spec or "-", p.same, ("rank %d %s alias"):format(r, kind))
-              local idx, pos
-              for i, ranks in ipairs(lists) do
-                for j, x in ipairs(ranks) do if x == r then idx, pos = i, j end end
-              end
-              local ranks = lists[idx]
-              local ctx = ("rank %d kind %s"):format(r, kind)
-              assert.are.equal(table.concat(ranks, ","), p.ranks, ctx)
-              assert.are.equal(target .. "." .. (idx - 1), p.name, ctx)
-              assert.are.equal(tostring(pos - 1), p.rig, ctx)
-              assert.are.equal(tostring(#ranks), p.ws, ctx)
-              assert.are.equal(tostring(ranks[1]), p.first, ctx)
-              assert.are.equal(tostring(ranks[#ranks]), p.last, ctx)
-              assert.are.equal(tostring(ranks[1] == r), p.isfirst, ctx)
-              assert.are.equal(tostring(ranks[#ranks] == r), p.islast, ctx)
-              assert.are.equal(tostring(ranks[pos % #ranks + 1]), p.next, ctx)
-              assert.are.equal(tostring(ranks[(pos - 2) % #ranks + 1]), p.prev, ctx)
-              assert.are.equal(tostring(r), p["local"], ctx)
+              check_group_props(L, r, kind, spec, p, out)
             end
           end
         end

@@ -3,6 +3,7 @@
 -- Each expected layout below is worked out by hand from the seed's loops.
 describe("weft.topology", function()
   local topology = require("weft.topology")
+  local spec = require("helpers.spec_util")
 
   local function singletons(n)
     local g = {}
@@ -215,43 +216,34 @@ describe("weft.topology", function()
 
   it("every kind partitions the world into equal groups (sweep)", function()
     local checked = 0
-    for _, tp in ipairs({ 1, 2, 4, 6, 8 }) do
-      for _, pp in ipairs({ 1, 2, 3 }) do
-        for _, ep in ipairs({ 1, 2, 4 }) do
-          for _, adp in ipairs({ 1, 2 }) do
-            for _, acp in ipairs({ 1, 2, 4 }) do
-              for _, mdp in ipairs({ 1, 2 }) do
-                for _, dcp in ipairs({ 1, 2 }) do
-                  local ok, p = pcall(topology.plan, { world_size = tp * pp, tp = tp, pp = pp, ep = ep,
-                                                       attn_dp = adp, attn_cp = acp, moe_dp = mdp, dcp = dcp })
-                  local divisible = tp % (acp * adp) == 0 and tp % (ep * mdp) == 0 and tp % dcp == 0
-                  assert.are.equal(divisible, ok, tostring(p))
-                  if ok then
-                    checked = checked + 1
-                    for kind, list in pairs(p.groups) do
-                      local seen, size = {}, #list[1]
-                      for _, r in ipairs(list) do
-                        assert.are.equal(size, #r, kind)
-                        for _, x in ipairs(r) do
-                          assert.is_nil(seen[x], kind .. " repeats rank " .. x)
-                          seen[x] = true
-                        end
-                      end
-                      for x = 0, p.world_size - 1 do assert.is_true(seen[x], kind .. " misses " .. x) end
-                      assert.are.equal(size, p.group_sizes[kind])
-                    end
-                    for kind, target in pairs(p.aliases) do
-                      assert.is_nil(p.aliases[target], kind .. " aliases an alias")
-                      assert.are.same(p.groups[target], p.groups[kind])
-                    end
-                    assert.are.equal(tp, p.group_sizes.tp)
-                    assert.are.equal(pp, p.group_sizes.pp)
-                  end
-                end
-              end
+    local sweep = spec.grid("tp", { 1, 2, 4, 6, 8 }, "pp", { 1, 2, 3 }, "ep", { 1, 2, 4 }, "adp", { 1, 2 },
+                            "acp", { 1, 2, 4 }, "mdp", { 1, 2 }, "dcp", { 1, 2 })
+    for _, c in ipairs(sweep) do
+      local tp, pp = c.tp, c.pp
+      local ok, p = pcall(topology.plan, { world_size = tp * pp, tp = tp, pp = pp, ep = c.ep,
+                                           attn_dp = c.adp, attn_cp = c.acp, moe_dp = c.mdp, dcp = c.dcp })
+      local divisible = tp % (c.acp * c.adp) == 0 and tp % (c.ep * c.mdp) == 0 and tp % c.dcp == 0
+      assert.are.equal(divisible, ok, tostring(p))
+      if ok then
+        checked = checked + 1
+        for kind, list in pairs(p.groups) do
+          local seen, size = {}, #list[1]
+          for _, r in ipairs(list) do
+            assert.are.equal(size, #r, kind)
+            for _, x in ipairs(r) do
+              assert.is_nil(seen[x], kind .. " repeats rank " .. x)
+              seen[x] = true
             end
           end
+          for x = 0, p.world_size - 1 do assert.is_true(seen[x], kind .. " misses " .. x) end
+          assert.are.equal(size, p.group_sizes[kind])
         end
+        for kind, target in pairs(p.aliases) do
+          assert.is_nil(p.aliases[target], kind .. " aliases an alias")
+          assert.are.same(p.groups[target], p.groups[kind])
+        end
+        assert.are.equal(tp, p.group_sizes.tp)
+        assert.are.equal(pp, p.group_sizes.pp)
       end
     end
     assert.is_true(checked > 100)
@@ -307,27 +299,19 @@ describe("weft.topology", function()
 
   it("every kind's layout is the seed's, loop for loop (sweep)", function()
     local checked = 0
-    for _, tp in ipairs({ 1, 2, 4, 6, 8, 12, 16 }) do
-      for _, pp in ipairs({ 1, 2, 3 }) do
-        for _, ep in ipairs({ 1, 2, 3, 4, 8 }) do
-          for _, adp in ipairs({ 1, 2, 3, 4 }) do
-            for _, acp in ipairs({ 1, 2, 4, 8 }) do
-              for _, mdp in ipairs({ 1, 2, 4 }) do
-                if tp % (acp * adp) == 0 and tp % (ep * mdp) == 0 then
-                  local p = topology.plan { world_size = tp * pp, tp = tp, pp = pp, ep = ep,
-                                            attn_dp = adp, attn_cp = acp, moe_dp = mdp }
-                  local want = seed_groups(tp, pp, ep, adp, acp, mdp)
-                  for kind, list in pairs(want) do
-                    local got = p.groups[kind] or p.groups[p.aliases[kind]]
-                    assert.are.same(list, got, ("%s at tp=%d pp=%d ep=%d attn_dp=%d attn_cp=%d moe_dp=%d")
-                                    :format(kind, tp, pp, ep, adp, acp, mdp))
-                  end
-                  checked = checked + 1
-                end
-              end
-            end
-          end
+    local sweep = spec.grid("tp", { 1, 2, 4, 6, 8, 12, 16 }, "pp", { 1, 2, 3 }, "ep", { 1, 2, 3, 4, 8 },
+                            "adp", { 1, 2, 3, 4 }, "acp", { 1, 2, 4, 8 }, "mdp", { 1, 2, 4 })
+    for _, c in ipairs(sweep) do
+      local tp, pp, ep, adp, acp, mdp = c.tp, c.pp, c.ep, c.adp, c.acp, c.mdp
+      if tp % (acp * adp) == 0 and tp % (ep * mdp) == 0 then
+        local p = topology.plan { world_size = tp * pp, tp = tp, pp = pp, ep = ep,
+                                  attn_dp = adp, attn_cp = acp, moe_dp = mdp }
+        for kind, list in pairs(seed_groups(tp, pp, ep, adp, acp, mdp)) do
+          local got = p.groups[kind] or p.groups[p.aliases[kind]]
+          assert.are.same(list, got, ("%s at tp=%d pp=%d ep=%d attn_dp=%d attn_cp=%d moe_dp=%d")
+                          :format(kind, tp, pp, ep, adp, acp, mdp))
         end
+        checked = checked + 1
       end
     end
     assert.is_true(checked > 300, "checked " .. checked)

@@ -37,10 +37,18 @@ local function announce(g, d)
   end
 end
 
--- every rank's part of a finished all-gather, checked: parts, offsets
-local function gathered_parts(h, g, op, call)
-  local parts = Q.result_parts(h, "async all_gather_object")
-  return parts, GM().check_calls(g, op, call, parts)
+-- The object all-gather under both object collectives: this rank's framed
+-- call and part out, then finish(parts, offsets) with every rank's part,
+-- checked against the call.
+local function submit_gather(g, op, call, part, finish)
+  local s = GM().frame(call, part)
+  local d = desc(g, op)
+  d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
+  announce(g, d)
+  return submit(g, op, s, function(h)
+    local parts = Q.result_parts(h, "async all_gather_object")
+    return finish(parts, GM().check_calls(g, op, call, parts))
+  end)
 end
 
 -- broadcast_object(g, obj [, src=0]) -> handle; result: the root's object
@@ -53,12 +61,7 @@ function M.broadcast_object(g, obj, src)
   local me = g.rank_in_group
   local part = ""
   if me == src then call, part = GM().encode_part(call, obj) end
-  local s = GM().frame(call, part)
-  local d = desc(g, op)
-  d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
-  announce(g, d)
-  return submit(g, op, s, function(h)
-    local parts, offs = gathered_parts(h, g, op, call)
+  return submit_gather(g, op, call, part, function(parts, offs)
     if me == src then return obj end
     return serialize.decode(parts[src + 1]:sub(offs[src + 1] + 1))
   end)
@@ -70,12 +73,7 @@ function M.all_gather_object(g, obj)
   check_group(g, op)
   if g.world_size == 1 then return finished(op, gname(g), { obj }) end
   local call, part = GM().encode_part(op, obj)
-  local s = GM().frame(call, part)
-  local d = desc(g, op)
-  d.kind, d.comm, d["in"], d.count = K.CPU_ALLGATHER, g.cpu_group.handle, s, #s
-  announce(g, d)
-  return submit(g, op, s, function(h)
-    local parts, offs = gathered_parts(h, g, op, call)
+  return submit_gather(g, op, call, part, function(parts, offs)
     local res = {}
     for i = 1, #parts do res[i] = serialize.decode(parts[i]:sub(offs[i] + 1)) end
     return res

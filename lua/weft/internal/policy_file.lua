@@ -109,6 +109,44 @@ function M.validate_quick_min(q, name)
   end
 end
 
+-- one entry {upto=, backend=} of a section's list (entry i of n, above prev
+-- bytes): its upto, or prev where it has none
+local function check_entry(name, section, epath, e, i, n, prev)
+  local allowed = M.BACKENDS[section]
+  if type(e) ~= "table" then fail(name, epath, "must be a table {upto=, backend=}") end
+  for k in pairs(e) do
+    if k ~= "upto" and k ~= "backend" and k ~= "us" and k ~= "note" then
+      fail(name, epath, "unknown field %s (upto, backend, us, note)", tostring(k))
+    end
+  end
+  if type(e.backend) ~= "string" or not allowed[e.backend] then
+    fail(name, epath .. ".backend", "unknown backend %s for %s (%s)",
+         type(e.backend) == "string" and fmt("%q", e.backend) or tostring(e.backend), section, names(allowed))
+  end
+  if e.upto == nil then
+    if i ~= n then fail(name, epath, "only the last entry may omit upto") end
+    return prev
+  end
+  if type(e.upto) ~= "number" or e.upto ~= floor(e.upto) or e.upto <= prev or e.upto == huge then
+    fail(name, epath .. ".upto", "must be an integer byte count above the previous entry's (%d), got %s",
+         prev, tostring(e.upto))
+  end
+  return e.upto
+end
+
+-- a section's list of entries for one world size and dtype, at dpath
+local function check_list(name, section, dpath, dtype, list)
+  if not M.DTYPES[dtype] then fail(name, dpath, "unknown dtype (%s)", names(M.DTYPES)) end
+  if type(list) ~= "table" or #list == 0 then fail(name, dpath, "must be a non-empty list of entries") end
+  for k in pairs(list) do
+    if type(k) ~= "number" or k < 1 or k > #list or k ~= floor(k) then
+      fail(name, dpath, "must be a list (found key %s)", tostring(k))
+    end
+  end
+  local prev = 0
+  for i, e in ipairs(list) do prev = check_entry(name, section, dpath .. "[" .. i .. "]", e, i, #list, prev) end
+end
+
 -- validate(t, name) -> t (raises naming the file and the entry)
 function M.validate(t, name)
   name = name or "(table)"
@@ -125,43 +163,10 @@ function M.validate(t, name)
   for section in pairs(M.SECTIONS) do
     local s = t[section]
     if s ~= nil then
-      local allowed = M.BACKENDS[section]
       if type(s) ~= "table" then fail(name, section, "must be a table keyed by world size") end
       for world, by_dtype in pairs(s) do
         local wpath = world_path(name, section, world, by_dtype)
-        for dtype, list in pairs(by_dtype) do
-          local dpath = wpath .. key_str(dtype)
-          if not M.DTYPES[dtype] then fail(name, dpath, "unknown dtype (%s)", names(M.DTYPES)) end
-          if type(list) ~= "table" or #list == 0 then fail(name, dpath, "must be a non-empty list of entries") end
-          for k in pairs(list) do
-            if type(k) ~= "number" or k < 1 or k > #list or k ~= floor(k) then
-              fail(name, dpath, "must be a list (found key %s)", tostring(k))
-            end
-          end
-          local prev = 0
-          for i, e in ipairs(list) do
-            local epath = dpath .. "[" .. i .. "]"
-            if type(e) ~= "table" then fail(name, epath, "must be a table {upto=, backend=}") end
-            for k in pairs(e) do
-              if k ~= "upto" and k ~= "backend" and k ~= "us" and k ~= "note" then
-                fail(name, epath, "unknown field %s (upto, backend, us, note)", tostring(k))
-              end
-            end
-            if type(e.backend) ~= "string" or not allowed[e.backend] then
-              fail(name, epath .. ".backend", "unknown backend %s for %s (%s)",
-                   type(e.backend) == "string" and fmt("%q", e.backend) or tostring(e.backend),
-                   section, names(allowed))
-            end
-            if e.upto == nil then
-              if i ~= #list then fail(name, epath, "only the last entry may omit upto") end
-            elseif type(e.upto) ~= "number" or e.upto ~= floor(e.upto) or e.upto <= prev or e.upto == huge then
-              fail(name, epath .. ".upto", "must be an integer byte count above the previous entry's (%d), got %s",
-                   prev, tostring(e.upto))
-            else
-              prev = e.upto
-            end
-          end
-        end
+        for dtype, list in pairs(by_dtype) do check_list(name, section, wpath .. key_str(dtype), dtype, list) end
       end
     end
   end

@@ -378,6 +378,15 @@ function Session:quit()
   return code
 end
 
+-- a chunk of input: when complete, into the history and run (or its syntax
+-- error said); an incomplete one is returned, kept for the next line
+function Session:submit(buf)
+  local kind, code = M.prepare(buf)
+  if kind == "incomplete" then return buf end
+  self.input:add_history(buf)
+  if kind == "error" then self:say(code) else self:run(code, "=stdin") end
+end
+
 function Session:loop()
   local buf
   while true do
@@ -386,27 +395,12 @@ function Session:loop()
       if why ~= "interrupt" then return self:quit() end
       buf = nil
     elseif not buf and line:match("^%s*:") then
-      if self:meta(line) == "quit" then
-        self.input:add_history(line)
-        return self:quit()
-      end
+      local quit = self:meta(line) == "quit"
       self.input:add_history(line)
+      if quit then return self:quit() end
     else
       buf = buf and (buf .. "\n" .. line) or line
-      if not buf:find("%S") then
-        buf = nil
-      else
-        local kind, code = M.prepare(buf)
-        if kind ~= "incomplete" then
-          self.input:add_history(buf)
-          buf = nil
-          if kind == "error" then
-            self:say(code)
-          else
-            self:run(code, "=stdin")
-          end
-        end
-      end
+      if buf:find("%S") then buf = self:submit(buf) else buf = nil end
     end
   end
 end
