@@ -88,26 +88,12 @@ local victim = tonumber(os.getenv("WEFT_QUICK_KILL") or "")
 if victim then
   local x = T.ones({ 1048576 }, "bf16", DEV)
   ar:run(x.ptr, x.ptr, x.numel, "bf16", "quick_int8"); cuda.synchronize()
-  world:barrier()
-  if me == victim then print("LEAVING"); io.stdout:flush(); os.exit(0, false) end
-  local t0 = weft.now_us()
-  local ok, err = pcall(function()
-    for _ = 1, 100000 do
-      ar:run(x.ptr, x.ptr, x.numel, "bf16", "quick_int8")
-      cuda.synchronize()
-      local e = ar:check_error()
-      if e then error(e, 0) end
-    end
+  G.leave_and_check(world, me, victim, function()
+    ar:run(x.ptr, x.ptr, x.numel, "bf16", "quick_int8")
+    cuda.synchronize()
+    local e = ar:check_error()
+    if e then error(e, 0) end
   end)
-  local s = (weft.now_us() - t0) / 1e6
-  if ok then print("FAIL killed: no error after the peer left")
-  elseif not tostring(err):find("rank " .. victim, 1, true) then
-    print(("FAIL killed: the error does not name rank %d (%.1f s): %s"):format(victim, s, tostring(err):gsub("\n", " | ")))
-  else
-    print(("PASS killed (%.1f s): %s"):format(s, tostring(err):gsub("\n", " | ")))
-  end
-  io.stdout:flush()
-  os.exit(0, false)
 end
 
 ---------------------------------------------------------------- bounds

@@ -398,4 +398,28 @@ function G.close(want, got, ref, dt, what)
   g:free()
 end
 
+-- A leaving rank (the workers' "killed" case): past a barrier of every rank,
+-- the victim exits without a word while the others run step() until it
+-- raises. Prints PASS when the error names the victim (FAIL when there is
+-- none, or it names another) and exits: the group is broken, no collective
+-- teardown.
+function G.leave_and_check(world, me, victim, step)
+  world:barrier()
+  if me == victim then print("LEAVING"); io.stdout:flush(); os.exit(0, false) end
+  local now_us = require("weft").now_us
+  local t0 = now_us()
+  local ok, err = pcall(function()
+    for _ = 1, 100000 do step() end
+  end)
+  local s = (now_us() - t0) / 1e6
+  if ok then print("FAIL killed: no error after the peer left")
+  elseif not tostring(err):find("rank " .. victim, 1, true) then
+    print(("FAIL killed: the error does not name rank %d (%.1f s): %s"):format(victim, s, tostring(err):gsub("\n", " | ")))
+  else
+    print(("PASS killed (%.1f s): %s"):format(s, tostring(err):gsub("\n", " | ")))
+  end
+  io.stdout:flush()
+  os.exit(0, false)
+end
+
 return G

@@ -70,18 +70,26 @@ local function via_host(g, op, t, out, host_op)
   out:copy_(ho)
   h:free(); ho:free()
 end
-function stage.all_gather(g, op, t, dim, out)
-  via_host(g, op, t, out, function(h) return g:all_gather(h, dim) end)
+-- the gathers and scatters, (g, op, t, dim or sizes, out [, rop]): out from
+-- host_call(g, h, dim or sizes [, rop]) on a host copy of t
+local function staged(host_call)
+  return function(g, op, t, a, out, b) via_host(g, op, t, out, function(h) return host_call(g, h, a, b) end) end
 end
-function stage.reduce_scatter(g, op, t, dim, out, rop)
-  via_host(g, op, t, out, function(h) return g:reduce_scatter(h, dim, nil, rop) end)
+stage.all_gather = staged(function(g, h, dim) return g:all_gather(h, dim) end)
+stage.reduce_scatter = staged(function(g, h, dim, rop) return g:reduce_scatter(h, dim, nil, rop) end)
+stage.all_gatherv = staged(function(g, h, sizes) return g:all_gatherv(h, sizes) end)
+stage.reduce_scatterv = staged(function(g, h, sizes, rop) return g:reduce_scatterv(h, nil, sizes, rop) end)
+-- t staged on the host (a copy of it, or an empty tensor where it is only
+-- written: recv), host_op(h) run, and h copied back into t where asked
+local function on_host(g, op, t, host_op, copy_in, copy_back)
+  stage_check(g, op, t)
+  local h = copy_in and host_clone(t) or T().empty(t.shape, t.dtype, "cpu")
+  host_op(h)
+  if copy_back then t:copy_(h) end
+  h:free()
 end
 function stage.broadcast_tensor(g, op, t, src)
-  stage_check(g, op, t)
-  local h = host_clone(t)
-  g:broadcast(h, src)
-  t:copy_(h)
-  h:free()
+  on_host(g, op, t, function(h) g:broadcast(h, src) end, true, true)
 end
 function stage.gather(g, op, t, dst, dim)
   stage_check(g, op, t)
@@ -94,17 +102,10 @@ function stage.gather(g, op, t, dst, dim)
   return o
 end
 function stage.send(g, op, t, dst)
-  stage_check(g, op, t)
-  local h = host_clone(t)
-  g:send(h, dst)
-  h:free()
+  on_host(g, op, t, function(h) g:send(h, dst) end, true, false)
 end
 function stage.recv(g, op, t, src)
-  stage_check(g, op, t)
-  local h = T().empty(t.shape, t.dtype, "cpu")
-  g:recv(h, src)
-  t:copy_(h)
-  h:free()
+  on_host(g, op, t, function(h) g:recv(h, src) end, false, true)
 end
 function stage.all_to_all_single(g, op, out, inp, in_splits, out_splits)
   stage_check(g, op, inp, out)
@@ -114,12 +115,6 @@ function stage.all_to_all_single(g, op, out, inp, in_splits, out_splits)
   g:all_to_all_single(ho, hi, splits)
   out:copy_(ho)
   hi:free(); ho:free()
-end
-function stage.all_gatherv(g, op, t, sizes, out)
-  via_host(g, op, t, out, function(h) return g:all_gatherv(h, sizes) end)
-end
-function stage.reduce_scatterv(g, op, t, sizes, out, rop)
-  via_host(g, op, t, out, function(h) return g:reduce_scatterv(h, nil, sizes, rop) end)
 end
 M.stage = stage
 
