@@ -154,6 +154,40 @@ local function check_outputs(c)
     { c.norm_out, "norm_out", c.residual_out, "residual_out", c.gathered_out, "gathered_out" }, 0)
 end
 
+-- the options every pattern takes, then the norm's two outputs of `rows` rows
+-- (given, checked; or nil, made at the call)
+local function norm_outs(c, opts, rows)
+  common_opts(c, opts)
+  c.norm_out = want_out(c, opts.norm_out, { rows, c.hidden }, "norm_out")
+  c.residual_out = want_out(c, opts.residual_out, { rows, c.hidden }, "residual_out")
+end
+
+-- the MoE patterns' argument table and its expert outputs (of `dims` dims)
+local function moe_input(c, a, dims, layout)
+  if type(a) ~= "table" then refuse(c.op, c.g, "expects a table of named arguments, got %s", type(a)) end
+  local x = want(c, a.expert_outputs, "expert_outputs")
+  set_dtype(c, x, "expert_outputs")
+  if #x.shape ~= dims then refuse(c.op, c.g, "expert_outputs must be %s, got %s", layout, shape_str(x.shape)) end
+  c.x = x
+  return x
+end
+
+-- the rest of a MoE pattern's arguments: the shared expert's output
+-- [tokens, hidden] (optional, named `shared`), the norm's, the options and
+-- the outputs
+local function moe_rest(c, a, shared)
+  c.shared = want(c, a[shared], shared, true)
+  if c.shared then
+    want_dtype(c, c.shared, shared)
+    want_shape(c, c.shared, { c.tokens, c.hidden }, shared)
+  end
+  norm_args(c, a.residual, a.weight, c.tokens)
+  c.eps = num(c, a.eps, "eps", 1e-6)
+  norm_outs(c, a, c.tokens)
+  check_outputs(c)
+  return c
+end
+
 local function check_topk(c)
   if c.top_k < 1 or c.top_k > 16 then refuse(c.op, c.g, "top_k %d out of range [1, 16]", c.top_k) end
 end
@@ -162,35 +196,19 @@ end
 --     shared_output=[tokens][hidden]?, residual=, weight=, eps=, ...}
 function M.check_moe(g, a)
   local c = base(g, "fused_moe_allreduce_rmsnorm", "moe")
-  if type(a) ~= "table" then refuse(c.op, g, "expects a table of named arguments, got %s", type(a)) end
-  local x = want(c, a.expert_outputs, "expert_outputs")
-  set_dtype(c, x, "expert_outputs")
-  if #x.shape ~= 3 then refuse(c.op, g, "expert_outputs must be [top_k, tokens, hidden], got %s", shape_str(x.shape)) end
+  local x = moe_input(c, a, 3, "[top_k, tokens, hidden]")
   c.top_k, c.tokens, c.hidden = x.shape[1], x.shape[2], x.shape[3]
   check_topk(c)
-  c.x = x
   check_scales(c, a.expert_scales, { c.top_k, c.tokens }, "expert_scales")
-  c.shared = want(c, a.shared_output, "shared_output", true)
-  if c.shared then want_dtype(c, c.shared, "shared_output"); want_shape(c, c.shared, { c.tokens, c.hidden }, "shared_output") end
-  norm_args(c, a.residual, a.weight, c.tokens)
-  c.eps = num(c, a.eps, "eps", 1e-6)
-  common_opts(c, a)
-  c.norm_out = want_out(c, a.norm_out, { c.tokens, c.hidden }, "norm_out")
-  c.residual_out = want_out(c, a.residual_out, { c.tokens, c.hidden }, "residual_out")
-  check_outputs(c)
-  return c
+  return moe_rest(c, a, "shared_output")
 end
 
 -- a: {expert_outputs=[rows][hidden] (permuted), expanded_idx_to_permuted_idx=i32 [tokens][top_k],
 --     expert_scale_factor=[tokens][top_k], shared_expert_output=[tokens][hidden]?, residual=, weight=, eps=}
 function M.check_finalize(g, a)
   local c = base(g, "fused_moe_finalize_allreduce_rmsnorm", "finalize")
-  if type(a) ~= "table" then refuse(c.op, g, "expects a table of named arguments, got %s", type(a)) end
-  local x = want(c, a.expert_outputs, "expert_outputs")
-  set_dtype(c, x, "expert_outputs")
-  if #x.shape ~= 2 then refuse(c.op, g, "expert_outputs must be [permuted rows, hidden], got %s", shape_str(x.shape)) end
+  local x = moe_input(c, a, 2, "[permuted rows, hidden]")
   c.expert_rows, c.hidden = x.shape[1], x.shape[2]
-  c.x = x
   local p = want(c, a.expanded_idx_to_permuted_idx, "expanded_idx_to_permuted_idx")
   if p.dtype ~= "i32" then refuse(c.op, g, "expanded_idx_to_permuted_idx must be i32, got %s", p.dtype) end
   if #p.shape ~= 2 then
@@ -200,50 +218,38 @@ function M.check_finalize(g, a)
   check_topk(c)
   c.perm = p
   check_scales(c, a.expert_scale_factor, { c.tokens, c.top_k }, "expert_scale_factor")
-  c.shared = want(c, a.shared_expert_output, "shared_expert_output", true)
-  if c.shared then
-    want_dtype(c, c.shared, "shared_expert_output")
-    want_shape(c, c.shared, { c.tokens, c.hidden }, "shared_expert_output")
-  end
-  norm_args(c, a.residual, a.weight, c.tokens)
-  c.eps = num(c, a.eps, "eps", 1e-6)
-  common_opts(c, a)
-  c.norm_out = want_out(c, a.norm_out, { c.tokens, c.hidden }, "norm_out")
-  c.residual_out = want_out(c, a.residual_out, { c.tokens, c.hidden }, "residual_out")
-  check_outputs(c)
-  return c
+  return moe_rest(c, a, "shared_expert_output")
 end
 
-local function xin(c, x)
+-- the input [tokens, hidden] of the patterns called with positional
+-- arguments, and their options table (opts or {})
+local function xin(c, x, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then refuse(c.op, c.g, "options must be a table, got %s", type(opts)) end
   want(c, x, "input")
   set_dtype(c, x, "input")
   if #x.shape ~= 2 then refuse(c.op, c.g, "input must be [tokens, hidden], got %s", shape_str(x.shape)) end
   c.tokens, c.hidden, c.x = x.shape[1], x.shape[2], x
+  return opts
 end
 
 function M.check_prepost(g, x, residual, weight_pre, weight, eps, opts)
   local c = base(g, "fused_allreduce_prepost_rmsnorm", "prepost")
-  opts = opts or {}
-  if type(opts) ~= "table" then refuse(c.op, g, "options must be a table, got %s", type(opts)) end
-  xin(c, x)
+  opts = xin(c, x, opts)
   norm_args(c, residual, weight, c.tokens)
   want(c, weight_pre, "weight_pre"); want_dtype(c, weight_pre, "weight_pre")
   want_shape(c, weight_pre, { c.hidden }, "weight_pre")
   c.weight_pre = weight_pre
   c.eps = num(c, eps, "eps", 1e-6)
   c.eps_pre = num(c, opts.eps_pre, "eps_pre", c.eps)
-  common_opts(c, opts)
-  c.norm_out = want_out(c, opts.norm_out, { c.tokens, c.hidden }, "norm_out")
-  c.residual_out = want_out(c, opts.residual_out, { c.tokens, c.hidden }, "residual_out")
+  norm_outs(c, opts, c.tokens)
   check_outputs(c)
   return c
 end
 
 function M.check_rs(g, x, residual, weight, eps, opts)
   local c = base(g, "fused_reduce_scatter_rmsnorm", "rs")
-  opts = opts or {}
-  if type(opts) ~= "table" then refuse(c.op, g, "options must be a table, got %s", type(opts)) end
-  xin(c, x)
+  opts = xin(c, x, opts)
   if c.tokens % c.world ~= 0 then
     refuse(c.op, g, "%d tokens do not divide among the %d ranks (reduce-scatter by tokens: pad the batch "
            .. "to a multiple of %d)", c.tokens, c.world, c.world)
@@ -251,9 +257,7 @@ function M.check_rs(g, x, residual, weight, eps, opts)
   c.rows = c.tokens / c.world
   norm_args(c, residual, weight, c.rows)
   c.eps = num(c, eps, "eps", 1e-6)
-  common_opts(c, opts)
-  c.norm_out = want_out(c, opts.norm_out, { c.rows, c.hidden }, "norm_out")
-  c.residual_out = want_out(c, opts.residual_out, { c.rows, c.hidden }, "residual_out")
+  norm_outs(c, opts, c.rows)
   c.gathered_out = want_out(c, opts.gathered_out, { c.tokens, c.hidden }, "gathered_out")
   c.all_gather = opts.all_gather and true or c.gathered_out ~= nil
   check_outputs(c)
