@@ -16,27 +16,41 @@ int64_t wf_fws_os_tokens(const weft_fusion_opts *o) {
                                                                               : o->oneshot_max_tokens;
 }
 
+int wf_fws_check_size(const weft_fusion_opts *o, int world, int64_t max_hidden, const char *op) {
+  WF_CHECK_ARG(o, "%s: NULL options", op);
+  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD, "%s: world size %d not supported (2..%d)", op, world,
+               WF_MAX_WORLD);
+  WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= max_hidden && o->hidden % 8 == 0,
+               "%s: hidden %lld must be a multiple of 8 in [8, %lld]", op, (long long)o->hidden,
+               (long long)max_hidden);
+  WF_CHECK_ARG(o->max_tokens >= 1 && o->max_tokens <= ((int64_t)1 << 24),
+               "%s: max_tokens %lld out of range [1, 2^24]", op, (long long)o->max_tokens);
+  return 0;
+}
+
+/* "<family> <verb>" into op; the out-parameter and the options checked */
+static int entry(const wf_fws_family *fam, const weft_fusion_opts *opts, int world, const void *out,
+                 const char *verb, char *op, size_t n) {
+  snprintf(op, n, "%s %s", fam->what, verb);
+  WF_CHECK_ARG(out, "%s: NULL out-parameter", op);
+  return fam->check_opts(opts, world, op);
+}
+
 int wf_fws_workspace_bytes(const wf_fws_family *fam, const weft_fusion_opts *opts, int world, size_t *bytes) {
   char op[64];
-  snprintf(op, sizeof op, "%s workspace_bytes", fam->what);
-  WF_CHECK_ARG(bytes, "%s: NULL out-parameter", op);
-  int rc = fam->check_opts(opts, world, op);
-  if (rc) return rc;
-  *bytes = (size_t)fam->workspace_bytes(opts, world);
-  return 0;
+  int rc = entry(fam, opts, world, bytes, "workspace_bytes", op, sizeof op);
+  if (!rc) *bytes = (size_t)fam->workspace_bytes(opts, world);
+  return rc;
 }
 
 int wf_fws_preflight(const wf_fws_family *fam, const weft_fusion_opts *opts, int world, int *ok) {
   char op[64];
-  snprintf(op, sizeof op, "%s preflight", fam->what);
-  WF_CHECK_ARG(ok, "%s: NULL out-parameter", op);
-  *ok = 0;
-  int rc = fam->check_opts(opts, world, op);
-  if (rc) return rc;
+  if (ok) *ok = 0;
+  int rc = entry(fam, opts, world, ok, "preflight", op, sizeof op);
 #if WEFT_HAVE_CUDA
-  wf_dev_fits_free_memory(fam->workspace_bytes(opts, world), ok);
+  if (!rc) wf_dev_fits_free_memory(fam->workspace_bytes(opts, world), ok);
 #endif
-  return 0;
+  return rc;
 }
 
 int wf_fws_fits(const wf_fws *w, int64_t tokens, int64_t hidden, int dtype, int algo) {

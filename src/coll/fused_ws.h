@@ -31,7 +31,17 @@ static inline int wf_fws_overlaps(const void *p, size_t n, const void *q, size_t
 
 /* The tokens the one-shot buffers hold: opts' oneshot_max_tokens (< 0:
  * none, 0 or above max_tokens: max_tokens). */
+/* The flag rows of both families' workspaces: u64 [2 parity][2 phase][WF_MAX_GRID blocks][8 senders] */
+#define WF_FWS_FLAG_BYTES ((int64_t)2 * 2 * WF_MAX_GRID * 8 * 8)
+/* A row's bytes, and the rows of one rank's share of max_tokens (rounded up). */
+static inline int64_t wf_fws_row_bytes(const weft_fusion_opts *o) { return o->hidden * wf_dev_esize(o->dtype); }
+static inline int64_t wf_fws_rows_per(const weft_fusion_opts *o, int world) {
+  return (o->max_tokens + world - 1) / world;
+}
 int64_t wf_fws_os_tokens(const weft_fusion_opts *o);
+/* The options' NULL, world, hidden (a multiple of 8 up to max_hidden) and
+ * max_tokens; each family checks its dtypes after. */
+int wf_fws_check_size(const weft_fusion_opts *o, int world, int64_t max_hidden, const char *op);
 
 typedef struct wf_fws wf_fws;
 
@@ -86,6 +96,14 @@ int wf_fws_choose(const wf_fws *w, int asked, int64_t tokens, int64_t hidden, in
 /* check_error / abort of a handle (NULL: an argument error naming fam) */
 int wf_fws_check_error(wf_fws *w, const char *verb);
 int wf_fws_abort(wf_fws *w, const char *verb);
+
+/* A family's handle: the workspace first (fused_ws.c allocates the whole
+ * handle as one), then the launch arguments without the call's part. */
+#if WEFT_HAVE_CUDA
+#define WF_FWS_HANDLE_STRUCT(TYPE, ARGS) struct TYPE { wf_fws ws; ARGS base; }
+#else
+#define WF_FWS_HANDLE_STRUCT(TYPE, ARGS) struct TYPE { wf_fws ws; }
+#endif
 
 /* The handle functions every family exports alike, written once:
  * PREFIX_workspace_bytes, _preflight, _create, _destroy, _check_error and

@@ -13,13 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MIB WF_FWS_MIB
-#define KIB WF_FWS_KIB
-#define align_up wf_fws_align
-
-#define esize wf_dev_esize
-#define dtype_name wf_dev_dtype_name
-
 static const char *algo_name(int algo) {
   return algo == WEFT_FUSION_ONESHOT ? "one-shot" : algo == WEFT_FUSION_TWOSHOT ? "two-shot" : "auto";
 }
@@ -31,31 +24,24 @@ typedef struct layout {
 
 static layout layout_of(const weft_fusion_opts *o, int world) {
   layout l;
-  const int64_t row = o->hidden * esize(o->dtype);
-  const int64_t rows_per = (o->max_tokens + world - 1) / world;
-  const int64_t inbox = align_up((int64_t)world * rows_per * row, 4096);
+  const int64_t row = wf_fws_row_bytes(o), rows_per = wf_fws_rows_per(o, world);
+  const int64_t inbox = wf_fws_align((int64_t)world * rows_per * row, 4096);
   l.off_state = 0;
-  l.off_flags = align_up((int64_t)sizeof(wf_fused_state), 4096);
-  l.off_rs = align_up(l.off_flags + 2 * 2 * WF_MAX_GRID * 8 * 8, 4096);
+  l.off_flags = wf_fws_align((int64_t)sizeof(wf_fused_state), 4096);
+  l.off_rs = wf_fws_align(l.off_flags + WF_FWS_FLAG_BYTES, 4096);
   l.off_ag = l.off_rs + inbox;
   l.off_lamport = l.off_ag + inbox;
-  l.lamport_buf = align_up((int64_t)world * wf_fws_os_tokens(o) * row, 4096);
+  l.lamport_buf = wf_fws_align((int64_t)world * wf_fws_os_tokens(o) * row, 4096);
   l.total = l.off_lamport + 3 * l.lamport_buf;
   return l;
 }
 static int64_t layout_bytes(const weft_fusion_opts *o, int world) { return layout_of(o, world).total; }
 
 static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
-  WF_CHECK_ARG(o, "%s: NULL options", op);
-  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD,
-               "%s: world size %d not supported (2..%d)", op, world, WF_MAX_WORLD);
-  WF_CHECK_ARG(esize(o->dtype), "%s: dtype %s (%d) not supported (f32, f16, bf16)", op,
-               dtype_name(o->dtype), o->dtype);
-  WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WF_FUSED_MAX_HIDDEN && o->hidden % 8 == 0,
-               "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)o->hidden,
-               WF_FUSED_MAX_HIDDEN);
-  WF_CHECK_ARG(o->max_tokens >= 1 && o->max_tokens <= ((int64_t)1 << 24),
-               "%s: max_tokens %lld out of range [1, 2^24]", op, (long long)o->max_tokens);
+  int rc = wf_fws_check_size(o, world, WF_FUSED_MAX_HIDDEN, op);
+  if (rc) return rc;
+  WF_CHECK_ARG(wf_dev_esize(o->dtype), "%s: dtype %s (%d) not supported (f32, f16, bf16)", op,
+               wf_dev_dtype_name(o->dtype), o->dtype);
   return 0;
 }
 
@@ -69,15 +55,10 @@ static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
  * (W-1) times the bytes per rank; 2 MiB up to 4 ranks, 512 KiB beyond
  * (not yet measured). */
 static int64_t default_oneshot_max(int world) {
-  return world == 2 ? WF_FWS_NO_LIMIT : world <= 4 ? 2 * MIB : 512 * KIB;
+  return world == 2 ? WF_FWS_NO_LIMIT : world <= 4 ? 2 * WF_FWS_MIB : 512 * WF_FWS_KIB;
 }
 
-struct weft_fusion {
-  wf_fws ws;                       /* the workspace (first: fused_ws.c allocates the whole) */
-#if WEFT_HAVE_CUDA
-  wf_fused_args base;              /* launch arguments without the call's part */
-#endif
-};
+WF_FWS_HANDLE_STRUCT(weft_fusion, wf_fused_args);
 
 #if WEFT_HAVE_CUDA
 
@@ -161,7 +142,7 @@ WF_FWS_HANDLE_API(weft_fusion, weft_fusion, FAMILY, "fusion")
 int weft_fusion_sufficient(weft_fusion *f, int64_t tokens, int64_t hidden, int dtype, int algo,
                            int *ok) {
   WF_CHECK_ARG(f && ok, "fusion sufficient: NULL argument");
-  *ok = hidden >= 8 && hidden % 8 == 0 && esize(dtype) && wf_fws_fits(&f->ws, tokens, hidden, dtype, algo);
+  *ok = hidden >= 8 && hidden % 8 == 0 && wf_dev_esize(dtype) && wf_fws_fits(&f->ws, tokens, hidden, dtype, algo);
   return 0;
 }
 
@@ -207,12 +188,12 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
   WF_CHECK_ARG((p->flags & ~31) == 0, "%s: unknown flags 0x%x", op, (unsigned)p->flags);
   WF_CHECK_ARG(!(p->flags & WEFT_FUSION_DETERMINISTIC) || (p->flags & WEFT_FUSION_FP32_ACC),
                "%s: deterministic mode needs f32 accumulation (FUSION_FP32_ACC)", op);
-  const int es = esize(p->dtype);
-  WF_CHECK_ARG(es, "%s: dtype %s (%d) not supported (f32, f16, bf16)", op, dtype_name(p->dtype),
+  const int es = wf_dev_esize(p->dtype);
+  WF_CHECK_ARG(es, "%s: dtype %s (%d) not supported (f32, f16, bf16)", op, wf_dev_dtype_name(p->dtype),
                p->dtype);
-  WF_CHECK_ARG(es <= esize(f->ws.opts.dtype),
+  WF_CHECK_ARG(es <= wf_dev_esize(f->ws.opts.dtype),
                "%s: dtype %s is wider than the workspace's %s (recreate it for %s)", op,
-               dtype_name(p->dtype), dtype_name(f->ws.opts.dtype), dtype_name(p->dtype));
+               wf_dev_dtype_name(p->dtype), wf_dev_dtype_name(f->ws.opts.dtype), wf_dev_dtype_name(p->dtype));
   WF_CHECK_ARG(p->tokens >= 0, "%s: tokens %lld < 0", op, (long long)p->tokens);
   WF_CHECK_ARG(p->hidden >= 8 && p->hidden % 8 == 0 && p->hidden <= WF_FUSED_MAX_HIDDEN,
                "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)p->hidden,
@@ -264,7 +245,7 @@ static int validate(const weft_fusion *f, const weft_fusion_params *p, const cha
     WF_CHECK_ARG(p->pattern == WEFT_FUSION_AR_RMSNORM, "%s: the quick codec serves the AR + RMSNorm pattern "
                  "only (pattern %d: use the exact kernel, or the quick all-reduce for a plain sum)", op, p->pattern);
     WF_CHECK_ARG(p->dtype == WEFT_BF16 || p->dtype == WEFT_F16, "%s: the quick codec takes bf16 or f16, not %s",
-                 op, dtype_name(p->dtype));
+                 op, wf_dev_dtype_name(p->dtype));
     WF_CHECK_ARG(f->ws.dc.n == 2 || f->ws.dc.n == 4 || f->ws.dc.n == 6 || f->ws.dc.n == 8,
                  "%s: the quick codec has kernels for 2, 4, 6 or 8 ranks, not %d", op, f->ws.dc.n);
     WF_CHECK_ARG(p->algo != WEFT_FUSION_ONESHOT, "%s: the quick codec is a two-shot (one-shot requested)", op);
@@ -342,7 +323,7 @@ int weft_fusion_run(weft_fusion *f, const weft_fusion_params *p) {
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fused kernel launch", (cudaError_t)e);
   wf_dev_end(&f->ws.dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s%s, %lld x %lld %s", op, p->quick ? "quick " : "", algo_name(algo),
-                           (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
+                           (long long)p->tokens, (long long)p->hidden, wf_dev_dtype_name(p->dtype));
   return rc;
 }
 

@@ -13,43 +13,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MIB WF_FWS_MIB
-#define KIB WF_FWS_KIB
-#define align_up wf_fws_align
-
-#define esize wf_dev_esize
-#define dtype_name wf_dev_dtype_name
-
 typedef struct layout {
   int64_t off_flags, off_os, off_rs, off_ag, os_slot, rs_slot, total;
 } layout;
 
 static layout layout_of(const weft_fusion_opts *o, int world) {
   layout l;
-  const int64_t row = o->hidden * esize(o->dtype);
-  const int64_t rows_per = (o->max_tokens + world - 1) / world;
+  const int64_t row = wf_fws_row_bytes(o), rows_per = wf_fws_rows_per(o, world);
   l.os_slot = wf_fws_os_tokens(o) * row;
   l.rs_slot = rows_per * row;
-  l.off_flags = align_up((int64_t)sizeof(wfx_state), 4096);
-  l.off_os = align_up(l.off_flags + 2 * 2 * WF_MAX_GRID * 8 * 8, 4096);
-  l.off_rs = l.off_os + align_up(2 * (int64_t)world * l.os_slot, 4096);
-  l.off_ag = l.off_rs + align_up(2 * (int64_t)world * l.rs_slot, 4096);
-  l.total = l.off_ag + align_up(2 * (int64_t)world * l.rs_slot, 4096);
+  l.off_flags = wf_fws_align((int64_t)sizeof(wfx_state), 4096);
+  l.off_os = wf_fws_align(l.off_flags + WF_FWS_FLAG_BYTES, 4096);
+  l.off_rs = l.off_os + wf_fws_align(2 * (int64_t)world * l.os_slot, 4096);
+  l.off_ag = l.off_rs + wf_fws_align(2 * (int64_t)world * l.rs_slot, 4096);
+  l.total = l.off_ag + wf_fws_align(2 * (int64_t)world * l.rs_slot, 4096);
   return l;
 }
 static int64_t layout_bytes(const weft_fusion_opts *o, int world) { return layout_of(o, world).total; }
 
 static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
-  WF_CHECK_ARG(o, "%s: NULL options", op);
-  WF_CHECK_ARG(world >= 2 && world <= WF_MAX_WORLD, "%s: world size %d not supported (2..%d)", op,
-               world, WF_MAX_WORLD);
+  int rc = wf_fws_check_size(o, world, WFX_MAX_HIDDEN, op);
+  if (rc) return rc;
   WF_CHECK_ARG(o->dtype == WEFT_BF16 || o->dtype == WEFT_F16,
-               "%s: dtype %s (%d) not supported (bf16, f16)", op, dtype_name(o->dtype), o->dtype);
-  WF_CHECK_ARG(o->hidden >= 8 && o->hidden <= WFX_MAX_HIDDEN && o->hidden % 8 == 0,
-               "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)o->hidden,
-               WFX_MAX_HIDDEN);
-  WF_CHECK_ARG(o->max_tokens >= 1 && o->max_tokens <= ((int64_t)1 << 24),
-               "%s: max_tokens %lld out of range [1, 2^24]", op, (long long)o->max_tokens);
+               "%s: dtype %s (%d) not supported (bf16, f16)", op, wf_dev_dtype_name(o->dtype), o->dtype);
   return 0;
 }
 
@@ -57,7 +43,7 @@ static int check_opts(const weft_fusion_opts *o, int world, const char *op) {
  * yet; the AR + RMSNorm kernel's rule for more than 2 ranks (2 MiB up to 4
  * ranks, 512 KiB beyond), and 2 MiB at 2 ranks (the flag one-shot waits
  * once per block, unlike the Lamport one). WEFT_FUSION_EXT_ONESHOT_MAX. */
-static int64_t default_oneshot_max(int world) { return world <= 4 ? 2 * MIB : 512 * KIB; }
+static int64_t default_oneshot_max(int world) { return world <= 4 ? 2 * WF_FWS_MIB : 512 * WF_FWS_KIB; }
 
 static const char *pattern_name(int p) {
   switch (p) {
@@ -81,7 +67,7 @@ static int check_call(const weft_fusion_ext_params *p, int world, const char *op
                "%s: unknown flags 0x%x", op, (unsigned)p->flags);
   WF_CHECK_ARG(p->dtype == WEFT_BF16 || p->dtype == WEFT_F16,
                "%s: dtype %s (%d) not supported by the fused kernels (bf16, f16)", op,
-               dtype_name(p->dtype), p->dtype);
+               wf_dev_dtype_name(p->dtype), p->dtype);
   WF_CHECK_ARG(p->tokens >= 0, "%s: tokens %lld < 0", op, (long long)p->tokens);
   WF_CHECK_ARG(p->hidden >= 8 && p->hidden % 8 == 0 && p->hidden <= WFX_MAX_HIDDEN,
                "%s: hidden %lld must be a multiple of 8 in [8, %d]", op, (long long)p->hidden,
@@ -136,12 +122,7 @@ static int check_call(const weft_fusion_ext_params *p, int world, const char *op
   return 0;
 }
 
-struct weft_fusion_ext {
-  wf_fws ws;       /* the workspace (first: fused_ws.c allocates the whole) */
-#if WEFT_HAVE_CUDA
-  wfx_args base;   /* launch arguments without the call's part */
-#endif
-};
+WF_FWS_HANDLE_STRUCT(weft_fusion_ext, wfx_args);
 
 #if WEFT_HAVE_CUDA
 
@@ -320,7 +301,7 @@ int weft_fusion_ext_run(weft_fusion_ext *f, const weft_fusion_ext_params *p) {
   if (e) rc = wf_cuda_err(__FILE__, __LINE__, "fusion_ext kernel launch", (cudaError_t)e);
   wf_dev_end(&f->ws.dc, s, !e);
   if (rc) wf_error_context(rc, "%s: %s, %lld x %lld %s", op, algo == WEFT_FUSION_ONESHOT ? "one-shot" : "two-shot",
-                           (long long)p->tokens, (long long)p->hidden, dtype_name(p->dtype));
+                           (long long)p->tokens, (long long)p->hidden, wf_dev_dtype_name(p->dtype));
   return rc;
 }
 
