@@ -9,26 +9,16 @@
 -- Needs one GPU and nvidia-cuda-mps-control (else pending). With $OUT set,
 -- each world's output is kept there (determ-w<W>.log).
 local G = require("helpers.gpu_ranks")
-local spec = require("helpers.spec_util")
 
 local CHECKS = { "setup", "allreduce_batch_bf16", "allreduce_batch_f16_f32", "allreduce_paths",
                  "fused_batch_bf16", "fused_batch_f16_f32", "fused_paths", "fused_matches_all_reduce",
                  "graph_replay", "ranks_agree", "refusals", "default_unchanged" }
 
-local runs = {}
-local function run(w)
-  if runs[w] then return runs[w][1], runs[w][2] end
-  -- bounded so that both worlds end within one 600 s device command
-  local out, rc = spec.shell(("WEFT_TIMEOUT_MS=30000 timeout 290 scripts/weft-mps -n %d -- scripts/weft-run -n %d "
-                              .. "--timeout 270 tests/helpers/gpu_determ_worker.lua"):format(w, w))
-  local dir = os.getenv("OUT")
-  if dir and dir ~= "" then
-    local f = io.open(dir .. "/determ-w" .. w .. ".log", "w")
-    if f then f:write(out); f:close() end
-  end
-  runs[w] = { out, rc }
-  return out, rc
-end
+-- bounded so that both worlds end within one 600 s device command
+local run = G.once_per_world(function(w)
+  return G.shell_kept(("WEFT_TIMEOUT_MS=30000 timeout 290 scripts/weft-mps -n %d -- scripts/weft-run -n %d "
+                       .. "--timeout 270 tests/helpers/gpu_determ_worker.lua"):format(w, w), "determ-w" .. w .. ".log")
+end)
 
 local function usable(w)
   if not G.need_gpus(1, function(why) pending(why) end) then return false end

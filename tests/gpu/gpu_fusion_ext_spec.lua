@@ -17,7 +17,6 @@
 -- (FX_NO_FAULTS=1 skips them; logs fusion-ext-leave.log, fusion-ext-stall.log).
 -- run-tests: long (seven MPS worlds: ~50 s on one H200; started first in the GPU lanes)
 local G = require("helpers.gpu_ranks")
-local spec = require("helpers.spec_util")
 
 local HIDDEN = { [1] = "4096,7168", [2] = "256,4096,7168", [4] = "4096", [6] = "1024", [8] = "4096" }
 -- per rank: 4 patterns x 2 dtypes per hidden size, then the one-rank kernel's bits against the fused
@@ -28,34 +27,19 @@ local function checks(w)
   return w == 1 and 8 * n + 1 or 8 * n + 6   -- one rank: only the patterns and the refusals
 end
 
-local runs = {}
-local function run(w)
-  if runs[w] then return runs[w][1], runs[w][2] end
+local run = G.once_per_world(function(w)
   local limit = tonumber(os.getenv("FX_TIMEOUT_S") or "") or 200   -- per world
-  local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=%s FX_TOKENS=1,7,33 WEFT_TIMEOUT_MS=30000 LUA_PATH='%s/tests/?.lua;;' "
-                              .. "timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d "
-                              .. "tests/helpers/fusion_ext_ranks.lua"):format(HIDDEN[w], os.getenv("PWD") or ".", limit, w, w,
-                                                                             limit - 10))
-  local dir = os.getenv("OUT")
-  if dir and dir ~= "" then
-    local f = io.open(dir .. "/fusion-ext-w" .. w .. ".log", "w")
-    if f then f:write(out); f:close() end
-  end
-  runs[w] = { out, rc }
-  return out, rc
-end
+  return G.shell_kept(("FX_DEVICE=1 FX_HIDDEN=%s FX_TOKENS=1,7,33 WEFT_TIMEOUT_MS=30000 LUA_PATH='%s/tests/?.lua;;' "
+                       .. "timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d "
+                       .. "tests/helpers/fusion_ext_ranks.lua"):format(HIDDEN[w], os.getenv("PWD") or ".", limit, w, w,
+                                                                      limit - 10), "fusion-ext-w" .. w .. ".log")
+end)
 
 -- a fault run at world 4 (tests/helpers/fusion_ext_ranks.lua FX_KILL)
 local function fault_run(env, log)
-  local out, rc = spec.shell(("FX_DEVICE=1 FX_HIDDEN=4096 WEFT_TIMEOUT_MS=5000 %s LUA_PATH='%s/tests/?.lua;;' "
-                              .. "timeout 120 scripts/weft-mps -n 4 -- scripts/weft-run -n 4 --timeout 100 "
-                              .. "tests/helpers/fusion_ext_ranks.lua"):format(env, os.getenv("PWD") or "."))
-  local dir = os.getenv("OUT")
-  if dir and dir ~= "" then
-    local f = io.open(dir .. "/" .. log, "w")
-    if f then f:write(out); f:close() end
-  end
-  return out, rc
+  return G.shell_kept(("FX_DEVICE=1 FX_HIDDEN=4096 WEFT_TIMEOUT_MS=5000 %s LUA_PATH='%s/tests/?.lua;;' "
+                       .. "timeout 120 scripts/weft-mps -n 4 -- scripts/weft-run -n 4 --timeout 100 "
+                       .. "tests/helpers/fusion_ext_ranks.lua"):format(env, os.getenv("PWD") or "."), log)
 end
 
 local worlds = {}

@@ -10,23 +10,13 @@
 -- With $OUT set, each run's output is kept there (mismatch-w<W>.log).
 -- run-tests: long (three MPS worlds, each case followed by weft.recover())
 local G = require("helpers.gpu_ranks")
-local spec = require("helpers.spec_util")
 
 local CASES = { "ar_algo", "ar_count", "ar_dtype", "quick", "fused", "fused_gemma", "graph_replay" }
 
-local runs = {}
-local function run(w)
-  if runs[w] then return runs[w][1], runs[w][2] end
-  local out, rc = spec.shell(("WEFT_TIMEOUT_MS=20000 timeout 900 scripts/weft-mps -n %d -- scripts/weft-run -n %d "
-                              .. "--timeout 800 tests/helpers/gpu_mismatch_worker.lua"):format(w, w))
-  local dir = os.getenv("OUT")
-  if dir and dir ~= "" then
-    local f = io.open(dir .. "/mismatch-w" .. w .. ".log", "w")
-    if f then f:write(out); f:close() end
-  end
-  runs[w] = { out, rc }
-  return out, rc
-end
+local run = G.once_per_world(function(w)
+  return G.shell_kept(("WEFT_TIMEOUT_MS=20000 timeout 900 scripts/weft-mps -n %d -- scripts/weft-run -n %d "
+                       .. "--timeout 800 tests/helpers/gpu_mismatch_worker.lua"):format(w, w), "mismatch-w" .. w .. ".log")
+end)
 
 describe("#gpu device calls that differ (MPS)", function()
   for _, w in ipairs { 2, 4, 8 } do

@@ -165,6 +165,27 @@ function G.harness_checks(bt, o)
     assert.is_true(ok, output:sub(-3000))
   end)
 end
+-- spec.shell(cmd) -> out, rc, the output also kept in $OUT/<log> where $OUT
+-- is set (the device runs bring it back)
+function G.shell_kept(cmd, log)
+  local out, rc = require("helpers.spec_util").shell(cmd)
+  local dir = os.getenv("OUT")
+  if dir and dir ~= "" then
+    local f = io.open(dir .. "/" .. log, "w")
+    if f then f:write(out); f:close() end
+  end
+  return out, rc
+end
+
+-- run(w) -> out, rc: f(w) once per world, its results kept for the next call
+function G.once_per_world(f)
+  local runs = {}
+  return function(w)
+    if not runs[w] then runs[w] = { f(w) } end
+    return runs[w][1], runs[w][2]
+  end
+end
+
 
 -- Inside a spec's describe: a rank script run once per world under MPS
 -- (scripts/weft-mps: ranks sharing this machine's GPUs, each world in its own
@@ -176,18 +197,12 @@ end
 -- makes the kill case pending when "1". bt: as for G.rank_checks.
 function G.mps_worlds(bt, o)
   local it, pending, assert = bt.it, bt.pending, bt.assert
-  local spec = require("helpers.spec_util")
   local runs = {}
   local function run(w, env, log)
     local key = w .. (env or "")
     if runs[key] then return runs[key][1], runs[key][2] end
-    local out, rc = spec.shell(("%s timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d %s")
-                               :format(env or "WEFT_TIMEOUT_MS=60000", o.timeout + 300, w, w, o.timeout, o.worker))
-    local dir = os.getenv("OUT")
-    if dir and dir ~= "" then
-      local f = io.open(dir .. "/" .. log, "w")
-      if f then f:write(out); f:close() end
-    end
+    local out, rc = G.shell_kept(("%s timeout %d scripts/weft-mps -n %d -- scripts/weft-run -n %d --timeout %d %s")
+                                 :format(env or "WEFT_TIMEOUT_MS=60000", o.timeout + 300, w, w, o.timeout, o.worker), log)
     runs[key] = { out, rc }
     return out, rc
   end
