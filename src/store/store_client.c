@@ -276,9 +276,6 @@ int wf_store_cl_connect(weft_store *s, const char *op, int64_t deadline, int ret
   }
 }
 
-/* Sends the built request and reads the reply. Returns 0 with *status and a
- * reader positioned after it for status 0, ETIMEOUT and EAGAIN; other server
- * statuses become errors carrying the server's message. */
 /* Whether the server closed this idle connection (it may, under pressure or
  * after WEFT_STORE_IDLE_MS): seen before sending, a reconnect is safe. The
  * server never speaks unasked, so any readable state means the end. */
@@ -287,6 +284,9 @@ static int cl_peer_closed(int fd) {
   return poll(&p, 1, 0) > 0;
 }
 
+/* Sends the built request and reads the reply. Returns 0 with *status and a
+ * reader positioned after it for status 0, ETIMEOUT and EAGAIN; other server
+ * statuses become errors carrying the server's message. */
 static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64_t deadline,
                    int32_t *status, wf_rd *r) {
   int was_closed = 0;
@@ -301,7 +301,18 @@ reconnect:
     if (rc == WEFT_ECLOSED && was_closed)  /* the store is gone, not just our connection */
       return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection (store gone?)",
                       op, s->where);
-    if (!rc) rc = wf_store_live_rebind(s, op, deadline);  /* a new connection speaks for the rank */
+    if (rc) return rc;
+    rc = wf_store_live_rebind(s, op, deadline);  /* a new connection speaks for the rank */
+    if (rc == WEFT_ECLOSED) {
+      /* the new connection (the handshake done: the store is there) closed
+       * before its first request was answered: this process stalled past
+       * WEFT_STORE_IDLE_MS between the handshake and the rebind, and the
+       * server closed it as idle. Another one, within the caller's count of
+       * reconnects. */
+      wf_log(2, "store: %s closed a new connection before its first request; reconnecting", s->where);
+      wf_store_cl_drop(s);
+      return 1;
+    }
     if (rc) return rc;
     /* handshake may have used rq: the caller's request is rebuilt by retrying */
     return 1;
@@ -313,7 +324,8 @@ reconnect:
     /* closed with no reply: the server closed this connection as idle (or
      * shed it) as the request went out, between the look above and the
      * send, and never read it. A new connection takes the request again
-     * (the caller retries once); a store that is gone refuses it. */
+     * (the caller retries, MAX_RECONNECTS at most); a store that is gone
+     * refuses it. */
     wf_log(2, "store: %s closed the connection as a request went out; reconnecting", s->where);
     wf_store_cl_drop(s);
     was_closed = 1;
