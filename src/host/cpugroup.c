@@ -38,6 +38,7 @@
  * arrives); broadcast is one per member; send and recv one each.
  */
 #include "cpugroup.h"
+#include "shm.h"
 #include "core/internal.h"
 #include "store/store_proto.h"
 #include "store/store_share.h"
@@ -73,6 +74,7 @@ struct weft_cpugroup {
   char pending[1100];      /* an abort the store did not take (unreachable), published by
                             * weft_cpugroup_publish_abort once it answers; "" if none */
   _Atomic int busy;        /* one operation at a time (enter/leave below) */
+  weft_shm *shm;           /* the same group's shm communicator (cpugroup.h), or NULL */
 };
 
 /* One operation at a time per group. The sequence number, the key strings
@@ -492,8 +494,17 @@ int weft_cpugroup_create(weft_store *s, const char *name, const int *ranks, int 
   return 0;
 }
 
+void wf_cpugroup_link_shm(weft_cpugroup *g, weft_shm *c) { g->shm = c; }
+void wf_cpugroup_unlink_shm(weft_cpugroup *g, weft_shm *c) {
+  if (g->shm == c) g->shm = NULL;
+}
+uint64_t wf_cpugroup_sent(const weft_cpugroup *g, int dst) {
+  return dst >= 0 && dst < g->size ? g->sseq[dst] : 0;
+}
+
 int weft_cpugroup_destroy(weft_cpugroup *g) {
   if (!g) return 0;
+  if (g->shm) wf_shm_forget_cpugroup(g->shm, g);
   if (g->s) wf_store_unref(g->s);  /* local only: no network, no collective */
   free(g->name);
   free(g->ranks);
@@ -749,7 +760,9 @@ static int recv_one(weft_cpugroup *g, int src, const void **out, size_t *len) {
   wf_get_req q = {.keys = key, .n = 1, .timeout_ms = g->timeout_ms, .flags = WF_GET_CONSUME,
                   .vals = g->vals, .lens = g->lens, .missing = g->missing,
                   .owners = &g->ranks[src], .abort_key = g->abort_key};
+  if (g->shm) wf_shm_note_recv(g->shm, src, g->rseq[src]);  /* a peer at a barrier sees it */
   rc = note_failure(g, wf_store_get_locked(s, op, &q));
+  if (g->shm) wf_shm_note_recv(g->shm, -1, 0);
   if (rc == WEFT_ETIMEOUT && q.nmissing > 0) {
     char verb[64];
     snprintf(verb, sizeof verb, "did not send (message #%llu)", (unsigned long long)g->rseq[src]);

@@ -103,6 +103,8 @@ int weft_shm_create(weft_cpugroup *g, size_t bytes_per_rank, weft_shm **out) {
     close_comm(c);
     return rc;
   }
+  c->cg = g;
+  wf_cpugroup_link_shm(g, c);
   *out = c;
   wf_log(1, "shm: group '%s': %d ranks, %zu bytes per slot, segment %zu bytes, zero-copy %s",
          gname, gi.size, slot, c->map_len, c->zc.on ? "on" : "off");
@@ -123,6 +125,8 @@ int weft_shm_get_info(weft_shm *c, weft_shm_info *out) {
 int weft_shm_destroy(weft_shm *c) {
   if (!c) return 0;
   if (c->hdr) wf_shm_mark_left(c);   /* first: the peers' waits on this rank end */
+  if (c->cg) wf_cpugroup_unlink_shm(c->cg, c);
+  c->cg = NULL;
   /* a worker's operation still inside c (a closing Lua state's finalizers run
    * in any order): wait for it, or leak c rather than unmap it under it */
   if (wf_wait_unused(NULL, 0, c)) return 0;

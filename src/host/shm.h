@@ -52,7 +52,7 @@ typedef struct {
   char why[88];             /* reason, written before this rank sets the abort word */
   wf_shm_desc desc[2];      /* by call parity (a peer is at most one call ahead) */
   int32_t arena_fd;         /* this rank's host arena (memfd; host_arena.c), -1: none */
-  uint32_t reserved2;
+  _Atomic uint32_t p2p_wait; /* 0, or the recv this rank waits in: (src + 1) << 24 | message # mod 2^24 */
   uint64_t arena_bytes;
   /* by call parity: the arena offsets of this call's input and output, or
    * WF_ZC_NONE (zero-copy all_reduce, shm_zc.c) */
@@ -96,6 +96,7 @@ struct weft_shm {
   const void **srcs;    /* scratch: one source pointer per rank */
   char group[64];
   char name[64];        /* segment name (already unlinked after create) */
+  weft_cpugroup *cg;    /* the group it was made on (a recv against a barrier, cpugroup.h), or NULL */
 };
 
 /* Bounds of rank j's share of an n-element chunk split like a geo-element
@@ -162,6 +163,11 @@ static inline void wf_shm_leave(weft_shm *c) {
   atomic_store_explicit(&c->busy, 0, memory_order_release);
 }
 void wf_shm_mark_left(weft_shm *c);
+/* This rank waits in a recv from index src for message number seq (src -1:
+ * no longer); published for the peers' barrier waits (shm_sync.c). */
+void wf_shm_note_recv(weft_shm *c, int src, uint64_t seq);
+/* the cpu group c was made on is being destroyed */
+void wf_shm_forget_cpugroup(weft_shm *c, weft_cpugroup *g);
 const char *wf_shm_rank_name(weft_shm *c, int i, char *buf, size_t n);
 
 /* The cpu group's name, size, this rank's index, global ranks (NULL when

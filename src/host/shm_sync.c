@@ -15,6 +15,7 @@
  * at most SLICE_MS, to notice an abort, a rank that destroyed its handle or
  * a process that died. */
 #include "shm.h"
+#include "cpugroup.h"
 #include "core/futex.h"
 #include "core/shape_word.h"
 #include "core/wait.h"
@@ -122,6 +123,36 @@ static int departed(weft_shm *c, uint32_t g) {
   return -1;
 }
 
+void wf_shm_note_recv(weft_shm *c, int src, uint64_t seq) {
+  const uint32_t v = src < 0 ? 0 : (uint32_t)(src + 1) << 24 | (uint32_t)(seq & 0xffffff);
+  atomic_store(&c->rk[c->me].p2p_wait, v);
+}
+
+void wf_shm_forget_cpugroup(weft_shm *c, weft_cpugroup *g) {
+  if (c->cg == g) c->cg = NULL;
+}
+
+/* A peer that has not reached generation g and waits in a recv from this
+ * rank for a message this rank has not sent: it will never come (this rank
+ * is at a barrier), so the two made different calls. The peer's index, and
+ * the message's number in *msg; -1 if none. A message this rank sent before
+ * the barrier is in the store: the peer's recv returns with it, and the
+ * count says so (a peer waits for message k only after 0..k-1). */
+static int recv_against_barrier(weft_shm *c, uint32_t g, uint32_t *msg) {
+  if (!c->cg) return -1;
+  for (int i = 0; i < c->world; i++) {
+    if (i == c->me || wf_reached(atomic_load(&c->rk[i].seq), g)) continue;
+    const uint32_t w = atomic_load(&c->rk[i].p2p_wait);
+    if (!w || (int)(w >> 24) - 1 != c->me) continue;
+    const uint32_t k = w & 0xffffff;
+    if (k == (uint32_t)(wf_cpugroup_sent(c->cg, i) & 0xffffff)) {
+      *msg = k;
+      return i;
+    }
+  }
+  return -1;
+}
+
 static int wait_all(weft_shm *c, uint32_t g, const char *op) {
   _Atomic uint32_t *arr = &c->hdr->arrivals;
   const uint32_t target = g * (uint32_t)c->world;
@@ -175,6 +206,26 @@ static int wait_all(weft_shm *c, uint32_t g, const char *op) {
     int e = wf_reached(v, target) ? 0 : wf_futex_wait(arr, v, slice);
     atomic_fetch_sub(&c->hdr->sleepers, 1);
     if (e == ETIMEDOUT) {
+      uint32_t msg;
+      int p = recv_against_barrier(c, g, &msg);
+      if (p >= 0) {
+        /* both fail now: the barrier's peers through the abort word, the
+         * receiver through the cpu group's abort (its recv waits on it) */
+        const char *sop = strncmp(op, "weft_shm_", 9) ? op : op + 9;
+        snprintf(why, sizeof why, "rank %d called %.20s; rank %d waits in recv (message #%u)", c->me, sop, p,
+                 (unsigned)msg);
+        give_up(c, why);
+        char full[400];
+        wf_shm_rank_name(c, p, rn, sizeof rn);
+        snprintf(full, sizeof full, "the calls differ: %s waits in a recv from rank %d (message #%u) "
+                 "that rank %d never sent: it called %s on group '%s' instead", rn, c->me, (unsigned)msg,
+                 c->me, sop, c->group);
+        weft_cpugroup_abort(c->cg, full);
+        return wf_error(WEFT_EINVAL, "%s: group '%s': %s waits in a recv for message #%u from this rank, "
+                        "which called %s instead (call %llu): the ranks' calls differ; the communicator "
+                        "is aborted on every rank (weft.recover() rebuilds the groups, docs/faults.md)",
+                        op, c->group, rn, (unsigned)msg, sop, (unsigned long long)(c->call - 1));
+      }
       char list[512];
       missing_list(c, g, list, sizeof list, 1);
       if (list[0]) {

@@ -130,6 +130,34 @@ describe("mismatched calls fail on every rank at once #fault", function()
     assert.are.equal(10, n, out)
   end)
 
+  -- a recv against a collective (shm): the rank at the barrier sees that
+  -- its peer waits in a recv for a message it never sent, and both fail
+  -- within a slice of the wait (was: both waited out the timeout)
+  for _, case in ipairs { "tensor", "object" } do
+    it(("shm route, 3 ranks: a recv (%s) against a collective fails every rank at once"):format(case), function()
+      local out = S.shell(("cd %s && env WEFT_TIMEOUT_MS=20000 timeout -s KILL 60 scripts/weft-run -n 3 --timeout 50 "
+                           .. "tests/helpers/recv_vs_collective_ranks.lua %s"):format(P.q(P.ROOT), case))
+      local n = 0
+      for r, st, ms, msg in out:gmatch("%[rank(%d)%] CASE %S+ (%S+) (%d+) ([^\n]*)") do
+        n = n + 1
+        assert.are.equal("ERR", st, out)
+        assert.is_true(tonumber(ms) < BOUND_MS, ("rank %s failed after %s ms: %s"):format(r, ms, msg))
+        assert.is_truthy(msg:find("waits in a recv", 1, true) or msg:find("waits in recv", 1, true), msg)
+      end
+      assert.are.equal(3, n, out)
+    end)
+  end
+  it("shm route, 3 ranks: sends before a collective, received late, are no mismatch", function()
+    local out = S.shell(("cd %s && env WEFT_TIMEOUT_MS=20000 timeout -s KILL 60 scripts/weft-run -n 3 --timeout 50 "
+                         .. "tests/helpers/recv_vs_collective_ranks.lua legit"):format(P.q(P.ROOT)))
+    local n = 0
+    -- "[rankR] CASE legit OK ...", or one line for several ranks that printed it alike ("[ranks 0,2] ...")
+    for pre in out:gmatch("%[([^%]]*)%] CASE legit OK") do
+      for _ in (pre:match("ranks ([%d,]+)") or pre:match("rank(%d+)") or ""):gmatch("%d+") do n = n + 1 end
+    end
+    assert.are.equal(3, n, out)
+  end)
+
   it("shm route (one node), 3 ranks", function()
     check(one_node(3, "", SHM_SKIP), 3)
   end)
