@@ -143,14 +143,19 @@ function M.init_worker()
 end
 
 ---------------------------------------------------------------- steps
-local function fail_jobs(jobs, status, msg)
+-- every job of the step not answered yet gets fields (answered = true, and
+-- status and err, or step and batch) and its waiting request wakes
+local function answer_jobs(jobs, fields)
   for _, j in ipairs(jobs) do
     if not j.answered then
-      j.answered, j.status, j.err = true, status, msg
+      for k, v in pairs(fields) do j[k] = v end
+      j.answered = true
       j.sema:post(1)
     end
   end
 end
+
+local function fail_jobs(jobs, status, msg) answer_jobs(jobs, { status = status, err = msg }) end
 
 local function broken(msg)
   if S.status ~= "broken" then
@@ -210,12 +215,7 @@ local function run_step(jobs)
     fail_jobs(jobs, 503, S.reason)
     return false
   end
-  for _, j in ipairs(jobs) do
-    if not j.answered then
-      j.answered, j.step, j.batch = true, step, rows
-      j.sema:post(1)
-    end
-  end
+  answer_jobs(jobs, { step = step, batch = rows })
   if rows == 0 then S.heartbeats = S.heartbeats + 1 end
   return true
 end

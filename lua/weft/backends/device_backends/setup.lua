@@ -250,17 +250,24 @@ policy.quick_hooks.agree = function(g, v)
   g._dispatch = nil
 end
 
+-- A device setting's value for g (d[key] of its device state once that
+-- exists and agreed it, else this rank's own), and the message a device call
+-- raises where this rank's own value (from src) differs from the agreed one
+local function agreed(g, key, mine, src, what, show, set)
+  local d = g._dev
+  if d == nil or d[key] == nil or d[key] == mine then return mine, nil end
+  return d[key], fmt("%s is %s on this rank (%s) but group %s agreed on %s at its first device call: change "
+                     .. "it with policy.set{%s, group = g} on every rank (collective over the group), or before "
+                     .. "the group's first device call", what, show(mine), tostring(src), gname(g), show(d[key]), set(mine))
+end
+
 -- quick_state(g) -> "int8"|"int4"|"fp8"|"off", err: the group's agreed value
 -- once its device state exists, else the local one
 function M.quick_state(g)
   if policy.quick_env_error then return "off", "weft: " .. policy.quick_env_error end
   local v, src = policy.quick(g)
-  local d = g._dev
-  if d == nil or d.quick == nil or d.quick == v then return v, nil end
-  return d.quick, fmt("the quick all-reduce is %s on this rank (%s) but group %s agreed on %s at its first "
-                      .. "device call: change it with policy.set{quick = \"%s\", group = g} on every rank "
-                      .. "(collective over the group), or before the group's first device call",
-                      v, tostring(src), gname(g), d.quick, v)
+  return agreed(g, "quick", v, src, "the quick all-reduce", tostring,
+                function(x) return ('quick = "%s"'):format(x) end)
 end
 
 -- determ_state(g) -> on (bool), err (nil or the message a device call raises):
@@ -268,12 +275,8 @@ end
 function M.determ_state(g)
   if policy.determ_env_error then return false, "weft: " .. policy.determ_env_error end
   local on, src = policy.deterministic(g)
-  local d = g._dev
-  if d == nil or d.determ == nil or d.determ == on then return on, nil end
-  return d.determ, fmt("deterministic mode is %s on this rank (%s) but group %s agreed on %s at its first "
-                       .. "device call: change it with policy.set{deterministic = %s, group = g} on every rank "
-                       .. "(collective over the group), or before the group's first device call",
-                       on and "on" or "off", tostring(src), gname(g), d.determ and "on" or "off", tostring(on))
+  return agreed(g, "determ", on, src, "deterministic mode", function(x) return x and "on" or "off" end,
+                function(x) return "deterministic = " .. tostring(x) end)
 end
 
 -- why weft's kernels cannot serve the group's device state d (ranks sharing
