@@ -256,9 +256,11 @@ describe("weft-run --repl through a pipe", function()
     local input = table.concat({
       ":timeout 1500",
       "w = weft.init(); x = weft.tensor.full({4}, 1, 'f32'); w:all_reduce(x); return 'sum ' .. x:to_table()[1]",
-      -- calls no agreement can pair (a barrier against an all_reduce now fails at
-      -- once): rank 0 waits in the shm all-reduce, rank 1 in the store's recv
-      "if rank == 0 then w:all_reduce(x) else w:recv(x, 0) end",
+      "side = weft.create_custom_group({0, 1}, 'side')",
+      -- calls no agreement can pair (a barrier against an all_reduce, or a
+      -- recv against a collective of its own group, fail at once): rank 0
+      -- waits in the world's shm all-reduce, rank 1 in a recv on another group
+      "if rank == 0 then w:all_reduce(x) else side:recv(x, 0) end",
       "w:barrier()",
       "w = weft.recover(); x = weft.tensor.full({4}, rank + 1, 'f32'); w:all_reduce(x); return 'again ' .. x:to_table()[1]",
       ":quit",
@@ -512,8 +514,10 @@ describe("REPL sessions in a pseudo-terminal (tmux)", function()
     start(2)   -- WEFT_TIMEOUT_MS 20000: an answer within seconds is the interrupt, not the timeout
     sess:type("w = weft.init(); x = weft.tensor.full({4}, 1, 'f32'); w:all_reduce(x); return 'sum ' .. x:to_table()[1]")
     assert.truthy(both_said(expect("%] sum 2"), "sum 2"))
-    -- calls no agreement can pair: rank 0 waits in the shm all-reduce, rank 1 in the store's recv
-    sess:type("if rank == 0 then w:all_reduce(x) else w:recv(x, 0) end")
+    -- calls no agreement can pair: rank 0 waits in the world's shm all-reduce, rank 1 in a
+    -- recv on another group (a recv against a collective of its own group fails at once)
+    sess:type("side = weft.create_custom_group({0, 1}, 'side')")
+    sess:type("if rank == 0 then w:all_reduce(x) else side:recv(x, 0) end")
     U.sleep(1)
     local t0 = U.now()
     sess:key("C-c")
