@@ -124,7 +124,9 @@ static int departed(weft_shm *c, uint32_t g) {
 }
 
 void wf_shm_note_recv(weft_shm *c, int src, uint64_t seq) {
-  const uint32_t v = src < 0 ? 0 : (uint32_t)(src + 1) << 24 | (uint32_t)(seq & 0xffffff);
+  /* the source in 8 bits: from index 255 on (worlds up to WF_SHM_MAX_WORLD)
+   * no note, so no check, rather than another rank's index */
+  const uint32_t v = src < 0 || src >= 255 ? 0 : (uint32_t)(src + 1) << 24 | (uint32_t)(seq & 0xffffff);
   atomic_store(&c->rk[c->me].p2p_wait, v);
 }
 
