@@ -1,14 +1,17 @@
 -- weft as an installed library: `make install` into a temporary prefix (and a
 -- DESTDIR), `make uninstall`, and the rock through luarocks into a temporary
 -- tree. README's "A script" runs at world 4 through the installed weft-run
--- from a folder outside the repository, with no WEFT_LIB / LUA_PATH /
--- LUA_CPATH, and must load the installed modules and library. Host-only
+-- from a folder outside the repository, with no WEFT_LIB / LUA_PATH, and
+-- must load the installed modules and library. LUA_CPATH stays: weft has no
+-- C modules of its own, and lua-cjson (weft-topo --json) is a dependency
+-- that may live where the machine put it (the GPU machines unpack it under
+-- /tmp/deps and point LUA_CPATH there). Host-only
 -- (WEFT_CUDA=0) into build/host, the folder `make demo` uses without a GPU.
 local spec = require("helpers.spec_util")
 
 local ROOT = os.getenv("PWD") or "."
 -- make and the tools see neither this run's make (jobserver) nor its paths
-local CLEAN_ENV = "unset MAKEFLAGS MFLAGS MAKELEVEL WEFT_LIB LUA_PATH LUA_CPATH;"
+local CLEAN_ENV = "unset MAKEFLAGS MFLAGS MAKELEVEL WEFT_LIB LUA_PATH;"
 local MAKE_VARS = "WEFT_CUDA=0 BUILD=build/host CFLAGS=-O2"
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
