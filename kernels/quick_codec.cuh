@@ -90,8 +90,8 @@ __device__ __forceinline__ uint32_t low_bytes(uint32_t a0, uint32_t a1, uint32_t
  * rounded reciprocal, then one correction with the exact residual (an FMA).
  * Checked against a / QM for every positive finite float a (CPU, fmaf): equal
  * for QM = 127 and 7 everywhere, for 448 wherever a >= 2^-120 (below, the
- * quotient is subnormal and can be one ulp off); encode takes __fdiv_rn
- * under 2^-60. */
+ * quotient is subnormal and can be one ulp off), so fp8 keeps __fdiv_rn (a
+ * branch for tiny blocks cost the fused two-shot 12-32 registers). */
 template <int C>
 __device__ __forceinline__ float over_qm(float a) {
   constexpr float QM = Codec<C>::QM, RQ = Codec<C>::RQ;
@@ -111,10 +111,9 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   if (bad) { s = __int_as_float(0x7fc00000); return q; }
   if (a == 0.f) { s = 0.f; return q; }
   constexpr float QM = Codec<C>::QM;
-  const bool tiny = a < 0x1p-60f;
-  const float k = tiny ? 0x1p64f : 1.f; /* exact: keeps r finite for tiny blocks */
+  const float k = a < 0x1p-60f ? 0x1p64f : 1.f; /* exact: keeps r finite for tiny blocks */
   const float r = __fdiv_rn(QM, __fmul_rn(a, k));
-  if (tiny) s = __fdiv_rn(a, QM);
+  if (C == WF_QR_FP8) s = __fdiv_rn(a, QM); /* over_qm<448> is off below 2^-120 */
   else s = over_qm<C>(a);
   float v[8];
 #pragma unroll
