@@ -149,12 +149,14 @@ __device__ __forceinline__ void decode(uint4 q, float s, float (&y)[8]) {
 #pragma unroll
     for (int i = 0; i < 8; i++)
       y[i] = __fmul_rn(__fsub_rn(under_two23(u[i >> 2], i & 3), 8388736.0f), s); /* 2^23 + 128 */
-  } else if (C == WF_QR_INT4) { /* u = c + 8; the even nibbles' bytes, the odd ones' */
-    const uint32_t u = q.x ^ 0x88888888u;
-    const uint32_t even = u & 0x0f0f0f0fu, odd = (u >> 4) & 0x0f0f0f0fu;
+  } else if (C == WF_QR_INT4) {
+    /* the conversion unit here: through 2^23's exponent (as int8) measured
+     * slower at 4 and 8 ranks on an H100 (bench/results/quick-codec-ab-*) */
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-      y[i] = __fmul_rn(__fsub_rn(under_two23(i & 1 ? odd : even, i >> 1), 8388616.0f), s); /* 2^23 + 8 */
+    for (int i = 0; i < 8; i++) {
+      const int c = ((int)(q.x << (28 - 4 * i))) >> 28; /* sign-extend nibble i */
+      y[i] = __fmul_rn((float)c, s);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
