@@ -46,7 +46,7 @@ __device__ __forceinline__ uint2 ld_v2_cg(const void *p) {
 template <int C> struct Codec {
   static constexpr int CB = C == WF_QR_INT8 ? 8 : C == WF_QR_INT4 ? 4 : C == WF_QR_FP8 ? 8 : 16;
   static constexpr float QM = C == WF_QR_INT8 ? 127.f : C == WF_QR_INT4 ? 7.f : 448.f;
-  /* 1 / QM rounded to nearest (see over_qm) */
+  /* 1 / QM rounded to nearest (see over_qm: int8 takes it) */
   static constexpr float RQ = C == WF_QR_INT8 ? 0x1.020408p-7f : C == WF_QR_INT4 ? 0x1.24924ap-3f : 0x1.24924ap-9f;
   static constexpr uint64_t PB = (uint64_t)WF_QR_PART * CB + (C == WF_QR_FP ? 0 : WF_QR_PART);
 };
@@ -113,23 +113,28 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   constexpr float QM = Codec<C>::QM;
   const float k = a < 0x1p-60f ? 0x1p64f : 1.f; /* exact: keeps r finite for tiny blocks */
   const float r = __fdiv_rn(QM, __fmul_rn(a, k));
-  if (C == WF_QR_FP8) s = __fdiv_rn(a, QM); /* over_qm<448> is off below 2^-120 */
-  else s = over_qm<C>(a);
+  /* fp8: over_qm<448> is off below 2^-120; int4: its steps are timed as on
+   * main (below) */
+  if (C == WF_QR_INT8) s = over_qm<C>(a);
+  else s = __fdiv_rn(a, QM);
   float v[8];
 #pragma unroll
   for (int i = 0; i < 8; i++) v[i] = __fmul_rn(__fmul_rn(x[i], k), r);
-  if (C == WF_QR_INT8 || C == WF_QR_INT4) {
+  if (C == WF_QR_INT8) {
     uint32_t m[8]; /* 0x4B400000 + code */
 #pragma unroll
     for (int i = 0; i < 8; i++) m[i] = __float_as_uint(__fadd_rn(v[i], kRound));
-    if (C == WF_QR_INT8) {
-      q.x = low_bytes(m[0], m[1], m[2], m[3]);
-      q.y = low_bytes(m[4], m[5], m[6], m[7]);
-    } else { /* nibble i at bits 4i: the even codes' bytes, the odd ones' 4 bits up */
-      const uint32_t even = low_bytes(m[0], m[2], m[4], m[6]);
-      const uint32_t odd = low_bytes(m[1], m[3], m[5], m[7]);
-      q.x = (even & 0x0f0f0f0fu) | ((odd << 4) & 0xf0f0f0f0u);
-    }
+    q.x = low_bytes(m[0], m[1], m[2], m[3]);
+    q.y = low_bytes(m[4], m[5], m[6], m[7]);
+  } else if (C == WF_QR_INT4) {
+    /* the conversion unit, as before: int4 through FADD and PRMT (nibbles
+     * from the even and odd codes' low bytes) measured no faster to
+     * quantize and, decoded through 2^23's exponent, slower to reduce at 4
+     * and 8 ranks (bench/results/quick-codec-ab-nvidia-h100-2026-12-08.md) */
+    uint32_t w = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w |= ((uint32_t)__float2int_rn(v[i]) & 0xfu) << (4 * i);
+    q.x = w;
   } else { /* fp8 e4m3, round to nearest even, saturating: two per conversion */
     uint32_t h[4];
 #pragma unroll
@@ -149,9 +154,7 @@ __device__ __forceinline__ void decode(uint4 q, float s, float (&y)[8]) {
 #pragma unroll
     for (int i = 0; i < 8; i++)
       y[i] = __fmul_rn(__fsub_rn(under_two23(u[i >> 2], i & 3), 8388736.0f), s); /* 2^23 + 128 */
-  } else if (C == WF_QR_INT4) {
-    /* the conversion unit here: through 2^23's exponent (as int8) measured
-     * slower at 4 and 8 ranks on an H100 (bench/results/quick-codec-ab-*) */
+  } else if (C == WF_QR_INT4) { /* the conversion unit, as before (see encode) */
 #pragma unroll
     for (int i = 0; i < 8; i++) {
       const int c = ((int)(q.x << (28 - 4 * i))) >> 28; /* sign-extend nibble i */

@@ -1,5 +1,5 @@
 #!/bin/bash
-# one call: this tree's codec against bench/ab-quick-codec/quick_codec.cuh (the old one), three rounds
+# one call: this tree's quick codec against the one before (this tree with before.patch), three rounds
 # alternated, then the GPU suite's quick spec
 set -u
 cd "$(dirname "$0")/../.."
@@ -9,7 +9,7 @@ mkdir -p /tmp/o $REAL/ab; rm -rf /tmp/o/*
 nvidia-smi -L
 rm -rf /tmp/old && mkdir -p /tmp/old
 tar --exclude=./build --exclude=./.git -cf - . | (cd /tmp/old && tar xf -)
-cp bench/ab-quick-codec/quick_codec.cuh /tmp/old/kernels/quick_codec.cuh
+(cd /tmp/old && { git apply bench/ab-quick-codec/before.patch 2>/dev/null || patch -s -p1 < bench/ab-quick-codec/before.patch; }) || { echo "before.patch does not apply"; exit 1; }
 (JOBS=8 scripts/gpu-test -q -- true || echo "new build failed") &
 (cd /tmp/old && JOBS=8 WEFT_DEPS_DIR=/tmp/deps2 timeout 150 scripts/gpu-test -q -- true) || echo "old build failed"
 wait

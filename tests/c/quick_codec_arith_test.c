@@ -2,7 +2,9 @@
  * checked exhaustively with the CPU's IEEE single arithmetic (round to
  * nearest even, fmaf fused, subnormals kept: the kernels' __fadd_rn,
  * __fmul_rn, __fmaf_rn). No GPU: the GPU suite holds the kernels to the CPU
- * reference bit for bit; this says why the cheaper forms can be.
+ * reference bit for bit; this says why the cheaper forms can be. int8
+ * takes 1-3; int4 keeps the conversion unit and the division (its forms
+ * below are exact too, and measured slower on a GPU); fp8 takes none.
  *  1. rounding by one FADD: for every float v with |v| <= 128, the bits of
  *     v + 1.5 * 2^23 are 0x4B400000 + rint(v) (ties to even), so the low byte
  *     / nibble is the int8 / int4 code;
