@@ -265,3 +265,15 @@ describe("fused quick two-shot (CPU reference)", function()
     end
   end
 end)
+
+-- the float facts the kernels' cheaper codec forms rest on (rounding by one
+-- FADD, codes back through the exponent of 2^23, a / QM by the reciprocal and
+-- one FMA), exhaustively on the CPU: tests/c/quick_codec_arith_test.c
+describe("quick codec arithmetic (tests/c/quick_codec_arith_test.c)", function()
+  local spec = require("helpers.spec_util")
+  it("holds for every input it covers", function()
+    local o = spec.c_test("quick_codec_arith_test", 120)()
+    spec.assert_c_passed(assert, o, "quick_codec_arith", 9)
+    assert.is_truthy(o:match("rc=0%s*$"), o)
+  end)
+end)
