@@ -109,6 +109,12 @@ int weft_store_register_rank(weft_store *s, int rank, int world);
  * raises: its finalizers close the handle) writes "left", which ends every
  * wait as a death does, naming the rank as left. */
 int weft_store_finish(weft_store *s);
+/* Waits up to timeout_ms (<0: the store's default) until the store's server
+ * closes this handle's connection (its rank shut down). 0 once it did;
+ * WEFT_ETIMEOUT while it still answers; WEFT_ECLOSED naming a rank that is
+ * gone. From the call on, the handle never connects again (a new connection
+ * to that port could reach whatever holds it next): only close is left. */
+int weft_store_wait_closed(weft_store *s, int timeout_ms);
 /* The ranks of the world that are gone (tombstones), polled up to wait_ms
  * until one appears: *n of them, described in buf ("rank R (pid P, host H),
  * ..."). With none gone (*n == 0), buf lists the ranks whose host the

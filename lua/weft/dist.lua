@@ -733,22 +733,21 @@ end
 
 ---------------------------------------------------------------- shutdown
 -- Returns only once rank 0 closed the server, so an init right after (as in
--- weft.recover()) never meets the old store: a wait for a key nobody sets
--- then ends with WEFT_ECLOSED. Judged by the code: the messages of other
--- failures (a timeout) name the key, whose name says "closed" too.
+-- weft.recover()) never meets the old store. The C wait never reconnects: a
+-- connection the server closed is the answer, and a new one to that port
+-- could reach whatever holds it next and wait there for nothing.
 local function wait_store_closed(store)
   local wffi = require("weft.internal.ffi")
-  local C, ffi = wffi.C, require("ffi")
-  local v, l = ffi.new("const void *[1]"), ffi.new("size_t[1]")
-  local rc = C.weft_store_get(store.handle, "weft/shutdown/closed", S.timeout_ms, v, l)
-  if rc == C.WEFT_ECLOSED then return end
+  local C = wffi.C
+  local rc = C.weft_store_wait_closed(store.handle, S.timeout_ms)
+  -- ECLOSED: a rank of the world is gone; this rank's part is done all the same
+  if rc == 0 or rc == C.WEFT_ECLOSED then return end
   if rc == C.WEFT_ETIMEOUT then
     error(("weft: shutdown: rank 0 did not close the store within %d ms (it has not called "
-           .. "weft.shutdown() yet, or is still busy); this rank's groups are gone, and "
-           .. "weft.init() waits until rank 0 has closed that store"):format(S.timeout_ms), 0)
+           .. "weft.shutdown() yet, or is still busy: %s); this rank's groups are gone, and "
+           .. "weft.init() waits until rank 0 has closed that store"):format(S.timeout_ms, wffi.last_error()), 0)
   end
-  error(("weft: shutdown: waiting for rank 0 to close the store: %s")
-        :format(rc == 0 and "the key weft/shutdown/closed was set by someone else" or wffi.last_error()), 0)
+  error(("weft: shutdown: waiting for rank 0 to close the store: %s"):format(wffi.last_error()), 0)
 end
 
 -- Destroys every group (locally), then closes the store. Rank 0 (the store

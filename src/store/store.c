@@ -355,6 +355,20 @@ int weft_store_wait(weft_store *s, const char *const *keys, int n, int timeout_m
   return get_common(s, "store wait", keys, n, timeout_ms, WF_GET_NOVALUES, NULL, NULL);
 }
 
+int weft_store_wait_closed(weft_store *s, int timeout_ms) {
+  int rc = wf_store_lock(s, "store wait_closed");
+  if (rc) return rc;
+  s->no_reconnect = 1;
+  wf_store_unlock(s);
+  /* a key nobody sets: the wait ends as the server closes the connection */
+  const char *keys[1] = {"weft/store/wait_closed"};
+  rc = get_common(s, "store wait_closed", keys, 1, timeout_ms, WF_GET_NOVALUES, NULL, NULL);
+  if (rc == WEFT_ECLOSED && s->fd < 0) return 0;
+  if (rc == 0)
+    return wf_error(WEFT_EPROTO, "store wait_closed: the key weft/store/wait_closed was set by someone");
+  return rc;
+}
+
 static void b_add(weft_store *s, const void *ctx) {
   const kv *a = ctx;
   wf_store_wb_key(&s->rq, a->key, strlen(a->key));

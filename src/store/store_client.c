@@ -297,6 +297,8 @@ static int cl_call(weft_store *s, const char *op, int fop, unsigned flags, int64
   }
 reconnect:
   if (s->fd < 0) {
+    if (s->no_reconnect)
+      return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection", op, s->where);
     int rc = wf_store_cl_connect(s, op, deadline, 0);
     if (rc == WEFT_ECLOSED && was_closed)  /* the store is gone, not just our connection */
       return wf_error(WEFT_ECLOSED, "%s: the server at %s closed the connection (store gone?)",
@@ -320,7 +322,7 @@ reconnect:
   int rc = wf_store_cl_send(s, op, fop, flags, deadline);
   int rop = 0;
   if (!rc) rc = wf_store_cl_read_frame(s, op, deadline, &rop, r);
-  if (rc == WEFT_ECLOSED && !was_closed) {
+  if (rc == WEFT_ECLOSED && !was_closed && !s->no_reconnect) {
     /* closed with no reply: the server closed this connection as idle (or
      * shed it) as the request went out, between the look above and the
      * send, and never read it. A new connection takes the request again

@@ -98,6 +98,7 @@ struct weft_store {
   int live_world;
   char rank0[200];    /* "rank 0 (pid P, host H)", the store's host */
   char **live_reg;    /* [live_world] registration values seen (store_live.c) */
+  int no_reconnect;   /* weft_store_wait_closed: a closed connection is the answer */
   int sibling;        /* a worker thread's own connection (store_thread.c): never
                          speaks for the rank (no registration, rebind or leave) */
   int64_t cap;        /* no request waits past this (0: none): a liveness wait or a

@@ -108,11 +108,12 @@ function M.wait_closed(fd, ms)
   end
 end
 
-function M.listen()
+-- A raw listening socket on loopback (port: a given one, else any), and its port.
+function M.listen(port)
   local fd = C.wst_socket(AF_INET, SOCK_STREAM, 0)
   local one = ffi.new("int[1]", 1)
   C.wst_setsockopt(fd, 1, 2, one, 4)  -- SOL_SOCKET, SO_REUSEADDR
-  assert(C.wst_bind(fd, addr(0), ffi.sizeof("wst_sockaddr_in")) == 0, "bind failed")
+  assert(C.wst_bind(fd, addr(port or 0), ffi.sizeof("wst_sockaddr_in")) == 0, "bind failed")
   assert(C.wst_listen(fd, 16) == 0, "listen failed")
   local a, len = ffi.new("wst_sockaddr_in"), ffi.new("uint32_t[1]", ffi.sizeof("wst_sockaddr_in"))
   C.wst_getsockname(fd, a, len)

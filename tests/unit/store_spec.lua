@@ -424,6 +424,28 @@ describe("weft.store connection lifetime", function()
     os.remove(log)
   end)
 
+  it("wait_closed: ETIMEOUT while the server answers, 0 once it closed, and never reconnects", function()
+    local s = server()
+    local c = client(s.port)
+    c:set("x", "1")
+    local t0 = util.now_ms()
+    assert.are.equal(C.WEFT_ETIMEOUT, C.weft_store_wait_closed(c.handle, 300))
+    assert.is_true(util.now_ms() - t0 >= 250)
+    local port = s.port
+    s:close()
+    -- something else takes the port and never speaks: a reconnect would
+    -- wait there until the timeout; the closed connection is the answer
+    local lfd = util.listen(port)
+    t0 = util.now_ms()
+    assert.are.equal(0, C.weft_store_wait_closed(c.handle, 4000), wffi.last_error())
+    assert.is_true(util.now_ms() - t0 < 2000)
+    -- and later calls on the handle fail at once instead of connecting there
+    local v, n = ffi.new("const void *[1]"), ffi.new("size_t[1]")
+    assert.are.equal(C.WEFT_ECLOSED, C.weft_store_get(c.handle, "x", 1000, v, n))
+    util.close(lfd)
+    c:close()
+  end)
+
   it("refuses a second server on a port in use", function()
     local s = server()
     local e = err_of(store.open, { server = true, port = s.port, timeout_ms = 1000 })
