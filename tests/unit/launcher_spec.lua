@@ -277,3 +277,36 @@ describe("weft-run", function()
     assert.truthy(r.out:find("WEFT_NODE_RANK", 1, true))
   end)
 end)
+
+describe("weft-run's port reservation (launcher.free_port with keep)", function()
+  it("holds the port against other binds while rank 0's store binds it", function()
+    local ffi = require("ffi")
+    local L = require("weft.tools.launcher")
+    local store = require("weft.store")
+    require("helpers.store_util")   -- its raw socket declarations (wst_*)
+    local C = ffi.C
+    local port, fd = L.free_port("127.0.0.1", true)
+    assert.truthy(port and fd, tostring(fd))
+    local function plain_bind(p)   -- a socket without SO_REUSEADDR on 127.0.0.1:p
+      local s = C.wst_socket(2, 1, 0)
+      local a = ffi.new("wst_sockaddr_in")
+      a.family, a.port, a.addr = 2, bit.bor(bit.rshift(p, 8), bit.lshift(bit.band(p, 0xff), 8)), 0x0100007f
+      local rc = C.wst_bind(s, a, ffi.sizeof(a))
+      C.wst_close(s)
+      return rc == 0
+    end
+    assert.is_false(plain_bind(port))   -- reserved: another job's bind fails
+    local s = store.open({ server = true, port = port, timeout_ms = 2000 })
+    assert.are.equal(port, s.port)
+    local c = store.open({ port = port, timeout_ms = 2000 })
+    c:set("k", "v")
+    assert.are.equal("v", s:get("k", 1000))
+    c:close()
+    s:close()
+    assert.is_false(plain_bind(port))   -- still held after the store closed
+    C.close(fd)
+    -- free once the reservation ends (the closed connections' TIME_WAIT
+    -- still refuses a plain bind; a server, SO_REUSEADDR, takes it)
+    store.open({ server = true, port = port, timeout_ms = 2000 }):close()
+  end)
+end)

@@ -87,6 +87,7 @@ void *signal(int sig, void *handler);
 int socket(int domain, int type, int protocol);
 int bind(int fd, const void *addr, uint32_t len);
 int getsockname(int fd, void *addr, uint32_t *len);
+int weft_run_setsockopt(int fd, int level, int name, const void *val, uint32_t len) __asm__("setsockopt");
 int inet_pton(int af, const char *src, void *dst);
 char *strerror(int errnum);
 char *realpath(const char *path, char *resolved);
@@ -169,11 +170,17 @@ local function status_code(st)
   return 128 + sig
 end
 
--- A free TCP port on addr (bind to port 0, read it back, close). Falls back to
--- the wildcard address when addr is a host name or not local.
-function M.free_port(addr)
+-- A free TCP port on addr (bind to port 0, read it back). Falls back to the
+-- wildcard address when addr is a host name or not local. With keep, the
+-- socket stays bound (SO_REUSEADDR, never listening) and is returned too: a
+-- reservation. The store's server (SO_REUSEADDR as well) binds the port
+-- beside it, while other processes' bind(0) and connect() pass it by, so a
+-- job started at the same moment cannot take the port between this probe
+-- and rank 0's bind, nor after rank 0 closed its store while the job runs.
+function M.free_port(addr, keep)
   local fd = C.socket(AF_INET, SOCK_STREAM + O_CLOEXEC, 0)
   if fd < 0 then return nil, "socket: " .. strerror(ffi.errno()) end
+  if keep then C.weft_run_setsockopt(fd, 1, 2, ffi.new("int[1]", 1), 4) end  -- SOL_SOCKET, SO_REUSEADDR
   local sa = ffi.new("weft_run_sockaddr_in")
   sa.family = AF_INET
   local len = ffi.new("uint32_t[1]", ffi.sizeof(sa))
@@ -188,9 +195,11 @@ function M.free_port(addr)
   end
   local rc = C.getsockname(fd, vp(sa), len)
   local e = ffi.errno()
-  C.close(fd)
+  if rc ~= 0 or not keep then C.close(fd) end
   if rc ~= 0 then return nil, "getsockname: " .. strerror(e) end
-  return bit.bor(bit.lshift(bit.band(sa.port, 0xff), 8), bit.rshift(sa.port, 8))
+  local port = bit.bor(bit.lshift(bit.band(sa.port, 0xff), 8), bit.rshift(sa.port, 8))
+  if keep then return port, fd end
+  return port
 end
 
 function M.realpath(path)
@@ -218,7 +227,7 @@ M.OPTIONS = {
   { long = "master-addr", key = "master_addr", kind = "string", default = "127.0.0.1",
     meta = "A", help = "address of rank 0's store (default 127.0.0.1)" },
   { long = "master-port", key = "master_port", kind = "int", min = 1, max = 65535,
-    meta = "P", help = "port of rank 0's store (default: a free port; required with --nnodes > 1)" },
+    meta = "P", help = "port of rank 0's store (default: a free port, held by weft-run until the job ends so no job started beside it takes it; required with --nnodes > 1)" },
   { long = "timeout", key = "timeout", kind = "number", min = 0, meta = "S",
     help = "wall-clock limit in seconds: stop all ranks and exit 124 when reached" },
   { long = "no-prefix", key = "no_prefix", kind = "flag",
@@ -915,12 +924,16 @@ function M.main(argv, root)
   root = M.realpath(root or ".") or root
   if opts.node_tag then say_name = "weft-run[" .. opts.node_tag .. "]" end
   if opts.repl then return require("weft.tools.repl").launch(opts, root, M) end
+  local reserved
   if not opts.master_port then
-    local port, perr = M.free_port(opts.master_addr)
-    if not port then say("cannot find a free port on %s: %s", opts.master_addr, perr); return 1 end
-    opts.master_port = port
+    local port, fd_or_err = M.free_port(opts.master_addr, true)
+    if not port then say("cannot find a free port on %s: %s", opts.master_addr, fd_or_err); return 1 end
+    opts.master_port, reserved = port, fd_or_err
   end
-  return M.launch(M.plan(opts, root))
+  local ok, rc = pcall(M.launch, M.plan(opts, root))
+  if reserved then C.close(reserved) end
+  if not ok then error(rc, 0) end
+  return rc
 end
 
 return M
