@@ -592,9 +592,14 @@ function M.launch(opts, root, L)
     if not p then io.stderr:write(format("weft-run: cannot find a free port on %s: %s\n", opts.master_addr, perr)) end
     return p
   end
+  local reserved   -- the store's port, held until the job ends (launcher.free_port)
   if not opts.master_port then
-    opts.master_port = free_port()
-    if not opts.master_port then return 1 end
+    local p, fd = L.free_port(opts.master_addr, true)
+    if not p then
+      io.stderr:write(format("weft-run: cannot find a free port on %s: %s\n", opts.master_addr, fd))
+      return 1
+    end
+    opts.master_port, reserved = p, fd
   end
   local port = tonumber(os.getenv("WEFT_REPL_PORT") or "")
   if not port then
@@ -605,7 +610,10 @@ function M.launch(opts, root, L)
         port = free_port()
         if port ~= opts.master_port then break end
       end
-      if not port or port == opts.master_port then return 1 end
+      if not port or port == opts.master_port then
+        if reserved then ffi.C.close(reserved) end
+        return 1
+      end
     end
   end
   local o = {}
@@ -620,7 +628,10 @@ function M.launch(opts, root, L)
   end
   -- rank 0 reads the terminal and owns Ctrl-C: weft-run passes a SIGINT on to it alone
   plan.interactive = opts.node_rank == 0
-  return L.launch(plan)
+  local ok, rc = pcall(L.launch, plan)
+  if reserved then ffi.C.close(reserved) end
+  if not ok then error(rc, 0) end
+  return rc
 end
 
 return M
