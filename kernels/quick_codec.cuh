@@ -72,8 +72,8 @@ __device__ __forceinline__ float block_amax(const float (&x)[8], bool &bad) {
  * is 0x4B400000 + c).  Back to a float: a code c offset to u = c + 2^(b-1)
  * >= 0, put under the exponent of 2^23 (0x4B000000 | u = 2^23 + u), minus
  * 2^23 + 2^(b-1): exactly c.  F2I and I2F issue at a quarter of the FP32
- * rate on sm_80/90, FADD and PRMT at full rate: the steps were
- * instruction-bound on them. */
+ * rate on sm_80/90, FADD at full rate: int8 measured 0.4-3.3 % faster this
+ * way on an H100 (bench/results/quick-codec-ab-nvidia-h100-2026-12-08.md). */
 constexpr float kRound = 12582912.0f;  /* 1.5 * 2^23 */
 constexpr uint32_t kTwo23 = 0x4B000000u;  /* 2^23 as bits */
 /* byte b (0-3) of x under 2^23's exponent: PRMT picks x's byte b for the
@@ -113,8 +113,8 @@ __device__ __forceinline__ uint4 encode(const float (&x)[8], float &s) {
   constexpr float QM = Codec<C>::QM;
   const float k = a < 0x1p-60f ? 0x1p64f : 1.f; /* exact: keeps r finite for tiny blocks */
   const float r = __fdiv_rn(QM, __fmul_rn(a, k));
-  /* fp8: over_qm<448> is off below 2^-120; int4: its steps are timed as on
-   * main (below) */
+  /* fp8: over_qm<448> is off below 2^-120; int4 keeps the division (see
+   * below) */
   if (C == WF_QR_INT8) s = over_qm<C>(a);
   else s = __fdiv_rn(a, QM);
   float v[8];
